@@ -1,0 +1,336 @@
+"""Assemble per-micro-batch stage times, communication, memory and the step time of plans.
+
+One code path for one plan (`estimate`) and for millions (`search`): plan fields may be
+ints or numpy arrays. Notation as in flops.py / memory.py; T = b·s/c tokens per rank and
+micro-batch, L_s = l/p layers per pipeline stage, m micro-batches per step, S = dp_shard·c
+the ZeRO shard group (Megatron shards the optimizer over DP×CP), R = dp/dp_shard replicas.
+
+Overlap model (docs/model.md, "What overlaps"):
+  * TP collectives are exposed, unless TP overlap (TE userbuffers) hides them behind the
+    layer's GEMMs; the first of t chunks is never hidden.
+  * CP ring exchange of K/V overlaps the attention kernel of the previous ring step.
+  * ZeRO-3/FSDP gathers and reduce-scatters overlap the compute of the neighbouring layer
+    (prefetch); the first gather of each pass is exposed.
+  * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward; its last
+    bucket (one layer) is exposed. ZeRO-1/2 parameter all-gather overlaps the next forward.
+  * Overlapped communication slows concurrent compute by the GPU's `overlap_slowdown`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision, Workload
+from . import memory as mem
+from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
+from .comm import Collective, collective_time_s, p2p_time_s
+from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops
+from .roofline import attention_time_s, gemm_time_s, memory_bound_time_s
+
+ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM
+# Adam step traffic per parameter: read fp32 param, m, v, grad (16 B), write param, m, v
+# (12 B) and the 16-bit copy (2 B).
+ADAM_BYTES_PER_PARAM = 30.0
+ADAM_KERNELS = 4  # multi-tensor-apply launches per step (fused Adam over buckets)
+
+
+def _f(x):
+    return np.asarray(x, dtype=float)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTimes:
+    """Per micro-batch times of one pipeline stage (one model chunk = L_s/v layers × v)."""
+
+    forward_s: object       # compute + exposed per-micro-batch comm, whole stage
+    backward_s: object      # incl. recomputation and exposed comm
+    weight_grad_s: object   # part of backward that is weight-gradient GEMMs (for ZB-H1)
+    recompute_s: object
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanCosts:
+    """Everything the cost model knows about a plan (or a batch of plans)."""
+
+    num_microbatches: object
+    first: StageTimes
+    middle: StageTimes
+    last: StageTimes
+    p2p_s: object                 # one activation hand-off between consecutive stages
+    time: TimeBreakdown           # closed-form step (search); estimate() re-times the pipeline
+    overlapped: OverlappedComm
+    memory: MemoryBreakdown
+    dp_step_s: object             # exposed DP comm + optimizer, added after the pipeline
+    comm_detail: dict             # per-collective totals per step (exposed, seconds)
+    hardware_flops_per_step: object
+    layer_detail: dict            # per-layer op times (forward/backward), for the trace
+
+    @property
+    def step_time_s(self):
+        return self.time.total
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> PlanCosts:
+    gpu = cluster.gpu
+    prec = Precision(workload.precision)
+    act_prec = Precision.BF16 if prec is Precision.FP8 else prec
+    s = workload.seq_len
+    h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    qd, kvd = model.q_dim, model.kv_dim
+    t, p, d, c, v, b = (_f(plan.tp), _f(plan.pp), _f(plan.dp), _f(plan.cp), _f(plan.vp),
+                        _f(plan.micro_batch_size))
+    sp = np.asarray(plan.sequence_parallel, dtype=bool)
+    flash = np.asarray(plan.flash_attention, dtype=bool)
+    rc = np.asarray(plan.recompute_code)
+    zc = np.asarray(plan.zero_code)
+    sc = np.asarray(plan.schedule_code)
+    m = np.floor(workload.global_batch_size / (d * b))
+    T = b * s / c
+    L_s = model.num_layers / p
+    sp_div = np.where(sp, t, 1.0)
+
+    # ---------------- compute per layer, per micro-batch ----------------
+    lf = layer_forward_flops(model, T, s, causal=True)
+    g_qkv = gemm_time_s(gpu, T, (qd + 2 * kvd) / t, h, prec)
+    g_out = gemm_time_s(gpu, T, h, qd / t, prec)
+    g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
+    g_down = gemm_time_s(gpu, T, h, f / t, prec)
+    gemms_fwd = g_qkv + g_out + g_up + g_down
+    attn_flops_flash = lf.attn_core / t
+    attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec)
+    # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
+    # mask, softmax and dropout over 5·a·s bytes per token (Korthikanti's score tensors).
+    attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
+    attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.gemm_efficiency.at(attn_flops_full / (b * model.num_heads / t)))
+                        + memory_bound_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
+    attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
+    attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec) - gpu.kernel_launch_overhead_s,
+                        2.0 * attn_unfused_fwd)
+    # Element-wise bytes per token (forward): norms r+w 4h, residual adds 6h, dropout 5h,
+    # RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f; 16-bit elements.
+    ew_h = (10.0 + (5.0 if model.dropout else 0.0)) * h / sp_div
+    ew_t = (2.0 * (qd + kvd) + (3.0 if model.gated_mlp else 2.0) * f) / t
+    ew_bytes = ACT_BYTES * T * (ew_h + ew_t)
+    if prec is Precision.FP8:
+        # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B).
+        ew_bytes = ew_bytes + 3.0 * T * (2.0 * h / sp_div + qd / t + f / t)
+    ew_fwd = memory_bound_time_s(gpu, ew_bytes, 10)
+    ew_bwd = memory_bound_time_s(gpu, 2.0 * ew_bytes, 14)
+    layer_fwd = gemms_fwd + attn_fwd + ew_fwd
+    layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd
+    wgrad = gemms_fwd  # weight-gradient GEMMs = one forward's worth
+
+    # ---------------- TP communication per layer ----------------
+    act_bytes_full = ACT_BYTES * T * h  # one [T, h] activation, the TP buffer
+    ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
+    rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, act_bytes_full, t, 1)
+    ar = collective_time_s(cluster, Collective.ALL_REDUCE, act_bytes_full, t, 1)
+    tp_fwd = np.where(sp, 2.0 * (ag + rs), 2.0 * ar)
+    tp_bwd = tp_fwd
+    tpov = np.asarray(plan.tp_overlap, dtype=bool)
+    tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
+    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t), tp_bwd)
+
+    # ---------------- CP ring exchange per layer ----------------
+    kv_bytes = ACT_BYTES * T * 2.0 * kvd / t
+    cp_step = p2p_time_s(cluster, kv_bytes, t)
+    cp_fwd = np.where(c > 1, (c - 1.0) * cp_step, 0.0)
+    cp_bwd = 2.0 * cp_fwd  # K/V forward and dK/dV back
+    cp_fwd_exp = np.maximum(cp_fwd - attn_fwd * (c - 1.0) / c, 0.0)
+    cp_bwd_exp = np.maximum(cp_bwd - attn_bwd * (c - 1.0) / c, 0.0)
+
+    # ---------------- ZeRO-3 / FSDP per-layer traffic ----------------
+    S = _f(plan.dp_shard) * c
+    R = d / _f(plan.dp_shard)
+    layer_params = model.params_per_layer / t
+    is_z3 = zc == ZeroStage.PARAMETERS.code
+    is_z2 = zc == ZeroStage.GRADIENTS.code
+    fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * layer_params, S, t)
+    fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, mem.GRAD_BYTES * layer_params, S, t)
+    z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
+    z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
+
+    # ---------------- recomputation per layer ----------------
+    full_rc = layer_fwd + tp_fwd_exp + cp_fwd_exp
+    sel_rc = attn_fwd
+    k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
+    rc_stage = np.where(rc == Recompute.FULL.code, L_s * full_rc,
+               np.where(rc == Recompute.SELECTIVE.code, L_s * sel_rc, k_rc * full_rc))
+
+    # ---------------- per-layer totals with overlap ----------------
+    slow = gpu.overlap_slowdown
+    fwd_comp = layer_fwd
+    bwd_comp = layer_bwd
+    z3_fwd_exp = np.maximum(z3_fwd - fwd_comp, 0.0)
+    z3_bwd_exp = np.maximum(z3_bwd - bwd_comp, 0.0)
+    overlapped_per_layer_fwd = (tp_fwd - tp_fwd_exp) + (cp_fwd - cp_fwd_exp) + (z3_fwd - z3_fwd_exp)
+    overlapped_per_layer_bwd = (tp_bwd - tp_bwd_exp) + (cp_bwd - cp_bwd_exp) + (z3_bwd - z3_bwd_exp)
+    slow_fwd = slow * np.minimum(overlapped_per_layer_fwd, fwd_comp)
+    slow_bwd = slow * np.minimum(overlapped_per_layer_bwd, bwd_comp)
+    layer_fwd_total = fwd_comp + tp_fwd_exp + cp_fwd_exp + z3_fwd_exp + slow_fwd
+    layer_bwd_total = bwd_comp + tp_bwd_exp + cp_bwd_exp + z3_bwd_exp + slow_bwd
+
+    # ---------------- stage extras: embedding, LM head + loss ----------------
+    emb_fwd = memory_bound_time_s(gpu, 2.0 * ACT_BYTES * T * h, 2)
+    emb_tp = np.where(sp, rs, ar)  # vocab-parallel embedding reduces over TP
+    lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
+    logits_el = T * V / t
+    loss_fwd = memory_bound_time_s(gpu, logits_el * (2.0 + 2.0 * 4.0), 3)
+    lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag, 0.0)
+    lm_bwd = 2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * (4.0 + 2.0), 2) + np.where(sp, rs, 0.0)
+    # first FSDP gather of a pass cannot be prefetched
+    z3_first = np.where(is_z3, fsdp_ag, 0.0)
+
+    def stage(extra_fwd, extra_bwd):
+        fwd = L_s * layer_fwd_total + extra_fwd + z3_first
+        bwd = L_s * layer_bwd_total + extra_bwd + rc_stage + z3_first
+        return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=L_s * wgrad, recompute_s=rc_stage)
+
+    only = p == 1
+    first = stage(emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_fwd + np.where(only, lm_bwd, 0.0))
+    middle = stage(0.0, 0.0)
+    last = stage(np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd, 0.0))
+
+    # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
+    p2p_bytes = ACT_BYTES * T * h / sp_div
+    pp_stride = t * c * d
+    p2p = np.where(p > 1, p2p_time_s(cluster, p2p_bytes, pp_stride), 0.0)
+    per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
+    t_max = np.maximum(np.maximum(per_mb[0], per_mb[1]), per_mb[2])
+    t_avg = np.where(only, per_mb[0], (per_mb[0] + per_mb[2] + (p - 2.0) * per_mb[1]) / np.maximum(p, 1.0))
+    bubble_1f1b = (p - 1.0) / v * t_avg
+    wg_avg = L_s * wgrad
+    bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg), 0.0)
+    bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, bubble_1f1b)
+    bubble = np.where(only, 0.0, bubble)
+    pp_exposed = np.where(only, 0.0, 2.0 * (p * v - 1.0) * p2p)
+
+    # ---------------- data-parallel gradient sync and optimizer ----------------
+    params_stage_first = (L_s * model.params_per_layer + model.embedding_params
+                          + np.where(only, model.lm_head_params + h, 0.0)) / t
+    params_stage_last = (L_s * model.params_per_layer + model.lm_head_params + h
+                         + np.where(only, model.embedding_params, 0.0)) / t
+    params_stage = np.maximum(params_stage_first, params_stage_last)
+    grad_bytes = mem.GRAD_BYTES * params_stage
+    dp_group = d * c
+    dp_stride = t
+    g_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes, dp_group, dp_stride)
+    g_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, dp_group, dp_stride)
+    p_ag = collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * params_stage, dp_group, dp_stride)
+    hsdp_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes / S, R, t * c * _f(plan.dp_shard))
+    ovl = np.asarray(plan.dp_overlap, dtype=bool)
+    last_bwd = first.backward_s
+    last_fwd = first.forward_s
+    last_bucket = 1.0 / np.maximum(L_s, 1.0)
+
+    def hide(comm, window):
+        exposed = np.maximum(comm - window, comm * last_bucket)
+        return np.where(ovl, exposed, comm), np.where(ovl, comm - exposed, 0.0)
+
+    z0_exp, z0_ovl = hide(g_ar, last_bwd)
+    z1_rs_exp, z1_rs_ovl = hide(g_rs, last_bwd)
+    z1_ag_exp, z1_ag_ovl = hide(p_ag, last_fwd)
+    z3_hsdp_exp, z3_hsdp_ovl = hide(hsdp_ar, last_bwd)
+    is_z1 = zc == ZeroStage.OPTIMIZER.code
+    is_z0 = zc == ZeroStage.NONE.code
+    dp_exposed = np.where(is_z0, z0_exp,
+                 np.where(is_z1, z1_rs_exp + z1_ag_exp,
+                 np.where(is_z2, z1_ag_exp, np.where(R > 1, z3_hsdp_exp, 0.0))))
+    dp_overlapped_step = np.where(is_z0, z0_ovl,
+                         np.where(is_z1, z1_rs_ovl + z1_ag_ovl,
+                         np.where(is_z2, z1_ag_ovl, np.where(R > 1, z3_hsdp_ovl, 0.0))))
+    dp_exposed = np.where(dp_group > 1, dp_exposed, 0.0)
+    # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
+    zero_mb_exposed = m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z3_first
+    zero_mb_overlapped = m * L_s * ((z3_fwd - z3_fwd_exp) + (z3_bwd - z3_bwd_exp))
+
+    shard = np.where(zc >= ZeroStage.OPTIMIZER.code, S, 1.0)
+    opt_params = params_stage / shard
+    offload = np.asarray(plan.offload_optimizer, dtype=bool)
+    opt_gpu = memory_bound_time_s(gpu, ADAM_BYTES_PER_PARAM * opt_params, ADAM_KERNELS)
+    opt_host = (opt_params * (mem.GRAD_BYTES + mem.WEIGHT_BYTES) / gpu.host_link_bw_unidir_bytes_per_s
+                + opt_params / gpu.host_adam_params_per_s)
+    optimizer = np.where(offload, opt_host, opt_gpu)
+
+    # ---------------- time breakdown on the critical stage ----------------
+    crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + np.where(rc == Recompute.FULL.code, L_s * tp_fwd_exp, k_rc * tp_fwd_exp)
+    crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp)
+    compute_mb = t_max - (crit_tp + crit_cp) - rc_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
+    time = TimeBreakdown(
+        compute_s=m * compute_mb,
+        recompute_s=m * rc_stage,
+        tp_comm_s=m * crit_tp,
+        cp_comm_s=m * crit_cp,
+        pp_comm_s=pp_exposed,
+        dp_comm_s=dp_exposed + zero_mb_exposed,
+        bubble_s=bubble,
+        optimizer_s=optimizer,
+    )
+    overlapped = OverlappedComm(
+        tp_comm_s=m * L_s * ((tp_fwd - tp_fwd_exp) + (tp_bwd - tp_bwd_exp)),
+        cp_comm_s=m * L_s * ((cp_fwd - cp_fwd_exp) + (cp_bwd - cp_bwd_exp)),
+        dp_comm_s=dp_overlapped_step + zero_mb_overlapped,
+    )
+    comm_detail = {
+        "TP " + ("all-gather+reduce-scatter" if np.all(sp) else "all-reduce" if not np.any(sp) else "collectives"): time.tp_comm_s,
+        "CP ring send/recv": time.cp_comm_s,
+        "PP send/recv": time.pp_comm_s,
+        "DP/ZeRO collectives": time.dp_comm_s,
+    }
+
+    # ---------------- memory on the worst stage ----------------
+    stored, none_act, sel_act = mem.layer_activation_bytes(model, plan, s, recompute_code=rc)
+    inflight = mem.inflight_microbatches(plan, m)
+    per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
+                                (k_rc * ACT_BYTES * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
+                                stored)
+    recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
+    acts_first = inflight * L_s * per_layer_stored + recompute_working + inflight * ACT_BYTES * T * h / sp_div
+    acts_last = np.minimum(m, 1.0) * L_s * per_layer_stored + recompute_working
+    logits = mem.LOGITS_BYTES_PER_ELEMENT * logits_el
+
+    def states(params):
+        w = mem.WEIGHT_BYTES * params / np.where(is_z3, S, 1.0)
+        g = mem.GRAD_BYTES * params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
+        o = np.where(offload, 0.0, mem.OPTIMIZER_BYTES * params / shard)
+        return w, g, o
+
+    w1, g1, o1 = states(params_stage_first)
+    wl, gl, ol = states(params_stage_last)
+    lo1 = np.where(only, logits, 0.0)
+    tot1 = w1 + g1 + o1 + acts_first + lo1
+    totl = wl + gl + ol + acts_last + logits
+    use_first = tot1 >= totl
+    buffers = np.where(is_z3, 2.0 * layer_params * (mem.WEIGHT_BYTES + mem.GRAD_BYTES), 0.0)
+    pick = lambda a, b_: np.where(use_first, a, b_)  # noqa: E731
+    weights, grads, opt = pick(w1, wl), pick(g1, gl), pick(o1, ol)
+    acts, lg = pick(acts_first, acts_last), pick(lo1, logits)
+    alloc = weights + grads + opt + acts + lg + buffers
+    memory = MemoryBreakdown(
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=acts,
+        logits_bytes=lg, comm_buffers_bytes=buffers,
+        fragmentation_bytes=gpu.allocator_fragmentation * alloc,
+        reserved_bytes=np.full(np.shape(alloc), gpu.reserved_bytes) if np.ndim(alloc) else gpu.reserved_bytes,
+    )
+
+    # hardware FLOPs per GPU per step (incl. recomputation), for HFU
+    hw_layer = 3.0 * lf.total / t
+    rc_layers = np.where(rc == Recompute.FULL.code, L_s, np.where(rc == Recompute.FIRST_K.code, k_rc, 0.0))
+    hw = m * (L_s * hw_layer + rc_layers * lf.total / t + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
+              + 3.0 * lm_head_forward_flops(model, T) / t / p)
+
+    layer_detail = {
+        "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": g_up,
+                "MLP down GEMM": g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
+                "CP ring": cp_fwd_exp, "FSDP gather": z3_fwd_exp},
+        "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
+                "TP collectives": tp_bwd_exp, "CP ring": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp},
+    }
+    return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
+                     overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer,
+                     comm_detail=comm_detail, hardware_flops_per_step=hw, layer_detail=layer_detail)

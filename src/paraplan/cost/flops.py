@@ -1,0 +1,76 @@
+"""FLOPs per operator of a decoder-only transformer.
+
+Notation (Narayanan et al. SC'21; Korthikanti et al. 2022):
+  s sequence length, b micro-batch size, h hidden size, f ffn hidden size,
+  a attention heads, k kv heads, d head dim, l layers, V vocabulary.
+A GEMM of (m×k)·(k×n) costs 2mkn FLOPs. Backward of a GEMM costs 2× its forward
+(input and weight gradients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.model import ModelSpec
+
+# FlashAttention-2's backward runs 5 matmuls against the forward's 2 (Dao 2023, Sec. 3.1),
+# i.e. 2.5x the forward FLOPs.
+FLASH_BWD_OVER_FWD = 2.5
+# Causal masking: a kernel that skips masked blocks does half the s^2 work (+ diagonal blocks).
+CAUSAL_FRACTION = 0.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerFlops:
+    """Forward FLOPs of one layer for `tokens` tokens (whole layer, before any TP split)."""
+
+    qkv: float
+    attn_core: float  # QK^T and AV, as executed (causal: half)
+    out_proj: float
+    mlp: float
+
+    @property
+    def linear(self) -> float:
+        return self.qkv + self.out_proj + self.mlp
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.attn_core
+
+
+def layer_forward_flops(model: ModelSpec, tokens, seq_len, *, causal: bool = True) -> LayerFlops:
+    """Forward FLOPs of one transformer layer over `tokens` tokens of sequences of `seq_len`.
+
+    QKV 2·t·h·(a·d + 2·k·d); scores+AV 4·t·s·a·d (×1/2 causal); out 2·t·a·d·h;
+    MLP 2·t·h·f·(3 gated | 2). Narayanan et al. SC'21 Sec. 5.1 for the MHA/4h case.
+    """
+    h, f = model.hidden_size, model.ffn_hidden_size
+    qkv = 2.0 * tokens * h * (model.q_dim + 2 * model.kv_dim)
+    core = 4.0 * tokens * seq_len * model.q_dim * (CAUSAL_FRACTION if causal else 1.0)
+    out = 2.0 * tokens * model.q_dim * h
+    mlp = 2.0 * tokens * h * f * model.num_mlp_matrices
+    return LayerFlops(qkv=qkv, attn_core=core, out_proj=out, mlp=mlp)
+
+
+def lm_head_forward_flops(model: ModelSpec, tokens) -> float:
+    """Logits GEMM 2·t·h·V (the embedding lookup itself is a gather, ~0 FLOPs)."""
+    return 2.0 * tokens * model.hidden_size * model.vocab_size
+
+
+def model_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = False) -> float:
+    """Training FLOPs per token, forward + backward = 3× forward, without recomputation.
+
+    This is paraplan's MFU convention (PaLM, Chowdhery et al. 2022, App. B: 6N + attention):
+    attention counted over the full s×s (causal=False) unless asked otherwise.
+    """
+    lf = layer_forward_flops(model, 1.0, seq_len, causal=causal)
+    return 3.0 * (model.num_layers * lf.total + lm_head_forward_flops(model, 1.0))
+
+
+def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int) -> float:
+    """Narayanan et al. SC'21 Eq. (3): 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)).
+
+    Counts full activation recomputation (4 forward-equivalents); GPT with f = 4h, MHA.
+    """
+    B, s, l, h, V = batch, seq_len, model.num_layers, model.hidden_size, model.vocab_size
+    return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))

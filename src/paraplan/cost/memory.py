@@ -1,0 +1,89 @@
+"""Memory per GPU: model states (Rajbhandari et al., ZeRO) and activations (Korthikanti
+et al. 2022, Table 2), generalized to GQA, gated MLPs and FlashAttention.
+
+Notation: s sequence, b micro-batch, h hidden, f ffn hidden, a heads, d head dim,
+k·d kv width, t TP, c CP, p PP, v virtual stages, L_s = l/p layers per stage.
+
+Activations of one layer per token (16-bit, bytes), Korthikanti Sec. 4.1 term by term:
+  replicated across TP unless SP:  4h (two norm inputs) + 2h (QKV input) + 2h (MLP input)
+                                   + 2h (two dropout masks, 1 byte each, if dropout)
+  split by TP:  2(a·d + 2k·d) (Q, K, V) + 2a·d (attention output = out-proj input)
+                + 2f·(2 if gated else 1) (activation input) + 2f (activation output)
+  scores (no FlashAttention, no selective recompute): 5·a·s, split by TP.
+For MHA, f = 4h, dropout this is 34 + 5as/h per s·b·h: Korthikanti Eq. (2).
+Selective recomputation drops the scores; full recomputation keeps only the layer input
+2h (split by TP with SP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..plan.axes import Recompute, Schedule
+from ..specs.model import ModelSpec
+
+# Mixed-precision Adam bytes per parameter (Rajbhandari et al. 2020, Sec. 3.1): 2 (16-bit
+# weights) + 12 (fp32 master weights, momentum, variance). Gradients are accumulated in
+# fp32 (Megatron main_grad; FSDP's default reduce dtype): 4 bytes.
+WEIGHT_BYTES = 2.0
+OPTIMIZER_BYTES = 12.0
+GRAD_BYTES = 4.0
+# Cross-entropy over V/t logits per token: bf16 logits + fp32 softmax copy (bytes/element).
+LOGITS_BYTES_PER_ELEMENT = 6.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActivationTerms:
+    """Bytes per token of one layer, by how TP/SP split them."""
+
+    replicated: float  # divided by t only with sequence parallelism
+    split: float       # always divided by t
+    scores: float      # 5·a·s, present without FlashAttention and without selective
+    layer_input: float  # 2h, what full recomputation keeps
+
+
+def activation_terms(model: ModelSpec, seq_len) -> ActivationTerms:
+    h, f = model.hidden_size, model.ffn_hidden_size
+    replicated = 8.0 * h + (2.0 * h if model.dropout else 0.0)
+    act_in = 2.0 * f * (2 if model.gated_mlp else 1)
+    split = 2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.q_dim + act_in + 2.0 * f
+    scores = 5.0 * model.num_heads * np.asarray(seq_len, dtype=float)
+    return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h)
+
+
+def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code):
+    """Stored activation bytes of one layer for one micro-batch (vectorized over plans)."""
+    terms = activation_terms(model, seq_len)
+    t = np.asarray(plan.tp, dtype=float)
+    sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
+    tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
+    base = terms.replicated / sp_div + terms.split / t
+    scores = np.where(np.asarray(plan.flash_attention), 0.0, terms.scores / t)
+    none = tokens * (base + scores)
+    selective = tokens * base
+    full = tokens * terms.layer_input / sp_div
+    rc = np.asarray(recompute_code)
+    return np.where(rc == Recompute.FULL.code, full,
+                    np.where(rc == Recompute.SELECTIVE.code, selective, none)), none, selective
+
+
+def inflight_microbatches(plan, num_microbatches):
+    """Micro-batches whose activations stage 0 holds at its peak (in whole-stage units).
+
+    1F1B / ZB-H1: p (Narayanan et al. SC'21; Qi et al. 2024); GPipe and breadth-first: m;
+    interleaved 1F1B: warm-up of 2(p−1) + (v−1)p + 1 chunks of 1/v stage each, i.e.
+    p·(1 + (p−1)/(p·v)) (Korthikanti et al. Sec. 4.2.3). Never more than m. The event
+    simulator measures the same quantity (sim/engine.py, SimResult.peak_inflight).
+    """
+    p = np.asarray(plan.pp, dtype=float)
+    v = np.asarray(plan.vp, dtype=float)
+    m = np.asarray(num_microbatches, dtype=float)
+    sc = np.asarray(plan.schedule_code)
+    one_f_one_b = np.minimum(p, m)
+    interleaved = np.minimum(m, (2.0 * (p - 1.0) + (v - 1.0) * p + 1.0) / v)
+    all_m = m
+    out = np.where((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1), interleaved, one_f_one_b)
+    out = np.where((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code), all_m, out)
+    return np.where(p > 1, out, 1.0)

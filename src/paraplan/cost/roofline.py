@@ -1,0 +1,43 @@
+"""Roofline primitives: time = max(compute, memory) with achieved-efficiency curves as data.
+
+A GEMM (m×k)·(k×n) does 2mkn FLOPs and moves (mk + kn + mn)·e bytes (e bytes/element).
+Its achieved FLOP/s is peak × efficiency(FLOPs of this GEMM) from the GPU's calibrated
+curve: a GEMM split over TP is smaller and less efficient. Memory-bound kernels move their
+bytes at HBM bandwidth × achieved fraction. Every kernel pays a launch overhead.
+(Williams et al. 2009, "Roofline"; efficiency-vs-size curves as in Calculon and vidur.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..specs.hardware import GPUSpec
+from ..specs.workload import Precision
+
+
+def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: float = 2.0):
+    """Time of one GEMM (vectorized); FP8 runs at the FP8 peak × fp8_gemm_efficiency_ratio."""
+    m = np.asarray(m, dtype=float)
+    flops = 2.0 * m * n * k
+    eff = gpu.gemm_efficiency.at(flops)
+    if precision is Precision.FP8:
+        rate = gpu.peak(Precision.FP8) * eff * gpu.fp8_gemm_efficiency_ratio
+        bytes_per_element = 1.0
+    else:
+        rate = gpu.peak(precision) * eff
+    compute = flops / rate
+    memory = (m * k + k * n + m * n) * bytes_per_element / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
+    return np.maximum(compute, memory) + gpu.kernel_launch_overhead_s
+
+
+def attention_time_s(gpu: GPUSpec, flops, precision: Precision):
+    """FlashAttention kernel time at the calibrated attention efficiency (BF16/FP16 peak)."""
+    p = Precision.BF16 if precision in (Precision.FP8, Precision.BF16) else precision
+    flops = np.asarray(flops, dtype=float)
+    return flops / (gpu.peak(p) * gpu.attention_efficiency.at(flops)) + gpu.kernel_launch_overhead_s
+
+
+def memory_bound_time_s(gpu: GPUSpec, num_bytes, num_kernels=1):
+    """Element-wise / norm kernels: bytes at achieved HBM bandwidth, plus launches."""
+    return (np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
+            + num_kernels * gpu.kernel_launch_overhead_s)

@@ -1,0 +1,48 @@
+"""Closed sets of plan choices. Each enum has a stable integer `code` so the vectorized
+cost model can work on numpy arrays of plans (see plan/space.py)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class _Coded(StrEnum):
+    @property
+    def code(self) -> int:
+        return list(type(self)).index(self)
+
+    @classmethod
+    def from_code(cls, code: int):
+        return list(cls)[int(code)]
+
+    @classmethod
+    def parse(cls, text: str, field: str):
+        from ..errors import SpecError
+        try:
+            return cls(str(text).strip().lower().replace("-", "_"))
+        except ValueError:
+            raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls)) from None
+
+
+class Schedule(_Coded):
+    GPIPE = "gpipe"                    # Huang et al. 2019: all forwards, then all backwards
+    ONE_F_ONE_B = "1f1b"               # PipeDream-Flush / Narayanan et al. SC'21
+    INTERLEAVED_1F1B = "interleaved"   # Narayanan et al. SC'21, v virtual stages per rank
+    BREADTH_FIRST = "bfs"              # Lamy-Poirier MLSys'23, looping stages, breadth-first
+    ZERO_BUBBLE = "zb"                 # Qi et al. 2024, ZB-H1: backward split into B and W
+
+
+class Recompute(_Coded):
+    NONE = "none"
+    SELECTIVE = "selective"  # Korthikanti et al.: recompute attention core (softmax, dropout)
+    FULL = "full"            # keep only each layer's input; recompute the whole layer
+    FIRST_K = "first_k"      # full recompute of the first k layers of each stage (Megatron block)
+
+
+class ZeroStage(_Coded):
+    """Sharding over the data-parallel shard group (Rajbhandari et al. ZeRO)."""
+
+    NONE = "0"     # plain DDP: replicated weights, grads, optimizer
+    OPTIMIZER = "1"  # shard optimizer states (Megatron distributed optimizer)
+    GRADIENTS = "2"  # + gradients
+    PARAMETERS = "3"  # + parameters (FSDP FULL_SHARD); HSDP when dp_shard < dp

@@ -1,0 +1,1 @@
+"""Specs: what is trained (model), on what (cluster), and how much (workload)."""

@@ -1,0 +1,92 @@
+"""Hardware specs: GPU, node (NVLink domain), scale-out network and optional islands.
+
+Bandwidths are per GPU and unidirectional (`_unidir_`) unless a name says otherwise;
+datasheet numbers carry their source in the catalog TOML files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SpecError
+from .curves import EfficiencyCurve
+from .workload import Precision
+
+
+@dataclass(frozen=True, kw_only=True)
+class GPUSpec:
+    name: str
+    peak_flops_per_s: dict  # Precision -> dense FLOP/s (no sparsity)
+    hbm_bytes: float
+    hbm_bw_bytes_per_s: float
+    tdp_watts: float
+    host_link_bw_unidir_bytes_per_s: float  # PCIe / C2C to host memory, for offload
+    # Achieved efficiency, as data (calibrated): fraction of peak vs GEMM FLOPs.
+    gemm_efficiency: EfficiencyCurve
+    # FlashAttention fraction of peak vs attention FLOPs of one kernel call.
+    attention_efficiency: EfficiencyCurve
+    # Achieved FP8 GEMM efficiency relative to the BF16 one at the same shape.
+    fp8_gemm_efficiency_ratio: float = 0.75
+    # Fraction of HBM bandwidth reached by element-wise / norm kernels.
+    memory_bw_efficiency: float = 0.8
+    kernel_launch_overhead_s: float = 4e-6
+    # Memory the framework cannot use for tensors: CUDA context, cuBLAS/NCCL workspaces.
+    reserved_bytes: float = 2.0e9
+    # Caching-allocator fragmentation: fraction of allocated bytes lost (PyTorch allocator).
+    allocator_fragmentation: float = 0.05
+    # Compute slowdown while a collective runs concurrently (SMs and HBM shared with NCCL).
+    overlap_slowdown: float = 0.05
+    # Host CPU Adam throughput per GPU (parameters/s), for optimizer offload (ZeRO-Offload).
+    host_adam_params_per_s: float = 2.0e9
+    source: str = field(default="", compare=False)
+
+    def peak(self, precision: Precision) -> float:
+        try:
+            return self.peak_flops_per_s[Precision(precision)]
+        except KeyError:
+            allowed = ", ".join(str(p) for p in self.peak_flops_per_s)
+            raise SpecError(f"gpu {self.name!r}", "precision", str(precision),
+                            f"this GPU has no {precision} tensor-core peak; allowed: {allowed}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkTier:
+    """One tier of interconnect as seen by one GPU."""
+
+    name: str
+    bw_unidir_bytes_per_s: float  # per GPU, one direction
+    latency_s: float
+    # NCCL bus-bandwidth efficiency vs message bytes (fraction of bw_unidir achieved).
+    efficiency: EfficiencyCurve
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    gpu: GPUSpec
+    num_gpus: int
+    gpus_per_node: int  # NVLink domain (8 for DGX, 72 for GB200 NVL72)
+    nvlink: LinkTier
+    scaleout: LinkTier
+    gpus_per_island: int = 0  # 0: one island (no data-center tier)
+    dcn: LinkTier | None = None
+    usd_per_gpu_hour: float = 2.0
+    source: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        where = f"cluster {self.name!r}"
+        if self.num_gpus <= 0:
+            raise SpecError(where, "num_gpus", self.num_gpus, "a positive integer is required")
+        if self.gpus_per_node <= 0:
+            raise SpecError(where, "gpus_per_node", self.gpus_per_node, "a positive integer is required")
+        if self.gpus_per_island and (self.gpus_per_island % self.gpus_per_node or self.dcn is None):
+            raise SpecError(where, "gpus_per_island", self.gpus_per_island,
+                            "must be a multiple of gpus_per_node and come with a [dcn] tier")
+
+    @property
+    def tiers(self) -> tuple[LinkTier, ...]:
+        return (self.nvlink, self.scaleout) + ((self.dcn,) if self.dcn is not None else ())
+
+    def with_num_gpus(self, num_gpus: int) -> "ClusterSpec":
+        from dataclasses import replace
+        return replace(self, num_gpus=num_gpus)

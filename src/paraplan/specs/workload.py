@@ -1,0 +1,52 @@
+"""Workload: batch, sequence length, precision, optimizer, token budget and prices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..errors import SpecError
+
+
+class Precision(StrEnum):
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    TF32 = "tf32"
+
+
+class Optimizer(StrEnum):
+    ADAM = "adam"  # mixed-precision Adam: fp32 master + 2 moments (Rajbhandari et al.)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    global_batch_size: int  # sequences per optimizer step
+    seq_len: int
+    precision: Precision = Precision.BF16
+    optimizer: Optimizer = Optimizer.ADAM
+    token_budget: float = 1e12  # tokens to train for (time / cost report)
+    usd_per_gpu_hour: float | None = None  # None: the cluster's price
+
+    def __post_init__(self) -> None:
+        if self.global_batch_size <= 0:
+            raise SpecError("workload", "global_batch_size", self.global_batch_size, "must be >= 1 sequence")
+        if self.seq_len <= 0:
+            raise SpecError("workload", "seq_len", self.seq_len, "must be >= 1 token")
+        if self.token_budget <= 0:
+            raise SpecError("workload", "token_budget", self.token_budget, "must be > 0 tokens")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch_size * self.seq_len
+
+
+def parse_precision(text: str) -> Precision:
+    t = text.strip().lower()
+    if "fp8" in t:
+        return Precision.FP8
+    if "bf16" in t:
+        return Precision.BF16
+    if "fp16" in t:
+        return Precision.FP16
+    raise SpecError("workload", "precision", text, "allowed: bf16, fp16, fp8")
