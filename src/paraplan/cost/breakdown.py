@@ -24,8 +24,8 @@ class _Parts:
     def scalar(self, i: int | None = None):
         """The i-th plan of a batch (or the float version of a single plan)."""
         def pick(v):
-            a = np.asarray(v)
-            return float(a if a.ndim == 0 else a[i])
+            a = np.asarray(v, dtype=float)
+            return float(a if a.ndim == 0 else a.reshape(-1)[i or 0])
         return type(self)(**{k: pick(v) for k, v in self.parts().items()})
 
 

@@ -1,0 +1,303 @@
+"""paraplan command line: search, estimate, trace, validate, presets.
+
+User mistakes print one line on stderr and exit 2; nothing is written on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import ParaplanError, SpecError
+
+DEFAULT_MODEL = "llama3-70b"
+DEFAULT_CLUSTER = "dgx-h100"
+DEFAULT_GPUS = 512
+DEFAULT_SEQ = 8192
+DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2
+        sys.stderr.write(f"paraplan: error: {message} (see `{self.prog} --help`)\n")
+        raise SystemExit(2)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{v} must be > 0")
+    return v
+
+
+def _add_specs(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model, cluster and workload")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name, model TOML or HF config.json (default {DEFAULT_MODEL})")
+    g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster preset or TOML (default {DEFAULT_CLUSTER})")
+    g.add_argument("--hardware", default=None, help="a calibrated hardware profile TOML (overrides --cluster)")
+    g.add_argument("--gpus", type=_positive_int, default=DEFAULT_GPUS, help=f"number of GPUs (default {DEFAULT_GPUS})")
+    g.add_argument("--seq", type=_positive_int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
+    b = g.add_mutually_exclusive_group()
+    b.add_argument("--batch", type=_positive_int, help="global batch in sequences")
+    b.add_argument("--batch-tokens", type=_positive_int, help=f"global batch in tokens (default {DEFAULT_BATCH_TOKENS})")
+    g.add_argument("--precision", default="bf16", help="bf16, fp16 or fp8 (default bf16)")
+    g.add_argument("--tokens", type=_positive_float, default=1e12, help="token budget to train (default 1e12)")
+    g.add_argument("--price", type=_positive_float, default=None, help="$ per GPU-hour (default: the cluster's)")
+    g.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("plan" if required else "pin plan axes (others are searched)")
+    for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel"),
+                      ("cp", "context parallel"), ("vp", "virtual stages per pipeline rank"),
+                      ("mb", "micro-batch size (sequences)")):
+        g.add_argument(f"--{name}", type=_positive_int, default=None, help=hlp)
+    if required:
+        g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (default 1f1b / interleaved if --vp>1)")
+        g.add_argument("--recompute", default="none", help="none, selective, full, first_k")
+        g.add_argument("--recompute-layers", type=_positive_int, default=0, help="layers per stage for first_k")
+        g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
+        g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")
+        g.add_argument("--dp-shard", type=_positive_int, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
+        g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
+        g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
+        g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
+        g.add_argument("--no-flash", action="store_true", help="unfused attention (stores s×s scores)")
+
+
+def _specs(args):
+    from .specs.catalog import load_cluster, load_model
+    from .specs.workload import Workload, parse_precision
+    model = load_model(args.model)
+    cluster = load_cluster(args.hardware or args.cluster, num_gpus=args.gpus)
+    if args.batch:
+        gbs = args.batch
+    else:
+        tokens = args.batch_tokens or DEFAULT_BATCH_TOKENS
+        if tokens % args.seq:
+            raise SpecError("workload", "batch_tokens", tokens, f"must be a multiple of --seq {args.seq}")
+        gbs = tokens // args.seq
+    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
+                  token_budget=args.tokens, usd_per_gpu_hour=args.price)
+    return model, cluster, wl
+
+
+def _plan_from_args(args, cluster):
+    from .plan.axes import Recompute, Schedule, ZeroStage
+    from .plan.plan import make_plan
+    tp, pp, cp, vp = args.tp or 1, args.pp or 1, args.cp or 1, args.vp or 1
+    if args.dp is None:
+        if cluster.num_gpus % (tp * pp * cp):
+            raise SpecError("plan", "tp×pp×cp", tp * pp * cp, f"must divide the {cluster.num_gpus} GPUs")
+        dp = cluster.num_gpus // (tp * pp * cp)
+    else:
+        dp = args.dp
+    sched = Schedule.parse(args.schedule, "schedule") if args.schedule else (
+        Schedule.INTERLEAVED_1F1B if vp > 1 else Schedule.ONE_F_ONE_B)
+    zero = ZeroStage.parse(str(args.zero), "zero")
+    sp = args.sp if args.sp is not None else tp > 1
+    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
+                     recompute=Recompute.parse(args.recompute, "recompute"),
+                     recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
+                     dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
+                     dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
+                     flash_attention=not args.no_flash)
+
+
+def _header(model, cluster, wl) -> str:
+    from .units import fmt_count
+    return (f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
+            f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}")
+
+
+def _progress(done: int, total: int) -> None:
+    width = 30
+    frac = done / max(total, 1)
+    sys.stderr.write(f"\rsearching [{'#' * int(width * frac):<{width}}] {100 * frac:5.1f}%")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def cmd_search(args) -> int:
+    from .report.jsonout import estimate_dict
+    from .report.table import estimate_report, ranking_table
+    from .search.planner import search
+    model, cluster, wl = _specs(args)
+    fixed = {k2: getattr(args, k1) for k1, k2 in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
+                                                    ("vp", "vp"), ("mb", "micro_batch_size"))
+             if getattr(args, k1) is not None}
+    show = (not args.json) and sys.stderr.isatty()
+    res = search(model, cluster, wl, fixed=fixed, top_k=args.top, progress=_progress if show else None)
+    if args.json:
+        print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
+                          "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
+                          "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in res.ranked]}, indent=1))
+        return 0
+    print(_header(model, cluster, wl))
+    print(f"searched {res.num_candidates:,} candidate plans ({res.num_valid:,} valid, {res.num_fit:,} fit in memory) "
+          f"in {res.elapsed_s:.1f} s\n")
+    print(ranking_table(res.ranked))
+    print("\nbest plan:\n")
+    print(estimate_report(res.ranked[0]))
+    return 0
+
+
+def cmd_estimate(args) -> int:
+    from .cost.estimate import estimate
+    from .report.jsonout import estimate_dict
+    from .report.table import estimate_report
+    model, cluster, wl = _specs(args)
+    est = estimate(model, cluster, wl, _plan_from_args(args, cluster))
+    if args.json:
+        print(json.dumps(estimate_dict(est), indent=1))
+    else:
+        print(_header(model, cluster, wl) + "\n")
+        print(estimate_report(est))
+    return 0
+
+
+def cmd_trace(args) -> int:
+    from .cost.estimate import estimate
+    from .report.timeline import chrome_trace
+    model, cluster, wl = _specs(args)
+    plan = _plan_from_args(args, cluster)
+    est = estimate(model, cluster, wl, plan)
+    if est.sim is None:
+        from .sim.engine import simulate
+        from .sim.schedules import build_schedule
+        from .cost.estimate import stage_costs
+        from .cost.evaluate import evaluate
+        from .plan.space import PlanBatch
+        costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
+        sim = simulate(build_schedule(plan.schedule, 1, est.num_microbatches, 1), stage_costs(costs, plan))
+    else:
+        sim = est.sim
+    layers_per_chunk = model.num_layers // (plan.pp * plan.vp)
+
+    def detail(rank, chunk, phase):
+        d = est.layer_detail["fwd" if str(phase) in ("F", "Phase.FORWARD") or getattr(phase, "value", "") == "F" else "bwd"]
+        out = []
+        first_layer = (chunk * plan.pp + rank) * layers_per_chunk
+        for li in range(layers_per_chunk):
+            for name, dur in d.items():
+                if dur > 0:
+                    cat = "comm" if any(x in name for x in ("TP", "CP", "FSDP")) else "compute"
+                    out.append((f"{name} L{first_layer + li}", dur, cat, {"layer": first_layer + li}))
+        return out
+
+    trace = chrome_trace(sim, task_detail=detail, metadata={"plan": plan.describe(), "model": model.name,
+                                                            "cluster": cluster.name, "step_time_s": est.step_time_s})
+    text = json.dumps(trace)
+    if args.output == "-":
+        print(text)
+    else:
+        tmp = args.output + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, args.output)
+        if not args.json:
+            print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
+                  "(open in https://ui.perfetto.dev or chrome://tracing)")
+        else:
+            print(json.dumps({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s}))
+    return 0
+
+
+def cmd_validate(args) -> int:
+    from .validate.report import render_validation
+    from .validate.training import validate_file
+    result = validate_file(args.file, progress=_progress if (not args.json and sys.stderr.isatty()) else None)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(render_validation(result, verbose=args.verbose))
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from .report.table import grid
+    from .specs.catalog import list_clusters, list_gpus, list_models, load_cluster, load_gpu, load_model
+    from .units import GIGA, TERA, fmt_count
+    from .specs.workload import Precision
+    models = [load_model(n) for n in list_models()]
+    gpus = [load_gpu(n) for n in list_gpus()]
+    clusters = [load_cluster(n) for n in list_clusters()]
+    if args.json:
+        print(json.dumps({"models": [m.name for m in models], "gpus": [g.name for g in gpus],
+                          "clusters": [c.name for c in clusters]}, indent=1))
+        return 0
+    print(grid(["model", "params", "layers", "hidden", "heads/kv", "ffn", "vocab"],
+               [[m.name, fmt_count(m.num_params), str(m.num_layers), str(m.hidden_size),
+                 f"{m.num_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size), str(m.vocab_size)] for m in models]))
+    print()
+    print(grid(["gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"],
+               [[g.name, f"{g.peak_flops_per_s.get(Precision.BF16, 0) / TERA:.0f}",
+                 f"{g.peak_flops_per_s.get(Precision.FP8, 0) / TERA:.0f}", f"{g.hbm_bytes / GIGA:.0f}",
+                 f"{g.hbm_bw_bytes_per_s / TERA:.2f}", f"{g.tdp_watts:.0f}"] for g in gpus]))
+    print()
+    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "$/GPU-h"],
+               [[c.name, c.gpu.name, str(c.num_gpus), str(c.gpus_per_node), f"{c.nvlink.bw_unidir_bytes_per_s / GIGA:.0f}",
+                 f"{c.scaleout.bw_unidir_bytes_per_s / GIGA:.0f}", f"{c.usd_per_gpu_hour:.2f}"] for c in clusters]))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="paraplan", description="Predict, search and rank parallel training plans.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    s = sub.add_parser("search", help="rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)")
+    _add_specs(s)
+    _add_plan(s, required=False)
+    s.add_argument("--top", type=_positive_int, default=10, help="plans to show (default 10)")
+    s.set_defaults(func=cmd_search)
+    e = sub.add_parser("estimate", help="predict one plan with a full breakdown")
+    _add_specs(e)
+    _add_plan(e, required=True)
+    e.set_defaults(func=cmd_estimate)
+    t = sub.add_parser("trace", help="write the simulated step as a Chrome/Perfetto trace JSON")
+    _add_specs(t)
+    _add_plan(t, required=True)
+    t.add_argument("-o", "--output", default="paraplan-trace.json", help="output file, or - for stdout")
+    t.set_defaults(func=cmd_trace)
+    v = sub.add_parser("validate", help="predict every row of a published-measurements CSV")
+    v.add_argument("file")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--verbose", action="store_true", help="show the chosen values of blank knobs")
+    v.set_defaults(func=cmd_validate)
+    r = sub.add_parser("presets", help="list model, GPU and cluster presets")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_presets)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        args = parser.parse_args(["search"] + list(argv or []))
+    try:
+        return args.func(args)
+    except ParaplanError as exc:
+        sys.stderr.write(f"paraplan: error: {exc}\n")
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

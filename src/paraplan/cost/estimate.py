@@ -1,0 +1,136 @@
+"""One plan, fully: cost model + event simulation of the pipeline schedule -> Estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import ParaplanError
+from ..plan.axes import Schedule
+from ..plan.plan import Plan
+from ..plan.space import PlanBatch, check_plan
+from ..sim.engine import SimResult, StageCosts, simulate
+from ..sim.schedules import build_schedule
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from ..units import SECONDS_PER_HOUR
+from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
+from .evaluate import PlanCosts, evaluate
+from .flops import model_flops_per_token
+
+
+class PlanRejectedError(ParaplanError):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Budget:
+    """Time, GPU-hours, dollars and energy to train the workload's token budget."""
+
+    tokens: float
+    steps: float
+    time_s: float
+    gpu_hours: float
+    usd: float
+    energy_j: float  # at the GPUs' TDP (an upper bound; excludes host, network and PUE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    plan: Plan
+    num_gpus: int
+    num_microbatches: int
+    step_time_s: float
+    time: TimeBreakdown
+    overlapped: OverlappedComm
+    memory: MemoryBreakdown
+    fits: bool
+    hbm_bytes: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float  # model FLOPs (PaLM convention: 6N + full-s² attention, no recompute) / peak
+    hfu: float  # hardware FLOPs executed (incl. recomputation, causal attention) / peak
+    model_tflops_per_gpu: float
+    budget: Budget
+    comm_detail: dict
+    layer_detail: dict
+    sim: SimResult | None = None
+
+
+def _batch_index(costs_field, i=0):
+    a = np.asarray(costs_field, dtype=float)
+    return float(a if a.ndim == 0 else a.reshape(-1)[i])
+
+
+def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
+    """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the last)."""
+    p, v = plan.pp, plan.vp
+    zb = plan.schedule is Schedule.ZERO_BUBBLE
+
+    def row(st):
+        f = _batch_index(st.forward_s) / v
+        b = _batch_index(st.backward_s) / v
+        w = _batch_index(st.weight_grad_s) / v if zb else 0.0
+        return f, b - w, w
+
+    rows = []
+    for r in range(p):
+        st = costs.first if r == 0 else costs.last if r == p - 1 else costs.middle
+        rows.append(row(st))
+    fwd = tuple(tuple(rows[r][0] for _ in range(v)) for r in range(p))
+    bwd = tuple(tuple(rows[r][1] for _ in range(v)) for r in range(p))
+    wgt = tuple(tuple(rows[r][2] for _ in range(v)) for r in range(p))
+    return StageCosts(forward_s=fwd, backward_s=bwd, weight_s=wgt, p2p_s=_batch_index(costs.p2p_s))
+
+
+def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
+           *, simulate_pipeline: bool = True) -> Estimate:
+    """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
+    m = int(_batch_index(costs.num_microbatches))
+    time = costs.time.scalar(0)
+    sim = None
+    if simulate_pipeline and plan.pp > 1:
+        tasks = build_schedule(plan.schedule, plan.pp, m, plan.vp)
+        sim = simulate(tasks, stage_costs(costs, plan))
+        on_path = time.compute_s + time.recompute_s + time.tp_comm_s + time.cp_comm_s + time.dp_comm_s \
+            - (_batch_index(costs.dp_step_s) - time.optimizer_s)
+        # the simulated makespan replaces the closed-form bubble and fill/drain p2p
+        rest = sim.step_time_s - on_path - time.pp_comm_s
+        time = replace(time, bubble_s=max(rest, 0.0))
+    step = float(time.total)
+    mem = costs.memory.scalar(0)
+    n = plan.num_gpus
+    tokens_per_step = workload.tokens_per_step
+    tps = tokens_per_step / step
+    gpu = cluster.gpu
+    peak = gpu.peak(workload.precision)
+    mfu = model_flops_per_token(model, workload.seq_len) * tps / (n * peak)
+    hfu = _batch_index(costs.hardware_flops_per_step) / step / peak
+    steps = workload.token_budget / tokens_per_step
+    train_s = steps * step
+    gpu_hours = train_s / SECONDS_PER_HOUR * n
+    price = workload.usd_per_gpu_hour if workload.usd_per_gpu_hour is not None else cluster.usd_per_gpu_hour
+    budget = Budget(tokens=workload.token_budget, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
+                    usd=gpu_hours * price, energy_j=n * gpu.tdp_watts * train_s)
+    overl = costs.overlapped.scalar(0)
+    comm = {k: _batch_index(v) for k, v in costs.comm_detail.items()}
+    comm["DP/ZeRO collectives"] = time.dp_comm_s
+    comm["PP send/recv"] = time.pp_comm_s
+    detail = {ph: {k: _batch_index(v) for k, v in d.items()} for ph, d in costs.layer_detail.items()}
+    return Estimate(plan=plan, num_gpus=n, num_microbatches=m, step_time_s=step, time=time, overlapped=overl,
+                    memory=mem, fits=bool(mem.total <= gpu.hbm_bytes), hbm_bytes=gpu.hbm_bytes,
+                    tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=mfu, hfu=hfu,
+                    model_tflops_per_gpu=mfu * peak / 1e12, budget=budget, comm_detail=comm,
+                    layer_detail=detail, sim=sim)
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
+             *, simulate_pipeline: bool = True) -> Estimate:
+    """Predict one plan; raises PlanRejectedError with the reason when it cannot run."""
+    rej = check_plan(plan, model, cluster, workload)
+    if rej is not None:
+        raise PlanRejectedError(f"invalid plan ({plan.describe()}): {rej.reason}")
+    costs = evaluate(model, cluster, workload, PlanBatch.from_plans([plan]))
+    return finish(model, cluster, workload, plan, costs, simulate_pipeline=simulate_pipeline)

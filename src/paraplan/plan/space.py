@@ -1,0 +1,229 @@
+"""The plan space as columns: every candidate plan of a cluster in numpy arrays.
+
+A PlanBatch has the same attribute names as Plan (tp, pp, ..., schedule_code, ...), so
+the cost model reads both. Validity rules live once, vectorized, in `RULES`; the scalar
+`check_plan` runs them on a one-plan batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from ..errors import SpecError
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from .axes import Recompute, Schedule, ZeroStage
+from .plan import Plan, Rejected
+
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
+               "schedule_code", "recompute_code", "zero_code")
+_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "flash_attention")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanBatch:
+    """Struct-of-arrays of plans (all arrays of equal length)."""
+
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    vp: np.ndarray
+    micro_batch_size: np.ndarray
+    schedule_code: np.ndarray
+    recompute_code: np.ndarray
+    recompute_num_layers: np.ndarray
+    sequence_parallel: np.ndarray
+    zero_code: np.ndarray
+    dp_shard: np.ndarray
+    offload_optimizer: np.ndarray
+    dp_overlap: np.ndarray
+    tp_overlap: np.ndarray
+    flash_attention: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.tp.shape[0])
+
+    def take(self, index) -> "PlanBatch":
+        return PlanBatch(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def plan(self, i: int) -> Plan:
+        return Plan(
+            tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
+            vp=int(self.vp[i]), micro_batch_size=int(self.micro_batch_size[i]),
+            schedule=Schedule.from_code(self.schedule_code[i]),
+            recompute=Recompute.from_code(self.recompute_code[i]),
+            recompute_num_layers=int(self.recompute_num_layers[i]),
+            sequence_parallel=bool(self.sequence_parallel[i]), zero=ZeroStage.from_code(self.zero_code[i]),
+            dp_shard=int(self.dp_shard[i]), offload_optimizer=bool(self.offload_optimizer[i]),
+            dp_overlap=bool(self.dp_overlap[i]), tp_overlap=bool(self.tp_overlap[i]),
+            flash_attention=bool(self.flash_attention[i]))
+
+    @staticmethod
+    def from_plans(plans: list[Plan]) -> "PlanBatch":
+        cols = {name: np.array([getattr(p, name) for p in plans], dtype=np.int64) for name in _INT_FIELDS}
+        cols.update({name: np.array([getattr(p, name) for p in plans], dtype=bool) for name in _BOOL_FIELDS})
+        return PlanBatch(**cols)
+
+    @staticmethod
+    def concat(batches: list["PlanBatch"]) -> "PlanBatch":
+        return PlanBatch(**{f.name: np.concatenate([getattr(b, f.name) for b in batches])
+                            for f in fields(PlanBatch)})
+
+
+# ---------------------------------------------------------------- validity rules
+def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
+    """(name, mask-of-invalid function, reason function) triples; one place for every rule."""
+    L, gbs, s = model.num_layers, workload.global_batch_size, workload.seq_len
+    a, k, f = model.num_heads, model.num_kv_heads, model.ffn_hidden_size
+    return [
+        ("gpus", lambda B: B.tp * B.pp * B.dp * B.cp != cluster.num_gpus,
+         lambda P: f"TP×PP×DP×CP = {P.tp}×{P.pp}×{P.dp}×{P.cp} = {P.tp * P.pp * P.dp * P.cp} GPUs, "
+                   f"but the cluster has {cluster.num_gpus}"),
+        ("tp_heads", lambda B: (a % B.tp != 0) | ((k % B.tp != 0) & (B.tp % k != 0)),
+         lambda P: f"TP={P.tp} must divide heads={a} and kv_heads={k} (or be a multiple of kv_heads)"),
+        ("tp_ffn", lambda B: f % B.tp != 0, lambda P: f"TP={P.tp} must divide ffn_hidden={f}"),
+        ("pp_layers", lambda B: L % (B.pp * B.vp) != 0,
+         lambda P: f"PP×VP = {P.pp}×{P.vp} must divide layers={L}"),
+        ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, [Schedule.INTERLEAVED_1F1B.code,
+                                                                           Schedule.BREADTH_FIRST.code]),
+         lambda P: f"VP={P.vp} needs the interleaved or bfs schedule, not {P.schedule}"),
+        ("vp_pp", lambda B: (B.vp > 1) & (B.pp == 1), lambda P: "VP>1 needs PP>1"),
+        ("zb_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE.code) & (B.vp > 1),
+         lambda P: "the zero-bubble schedule (ZB-H1) runs one chunk per stage: VP must be 1"),
+        ("batch", lambda B: gbs % (B.dp * B.micro_batch_size) != 0,
+         lambda P: f"global batch {gbs} is not a multiple of DP×micro-batch = {P.dp}×{P.micro_batch_size}"),
+        ("interleaved_m", lambda B: (B.schedule_code == Schedule.INTERLEAVED_1F1B.code) & (B.vp > 1)
+         & ((gbs // np.maximum(B.dp * B.micro_batch_size, 1)) % B.pp != 0),
+         lambda P: f"interleaved 1F1B needs micro-batches ({gbs // (P.dp * P.micro_batch_size)}) "
+                   f"to be a multiple of PP={P.pp}"),
+        ("cp_seq", lambda B: (B.cp > 1) & (s % (2 * B.cp) != 0),
+         lambda P: f"CP={P.cp} needs seq_len={s} divisible by 2×CP (load-balanced causal chunks)"),
+        ("sp_tp", lambda B: B.sequence_parallel & (B.tp == 1), lambda P: "sequence parallelism needs TP>1"),
+        ("tpov_sp", lambda B: B.tp_overlap & ~B.sequence_parallel,
+         lambda P: "TP communication overlap needs sequence parallelism"),
+        ("first_k", lambda B: (B.recompute_code == Recompute.FIRST_K.code)
+         & ((B.recompute_num_layers < 1) | (B.recompute_num_layers >= L // np.maximum(B.pp, 1))),
+         lambda P: f"recompute_num_layers={P.recompute_num_layers} must be in 1..{L // P.pp - 1} "
+                   "(layers per stage − 1)"),
+        ("dp_shard", lambda B: (B.dp_shard < 1) | (B.dp % np.maximum(B.dp_shard, 1) != 0),
+         lambda P: f"dp_shard={P.dp_shard} must divide DP={P.dp}"),
+        ("hsdp", lambda B: (B.dp_shard != B.dp) & (B.zero_code != ZeroStage.PARAMETERS.code),
+         lambda P: "a shard group smaller than DP (HSDP) needs ZeRO-3"),
+    ]
+
+
+def invalid_mask(batch: PlanBatch, model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> np.ndarray:
+    bad = np.zeros(len(batch), dtype=bool)
+    for _, mask, _ in _rules(model, cluster, workload):
+        bad |= mask(batch)
+    return bad
+
+
+def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> Rejected | None:
+    """Rejected(reason) for the first rule the plan breaks, else None."""
+    for name in ("tp", "pp", "dp", "cp", "vp", "micro_batch_size"):
+        if getattr(plan, name) < 1:
+            return Rejected(f"{name}={getattr(plan, name)} must be >= 1")
+    batch = PlanBatch.from_plans([plan])
+    for _, mask, reason in _rules(model, cluster, workload):
+        if bool(mask(batch)[0]):
+            return Rejected(reason(plan))
+    return None
+
+
+# ---------------------------------------------------------------- enumeration
+def _divisors(n: int) -> list[int]:
+    return [x for x in range(1, n + 1) if n % x == 0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpaceLimits:
+    """Bounds on the enumerated axes (users can narrow them; defaults cover practice)."""
+
+    max_tp: int = 0          # 0: the NVLink domain (gpus_per_node)
+    max_micro_batch: int = 16
+    max_cp: int = 32
+    max_vp: int = 8
+    schedules: tuple[Schedule, ...] = tuple(Schedule)
+    recomputes: tuple[Recompute, ...] = tuple(Recompute)
+    zero_stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
+    allow_offload: bool = True
+    flash_attention: bool = True
+
+
+def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                    limits: SpaceLimits = SpaceLimits(), fixed: dict | None = None):
+    """Yield PlanBatch chunks covering every valid plan (plus the count of rejected ones).
+
+    `fixed` pins axes (e.g. {"tp": 8}). Yields (batch_of_valid_plans, num_rejected).
+    """
+    fixed = dict(fixed or {})
+    allowed_fixed = {"tp", "pp", "dp", "cp", "vp", "micro_batch_size"}
+    for key in fixed:
+        if key not in allowed_fixed:
+            raise SpecError("search", key, fixed[key], "only these axes can be pinned: " + ", ".join(sorted(allowed_fixed)))
+    N, L, gbs = cluster.num_gpus, model.num_layers, workload.global_batch_size
+    max_tp = limits.max_tp or cluster.gpus_per_node
+    outer = []
+    for tp in _divisors(N):
+        if tp > max_tp or fixed.get("tp", tp) != tp:
+            continue
+        for cp in _divisors(N // tp):
+            if cp > limits.max_cp or fixed.get("cp", cp) != cp:
+                continue
+            for pp in _divisors(N // (tp * cp)):
+                if L % pp or fixed.get("pp", pp) != pp:
+                    continue
+                dp = N // (tp * cp * pp)
+                if gbs % dp or fixed.get("dp", dp) != dp:
+                    continue
+                outer.append((tp, cp, pp, dp))
+    for tp, cp, pp, dp in outer:
+        rows = []
+        per_dp = gbs // dp
+        mbs = [x for x in _divisors(per_dp) if x <= limits.max_micro_batch]
+        if "micro_batch_size" in fixed:
+            mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
+        vps = [x for x in _divisors(L // pp) if x <= limits.max_vp] if pp > 1 else [1]
+        if "vp" in fixed:
+            vps = [x for x in vps if x == fixed["vp"]]
+        L_s = L // pp
+        ks = sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s}) if L_s > 1 else []
+        shards = [dp] + [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
+        for vp in vps:
+            if pp == 1:
+                scheds = [Schedule.ONE_F_ONE_B]
+            elif vp == 1:
+                scheds = [x for x in limits.schedules if x in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE)]
+            else:
+                scheds = [x for x in limits.schedules if x in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST)]
+            for sched in scheds:
+                for rc in limits.recomputes:
+                    rks = ks if rc is Recompute.FIRST_K else [0]
+                    for rk in rks:
+                        for sp in ((False, True) if tp > 1 else (False,)):
+                            for zero in limits.zero_stages:
+                                zshards = shards if zero is ZeroStage.PARAMETERS else [dp]
+                                for shard in zshards:
+                                    for off in ((False, True) if limits.allow_offload and zero is not ZeroStage.PARAMETERS else (False,)):
+                                        for tpov in ((False, True) if sp else (False,)):
+                                            rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
+                                                         zero.code, shard, off, tpov))
+        if not rows:
+            continue
+        arr = np.array(rows, dtype=np.int64)
+        nm = len(mbs)
+        arr = np.repeat(arr, nm, axis=0)
+        mb_col = np.tile(np.array(mbs, dtype=np.int64), len(rows))
+        batch = PlanBatch(
+            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], vp=arr[:, 4], micro_batch_size=mb_col,
+            schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
+            sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
+            offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(len(arr), dtype=bool),
+            tp_overlap=arr[:, 12].astype(bool), flash_attention=np.full(len(arr), limits.flash_attention))
+        bad = invalid_mask(batch, model, cluster, workload)
+        yield batch.take(~bad), int(bad.sum())

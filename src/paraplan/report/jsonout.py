@@ -1,0 +1,36 @@
+"""JSON-ready dicts of results (SI units, keys carry their units)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from ..cost.estimate import Estimate
+
+
+def plan_dict(plan) -> dict:
+    d = asdict(plan)
+    for k in ("schedule", "recompute", "zero"):
+        d[k] = str(d[k])
+    d["describe"] = plan.describe()
+    return d
+
+
+def estimate_dict(est: Estimate) -> dict:
+    return {
+        "plan": plan_dict(est.plan),
+        "num_gpus": est.num_gpus,
+        "num_microbatches": est.num_microbatches,
+        "step_time_s": est.step_time_s,
+        "tokens_per_s": est.tokens_per_s,
+        "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+        "mfu": est.mfu,
+        "hfu": est.hfu,
+        "model_tflops_per_gpu": est.model_tflops_per_gpu,
+        "time_breakdown_s": est.time.parts(),
+        "overlapped_comm_s": est.overlapped.parts(),
+        "exposed_comm_by_collective_s": est.comm_detail,
+        "memory_bytes": {**est.memory.parts(), "total_bytes": est.memory.total},
+        "hbm_bytes": est.hbm_bytes,
+        "fits": est.fits,
+        "budget": asdict(est.budget),
+    }

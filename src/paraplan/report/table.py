@@ -1,0 +1,82 @@
+"""Terminal tables for estimates and rankings (plain text, no dependencies)."""
+
+from __future__ import annotations
+
+from ..cost.estimate import Estimate
+from ..units import fmt_bytes, fmt_count, fmt_energy_j, fmt_time, fmt_usd
+
+
+def grid(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    """Fixed-width table; `align` is a string of 'l'/'r' per column (default: first l, rest r)."""
+    align = align or ("l" + "r" * (len(headers) - 1))
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+
+    def line(cells):
+        out = []
+        for c, w, a in zip(cells, widths, align):
+            out.append(str(c).ljust(w) if a == "l" else str(c).rjust(w))
+        return "  ".join(out).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+def _pct(x: float, total: float) -> str:
+    return f"{100.0 * x / total:5.1f}%" if total > 0 else "-"
+
+
+def time_table(est: Estimate) -> str:
+    parts = est.time.parts()
+    total = est.step_time_s
+    names = {"compute_s": "compute (fwd+bwd)", "recompute_s": "recomputation", "tp_comm_s": "TP comm (exposed)",
+             "cp_comm_s": "CP comm (exposed)", "pp_comm_s": "PP send/recv (exposed)",
+             "dp_comm_s": "DP/ZeRO comm (exposed)", "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step"}
+    rows = [[names[k], fmt_time(v), _pct(v, total)] for k, v in parts.items()]
+    rows.append(["step total", fmt_time(total), "100.0%"])
+    ov = est.overlapped.parts()
+    rows += [[f"  overlapped {k.split('_')[0].upper()} comm (hidden)", fmt_time(v), ""] for k, v in ov.items() if v > 0]
+    return grid(["time per step", "seconds", "share"], rows)
+
+
+def memory_table(est: Estimate) -> str:
+    parts = est.memory.parts()
+    names = {"weights_bytes": "weights", "gradients_bytes": "gradients", "optimizer_bytes": "optimizer states",
+             "activations_bytes": "activations", "logits_bytes": "logits + loss", "comm_buffers_bytes": "comm buffers",
+             "fragmentation_bytes": "allocator fragmentation", "reserved_bytes": "CUDA context + workspaces"}
+    total = est.memory.total
+    rows = [[names[k], fmt_bytes(v), _pct(v, total)] for k, v in parts.items()]
+    rows.append(["total per GPU (worst stage)", fmt_bytes(total), f"of {fmt_bytes(est.hbm_bytes)}"])
+    return grid(["memory per GPU", "bytes", "share"], rows)
+
+
+def summary_lines(est: Estimate) -> list[str]:
+    b = est.budget
+    return [
+        f"plan            {est.plan.describe()}",
+        f"micro-batches   {est.num_microbatches} per step",
+        f"step time       {fmt_time(est.step_time_s)}",
+        f"throughput      {fmt_count(est.tokens_per_s)} tokens/s, {est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU",
+        f"MFU / HFU       {100 * est.mfu:.1f}% / {100 * est.hfu:.1f}%  (MFU: 6N + full-s² attention FLOPs; "
+        f"HFU: executed FLOPs incl. recompute)",
+        f"memory          {fmt_bytes(est.memory.total)} of {fmt_bytes(est.hbm_bytes)}"
+        + ("" if est.fits else "  — DOES NOT FIT"),
+        f"token budget    {fmt_count(b.tokens)} tokens: {fmt_time(b.time_s)}, {fmt_count(b.gpu_hours)} GPU-hours, "
+        f"{fmt_usd(b.usd)}, {fmt_energy_j(b.energy_j)} at TDP",
+    ]
+
+
+def estimate_report(est: Estimate) -> str:
+    return "\n".join(summary_lines(est)) + "\n\n" + time_table(est) + "\n\n" + memory_table(est)
+
+
+def ranking_table(ests) -> str:
+    rows = []
+    for i, e in enumerate(ests, 1):
+        t = e.time
+        comm = t.tp_comm_s + t.cp_comm_s + t.pp_comm_s + t.dp_comm_s
+        rows.append([str(i), e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
+                     f"{100 * e.mfu:.1f}%", _pct(t.bubble_s, e.step_time_s).strip(),
+                     _pct(comm, e.step_time_s).strip(), _pct(t.recompute_s, e.step_time_s).strip(),
+                     fmt_bytes(e.memory.total)])
+    return grid(["#", "plan", "step", "tok/s/GPU", "MFU", "bubble", "exp.comm", "recomp", "mem/GPU"], rows,
+                align="llrrrrrrr")

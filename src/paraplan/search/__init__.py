@@ -1,0 +1,1 @@
+"""Search the plan space and rank plans."""

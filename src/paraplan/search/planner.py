@@ -1,0 +1,123 @@
+"""Rank every valid plan that fits: vectorized closed-form pass over the whole space, then
+the event simulator re-times the best candidates (the closed form is a tight estimate of
+the simulated pipeline, so the top of the ranking is stable; see docs/model.md)."""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cost.estimate import Estimate, finish
+from ..cost.evaluate import evaluate
+from ..errors import NoPlanFitsError
+from ..plan.space import PlanBatch, SpaceLimits, enumerate_space
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from ..units import fmt_bytes
+
+CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchResult:
+    ranked: tuple[Estimate, ...]
+    num_candidates: int      # plans enumerated (valid + rejected)
+    num_valid: int
+    num_fit: int
+    elapsed_s: float
+    rejected_examples: tuple[str, ...] = field(default=())
+
+    @property
+    def plans_per_s(self) -> float:
+        return self.num_candidates / max(self.elapsed_s, 1e-9)
+
+
+def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits = SpaceLimits(),
+           fixed: dict | None = None, top_k: int = 10, resimulate: int = 64, progress=None) -> SearchResult:
+    """Rank plans by simulated step time; `progress(done, total)` is called per chunk."""
+    t0 = _time.perf_counter()
+    n_cand = n_valid = n_fit = 0
+    keep_batches, keep_times = [], []
+    best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
+    chunks = list(enumerate_space(model, cluster, workload, limits, fixed))
+    total = sum(len(b) for b, _ in chunks) or 1
+    done = 0
+    pending: list[PlanBatch] = []
+
+    def flush(batches):
+        nonlocal n_fit, best_mem
+        batch = PlanBatch.concat(batches)
+        costs = evaluate(model, cluster, workload, batch)
+        mem_total = np.asarray(costs.memory.total)
+        fits = mem_total <= cluster.gpu.hbm_bytes
+        n_fit += int(fits.sum())
+        i_min = int(np.argmin(mem_total))
+        if best_mem is None or mem_total[i_min] < best_mem[0]:
+            best_mem = (float(mem_total[i_min]), batch.plan(i_min))
+        if fits.any():
+            step = np.asarray(costs.time.total)[fits]
+            sub = batch.take(np.flatnonzero(fits))
+            k = min(resimulate, len(step))
+            idx = np.argpartition(step, k - 1)[:k]
+            keep_batches.append(sub.take(idx))
+            keep_times.append(step[idx])
+
+    size = 0
+    for batch, n_rej in chunks:
+        n_cand += len(batch) + n_rej
+        n_valid += len(batch)
+        if len(batch):
+            pending.append(batch)
+            size += len(batch)
+        if size >= CHUNK:
+            flush(pending)
+            pending, size = [], 0
+        done += len(batch)
+        if progress:
+            progress(done, total)
+    if pending:
+        flush(pending)
+    if not keep_batches:
+        raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem))
+    cand = PlanBatch.concat(keep_batches)
+    times = np.concatenate(keep_times)
+    order = np.argsort(times, kind="stable")[:resimulate]
+    cand = cand.take(order)
+    costs = evaluate(model, cluster, workload, cand)
+    ests = []
+    for i in range(len(cand)):
+        one = _slice_costs(costs, i)
+        ests.append(finish(model, cluster, workload, cand.plan(i), one))
+    ests.sort(key=lambda e: e.step_time_s)
+    return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=n_cand, num_valid=n_valid, num_fit=n_fit,
+                        elapsed_s=_time.perf_counter() - t0)
+
+
+def _slice_costs(costs, i):
+    """Re-evaluate is cheap, but slicing keeps one code path: evaluate once, pick plan i."""
+    from dataclasses import fields, is_dataclass, replace
+
+    def pick(x):
+        if is_dataclass(x):
+            return replace(x, **{f.name: pick(getattr(x, f.name)) for f in fields(x)})
+        if isinstance(x, dict):
+            return {k: pick(v) for k, v in x.items()}
+        a = np.asarray(x)
+        return a if a.ndim == 0 else a[i:i + 1]
+    return pick(costs)
+
+
+def _nothing_fits(model, cluster, workload, n_valid, best_mem) -> str:
+    if n_valid == 0:
+        return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
+                f"{workload.global_batch_size}: try a GPU count or batch with more divisors "
+                "(e.g. a power of two)")
+    need, plan = best_mem
+    cap = cluster.gpu.hbm_bytes
+    more = int(np.ceil(cluster.num_gpus * need / cap / cluster.gpus_per_node)) * cluster.gpus_per_node
+    return (f"no plan fits in {fmt_bytes(cap)} per GPU: the smallest needs {fmt_bytes(need)} "
+            f"({plan.describe()}); try more GPUs (about {more}), a smaller global batch or sequence, "
+            "or enable ZeRO-3, full recomputation and optimizer offload if they were excluded")
