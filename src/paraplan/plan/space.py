@@ -153,6 +153,8 @@ class SpaceLimits:
     zero_stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
     allow_offload: bool = True
     flash_attention: bool = True
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    tp_overlap: tuple[bool, ...] = (False, True)
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
@@ -205,12 +207,12 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 for rc in limits.recomputes:
                     rks = ks if rc is Recompute.FIRST_K else [0]
                     for rk in rks:
-                        for sp in ((False, True) if tp > 1 else (False,)):
+                        for sp in (limits.sequence_parallel if tp > 1 else (False,)):
                             for zero in limits.zero_stages:
                                 zshards = shards if zero is ZeroStage.PARAMETERS else [dp]
                                 for shard in zshards:
                                     for off in ((False, True) if limits.allow_offload and zero is not ZeroStage.PARAMETERS else (False,)):
-                                        for tpov in ((False, True) if sp else (False,)):
+                                        for tpov in (limits.tp_overlap if sp else (False,)):
                                             rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
                                                          zero.code, shard, off, tpov))
         if not rows:

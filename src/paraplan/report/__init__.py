@@ -1,0 +1,1 @@
+"""Reports: terminal tables, JSON, Perfetto traces."""

@@ -1,0 +1,391 @@
+"""Heap-driven event loop that times a pipeline schedule (schedules as data, schedules.py).
+
+Notation as in schedules.py: p ranks, m micro-batches, v chunks per rank, V = v*p virtual
+stages; virtual stage j = chunk*p + rank.
+
+Model. Each rank runs its task list strictly in order, one task at a time. A task starts
+at max(rank free, dependencies ready), where (Narayanan et al. SC'21, Sec. 2.2):
+  F(mb, j) needs F(mb, j-1) done + p2p_s                            (j > 0)
+  B(mb, j) needs F(mb, j) done, and B(mb, j+1) done + p2p_s         (j < V-1)
+  W(mb, j) needs B(mb, j) done
+Point-to-point sends are latency only: they occupy no rank (as when they overlap with
+compute on a separate stream), and a gradient costs the same p2p_s as an activation.
+
+The loop. A heap holds each rank's next task once its dependencies have finished, keyed
+by its start time; popping the earliest runs it, which may make the next task of its own
+rank and of the rank holding its successor stage ready. A rank keeps running its own
+tasks while each is still the earliest event, which saves heap traffic but keeps events
+in time order (so shared resources such as link contention can be added later). A rank
+whose next task can never become ready is a deadlock: RuntimeError names the stuck tasks.
+
+Tie-break rule (the only one): events that start at the same time are ordered by rank,
+then by position in the rank's list; it is the heap key (start_s, rank, position) and the
+order of `SimResult.events`. Start times are the unique solution of the rules above, so
+the tie-break decides the order events are processed and listed in, never a time.
+
+Peak in-flight activations (memory) count a chunk's activation from its F until its last
+backward task: B, or W where the schedule splits the backward (ZB-H1 keeps the inputs
+the weight gradient needs; Qi et al. 2024 Sec. 3.1).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Sequence
+
+import numpy as np
+
+from .schedules import Phase, ScheduleError, Task, positive_int
+
+PerRankChunk = tuple[tuple[float, ...], ...]
+
+_FORWARD, _BACKWARD, _WEIGHT = 0, 1, 2
+_CODE = {Phase.FORWARD: _FORWARD, Phase.BACKWARD: _BACKWARD, Phase.WEIGHT: _WEIGHT}
+_NOT_DONE = -1.0  # times are >= 0, so a negative end time marks "not finished yet"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCosts:
+    """Per-task durations, indexed [rank][chunk], and the per-hop send latency."""
+
+    forward_s: PerRankChunk
+    backward_s: PerRankChunk  # input-gradient backward; the whole backward unless split
+    weight_s: PerRankChunk    # weight-gradient backward; zeros unless zero-bubble
+    p2p_s: float              # one micro-batch's activation (or gradient) to the next stage
+
+    def __post_init__(self) -> None:
+        forward = _table("forward_s", self.forward_s)
+        p, v = len(forward), len(forward[0])
+        object.__setattr__(self, "forward_s", forward)
+        for name in ("backward_s", "weight_s"):
+            table = _table(name, getattr(self, name))
+            if (len(table), len(table[0])) != (p, v):
+                raise ScheduleError(
+                    f"stage costs: {name} has shape {len(table)}x{len(table[0])}; "
+                    f"it must match forward_s, {p} ranks x {v} chunks"
+                )
+            object.__setattr__(self, name, table)
+        object.__setattr__(self, "p2p_s", _duration("p2p_s", self.p2p_s))
+
+    @classmethod
+    def uniform(
+        cls,
+        num_stages: int,
+        num_chunks: int,
+        forward_s: float,
+        backward_s: float,
+        weight_s: float = 0.0,
+        p2p_s: float = 0.0,
+    ) -> StageCosts:
+        """The same cost for every chunk of every rank."""
+        p = positive_int("stage costs: num_stages", num_stages)
+        v = positive_int("stage costs: num_chunks", num_chunks)
+
+        def grid(x: float) -> PerRankChunk:
+            return tuple((x,) * v for _ in range(p))
+
+        return cls(forward_s=grid(forward_s), backward_s=grid(backward_s),
+                   weight_s=grid(weight_s), p2p_s=p2p_s)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_s)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.forward_s[0])
+
+    def fuse_weight(self) -> StageCosts:
+        """Costs for a schedule without W tasks: the weight gradient folded into B."""
+        fused = tuple(tuple(b + w for b, w in zip(brow, wrow))
+                      for brow, wrow in zip(self.backward_s, self.weight_s))
+        zeros = tuple((0.0,) * len(row) for row in self.weight_s)
+        return replace(self, backward_s=fused, weight_s=zeros)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimEvent:
+    """One task as it ran."""
+
+    rank: int
+    phase: Phase
+    microbatch: int
+    chunk: int
+    virtual_stage: int
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class EventColumns:
+    """The timeline column-wise (read-only numpy arrays), in `SimResult.events` order."""
+
+    rank: np.ndarray
+    phase_code: np.ndarray  # index into PHASES
+    microbatch: np.ndarray
+    chunk: np.ndarray
+    virtual_stage: np.ndarray
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+
+PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.WEIGHT)  # EventColumns.phase_code order
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    """Timeline of one training step's pipeline."""
+
+    step_time_s: float                # makespan: the last task's end
+    busy_s: tuple[float, ...]         # per rank: sum of its task durations
+    bubble_s: tuple[float, ...]       # per rank: step_time_s - busy_s
+    peak_inflight: tuple[float, ...]  # per rank: max micro-batches held, counted in 1/v units
+    columns: EventColumns = field(repr=False)  # the timeline; `events` reads it as objects
+
+    @cached_property
+    def events(self) -> tuple[SimEvent, ...]:
+        """Every task as it ran, ordered by (start_s, rank, position): the tie-break rule."""
+        c = self.columns
+        return tuple(
+            SimEvent(rank=r, phase=PHASES[ph], microbatch=mb, chunk=ch, virtual_stage=j,
+                     start_s=s, end_s=e)
+            for r, ph, mb, ch, j, s, e in zip(
+                c.rank.tolist(), c.phase_code.tolist(), c.microbatch.tolist(), c.chunk.tolist(),
+                c.virtual_stage.tolist(), c.start_s.tolist(), c.end_s.tolist(),
+            )
+        )
+
+    @property
+    def ideal_s(self) -> float:
+        """Step time with no bubble: the busiest rank's work."""
+        return max(self.busy_s, default=0.0)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """(step - ideal) / ideal, Narayanan et al. SC'21 Sec. 2.2.1 (1F1B: (p-1)/m)."""
+        ideal = self.ideal_s
+        return (self.step_time_s - ideal) / ideal if ideal > 0 else 0.0
+
+
+def simulate(tasks_per_rank: Sequence[Sequence[Task]], costs: StageCosts) -> SimResult:
+    """Time the schedule `tasks_per_rank` (one ordered list per rank) under `costs`."""
+    p, v = costs.num_stages, costs.num_chunks
+    if len(tasks_per_rank) != p:
+        raise ScheduleError(f"schedule has {len(tasks_per_rank)} ranks; the stage costs have {p}")
+    g = _Graph(tasks_per_rank, p, v)
+    if not g.has_weight and any(w for row in costs.weight_s for w in row):
+        raise ScheduleError(
+            "stage costs: weight_s is nonzero but the schedule has no W tasks; "
+            "use costs.fuse_weight() to fold it into backward_s"
+        )
+    table = np.array([costs.forward_s, costs.backward_s, costs.weight_s], dtype=np.float64)
+    duration = table[g.code, g.rank, g.chunk]
+    start = np.array(_run(g, duration.tolist(), costs.p2p_s, tasks_per_rank))
+    end = start + duration
+
+    busy_s = np.bincount(g.rank, weights=duration, minlength=p)
+    # Activations held: +1 when a chunk's F runs, -1 when its last backward task (B, or W
+    # when the schedule splits the backward) runs; each rank runs its list in order.
+    release = _WEIGHT if g.has_weight else _BACKWARD
+    held = np.cumsum((g.code == _FORWARD).astype(np.int64) - (g.code == release))
+    before = np.concatenate(([0], held))[g.first]  # running total where each rank starts
+    peak = [int((held[a:a + n] - base).max()) for a, n, base in zip(g.first, g.length, before)]
+    step_time_s = float(end.max())
+    ix = np.lexsort((np.arange(len(start)), g.rank, start))  # the tie-break rule
+    columns = EventColumns(**{name: _frozen(a[ix]) for name, a in (
+        ("rank", g.rank), ("phase_code", g.code), ("microbatch", g.microbatch),
+        ("chunk", g.chunk), ("virtual_stage", g.stage), ("start_s", start), ("end_s", end),
+    )})
+    return SimResult(
+        step_time_s=step_time_s,
+        busy_s=tuple(busy_s.tolist()),
+        bubble_s=tuple((step_time_s - busy_s).tolist()),
+        peak_inflight=tuple(x / v for x in peak),
+        columns=columns,
+    )
+
+
+def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[float]:
+    """The event loop: start time of every task (flat index, rank by rank)."""
+    # A finished task k fills two slots: [2k] its end, read by a successor on its own rank,
+    # and [2k+1] end + p2p_s, read by one on the neighbouring virtual stage. A dependency
+    # is a slot; the last slot is "no dependency", finished at time 0.
+    avail = [_NOT_DONE] * (2 * g.num_keys) + [0.0]
+    slot, dep_a, dep_b = (2 * g.task_key).tolist(), g.dep_a.tolist(), g.dep_b.tolist()
+    notify = g.notify.tolist()
+    next_task = g.first.tolist()  # flat index of each rank's next task
+    stop = (g.first + g.length).tolist()
+    p = len(next_task)
+    rank_free = [0.0] * p
+    queued = [False] * p
+    start_s = [0.0] * len(dur)
+    heap: list[tuple[float, int, int]] = []  # (start_s, rank, flat index): the tie-break
+    push, pop = heapq.heappush, heapq.heappop
+
+    def enqueue(rank: int) -> None:
+        # Queue the rank's next task at its start time once its dependencies have finished.
+        i = next_task[rank]
+        if queued[rank] or i == stop[rank]:
+            return
+        ready, other = avail[dep_a[i]], avail[dep_b[i]]
+        if ready < 0.0 or other < 0.0:
+            return
+        if other > ready:
+            ready = other
+        free = rank_free[rank]
+        push(heap, (ready if ready > free else free, rank, i))
+        queued[rank] = True
+
+    for rank in range(p):
+        enqueue(rank)
+    while heap:
+        start, rank, i = pop(heap)
+        queued[rank] = False
+        last = stop[rank]
+        while True:  # run this rank's tasks while each is the earliest event
+            end = start + dur[i]
+            start_s[i] = start
+            k = slot[i]
+            avail[k] = end
+            avail[k + 1] = end + p2p_s
+            other_rank = notify[i]
+            i += 1
+            if other_rank >= 0:
+                enqueue(other_rank)  # the rank of this task's successor stage
+            if i == last:
+                break
+            ready, other = avail[dep_a[i]], avail[dep_b[i]]
+            if ready < 0.0 or other < 0.0:
+                break  # blocked: a finishing dependency will enqueue this rank
+            if other > ready:
+                ready = other
+            if end > ready:
+                ready = end
+            if heap:
+                top = heap[0]
+                if ready > top[0] or (ready == top[0] and rank > top[1]):
+                    push(heap, (ready, rank, i))
+                    queued[rank] = True
+                    break
+            start = ready
+        next_task[rank], rank_free[rank] = i, end
+
+    if next_task != stop:
+        raise _deadlock(tasks_per_rank, g, next_task, stop, avail)
+    return start_s
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class _Graph:
+    """The schedule as flat numpy arrays over all tasks (rank by rank, in list order),
+    checked to hold every (phase, micro-batch, virtual stage) exactly once."""
+
+    def __init__(self, tasks_per_rank: Sequence[Sequence[Task]], p: int, v: int):
+        flat = [t for tasks in tasks_per_rank for t in tasks]
+        self.length = np.array([len(tasks) for tasks in tasks_per_rank], dtype=np.int64)
+        self.first = np.concatenate(([0], np.cumsum(self.length)[:-1])).astype(np.int64)
+        try:
+            self.code = np.array([_CODE[t.phase] for t in flat], dtype=np.int64)
+        except (KeyError, AttributeError):
+            bad = next(t for t in flat if getattr(t, "phase", None) not in _CODE)
+            raise ScheduleError(f"task {bad!r} is not allowed; tasks are Task(phase F/B/W, ...)") from None
+        self.microbatch = np.array([t.microbatch for t in flat], dtype=np.int64)
+        self.chunk = np.array([t.chunk for t in flat], dtype=np.int64)
+        self.rank = np.repeat(np.arange(p, dtype=np.int64), self.length)
+        bad = np.flatnonzero((self.chunk < 0) | (self.chunk >= v) | (self.microbatch < 0))
+        if bad.size:
+            i = int(bad[0])
+            raise ScheduleError(
+                f"rank {self.rank[i]}: task {flat[i]} is not allowed; chunk must be in "
+                f"[0, {v}) and microbatch >= 0"
+            )
+        m = int(self.microbatch.max()) + 1 if flat else 1
+        num_stages = v * p
+        self.stage = self.chunk * p + self.rank
+        key = self.stage * m + self.microbatch  # (virtual stage, micro-batch)
+        self.num_keys = 3 * num_stages * m
+        self.task_key = self.code * (num_stages * m) + key  # (phase, virtual stage, mb)
+
+        count = np.bincount(self.task_key, minlength=self.num_keys)
+        if (count > 1).any():
+            i = int(np.flatnonzero(count[self.task_key] > 1)[0])
+            raise ScheduleError(f"rank {self.rank[i]}: task {flat[i]} appears more than once")
+        self.has_weight = bool(count[2 * num_stages * m:].any())
+        needed = count[: (3 if self.has_weight else 2) * num_stages * m]
+        if not needed.all():
+            code, rest = divmod(int(np.flatnonzero(needed == 0)[0]), num_stages * m)
+            j, mb = divmod(rest, m)
+            raise ScheduleError(
+                f"schedule lacks task {PHASES[code].value} mb{mb} c{j // p} on rank {j % p}; "
+                f"every micro-batch needs F and B (and W in all or none) on every virtual stage"
+            )
+
+        # Dependencies as slots (see _run): F needs F(j-1) + p2p, B needs its own F
+        # and B(j+1) + p2p, W needs its B; `notify` is the other rank a task may unblock.
+        none = 2 * self.num_keys
+        block = num_stages * m  # task_key offset of one phase
+        is_f, is_b = self.code == _FORWARD, self.code == _BACKWARD
+        first_stage, last_stage = self.stage == 0, self.stage == num_stages - 1
+        forward_dep = np.where(first_stage, none, 2 * (key - m) + 1)
+        self.dep_a = np.where(is_f, forward_dep, 2 * (self.task_key - block))
+        self.dep_b = np.where(is_b & ~last_stage, 2 * (block + key + m) + 1, none)
+        notify = np.where(
+            is_f & ~last_stage, (self.rank + 1) % p,
+            np.where(is_b & ~first_stage, (self.rank - 1) % p, -1),
+        )
+        self.notify = np.where(notify == self.rank, -1, notify)  # own rank: checked anyway
+        self.m = m
+
+
+def _deadlock(tasks_per_rank, g: _Graph, next_task, stop, avail) -> RuntimeError:
+    stuck = []
+    for rank, tasks in enumerate(tasks_per_rank):
+        i = next_task[rank]
+        if i == stop[rank]:
+            continue
+        t, j = tasks[i - int(g.first[rank])], int(g.stage[i])
+        if t.phase is Phase.FORWARD:
+            waits = f"F mb{t.microbatch} of virtual stage {j - 1}"
+        elif t.phase is Phase.WEIGHT:
+            waits = f"B mb{t.microbatch} of virtual stage {j}"
+        elif avail[int(g.dep_a[i])] < 0.0:
+            waits = f"F mb{t.microbatch} of virtual stage {j}"
+        else:
+            waits = f"B mb{t.microbatch} of virtual stage {j + 1}"
+        stuck.append(f"rank {rank} at task #{i - int(g.first[rank])} ({t}) waits for {waits}")
+    shown = "; ".join(stuck[:8]) + (f"; ... {len(stuck) - 8} more" if len(stuck) > 8 else "")
+    return RuntimeError(f"schedule deadlocks: {shown}")
+
+
+def _table(field: str, value: object) -> PerRankChunk:
+    try:
+        rows = tuple(tuple(_duration(field, x) for x in row) for row in value)  # type: ignore[union-attr]
+    except TypeError:
+        raise ScheduleError(f"stage costs: {field} must be a [rank][chunk] table of seconds") from None
+    if not rows or not rows[0] or any(len(r) != len(rows[0]) for r in rows):
+        raise ScheduleError(
+            f"stage costs: {field} must have at least one rank and the same number (>= 1) "
+            f"of chunks on every rank"
+        )
+    return rows
+
+
+def _duration(field: str, value: object) -> float:
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ScheduleError(f"stage costs: {field}={value!r} is not allowed; it must be seconds") from None
+    if not (math.isfinite(seconds) and seconds >= 0.0):
+        raise ScheduleError(f"stage costs: {field}={value!r} is not allowed; it must be finite and >= 0")
+    return seconds

@@ -1,0 +1,178 @@
+"""Pipeline schedules as data: one ordered list of tasks per pipeline rank.
+
+Notation (Narayanan et al. SC'21): p pipeline stages (ranks), m micro-batches per step,
+v model chunks per rank ("virtual stages"). With v chunks, virtual stage j lives on rank
+j % p as chunk j // p, so a micro-batch loops through the ranks v times.
+
+A schedule says only *in what order* each rank runs its tasks; when they run follows
+from the dependencies and costs, in engine.py. Each builder below names the paper whose
+order it reproduces.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..errors import ParaplanError
+from ..plan.axes import Schedule
+
+
+class ScheduleError(ParaplanError, ValueError):
+    """A schedule that cannot be built or simulated with the given arguments."""
+
+
+class Phase(StrEnum):
+    FORWARD = "F"
+    BACKWARD = "B"  # input gradient; for non-zero-bubble schedules it includes W too
+    WEIGHT = "W"    # weight gradient, split off B by zero-bubble schedules only
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One pass of one micro-batch through one model chunk of a rank."""
+
+    phase: Phase
+    microbatch: int
+    chunk: int
+
+    def __str__(self) -> str:
+        return f"{self.phase.value} mb{self.microbatch} c{self.chunk}"
+
+
+RankTasks = tuple[Task, ...]
+
+
+def build_schedule(
+    schedule: Schedule, num_stages: int, num_microbatches: int, num_chunks: int = 1
+) -> tuple[RankTasks, ...]:
+    """Ordered task list for each of `num_stages` pipeline ranks."""
+    try:
+        schedule = Schedule(schedule)
+    except ValueError:
+        allowed = ", ".join(s.value for s in Schedule)
+        raise ScheduleError(f"schedule={schedule!r} is not allowed; allowed: {allowed}") from None
+    p = positive_int("num_stages", num_stages)
+    m = positive_int("num_microbatches", num_microbatches)
+    v = positive_int("num_chunks", num_chunks)
+    if schedule in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE) and v != 1:
+        raise ScheduleError(
+            f"schedule {schedule.value!r}: num_chunks={v} is not allowed; it runs one chunk "
+            f"per rank (num_chunks=1); use 'interleaved' or 'bfs' for looping stages"
+        )
+    if schedule is Schedule.INTERLEAVED_1F1B:
+        if v < 2:
+            raise ScheduleError(
+                f"schedule 'interleaved': num_chunks={v} is not allowed; it needs at least 2 "
+                f"chunks per rank (with 1 chunk use '1f1b')"
+            )
+        if m % p != 0:
+            raise ScheduleError(
+                f"schedule 'interleaved': num_microbatches={m} is not allowed; Megatron-LM's "
+                f"interleaved order needs a multiple of num_stages={p}"
+            )
+    builder, tasks = _BUILDERS[schedule], _Tasks(m, v)
+    return tuple(tuple(builder(p, m, v, rank, tasks)) for rank in range(p))
+
+
+def positive_int(field: str, value: object) -> int:
+    """`value` as an int >= 1, or a ScheduleError naming `field`."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = 0
+    if number < 1:
+        raise ScheduleError(f"{field}={value!r} is not allowed; it must be an integer >= 1")
+    return number
+
+
+class _Tasks:
+    """Every Task of a schedule built once: ranks share them, which keeps building fast."""
+
+    def __init__(self, m: int, v: int):
+        self.F, self.B, self.W = (
+            [[Task(phase, i, c) for i in range(m)] for c in range(v)] for phase in Phase
+        )
+
+
+def _gpipe(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # Huang et al. NeurIPS'19 (GPipe): every micro-batch's forward, then every backward.
+    return t.F[0] + t.B[0]
+
+
+def _one_f_one_b(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # PipeDream-Flush (Narayanan et al. ICML'21; SC'21 Sec. 2.2.1, Fig. 4 top): p-rank-1
+    # warm-up forwards, then one forward and one backward alternately, then the cool-down
+    # backwards. At most p-rank micro-batches are in flight on rank `rank`.
+    F, B = t.F[0], t.B[0]
+    warmup = min(p - rank - 1, m)
+    tasks = F[:warmup]
+    for i in range(m - warmup):
+        tasks += (F[warmup + i], B[i])
+    return tasks + B[m - warmup:]
+
+
+def _interleaved(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # Narayanan et al. SC'21 Sec. 2.2.2, Fig. 4 bottom, in the order of Megatron-LM's
+    # forward_backward_pipelining_with_interleaving: the k-th chunk-pass of a rank belongs
+    # to chunk (k mod p*v) // p (reversed for backwards) and micro-batch
+    # (k // p*v) * p + k mod p, i.e. micro-batches go through each chunk in groups of p.
+    # Warm-up is (p-rank-1)*2 + (v-1)*p chunk-forwards; Megatron-LM runs every forward
+    # first when m == p, and so do we.
+    total = m * v
+    warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+
+    def forward(k: int) -> Task:
+        group, in_group = divmod(k, p * v)
+        return t.F[in_group // p][group * p + k % p]
+
+    def backward(k: int) -> Task:
+        group, in_group = divmod(k, p * v)
+        return t.B[v - 1 - in_group // p][group * p + k % p]
+
+    tasks = [forward(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        tasks += (forward(warmup + k), backward(k))
+    return tasks + [backward(k) for k in range(total - warmup, total)]
+
+
+def _breadth_first(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # Lamy-Poirier MLSys'23 (Breadth-First Pipeline Parallelism), looping layout, breadth-
+    # first order: all micro-batches through chunk 0, then chunk 1, ..., then the
+    # backwards chunk by chunk in reverse. GPipe is the v=1 case.
+    forwards = [task for c in range(v) for task in t.F[c]]
+    return forwards + [task for c in reversed(range(v)) for task in t.B[c]]
+
+
+def _zero_bubble_h1(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # ZB-H1, Qi et al. ICLR'24 (Zero Bubble Pipeline Parallelism, Sec. 3.1, Fig. 3): 1F1B
+    # with the backward split into B (input gradient, on the critical path) and W (weight
+    # gradient, which nothing downstream waits for). Rank r runs the 1F1B order of F and B
+    # and defers its W passes: it skips W in its first r steady-state rounds, so its last
+    # r+1 W passes fill the cool-down bubble. In-flight micro-batches (F done, W not yet)
+    # stay at p-r+r = p, the 1F1B peak, and the bubble drops to (p-1)(T_F + T_B - T_W).
+    F, B, W = t.F[0], t.B[0], t.W[0]
+    warmup = min(p - rank - 1, m)
+    tasks = F[:warmup]
+    next_w = 0  # W passes run in micro-batch order, lagging their B
+    for i in range(m - warmup):
+        tasks += (F[warmup + i], B[i])
+        if i >= rank:
+            tasks.append(W[next_w])
+            next_w += 1
+    for i in range(m - warmup, m):
+        tasks += (B[i], W[next_w])
+        next_w += 1
+    return tasks + W[next_w:]
+
+
+_BUILDERS = {
+    Schedule.GPIPE: _gpipe,
+    Schedule.ONE_F_ONE_B: _one_f_one_b,
+    Schedule.INTERLEAVED_1F1B: _interleaved,
+    Schedule.BREADTH_FIRST: _breadth_first,
+    Schedule.ZERO_BUBBLE: _zero_bubble_h1,
+}

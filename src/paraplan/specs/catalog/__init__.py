@@ -1,0 +1,440 @@
+"""Preset catalog (models, GPUs, clusters as TOML files) and the loaders for user files.
+
+Each preset is one TOML file under `models/`, `gpus/` or `clusters/`, named after its
+canonical `name`, with its sources in comments. Names match case-insensitively and ignore
+'-', '_', '.' and ' ' ("LLAMA3_70B" == "llama3-70b"), over the name and its `aliases`.
+
+Datasheet units (TFLOP/s, GB, TB/s, Gb/s, us) exist only in the files; they become SI here,
+through `paraplan.units`. Presets are immutable and cached; user files are read each time.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from ... import units
+from ...errors import FileFormatError, SpecError, UnknownPresetError
+from ..curves import EfficiencyCurve
+from ..hardware import ClusterSpec, GPUSpec, LinkTier
+from ..model import ModelSpec, make_model
+from ..workload import Precision
+
+__all__ = ["list_models", "list_gpus", "list_clusters", "load_model", "load_gpu", "load_cluster",
+           "CATALOG_DIR"]
+
+CATALOG_DIR = Path(__file__).resolve().parent
+_DIRS = {"model": "models", "gpu": "gpus", "cluster": "clusters"}
+
+# ---- schemas: (required keys, optional keys) ----
+_MODEL_REQUIRED = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_heads",
+                   "num_kv_heads", "vocab_size", "gated_mlp", "tied_embeddings")
+_MODEL_OPTIONAL = ("head_dim", "max_seq_len", "source", "aliases")
+_GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
+                 "gemm_efficiency", "attention_efficiency")
+_GPU_OPTIONAL = ("kernel_launch_overhead_us", "memory_bw_efficiency", "fp8_gemm_efficiency_ratio",
+                 "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
+                 "source", "aliases")
+_CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
+_CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases")
+_TIER_REQUIRED = ("latency_us", "efficiency")
+_TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes")
+
+
+def _norm(name: str) -> str:
+    """Matching key: lower case, without '-', '_', '.', ' '."""
+    return re.sub(r"[-_. ]", "", name.strip().lower())
+
+
+# ---------------------------------------------------------------------------------------
+# Reading TOML with errors that name the file, the line and the field.
+# ---------------------------------------------------------------------------------------
+
+def _read_toml(path: Path, shown: str) -> tuple[dict, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileFormatError(shown, "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FileFormatError(shown, f"cannot read: {e}") from None
+    try:
+        return tomllib.loads(text), text
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = re.search(r"\(at line (\d+), column \d+\)", msg)
+        line = int(m.group(1)) if m else getattr(e, "lineno", None)
+        detail = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg) or "invalid TOML"
+        raise FileFormatError(shown, f"invalid TOML: {detail}", line) from None
+
+
+def _line_of(text: str, section: str, key: str) -> int | None:
+    current = ""
+    pattern = re.compile(rf"^\s*{re.escape(key)}\s*=")
+    for i, raw in enumerate(text.splitlines(), start=1):
+        header = re.match(r"^\s*\[\s*([^\]]+?)\s*\]", raw)
+        if header:
+            current = header.group(1)
+        elif current == section and pattern.match(raw):
+            return i
+    if section:  # maybe an inline table: point at its key in the parent table
+        parent, _, last = section.rpartition(".")
+        return _line_of(text, parent, last)
+    return None
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One TOML table of a file, with the helpers that check its fields."""
+
+    data: dict
+    shown: str  # file name as shown in errors
+    text: str  # raw file text, to find line numbers
+    prefix: str = ""  # "" for the top level, "nvlink." for [nvlink], ...
+
+    def line_of(self, key: str) -> int | None:
+        """Line of `key = ...` inside this table, for error messages; for an inline table
+        (`gpu = { ... }`) the line of the table itself."""
+        return _line_of(self.text, self.prefix.rstrip("."), key)
+
+    def fail(self, key: str, detail: str) -> NoReturn:
+        raise FileFormatError(self.shown, detail, self.line_of(key))
+
+    def check_keys(self, required: tuple[str, ...], optional: tuple[str, ...]) -> None:
+        for key in self.data:
+            if key not in required and key not in optional:
+                allowed = ", ".join(required + optional)
+                self.fail(key, f"unknown field '{self.prefix}{key}' (allowed: {allowed})")
+        for key in required:
+            if key not in self.data:
+                raise FileFormatError(self.shown, f"field '{self.prefix}{key}' missing "
+                                                  f"(required: {', '.join(required)})")
+
+    def _bad(self, key: str, value: object, expected: str) -> NoReturn:
+        self.fail(key, f"field '{self.prefix}{key}' = {value!r} is not allowed; {expected} is required")
+
+    def int_(self, key: str, default: int | None = None) -> int | None:
+        if key not in self.data:
+            return default
+        v = self.data[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            self._bad(key, v, "a positive integer")
+        return v
+
+    def num(self, key: str, default: float | None = None, *, at_most_one: bool = False) -> float | None:
+        if key not in self.data:
+            return default
+        v = self.data[key]
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf
+                or (at_most_one and v > 1)):
+            self._bad(key, v, "a number in (0, 1]" if at_most_one else "a positive number")
+        return float(v)
+
+    def fraction(self, key: str) -> float | None:
+        """A fraction in [0, 1) (a loss or a slowdown), or None when absent."""
+        if key not in self.data:
+            return None
+        v = self.data[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
+            self._bad(key, v, "a number in [0, 1)")
+        return float(v)
+
+    def bool_(self, key: str) -> bool:
+        v = self.data[key]
+        if not isinstance(v, bool):
+            self._bad(key, v, "true or false")
+        return v
+
+    def str_(self, key: str, default: str = "") -> str:
+        v = self.data.get(key, default)
+        if not isinstance(v, str) or (key == "name" and not v.strip()):
+            self._bad(key, v, "a non-empty string" if key == "name" else "a string")
+        return v
+
+    def str_list(self, key: str) -> list[str]:
+        v = self.data.get(key, [])
+        if not isinstance(v, list) or not all(isinstance(s, str) and s.strip() for s in v):
+            self._bad(key, v, "a list of non-empty strings")
+        return v
+
+    def sub(self, key: str) -> "_Table":
+        v = self.data[key]
+        if not isinstance(v, dict):
+            self._bad(key, v, f"a table [{self.prefix}{key}]")
+        return _Table(v, self.shown, self.text, f"{self.prefix}{key}.")
+
+    def curve(self, key: str, x_key: str) -> EfficiencyCurve:
+        """[key] with `x_key = [...]` and `efficiency = [...]`; or a constant `efficiency = 0.8`."""
+        t = self
+        if key:
+            t = self.sub(key)
+            t.check_keys(("efficiency",), (x_key,))
+        y = t.data.get("efficiency")
+        x = t.data.get(x_key)
+        where = f"{t.prefix}{x_key}/{t.prefix}efficiency"
+        if x is None and isinstance(y, (int, float)) and not isinstance(y, bool):
+            t.num("efficiency", at_most_one=True)
+            return EfficiencyCurve.constant(float(y))
+        for k, v in ((x_key, x), ("efficiency", y)):
+            if not isinstance(v, list) or not v or not all(
+                    isinstance(e, (int, float)) and not isinstance(e, bool) for e in v):
+                t._bad(k, v, "a non-empty list of numbers")
+        try:
+            return EfficiencyCurve(x=tuple(float(e) for e in x), y=tuple(float(e) for e in y))
+        except ValueError as e:
+            t.fail(x_key, f"{where}: {e}")
+
+
+# ---------------------------------------------------------------------------------------
+# Building the spec dataclasses from parsed TOML.
+# ---------------------------------------------------------------------------------------
+
+def _model_from_table(t: _Table) -> ModelSpec:
+    t.check_keys(_MODEL_REQUIRED, _MODEL_OPTIONAL)
+    t.str_list("aliases")
+    try:
+        return make_model(
+            name=t.str_("name"), num_layers=t.int_("num_layers"), hidden_size=t.int_("hidden_size"),
+            ffn_hidden_size=t.int_("ffn_hidden_size"), num_heads=t.int_("num_heads"),
+            num_kv_heads=t.int_("num_kv_heads"), head_dim=t.int_("head_dim"),
+            vocab_size=t.int_("vocab_size"), gated_mlp=t.bool_("gated_mlp"),
+            tied_embeddings=t.bool_("tied_embeddings"), max_seq_len=t.int_("max_seq_len", 0),
+            source=t.str_("source"))
+    except SpecError as e:
+        t.fail(e.field, str(e))
+
+
+def _gpu_from_table(t: _Table) -> GPUSpec:
+    t.check_keys(_GPU_REQUIRED, _GPU_OPTIONAL)
+    t.str_list("aliases")
+    peaks_t = t.sub("peak_tflops")
+    allowed = tuple(str(p) for p in Precision)
+    peaks_t.check_keys((), allowed)
+    if not peaks_t.data:
+        t._bad("peak_tflops", {}, f"at least one of {', '.join(allowed)}")
+    peak_flops_per_s = {Precision(k): units.tflops(peaks_t.num(k)) for k in peaks_t.data}
+    launch_us = t.num("kernel_launch_overhead_us")
+    extra = {}
+    if launch_us is not None:
+        extra["kernel_launch_overhead_s"] = units.us(launch_us)
+    for key in ("memory_bw_efficiency", "fp8_gemm_efficiency_ratio"):
+        if key in t.data:
+            extra[key] = t.num(key, at_most_one=True)
+    for key in ("allocator_fragmentation", "overlap_slowdown"):
+        if key in t.data:
+            extra[key] = t.fraction(key)
+    if "reserved_gb" in t.data:
+        extra["reserved_bytes"] = units.gbytes(t.num("reserved_gb"))
+    if "host_adam_params_per_s" in t.data:
+        extra["host_adam_params_per_s"] = t.num("host_adam_params_per_s")
+    return GPUSpec(
+        name=t.str_("name"), peak_flops_per_s=peak_flops_per_s,
+        hbm_bytes=units.gbytes(t.num("hbm_gb")),
+        hbm_bw_bytes_per_s=t.num("hbm_tb_per_s") * units.TERA,  # TB/s (decimal) -> bytes/s
+        tdp_watts=t.num("tdp_watts"),
+        host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s")),
+        gemm_efficiency=t.curve("gemm_efficiency", "flops"),
+        attention_efficiency=t.curve("attention_efficiency", "flops"),
+        source=t.str_("source"), **extra)
+
+
+def _tier_from_table(t: _Table, name: str) -> LinkTier:
+    t = t.sub(name)
+    t.check_keys(_TIER_REQUIRED, _TIER_OPTIONAL)
+    has_gb, has_gbit = "gb_per_s" in t.data, "gbit_per_s" in t.data
+    if has_gb == has_gbit:
+        raise FileFormatError(t.shown, f"[{name}] needs exactly one of 'gb_per_s' (GB/s, per GPU, one "
+                                       f"direction) or 'gbit_per_s' (network line rate per GPU, Gb/s)",
+                              t.line_of("gb_per_s") or t.line_of("gbit_per_s"))
+    bw = units.gbytes_per_s(t.num("gb_per_s")) if has_gb else units.gbits_per_s(t.num("gbit_per_s"))
+    return LinkTier(name=name, bw_unidir_bytes_per_s=bw, latency_s=units.us(t.num("latency_us")),
+                    efficiency=t.curve("", "efficiency_bytes"))
+
+
+def _cluster_from_table(t: _Table, base_dir: Path | None) -> ClusterSpec:
+    t.check_keys(_CLUSTER_REQUIRED, _CLUSTER_OPTIONAL)
+    t.str_list("aliases")
+    gpu_field = t.data["gpu"]
+    if isinstance(gpu_field, dict):
+        gpu = _gpu_from_table(t.sub("gpu"))
+    elif isinstance(gpu_field, str):
+        gpu_path = Path(gpu_field).expanduser()
+        if base_dir is not None and not gpu_path.is_absolute():
+            gpu_path = base_dir / gpu_path
+        if gpu_field.lower().endswith(".toml"):
+            gpu = _gpu_from_file(gpu_path)
+        else:
+            try:
+                gpu = load_gpu(gpu_field)
+            except UnknownPresetError as e:
+                t.fail("gpu", f"field 'gpu': {e}")
+    else:
+        t._bad("gpu", gpu_field, "a GPU preset name, a path to a GPU .toml file, or a [gpu] table")
+    gpus_per_node = t.int_("gpus_per_node")
+    dcn = _tier_from_table(t, "dcn") if "dcn" in t.data else None
+    extra = {}
+    if "usd_per_gpu_hour" in t.data:
+        extra["usd_per_gpu_hour"] = t.num("usd_per_gpu_hour")
+    try:
+        return ClusterSpec(
+            name=t.str_("name"), gpu=gpu, num_gpus=t.int_("num_gpus", gpus_per_node),
+            gpus_per_node=gpus_per_node, nvlink=_tier_from_table(t, "nvlink"),
+            scaleout=_tier_from_table(t, "scaleout"), gpus_per_island=t.int_("gpus_per_island", 0),
+            dcn=dcn, source=t.str_("source"), **extra)
+    except SpecError as e:
+        t.fail(e.field, str(e))
+
+
+def _model_from_file(path: Path) -> ModelSpec:
+    data, text = _read_toml(path, str(path))
+    return _model_from_table(_Table(data, str(path), text))
+
+
+def _gpu_from_file(path: Path) -> GPUSpec:
+    data, text = _read_toml(path, str(path))
+    return _gpu_from_table(_Table(data, str(path), text))
+
+
+def _cluster_from_file(path: Path) -> ClusterSpec:
+    data, text = _read_toml(path, str(path))
+    return _cluster_from_table(_Table(data, str(path), text), path.parent)
+
+
+# ---------------------------------------------------------------------------------------
+# Registry of presets.
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Registry:
+    files: dict  # canonical name -> Path
+    keys: dict  # normalized name or alias -> canonical name
+    known: tuple  # canonical names and aliases, for "did you mean"
+
+
+@functools.lru_cache(maxsize=None)
+def _registry(kind: str) -> _Registry:
+    files, keys, aliases = {}, {}, []
+    for path in sorted((CATALOG_DIR / _DIRS[kind]).glob("*.toml")):
+        shown = f"{_DIRS[kind]}/{path.name}"
+        data, text = _read_toml(path, shown)
+        t = _Table(data, shown, text)
+        name = t.str_("name")
+        files[name] = path
+        for alias in [name] + t.str_list("aliases"):
+            other = keys.setdefault(_norm(alias), name)
+            if other != name:  # a defect of the catalog itself, not a user mistake
+                raise RuntimeError(f"{shown}: {kind} alias {alias!r} also names preset {other!r}")
+            aliases.append(alias)
+    # Suggestions: canonical names first, then only aliases that spell something else.
+    seen = {_norm(n) for n in files}
+    known = list(files)
+    for alias in aliases:
+        if _norm(alias) not in seen:
+            seen.add(_norm(alias))
+            known.append(alias)
+    return _Registry(files=files, keys=keys, known=tuple(known))
+
+
+def _lookup(kind: str, name: str) -> str | None:
+    reg = _registry(kind)
+    canonical = reg.keys.get(_norm(name))
+    if canonical is None and "/" in name:  # "meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B"
+        canonical = reg.keys.get(_norm(name.rsplit("/", 1)[1]))
+    return canonical
+
+
+def _preset_table(kind: str, canonical: str) -> _Table:
+    path = _registry(kind).files[canonical]
+    shown = f"{_DIRS[kind]}/{path.name}"
+    data, text = _read_toml(path, shown)
+    return _Table(data, shown, text)
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_model(canonical: str) -> ModelSpec:
+    return _model_from_table(_preset_table("model", canonical))
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_gpu(canonical: str) -> GPUSpec:
+    return _gpu_from_table(_preset_table("gpu", canonical))
+
+
+@functools.lru_cache(maxsize=None)
+def _preset_cluster(canonical: str) -> ClusterSpec:
+    return _cluster_from_table(_preset_table("cluster", canonical), None)
+
+
+def _resolve(kind: str, name_or_path: str, suffixes: tuple[str, ...]) -> tuple[str, object]:
+    """('preset', canonical name) or ('file', Path); raises UnknownPresetError otherwise."""
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise SpecError(kind, "name", name_or_path, "a preset name or a file path is required")
+    text = os.fspath(name_or_path)
+    if not text.strip():
+        raise SpecError(kind, "name", text, "a preset name or a file path is required")
+    path = Path(text).expanduser()
+    if isinstance(name_or_path, os.PathLike) or text.lower().endswith(suffixes):
+        return "file", path
+    canonical = _lookup(kind, text)
+    if canonical is not None:
+        return "preset", canonical
+    if path.exists():
+        return "file", path
+    if "/" in text or os.sep in text:
+        raise FileFormatError(text, f"no such file, and no {kind} preset of that name "
+                                    f"(see `paraplan presets`)")
+    raise UnknownPresetError(kind, text, list(_registry(kind).known))
+
+
+# ---------------------------------------------------------------------------------------
+# Public API.
+# ---------------------------------------------------------------------------------------
+
+def list_models() -> list[str]:
+    """Canonical names of the model presets."""
+    return sorted(_registry("model").files)
+
+
+def list_gpus() -> list[str]:
+    """Canonical names of the GPU presets."""
+    return sorted(_registry("gpu").files)
+
+
+def list_clusters() -> list[str]:
+    """Canonical names of the cluster presets."""
+    return sorted(_registry("cluster").files)
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
+    """A model preset (name or alias), a TOML file in the model schema, or a Hugging Face
+    config.json (or a directory holding one)."""
+    how, what = _resolve("model", name_or_path, (".toml", ".json"))
+    if how == "preset":
+        return _preset_model(what)
+    if what.is_dir() or what.suffix.lower() == ".json":
+        from ..hf import model_from_hf_config
+        return model_from_hf_config(what)
+    return _model_from_file(what)
+
+
+def load_gpu(name_or_path: str | os.PathLike) -> GPUSpec:
+    """A GPU preset (name or alias) or a TOML file in the GPU schema."""
+    how, what = _resolve("gpu", name_or_path, (".toml",))
+    return _preset_gpu(what) if how == "preset" else _gpu_from_file(what)
+
+
+def load_cluster(name_or_path: str | os.PathLike, num_gpus: int | None = None) -> ClusterSpec:
+    """A cluster preset (name or alias) or a TOML file in the cluster schema, resized to
+    `num_gpus` when given."""
+    how, what = _resolve("cluster", name_or_path, (".toml",))
+    cluster = _preset_cluster(what) if how == "preset" else _cluster_from_file(what)
+    if num_gpus is None:
+        return cluster
+    if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
+        raise SpecError(f"cluster {cluster.name!r}", "num_gpus", num_gpus, "a positive integer is required")
+    return cluster.with_num_gpus(num_gpus)

@@ -1,0 +1,255 @@
+"""Validate the training model against published measurements (../shared/validation).
+
+Each CSV row states a model, a cluster, a workload, the parallel knobs its authors used
+(blank = not stated) and one measured metric. paraplan predicts the row by searching the
+blank knobs for its best plan given the stated ones, then converts the prediction to the
+row's metric with the row's own FLOP convention (read from its `notes`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
+from ..errors import FileFormatError, NoPlanFitsError, ParaplanError
+from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.space import SpaceLimits
+from ..search.planner import search
+from ..specs.catalog import load_cluster, load_model
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload, parse_precision
+from ..units import GIB, TERA
+
+REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
+                    "metric_id", "value")
+METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu_pct", "samples_per_s",
+           "activation_memory_gib", "weights_grads_optimizer_memory_gib", "total_memory_gib")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowSetup:
+    model: ModelSpec
+    cluster_name: str
+    num_gpus: int
+    workload: Workload
+    fixed: dict
+    limits: SpaceLimits
+
+
+def _int(row: dict, key: str, path: str, line: int) -> int | None:
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    try:
+        return int(float(text))
+    except ValueError:
+        raise FileFormatError(path, f"column {key!r}: {text!r} is not a number", line) from None
+
+
+def _is_legacy_megatron(row: dict) -> bool:
+    """Megatron-LM as published in 2021–22 (Narayanan et al., Korthikanti et al.): GPT with
+    dropout 0.1 and unfused softmax attention (no FlashAttention)."""
+    return row.get("framework", "").strip() == "Megatron-LM"
+
+
+def _cluster_for(row: dict) -> str:
+    gpu = row["gpu"].lower()
+    src = (row.get("source", "") + " " + row.get("notes", "")).lower()
+    if "a100" in gpu:
+        if "1600 gbps" in src or "roce" in src:
+            return "a100-roce-1600"
+        return "dgx-a100-80gb" if "80" in gpu or "40" not in gpu else "dgx-a100-40gb"
+    if "h100" in gpu:
+        return "dgx-h100"
+    if "h200" in gpu:
+        return "dgx-h200"
+    if "b200" in gpu:
+        return "dgx-b200"
+    return row["gpu"]
+
+
+def _zero(row: dict) -> tuple[ZeroStage, ...]:
+    z = (row.get("zero") or "").strip().lower()
+    if not z:
+        return tuple(ZeroStage)
+    if "full_shard" in z or "megatron-fsdp" in z or z == "3":
+        return (ZeroStage.PARAMETERS,)
+    if "shard_grad_op" in z or z == "2":
+        return (ZeroStage.GRADIENTS,)
+    if "distributed optimizer" in z or z == "1":
+        return (ZeroStage.OPTIMIZER,)
+    if z == "0":
+        return (ZeroStage.NONE,)
+    return tuple(ZeroStage)
+
+
+def row_setup(row: dict, path: str, line: int) -> RowSetup:
+    name = row["model"].strip()
+    shape = {k: _int(row, k, path, line) for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
+    try:
+        preset = load_model(name)
+    except ParaplanError:
+        preset = None
+    if any(v is None for v in shape.values()):
+        if preset is None:
+            raise FileFormatError(path, f"model {name!r}: architecture columns blank and no preset", line)
+        model = preset
+    else:
+        gated = (row.get("gated_mlp") or "").strip().lower() == "yes"
+        model = ModelSpec(name=name, num_layers=shape["layers"], hidden_size=shape["hidden"],
+                          ffn_hidden_size=shape["ffn_hidden"], num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
+                          head_dim=shape["hidden"] // shape["heads"], vocab_size=shape["vocab"], gated_mlp=gated,
+                          tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
+    legacy = _is_legacy_megatron(row)
+    model = replace(model, dropout=legacy)
+    gbs = _int(row, "global_batch", path, line)
+    seq = _int(row, "seq_len", path, line)
+    fixed = {}
+    for col, key in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("micro_batch", "micro_batch_size")):
+        v = _int(row, col, path, line)
+        if v is not None:
+            fixed[key] = v
+    if "micro_batch_size" in fixed and "dp" in fixed:
+        # llm-foundry: "micro-batches need not divide GBS"; the last one is partial. Throughput
+        # per token is that of full micro-batches, so round the batch up to whole ones.
+        per = fixed["micro_batch_size"] * fixed["dp"]
+        gbs = -(-gbs // per) * per
+    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=parse_precision(row["precision"]))
+    vp = _int(row, "vp", path, line)
+    if vp is not None and fixed.get("pp", 1) > 1:
+        fixed["vp"] = vp
+    rc = (row.get("recompute") or "").strip().lower()
+    recomputes = (Recompute.parse(rc, "recompute"),) if rc else tuple(Recompute)
+    sp = (row.get("sp") or "").strip().lower()
+    sps = (True,) if sp == "yes" else (False,) if sp == "no" else (False, True)
+    # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
+    schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
+    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=_zero(row), allow_offload=False,
+                         flash_attention=not legacy, sequence_parallel=sps,
+                         tp_overlap=(False,) if legacy else (False, True),
+                         max_micro_batch=max(64, fixed.get("micro_batch_size", 0)))
+    return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),
+                    workload=wl, fixed=fixed, limits=limits)
+
+
+def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
+    """Convert an Estimate to the row's metric with the source's FLOP convention."""
+    model, wl, n = setup.model, setup.workload, setup.num_gpus
+    notes = (row.get("notes") or "").lower()
+    if metric == "iteration_time_s":
+        return est.step_time_s
+    if metric == "tokens_per_s_per_gpu":
+        return est.tokens_per_s_per_gpu
+    if metric == "samples_per_s":
+        return est.tokens_per_s / wl.seq_len
+    if metric in ("model_tflops_per_gpu", "mfu_pct"):
+        if "96*b*s*l*h^2" in notes:  # Narayanan et al. Eq. (3), counts recomputation
+            flops = megatron_flops_per_iteration(model, wl.global_batch_size, wl.seq_len) / est.step_time_s / n
+        else:  # Megatron-Core / NeMo num_floating_point_operations: 6N + full-s² attention
+            flops = model_flops_per_token(model, wl.seq_len) * est.tokens_per_s_per_gpu
+        if metric == "mfu_pct":
+            from ..specs.catalog import load_cluster as _lc
+            return 100.0 * flops / _lc(setup.cluster_name).gpu.peak(wl.precision)
+        return flops / TERA
+    if metric == "activation_memory_gib":
+        return est.memory.activations_bytes / GIB
+    if metric == "weights_grads_optimizer_memory_gib":
+        return est.memory.model_states_bytes / GIB
+    if metric == "total_memory_gib":
+        return est.memory.total / GIB
+    raise AssertionError(metric)
+
+
+def _read_rows(path: str) -> list[tuple[int, dict]]:
+    p = Path(path)
+    if not p.is_file():
+        raise FileFormatError(path, "no such file")
+    with p.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        cols = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in cols]
+        if missing:
+            raise FileFormatError(path, f"missing column(s) {', '.join(missing)}; a training file needs "
+                                  f"{', '.join(REQUIRED_COLUMNS)}", 1)
+        rows = []
+        for row in reader:
+            rows.append((reader.line_num, row))
+    return rows
+
+
+def predict_row(row: dict, path: str, line: int) -> dict:
+    metric = row["metric_id"].strip()
+    try:
+        measured = float(row["value"])
+    except ValueError:
+        raise FileFormatError(path, f"column 'value': {row['value']!r} is not a number", line) from None
+    out = {"id": row["id"], "source": row["source"], "model": row["model"], "metric_id": metric,
+           "measured": measured, "predicted": None, "error_pct": None, "skipped": None, "plan": None}
+    if metric not in METRICS:
+        out["skipped"] = f"unknown metric_id {metric!r}"
+        return out
+    setup = row_setup(row, path, line)
+    cluster = load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
+    memory_metric = metric.endswith("_gib")
+    kw = dict(limits=setup.limits, fixed=setup.fixed, top_k=1, resimulate=4)
+    note = None
+    try:
+        res = search(setup.model, cluster, setup.workload, require_fit=not memory_metric, **kw)
+    except NoPlanFitsError as exc:
+        # The published run did fit: predict its speed anyway and say that our memory model
+        # disagrees (a finding about the memory model, not a reason to skip the row).
+        res = search(setup.model, cluster, setup.workload, require_fit=False, **kw)
+        note = f"paraplan's memory model says this does not fit ({exc})"
+    est = res.ranked[0]
+    pred = predicted_metric(metric, row, setup, est)
+    out.update(predicted=pred, error_pct=100.0 * (pred - measured) / measured, plan=est.plan.describe(), note=note)
+    return out
+
+
+def source_group(source: str) -> str:
+    """A publication/table, without the per-row locator (data row, line number)."""
+    return re.sub(r"(,? ?(table header line|data row|line) \d+)+", "", source).replace(" ()", "").strip()
+
+
+def summarize(rows: list[dict]) -> dict:
+    done = [r for r in rows if r["skipped"] is None]
+    errs = sorted(abs(r["error_pct"]) for r in done)
+    by_source: dict = {}
+    for r in done:
+        key = source_group(r["source"])
+        by_source.setdefault(key, []).append(abs(r["error_pct"]))
+
+    def pct(q):
+        if not errs:
+            return None
+        i = min(len(errs) - 1, max(0, math.ceil(q * len(errs)) - 1))
+        return errs[i]
+
+    return {
+        "n": len(rows), "n_predicted": len(done), "n_skipped": len(rows) - len(done),
+        "mean_abs_pct_error": sum(errs) / len(errs) if errs else None,
+        "p90_abs_pct_error": pct(0.9),
+        "max_abs_pct_error": errs[-1] if errs else None,
+        "by_source": {k: {"n": len(v), "mean_abs_pct_error": sum(v) / len(v)} for k, v in by_source.items()},
+    }
+
+
+def validate_file(path: str, progress=None) -> dict:
+    rows = _read_rows(path)
+    out = []
+    for i, (line, row) in enumerate(rows):
+        try:
+            out.append(predict_row(row, path, line))
+        except ParaplanError as exc:
+            if isinstance(exc, FileFormatError):
+                raise
+            out.append({"id": row.get("id"), "source": row.get("source"), "model": row.get("model"),
+                        "metric_id": row.get("metric_id"), "measured": float(row.get("value") or "nan"),
+                        "predicted": None, "error_pct": None, "skipped": str(exc), "plan": None})
+        if progress:
+            progress(i + 1, len(rows))
+    return {"rows": out, "summary": summarize(out)}
