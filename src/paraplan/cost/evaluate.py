@@ -91,7 +91,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     sc = np.asarray(plan.schedule_code)
     m = np.floor(workload.global_batch_size / (d * b))
     T = b * s / c
-    L_s = model.num_layers / p
+    # layers on the critical stage: ceil(l / (p·v)) per chunk × v chunks (uneven splits
+    # put the slack on the first/last stages)
+    L_s = np.ceil(model.num_layers / (p * v)) * v
     sp_div = np.where(sp, t, 1.0)
 
     # ---------------- compute per layer, per micro-batch ----------------

@@ -86,8 +86,12 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("tp_heads", lambda B: (a % B.tp != 0) | ((k % B.tp != 0) & (B.tp % k != 0)),
          lambda P: f"TP={P.tp} must divide heads={a} and kv_heads={k} (or be a multiple of kv_heads)"),
         ("tp_ffn", lambda B: f % B.tp != 0, lambda P: f"TP={P.tp} must divide ffn_hidden={f}"),
-        ("pp_layers", lambda B: L % (B.pp * B.vp) != 0,
-         lambda P: f"PP×VP = {P.pp}×{P.vp} must divide layers={L}"),
+        # Uneven splits are allowed when the first and last stages hold one layer fewer
+        # (Megatron's --decoder-first/last-pipeline-num-layers; NeMo accounts for the
+        # embedding and loss this way): at most 2 layers of slack.
+        ("pp_layers", lambda B: (-(-L // (B.pp * B.vp)) * B.pp * B.vp - L > 2) | (B.pp * B.vp > L),
+         lambda P: f"PP×VP = {P.pp}×{P.vp} must divide layers={L} (or leave at most 2 layers of slack "
+                   "for lighter first/last stages)"),
         ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, [Schedule.INTERLEAVED_1F1B.code,
                                                                            Schedule.BREADTH_FIRST.code]),
          lambda P: f"VP={P.vp} needs the interleaved or bfs schedule, not {P.schedule}"),
@@ -178,7 +182,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             if cp > limits.max_cp or fixed.get("cp", cp) != cp:
                 continue
             for pp in _divisors(N // (tp * cp)):
-                if L % pp or fixed.get("pp", pp) != pp:
+                if (L % pp and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
                 dp = N // (tp * cp * pp)
                 if gbs % dp or fixed.get("dp", dp) != dp:
@@ -192,8 +196,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
         vps = [x for x in _divisors(L // pp) if x <= limits.max_vp] if pp > 1 else [1]
         if "vp" in fixed:
-            vps = [x for x in vps if x == fixed["vp"]]
-        L_s = L // pp
+            vps = [fixed["vp"]] if pp > 1 else [1]
+        L_s = -(-L // pp)
         ks = sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s}) if L_s > 1 else []
         shards = [dp] + [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
         for vp in vps:

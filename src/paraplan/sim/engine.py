@@ -106,7 +106,7 @@ class StageCosts:
         return replace(self, backward_s=fused, weight_s=zeros)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SimEvent:
     """One task as it ran."""
 
