@@ -32,7 +32,7 @@ def run(params: dict, path: str) -> float:
                    for i, y in enumerate(g.attention_efficiency.y))
         g = replace(g, attention_efficiency=EfficiencyCurve(x=g.attention_efficiency.x, y=ys),
                     fp8_gemm_efficiency_ratio=params["fp8_ratio"],
-                    sustained_clock_ratio=params["h100_clock"] if is_h else g.sustained_clock_ratio)
+                    sustained_compute_ratio=params["h100_clock"] if is_h else g.sustained_compute_ratio)
         return replace(c, gpu=g)
     vt.load_cluster = patched
     try:

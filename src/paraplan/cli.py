@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
 from .errors import ParaplanError, SpecError
 
@@ -185,7 +186,9 @@ def cmd_trace(args) -> int:
         from .cost.evaluate import evaluate
         from .plan.space import PlanBatch
         costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
-        sim = simulate(build_schedule(plan.schedule, 1, est.num_microbatches, 1), stage_costs(costs, plan))
+        from .plan.axes import Schedule
+        single = replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
+        sim = simulate(build_schedule(Schedule.ONE_F_ONE_B, 1, est.num_microbatches, 1), stage_costs(costs, single))
     else:
         sim = est.sim
     layers_per_chunk = model.num_layers // (plan.pp * plan.vp)

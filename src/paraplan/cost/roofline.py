@@ -25,7 +25,7 @@ def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: 
         bytes_per_element = 1.0
     else:
         rate = gpu.peak(precision) * eff
-    rate = rate * gpu.sustained_clock_ratio
+    rate = rate * gpu.sustained_compute_ratio
     compute = flops / rate
     memory = (m * k + k * n + m * n) * bytes_per_element / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
     return np.maximum(compute, memory) + gpu.kernel_launch_overhead_s
@@ -35,7 +35,7 @@ def attention_time_s(gpu: GPUSpec, flops, precision: Precision):
     """FlashAttention kernel time at the calibrated attention efficiency (BF16/FP16 peak)."""
     p = Precision.BF16 if precision in (Precision.FP8, Precision.BF16) else precision
     flops = np.asarray(flops, dtype=float)
-    rate = gpu.peak(p) * gpu.attention_efficiency.at(flops) * gpu.sustained_clock_ratio
+    rate = gpu.peak(p) * gpu.attention_efficiency.at(flops) * gpu.sustained_compute_ratio
     return flops / rate + gpu.kernel_launch_overhead_s
 
 

@@ -30,9 +30,11 @@ class GPUSpec:
     # Fraction of HBM bandwidth reached by element-wise / norm kernels.
     memory_bw_efficiency: float = 0.8
     kernel_launch_overhead_s: float = 4e-6
-    # Fraction of the boost clock sustained under hours of dense training load (power and
-    # thermal limits); microbenchmarks such as vidur's run at boost clock.
-    sustained_clock_ratio: float = 1.0
+    # End-to-end fraction of microbenchmark compute throughput sustained in training: clock
+    # under the power cap over hours of dense load, SM/L2 contention with concurrent kernels.
+    # Isolated microbenchmarks (vidur's) run at boost clock. Fitted per GPU type against the
+    # published runs (calibration/fit_validation.py), never per run.
+    sustained_compute_ratio: float = 1.0
     # Memory the framework cannot use for tensors: CUDA context, cuBLAS/NCCL workspaces.
     reserved_bytes: float = 2.0e9
     # Caching-allocator fragmentation: fraction of allocated bytes lost (PyTorch allocator).

@@ -40,7 +40,7 @@ _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "
                  "gemm_efficiency", "attention_efficiency")
 _GPU_OPTIONAL = ("kernel_launch_overhead_us", "memory_bw_efficiency", "fp8_gemm_efficiency_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
-                 "sustained_clock_ratio",
+                 "sustained_compute_ratio",
                  "source", "aliases")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases")
@@ -226,7 +226,7 @@ def _gpu_from_table(t: _Table) -> GPUSpec:
     for key in ("memory_bw_efficiency", "fp8_gemm_efficiency_ratio"):
         if key in t.data:
             extra[key] = t.num(key, at_most_one=True)
-    for key in ("allocator_fragmentation", "overlap_slowdown", "sustained_clock_ratio"):
+    for key in ("allocator_fragmentation", "overlap_slowdown", "sustained_compute_ratio"):
         if key in t.data:
             extra[key] = t.fraction(key)
     if "reserved_gb" in t.data:
