@@ -23,7 +23,7 @@ from paraplan.specs.workload import Precision, Workload
 
 MODELS = ("llama3-8b", "llama2-7b", "mistral-7b", "gpt3-5b", "megatron-gpt-1.7b", "mpt-350m", "mpt-1b")
 CLUSTERS = ("dgx-h100", "dgx-a100-80gb", "h100-pathways-islands")
-PROFILE = settings(max_examples=40, deadline=None, derandomize=True,
+PROFILE = settings(max_examples=100, deadline=None, derandomize=True,
                    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 
 
@@ -81,6 +81,11 @@ def _scale_links(cluster, factor, *, nvlink=True, scaleout=True, dcn=True):
                    dcn=scaled(cluster.dcn) if (dcn and cluster.dcn is not None) else cluster.dcn)
 
 
+def _known_zero_overlap_defect(plan) -> bool:
+    """ZeRO-2/3 per-layer traffic shares its overlap window with CP or overlapped TP."""
+    return plan.zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS) and (plan.cp > 1 or plan.tp_overlap)
+
+
 def _no_slower(faster, baseline):
     # a step can only shrink; the margin absorbs floating-point reassociation only
     assert faster.step_time_s <= baseline.step_time_s * (1 + 1e-9), (
@@ -126,6 +131,9 @@ def test_more_network_bandwidth_is_never_slower(case, which):
 @given(cases())
 def test_doubling_peak_flops_is_never_slower(case):
     model, cluster, workload, plan = case
+    # Excluded while the defect pinned by test_known_defect_doubling_peak_flops_with_exposed_
+    # zero_traffic (below) stands: remove this line together with its xfail marker.
+    assume(not _known_zero_overlap_defect(plan))
     gpu = cluster.gpu
     faster = replace(cluster, gpu=replace(gpu, peak_flops_per_s={k: 2.0 * v for k, v in gpu.peak_flops_per_s.items()}))
     _no_slower(estimate(model, faster, workload, plan), estimate(model, cluster, workload, plan))
@@ -175,3 +183,34 @@ def test_bandwidth_actually_moves_the_step(factor):
     base = estimate(model, cluster, workload, plan)
     other = estimate(model, _scale_links(cluster, factor), workload, plan)
     assert (other.step_time_s < base.step_time_s) == (factor > 1)
+
+
+# Known defect (reported, not fixed here): when ZeRO-2/3 per-layer traffic outlasts the
+# layer's compute, cost/evaluate.py hides it behind the compute alone
+# (z3_*_exp = max(z3 - comp, 0)), while CP ring exchange and overlapped TP collectives hide
+# behind the same compute. Faster compute then exposes more CP/TP time without shortening
+# the ZeRO-bound layer, and the step gets slower. strict: this fails once it is fixed, so
+# the marker goes and the cases join the property above.
+SLOWER_WITH_FASTER_COMPUTE = [
+    # (model, cluster, GPUs, seq, plan)
+    ("llama3-8b", "dgx-a100-80gb", 16, 512, dict(tp=1, cp=4, dp=4, zero=ZeroStage.GRADIENTS)),
+    ("llama3-8b", "dgx-a100-80gb", 16, 512, dict(tp=4, cp=4, dp=1, zero=ZeroStage.PARAMETERS,
+                                                 sequence_parallel=True, flash_attention=False)),
+    ("llama3-8b", "dgx-a100-80gb", 16, 512, dict(tp=8, dp=2, zero=ZeroStage.PARAMETERS, sequence_parallel=True,
+                                                 tp_overlap=True, flash_attention=False)),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="cost/evaluate.py: ZeRO traffic and CP/TP overlap share one window")
+def test_known_defect_doubling_peak_flops_with_exposed_zero_traffic():
+    slower = []
+    for model_name, cluster_name, n, seq, kw in SLOWER_WITH_FASTER_COMPUTE:
+        model, cluster = load_model(model_name), load_cluster(cluster_name, num_gpus=n)
+        plan = make_plan(**kw)
+        workload = Workload(global_batch_size=plan.dp, seq_len=seq)
+        gpu = cluster.gpu
+        faster = replace(cluster, gpu=replace(gpu, peak_flops_per_s={k: 2.0 * v for k, v in gpu.peak_flops_per_s.items()}))
+        base, fast = estimate(model, cluster, workload, plan), estimate(model, faster, workload, plan)
+        if fast.step_time_s > base.step_time_s * (1 + 1e-9):
+            slower.append(plan.describe())
+    assert not slower, f"2x peak FLOP/s made these plans slower: {slower}"
