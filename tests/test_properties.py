@@ -81,11 +81,6 @@ def _scale_links(cluster, factor, *, nvlink=True, scaleout=True, dcn=True):
                    dcn=scaled(cluster.dcn) if (dcn and cluster.dcn is not None) else cluster.dcn)
 
 
-def _known_zero_overlap_defect(plan) -> bool:
-    """ZeRO-2/3 per-layer traffic shares its overlap window with CP or overlapped TP."""
-    return plan.zero in (ZeroStage.GRADIENTS, ZeroStage.PARAMETERS) and (plan.cp > 1 or plan.tp_overlap)
-
-
 def _no_slower(faster, baseline):
     # a step can only shrink; the margin absorbs floating-point reassociation only
     assert faster.step_time_s <= baseline.step_time_s * (1 + 1e-9), (
@@ -131,9 +126,6 @@ def test_more_network_bandwidth_is_never_slower(case, which):
 @given(cases())
 def test_doubling_peak_flops_is_never_slower(case):
     model, cluster, workload, plan = case
-    # Excluded while the defect pinned by test_known_defect_doubling_peak_flops_with_exposed_
-    # zero_traffic (below) stands: remove this line together with its xfail marker.
-    assume(not _known_zero_overlap_defect(plan))
     gpu = cluster.gpu
     faster = replace(cluster, gpu=replace(gpu, peak_flops_per_s={k: 2.0 * v for k, v in gpu.peak_flops_per_s.items()}))
     _no_slower(estimate(model, faster, workload, plan), estimate(model, cluster, workload, plan))
@@ -201,8 +193,8 @@ SLOWER_WITH_FASTER_COMPUTE = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="cost/evaluate.py: ZeRO traffic and CP/TP overlap share one window")
-def test_known_defect_doubling_peak_flops_with_exposed_zero_traffic():
+def test_regression_doubling_peak_flops_with_exposed_zero_traffic():
+    """Plans where ZeRO traffic and CP/TP overlap once shared one window (fixed)."""
     slower = []
     for model_name, cluster_name, n, seq, kw in SLOWER_WITH_FASTER_COMPUTE:
         model, cluster = load_model(model_name), load_cluster(cluster_name, num_gpus=n)

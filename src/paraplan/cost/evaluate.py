@@ -108,7 +108,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
     # mask, softmax and dropout over 5·a·s bytes per token (Korthikanti's score tensors).
     attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
-    attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.gemm_efficiency.at(attn_flops_full / (b * model.num_heads / t)))
+    attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.sustained_compute_ratio
+                                           * gpu.gemm_efficiency.at(attn_flops_full / (b * model.num_heads / t)))
                         + memory_bound_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec) - gpu.kernel_launch_overhead_s,
@@ -168,8 +169,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     slow = gpu.overlap_slowdown
     fwd_comp = layer_fwd
     bwd_comp = layer_bwd
-    z3_fwd_exp = np.maximum(z3_fwd - fwd_comp, 0.0)
-    z3_bwd_exp = np.maximum(z3_bwd - bwd_comp, 0.0)
+    # ZeRO traffic hides behind the whole layer as it runs (compute + its exposed TP/CP), so
+    # faster compute can never expose more time than it saves.
+    z3_fwd_exp = np.maximum(z3_fwd - (fwd_comp + tp_fwd_exp + cp_fwd_exp), 0.0)
+    z3_bwd_exp = np.maximum(z3_bwd - (bwd_comp + tp_bwd_exp + cp_bwd_exp), 0.0)
     overlapped_per_layer_fwd = (tp_fwd - tp_fwd_exp) + (cp_fwd - cp_fwd_exp) + (z3_fwd - z3_fwd_exp)
     overlapped_per_layer_bwd = (tp_bwd - tp_bwd_exp) + (cp_bwd - cp_bwd_exp) + (z3_bwd - z3_bwd_exp)
     slow_fwd = slow * np.minimum(overlapped_per_layer_fwd, fwd_comp)

@@ -223,10 +223,10 @@ def _gpu_from_table(t: _Table) -> GPUSpec:
     extra = {}
     if launch_us is not None:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
-    for key in ("memory_bw_efficiency", "fp8_gemm_efficiency_ratio"):
+    for key in ("memory_bw_efficiency", "fp8_gemm_efficiency_ratio", "sustained_compute_ratio"):
         if key in t.data:
             extra[key] = t.num(key, at_most_one=True)
-    for key in ("allocator_fragmentation", "overlap_slowdown", "sustained_compute_ratio"):
+    for key in ("allocator_fragmentation", "overlap_slowdown"):
         if key in t.data:
             extra[key] = t.fraction(key)
     if "reserved_gb" in t.data:
