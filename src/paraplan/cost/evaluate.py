@@ -9,8 +9,8 @@ Overlap model (docs/model.md, "What overlaps"):
   * TP collectives are exposed, unless TP overlap (TE userbuffers) hides them behind the
     layer's GEMMs; the first of t chunks is never hidden.
   * CP ring exchange of K/V overlaps the attention kernel of the previous ring step.
-  * ZeRO-3/FSDP gathers and reduce-scatters overlap the compute of the neighbouring layer
-    (prefetch); the first gather of each pass is exposed.
+  * ZeRO-3/FSDP gathers and reduce-scatters overlap the neighbouring layer as it runs
+    (compute plus its exposed TP/CP; prefetch); the first gather of each pass is exposed.
   * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward; its last
     bucket (one layer) is exposed. ZeRO-1/2 parameter all-gather overlaps the next forward.
   * Overlapped communication slows concurrent compute by the GPU's `overlap_slowdown`.
