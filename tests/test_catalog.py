@@ -282,7 +282,7 @@ tdp_watts = 300
 host_link_gb_per_s = 32
 reserved_gb = 1.5
 gemm_efficiency = { flops = [1e9, 1e12], efficiency = [0.5, 0.8] }
-attention_efficiency = { efficiency = 0.5 }
+attention_efficiency = { flash2 = { efficiency = 0.5 } }
 """
 
 

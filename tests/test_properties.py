@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from paraplan.cost.estimate import estimate
-from paraplan.plan.axes import Recompute, Schedule, ZeroStage
+from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import check_plan
 from paraplan.specs.catalog import load_cluster, load_model
@@ -64,7 +64,7 @@ def cases(draw):
         recompute_num_layers=k, sequence_parallel=sp, zero=zero, dp_shard=dp_shard,
         offload_optimizer=zero is not ZeroStage.PARAMETERS and draw(st.booleans()),
         dp_overlap=draw(st.booleans()), tp_overlap=sp and draw(st.booleans()),
-        flash_attention=draw(st.booleans()))
+        attention=draw(st.sampled_from((AttentionKernel.UNFUSED, AttentionKernel.FLASH2))))
     precision = draw(st.sampled_from((Precision.BF16, Precision.FP8))) \
         if Precision.FP8 in cluster.gpu.peak_flops_per_s else Precision.BF16
     workload = Workload(global_batch_size=dp * mb * num_micro, seq_len=seq, precision=precision)
@@ -187,9 +187,9 @@ SLOWER_WITH_FASTER_COMPUTE = [
     # (model, cluster, GPUs, seq, plan)
     ("llama3-8b", "dgx-a100-80gb", 16, 512, dict(tp=1, cp=4, dp=4, zero=ZeroStage.GRADIENTS)),
     ("llama3-8b", "dgx-a100-80gb", 16, 512, dict(tp=4, cp=4, dp=1, zero=ZeroStage.PARAMETERS,
-                                                 sequence_parallel=True, flash_attention=False)),
+                                                 sequence_parallel=True, attention=AttentionKernel.UNFUSED)),
     ("llama3-8b", "dgx-a100-80gb", 16, 512, dict(tp=8, dp=2, zero=ZeroStage.PARAMETERS, sequence_parallel=True,
-                                                 tp_overlap=True, flash_attention=False)),
+                                                 tp_overlap=True, attention=AttentionKernel.UNFUSED)),
 ]
 
 

@@ -78,7 +78,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
-        g.add_argument("--no-flash", action="store_true", help="unfused attention (stores s×s scores)")
+        g.add_argument("--attention", default=None,
+                       help="unfused, flash2 or flash3 (default: the fastest the GPU runs)")
 
 
 def _specs(args):
@@ -99,7 +100,7 @@ def _specs(args):
 
 
 def _plan_from_args(args, cluster):
-    from .plan.axes import Recompute, Schedule, ZeroStage
+    from .plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
     from .plan.plan import make_plan
     tp, pp, cp, vp = args.tp or 1, args.pp or 1, args.cp or 1, args.vp or 1
     if args.dp is None:
@@ -117,7 +118,8 @@ def _plan_from_args(args, cluster):
                      recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
-                     flash_attention=not args.no_flash)
+                     attention=AttentionKernel.parse(args.attention, "attention") if args.attention
+                     else cluster.gpu.attention_kernels[-1])
 
 
 def _header(model, cluster, wl) -> str:

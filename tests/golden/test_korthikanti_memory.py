@@ -21,7 +21,7 @@ from fractions import Fraction
 import pytest
 
 from paraplan.cost.memory import layer_activation_bytes
-from paraplan.plan.axes import Recompute
+from paraplan.plan.axes import AttentionKernel, Recompute
 from paraplan.plan.plan import make_plan
 from paraplan.specs.model import make_model
 from paraplan.units import GIB
@@ -33,7 +33,7 @@ MEGATRON_22B = make_model(name="korthikanti-22b", num_layers=48, hidden_size=614
 
 def _bytes(model, *, s, b, t, sp, recompute):
     plan = make_plan(tp=t, micro_batch_size=b, sequence_parallel=sp, recompute=recompute,
-                     flash_attention=False)
+                     attention=AttentionKernel.UNFUSED)
     stored, _, _ = layer_activation_bytes(model, plan, s, recompute_code=recompute.code)
     return float(stored)
 
@@ -98,7 +98,7 @@ def test_flash_attention_drops_the_score_term():
     s, b, h, a, t = 2048, 1, 12288, 96, 8
     model = make_model(name="gpt3", num_layers=96, hidden_size=h, num_heads=a, vocab_size=51200,
                        gated_mlp=False, dropout=True)
-    plan = make_plan(tp=t, micro_batch_size=b, flash_attention=True)
+    plan = make_plan(tp=t, micro_batch_size=b, attention=AttentionKernel.FLASH2)
     stored, _, _ = layer_activation_bytes(model, plan, s, recompute_code=Recompute.NONE.code)
     assert float(stored) == pytest.approx(s * b * h * (10 + 24 / t), rel=1e-12)
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -85,7 +85,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     t, p, d, c, v, b = (_f(plan.tp), _f(plan.pp), _f(plan.dp), _f(plan.cp), _f(plan.vp),
                         _f(plan.micro_batch_size))
     sp = np.asarray(plan.sequence_parallel, dtype=bool)
-    flash = np.asarray(plan.flash_attention, dtype=bool)
+    akc = np.asarray(plan.attention_code)
+    flash = akc != AttentionKernel.UNFUSED.code
     rc = np.asarray(plan.recompute_code)
     zc = np.asarray(plan.zero_code)
     sc = np.asarray(plan.schedule_code)
@@ -104,7 +105,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     g_down = gemm_time_s(gpu, T, h, f / t, prec)
     gemms_fwd = g_qkv + g_out + g_up + g_down
     attn_flops_flash = lf.attn_core / t
-    attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec)
+    attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec, akc)
     # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
     # mask, softmax and dropout over 5·a·s bytes per token (Korthikanti's score tensors).
     attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
@@ -112,7 +113,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
                                            * gpu.gemm_efficiency.at(attn_flops_full / (b * model.num_heads / t)))
                         + memory_bound_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
-    attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec) - gpu.kernel_launch_overhead_s,
+    attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
                         2.0 * attn_unfused_fwd)
     # Element-wise bytes per token (forward): norms r+w 4h, residual adds 6h, dropout 5h,
     # RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f; 16-bit elements.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.axes import Recompute, Schedule
+from ..plan.axes import AttentionKernel, Recompute, Schedule
 from ..specs.model import ModelSpec
 
 # Mixed-precision Adam bytes per parameter (Rajbhandari et al. 2020, Sec. 3.1): 2 (16-bit
@@ -60,7 +60,8 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code):
     sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
     base = terms.replicated / sp_div + terms.split / t
-    scores = np.where(np.asarray(plan.flash_attention), 0.0, terms.scores / t)
+    unfused = np.asarray(plan.attention_code) == AttentionKernel.UNFUSED.code
+    scores = np.where(unfused, terms.scores / t, 0.0)
     none = tokens * (base + scores)
     selective = tokens * base
     full = tokens * terms.layer_input / sp_div

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..specs.hardware import GPUSpec
+from ..specs.hardware import AttentionKernel, GPUSpec
 from ..specs.workload import Precision
 
 
@@ -31,11 +31,20 @@ def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: 
     return np.maximum(compute, memory) + gpu.kernel_launch_overhead_s
 
 
-def attention_time_s(gpu: GPUSpec, flops, precision: Precision):
-    """FlashAttention kernel time at the calibrated attention efficiency (BF16/FP16 peak)."""
+def attention_time_s(gpu: GPUSpec, flops, precision: Precision, kernel_code):
+    """Fused-attention kernel time at the kernel's calibrated efficiency (16-bit peak).
+
+    `kernel_code` is an AttentionKernel code (array or int); UNFUSED entries get FLASH2's
+    curve here and are costed separately by the caller.
+    """
     p = Precision.BF16 if precision in (Precision.FP8, Precision.BF16) else precision
     flops = np.asarray(flops, dtype=float)
-    rate = gpu.peak(p) * gpu.attention_efficiency.at(flops) * gpu.sustained_compute_ratio
+    code = np.asarray(kernel_code)
+    eff = gpu.attention_curve(AttentionKernel.FLASH2).at(flops)
+    for kernel, curve in gpu.attention_efficiency.items():
+        if kernel is not AttentionKernel.FLASH2:
+            eff = np.where(code == kernel.code, curve.at(flops), eff)
+    rate = gpu.peak(p) * eff * gpu.sustained_compute_ratio
     return flops / rate + gpu.kernel_launch_overhead_s
 
 

@@ -3,25 +3,8 @@ cost model can work on numpy arrays of plans (see plan/space.py)."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
-
-class _Coded(StrEnum):
-    @property
-    def code(self) -> int:
-        return list(type(self)).index(self)
-
-    @classmethod
-    def from_code(cls, code: int):
-        return list(cls)[int(code)]
-
-    @classmethod
-    def parse(cls, text: str, field: str):
-        from ..errors import SpecError
-        try:
-            return cls(str(text).strip().lower().replace("-", "_"))
-        except ValueError:
-            raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls)) from None
+from ..enums import CodedEnum as _Coded
+from ..specs.hardware import AttentionKernel  # noqa: F401  (re-exported: a plan axis)
 
 
 class Schedule(_Coded):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..specs.workload import Workload
-from .axes import Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, Recompute, Schedule, ZeroStage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,8 +25,9 @@ class Plan:
     offload_optimizer: bool = False
     dp_overlap: bool = True
     tp_overlap: bool = False
-    # FlashAttention (Dao et al.) never stores the s×s score matrix; 2021–22 Megatron did.
-    flash_attention: bool = True
+    # Attention kernel: fused kernels (FlashAttention) never store the s×s scores; the
+    # unfused path of 2021–22 Megatron did. FLASH3 needs a Hopper-or-later GPU.
+    attention: AttentionKernel = AttentionKernel.FLASH2
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property
@@ -40,6 +41,10 @@ class Plan:
     @property
     def zero_code(self) -> int:
         return self.zero.code
+
+    @property
+    def attention_code(self) -> int:
+        return self.attention.code
 
     @property
     def num_gpus(self) -> int:
@@ -72,6 +77,7 @@ class Plan:
             parts.append("offload")
         if self.tp_overlap:
             parts.append("tpov")
+        parts.append(f"attn:{self.attention}")
         return " ".join(parts)
 
 

@@ -15,12 +15,12 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from .plan import Plan, Rejected
 
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
-               "schedule_code", "recompute_code", "zero_code")
-_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "flash_attention")
+               "schedule_code", "recompute_code", "zero_code", "attention_code")
+_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +42,7 @@ class PlanBatch:
     offload_optimizer: np.ndarray
     dp_overlap: np.ndarray
     tp_overlap: np.ndarray
-    flash_attention: np.ndarray
+    attention_code: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -60,7 +60,7 @@ class PlanBatch:
             sequence_parallel=bool(self.sequence_parallel[i]), zero=ZeroStage.from_code(self.zero_code[i]),
             dp_shard=int(self.dp_shard[i]), offload_optimizer=bool(self.offload_optimizer[i]),
             dp_overlap=bool(self.dp_overlap[i]), tp_overlap=bool(self.tp_overlap[i]),
-            flash_attention=bool(self.flash_attention[i]))
+            attention=AttentionKernel.from_code(self.attention_code[i]))
 
     @staticmethod
     def from_plans(plans: list[Plan]) -> "PlanBatch":
@@ -117,6 +117,9 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda P: f"dp_shard={P.dp_shard} must divide DP={P.dp}"),
         ("hsdp", lambda B: (B.dp_shard != B.dp) & (B.zero_code != ZeroStage.PARAMETERS.code),
          lambda P: "a shard group smaller than DP (HSDP) needs ZeRO-3"),
+        ("attention", lambda B: ~np.isin(B.attention_code, [k.code for k in cluster.gpu.attention_kernels]),
+         lambda P: f"attention kernel {P.attention} does not run on {cluster.gpu.name} (runs: "
+                   + ", ".join(map(str, cluster.gpu.attention_kernels)) + ")"),
     ]
 
 
@@ -156,7 +159,8 @@ class SpaceLimits:
     recomputes: tuple[Recompute, ...] = tuple(Recompute)
     zero_stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
     allow_offload: bool = True
-    flash_attention: bool = True
+    # attention kernels in order of preference: the first one the GPU runs is used
+    attention: tuple[AttentionKernel, ...] = (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
 
@@ -174,6 +178,11 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             raise SpecError("search", key, fixed[key], "only these axes can be pinned: " + ", ".join(sorted(allowed_fixed)))
     N, L, gbs = cluster.num_gpus, model.num_layers, workload.global_batch_size
     max_tp = limits.max_tp or cluster.gpus_per_node
+    runnable = [k for k in limits.attention if k in cluster.gpu.attention_kernels]
+    if not runnable:
+        raise SpecError("search", "attention", ",".join(map(str, limits.attention)),
+                        f"{cluster.gpu.name} runs: " + ", ".join(map(str, cluster.gpu.attention_kernels)))
+    kernel = runnable[0]
     outer = []
     for tp in _divisors(N):
         if tp > max_tp or fixed.get("tp", tp) != tp:
@@ -230,6 +239,6 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
             sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
             offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(len(arr), dtype=bool),
-            tp_overlap=arr[:, 12].astype(bool), flash_attention=np.full(len(arr), limits.flash_attention))
+            tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(len(arr), kernel.code, dtype=np.int64))
         bad = invalid_mask(batch, model, cluster, workload)
         yield batch.take(~bad), int(bad.sum())

@@ -9,7 +9,7 @@ from ..cost.estimate import Estimate
 
 def plan_dict(plan) -> dict:
     d = asdict(plan)
-    for k in ("schedule", "recompute", "zero"):
+    for k in ("schedule", "recompute", "zero", "attention"):
         d[k] = str(d[k])
     d["describe"] = plan.describe()
     return d

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..enums import CodedEnum
 from ..errors import SpecError
 from .curves import EfficiencyCurve
 from .workload import Precision
+
+
+class AttentionKernel(CodedEnum):
+    """Which attention implementation runs: it sets speed (per-GPU curves) and memory."""
+
+    UNFUSED = "unfused"  # batched GEMMs + softmax; stores the s×s scores (Megatron 2021–22)
+    FLASH2 = "flash2"    # FlashAttention-2 (Dao 2023) and its Triton/CK ports
+    FLASH3 = "flash3"    # FlashAttention-3 / cuDNN fused attention (Shah et al. 2024), Hopper+
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,8 +32,9 @@ class GPUSpec:
     host_link_bw_unidir_bytes_per_s: float  # PCIe / C2C to host memory, for offload
     # Achieved efficiency, as data (calibrated): fraction of peak vs GEMM FLOPs.
     gemm_efficiency: EfficiencyCurve
-    # FlashAttention fraction of peak vs attention FLOPs of one kernel call.
-    attention_efficiency: EfficiencyCurve
+    # Fused-attention fraction of the 16-bit peak vs FLOPs of one call, per kernel the GPU
+    # runs (AttentionKernel -> curve; FLASH2 always present). UNFUSED uses the GEMM curve.
+    attention_efficiency: dict
     # Achieved FP8 GEMM efficiency relative to the BF16 one at the same shape.
     fp8_gemm_efficiency_ratio: float = 0.75
     # Fraction of HBM bandwidth reached by element-wise / norm kernels.
@@ -44,6 +54,19 @@ class GPUSpec:
     # Host CPU Adam throughput per GPU (parameters/s), for optimizer offload (ZeRO-Offload).
     host_adam_params_per_s: float = 2.0e9
     source: str = field(default="", compare=False)
+
+    @property
+    def attention_kernels(self) -> tuple[AttentionKernel, ...]:
+        """Kernels this GPU runs, slowest first (enum order): the last is the default."""
+        return (AttentionKernel.UNFUSED,) + tuple(k for k in AttentionKernel if k in self.attention_efficiency)
+
+    def attention_curve(self, kernel: AttentionKernel) -> EfficiencyCurve:
+        try:
+            return self.attention_efficiency[AttentionKernel(kernel)]
+        except KeyError:
+            allowed = ", ".join(str(k) for k in self.attention_kernels)
+            raise SpecError(f"gpu {self.name!r}", "attention", str(kernel),
+                            f"this GPU has no {kernel} kernel; allowed: {allowed}") from None
 
     def peak(self, precision: Precision) -> float:
         try:

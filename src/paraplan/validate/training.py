@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
 from ..errors import FileFormatError, NoPlanFitsError, ParaplanError
-from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model
@@ -54,6 +54,21 @@ def _is_legacy_megatron(row: dict) -> bool:
     """Megatron-LM as published in 2021–22 (Narayanan et al., Korthikanti et al.): GPT with
     dropout 0.1 and unfused softmax attention (no FlashAttention)."""
     return row.get("framework", "").strip() == "Megatron-LM"
+
+
+def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
+    """The attention kernel the row's framework runs (preference order; the GPU decides).
+
+    2021–22 Megatron-LM: unfused softmax attention. llm-foundry (2023 benchmarks):
+    FlashAttention-2 / Triton. Megatron-Core, NeMo, Megatron-Bridge: Transformer Engine's
+    cuDNN fused attention (FlashAttention-3-class on Hopper), FlashAttention-2 elsewhere.
+    """
+    fw = row.get("framework", "").lower()
+    if _is_legacy_megatron(row):
+        return (AttentionKernel.UNFUSED,)
+    if "mosaic" in fw or "foundry" in fw or "composer" in fw:
+        return (AttentionKernel.FLASH2,)
+    return (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
 
 
 def _cluster_for(row: dict) -> str:
@@ -129,7 +144,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
     # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=_zero(row), allow_offload=False,
-                         flash_attention=not legacy, sequence_parallel=sps,
+                         attention=_attention_kernels(row), sequence_parallel=sps,
                          tp_overlap=(False,) if legacy else (False, True),
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)))
     return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),

@@ -22,7 +22,7 @@ from typing import NoReturn
 from ... import units
 from ...errors import FileFormatError, SpecError, UnknownPresetError
 from ..curves import EfficiencyCurve
-from ..hardware import ClusterSpec, GPUSpec, LinkTier
+from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
 from ..model import ModelSpec, make_model
 from ..workload import Precision
 
@@ -210,6 +210,14 @@ def _model_from_table(t: _Table) -> ModelSpec:
         t.fail(e.field, str(e))
 
 
+def _attention_curves(t: _Table) -> dict:
+    """[attention_efficiency.flash2] (required) and [attention_efficiency.flash3] (Hopper+)."""
+    att = t.sub("attention_efficiency")
+    optional = tuple(str(k) for k in AttentionKernel if k not in (AttentionKernel.UNFUSED, AttentionKernel.FLASH2))
+    att.check_keys((str(AttentionKernel.FLASH2),), optional)
+    return {AttentionKernel(k): att.curve(k, "flops") for k in att.data}
+
+
 def _gpu_from_table(t: _Table) -> GPUSpec:
     t.check_keys(_GPU_REQUIRED, _GPU_OPTIONAL)
     t.str_list("aliases")
@@ -240,7 +248,7 @@ def _gpu_from_table(t: _Table) -> GPUSpec:
         tdp_watts=t.num("tdp_watts"),
         host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s")),
         gemm_efficiency=t.curve("gemm_efficiency", "flops"),
-        attention_efficiency=t.curve("attention_efficiency", "flops"),
+        attention_efficiency=_attention_curves(t),
         source=t.str_("source"), **extra)
 
 

@@ -1,0 +1,24 @@
+"""StrEnum base with a stable integer `code`, so the vectorized cost model can hold enum
+choices in numpy arrays (plan/space.py)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CodedEnum(StrEnum):
+    @property
+    def code(self) -> int:
+        return list(type(self)).index(self)
+
+    @classmethod
+    def from_code(cls, code: int):
+        return list(cls)[int(code)]
+
+    @classmethod
+    def parse(cls, text: str, field: str):
+        from .errors import SpecError
+        try:
+            return cls(str(text).strip().lower().replace("-", "_"))
+        except ValueError:
+            raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls)) from None
