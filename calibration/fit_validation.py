@@ -4,7 +4,7 @@ published training runs, by coordinate descent on the mean |error|:
     python calibration/fit_validation.py ../shared/validation/training_dev.csv
 
 Parameters (one value per GPU type, never per row): sustained clock ratio under training
-load, the attention-kernel efficiency plateau, the FP8/BF16 GEMM efficiency ratio.
+load, the attention-kernel efficiency plateau per kernel (FA2, FA3/cuDNN), the FP8/BF16 GEMM efficiency ratio.
 Prints each trial; the chosen values are written into the GPU TOMLs by hand, with a
 comment pointing here.
 """
@@ -17,7 +17,7 @@ from dataclasses import replace
 import paraplan.validate.training as vt
 from paraplan.specs.curves import EfficiencyCurve
 
-BASE = {"h100_clock": 1.0, "h100_attn": 0.55, "a100_attn": 0.65, "fp8_ratio": 0.75}
+BASE = {"h100_clock": 0.7, "h100_fa2": 0.3, "h100_fa3": 0.6, "a100_fa2": 0.3, "fp8_ratio": 1.0}
 _orig = vt.load_cluster
 
 
@@ -26,11 +26,12 @@ def run(params: dict, path: str) -> float:
         c = _orig(name, num_gpus=num_gpus)
         g = c.gpu
         is_h = "h100" in g.name or "h200" in g.name
-        key = "h100_attn" if is_h else "a100_attn"
-        plateau = params[key]
-        ys = tuple(min(y, plateau) if i < len(g.attention_efficiency.y) - 1 else plateau
-                   for i, y in enumerate(g.attention_efficiency.y))
-        g = replace(g, attention_efficiency=EfficiencyCurve(x=g.attention_efficiency.x, y=ys),
+        curves = {}
+        for kernel, curve in g.attention_efficiency.items():
+            plateau = params[("h100_" if is_h else "a100_") + ("fa3" if kernel == "flash3" else "fa2")]
+            ys = tuple(min(y, plateau) if i < len(curve.y) - 1 else plateau for i, y in enumerate(curve.y))
+            curves[kernel] = EfficiencyCurve(x=curve.x, y=ys)
+        g = replace(g, attention_efficiency=curves,
                     fp8_gemm_efficiency_ratio=params["fp8_ratio"],
                     sustained_compute_ratio=params["h100_clock"] if is_h else g.sustained_compute_ratio)
         return replace(c, gpu=g)
@@ -46,8 +47,9 @@ def run(params: dict, path: str) -> float:
 
 
 def main(path: str) -> None:
-    grid = {"h100_clock": [0.7, 0.75, 0.8, 0.85, 0.9, 1.0], "h100_attn": [0.15, 0.2, 0.25, 0.3, 0.4, 0.55],
-            "a100_attn": [0.2, 0.25, 0.3, 0.4, 0.5, 0.65], "fp8_ratio": [0.75, 0.85, 0.95, 1.0]}
+    grid = {"h100_clock": [0.65, 0.7, 0.75, 0.8, 0.85], "h100_fa2": [0.2, 0.25, 0.3, 0.35, 0.4],
+            "h100_fa3": [0.45, 0.5, 0.55, 0.6, 0.65, 0.7], "a100_fa2": [0.25, 0.3, 0.35, 0.4, 0.5],
+            "fp8_ratio": [0.85, 0.9, 0.95, 1.0]}
     best = dict(BASE)
     best_err = run(best, path)
     for _ in range(2):
