@@ -154,8 +154,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     layer_params = model.params_per_layer / t
     is_z3 = zc == ZeroStage.PARAMETERS.code
     is_z2 = zc == ZeroStage.GRADIENTS.code
-    fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * layer_params, S, t)
-    fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, mem.GRAD_BYTES * layer_params, S, t)
+    gather_bytes = np.where(np.asarray(plan.fp32_params, dtype=bool), mem.MASTER_BYTES, mem.WEIGHT_BYTES)
+    reduce_bytes = np.where(np.asarray(plan.grad_reduce_fp32, dtype=bool), mem.GRAD_BYTES, mem.WEIGHT_BYTES)
+    fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t)
+    fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t)
+    # fp32 shards: autocast casts each gathered weight to 16 bits at every use (read 4 B,
+    # write 2 B per parameter), once per forward and again in a recomputed forward
+    cast = np.where(np.asarray(plan.fp32_params, dtype=bool) & (zc == ZeroStage.PARAMETERS.code),
+                    memory_bound_time_s(gpu, (mem.MASTER_BYTES + mem.WEIGHT_BYTES) * layer_params, 4), 0.0)
+    layer_fwd = layer_fwd + cast
     z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
 
@@ -222,7 +229,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     params_stage_last = (L_s * model.params_per_layer + model.lm_head_params + h
                          + np.where(only, model.embedding_params, 0.0)) / t
     params_stage = np.maximum(params_stage_first, params_stage_last)
-    grad_bytes = mem.GRAD_BYTES * params_stage
+    grad_bytes = reduce_bytes * params_stage
     dp_group = d * c
     dp_stride = t
     g_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes, dp_group, dp_stride)
@@ -312,7 +319,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     tot1 = w1 + g1 + o1 + acts_first + lo1
     totl = wl + gl + ol + acts_last + logits
     use_first = tot1 >= totl
-    buffers = np.where(is_z3, 2.0 * layer_params * (mem.WEIGHT_BYTES + mem.GRAD_BYTES), 0.0)
+    buffers = np.where(is_z3, 2.0 * layer_params * (gather_bytes + mem.WEIGHT_BYTES * np.asarray(plan.fp32_params)
+                                                       + mem.GRAD_BYTES), 0.0)
     pick = lambda a, b_: np.where(use_first, a, b_)  # noqa: E731
     weights, grads, opt = pick(w1, wl), pick(g1, gl), pick(o1, ol)
     acts, lg = pick(acts_first, acts_last), pick(lo1, logits)

@@ -28,6 +28,7 @@ from ..specs.model import ModelSpec
 # weights) + 12 (fp32 master weights, momentum, variance). Gradients are accumulated in
 # fp32 (Megatron main_grad; FSDP's default reduce dtype): 4 bytes.
 WEIGHT_BYTES = 2.0
+MASTER_BYTES = 4.0  # one fp32 copy (the master weights; FSDP fp32 shards)
 OPTIMIZER_BYTES = 12.0
 GRAD_BYTES = 4.0
 # Cross-entropy over V/t logits per token: bf16 logits + fp32 softmax copy (bytes/element).

@@ -28,6 +28,12 @@ class Plan:
     # Attention kernel: fused kernels (FlashAttention) never store the s×s scores; the
     # unfused path of 2021–22 Megatron did. FLASH3 needs a Hopper-or-later GPU.
     attention: AttentionKernel = AttentionKernel.FLASH2
+    # Mixed-precision policy of the framework (not searched; set to what you run):
+    # reduce gradients in fp32 (2021 Megatron main_grad all-reduce) or in 16 bits (Megatron-Core
+    # and FSDP defaults); ZeRO-3 shards hold fp32 parameters, gathered in fp32 and cast to 16
+    # bits at every use by autocast (PyTorch FSDP with param_dtype=fp32, Composer "DEFAULT").
+    grad_reduce_fp32: bool = False
+    fp32_params: bool = False
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

@@ -20,7 +20,7 @@ from .plan import Plan, Rejected
 
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code")
-_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap")
+_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +43,8 @@ class PlanBatch:
     dp_overlap: np.ndarray
     tp_overlap: np.ndarray
     attention_code: np.ndarray
+    grad_reduce_fp32: np.ndarray
+    fp32_params: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -60,7 +62,8 @@ class PlanBatch:
             sequence_parallel=bool(self.sequence_parallel[i]), zero=ZeroStage.from_code(self.zero_code[i]),
             dp_shard=int(self.dp_shard[i]), offload_optimizer=bool(self.offload_optimizer[i]),
             dp_overlap=bool(self.dp_overlap[i]), tp_overlap=bool(self.tp_overlap[i]),
-            attention=AttentionKernel.from_code(self.attention_code[i]))
+            attention=AttentionKernel.from_code(self.attention_code[i]),
+            grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]))
 
     @staticmethod
     def from_plans(plans: list[Plan]) -> "PlanBatch":
@@ -161,6 +164,8 @@ class SpaceLimits:
     allow_offload: bool = True
     # attention kernels in order of preference: the first one the GPU runs is used
     attention: tuple[AttentionKernel, ...] = (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
+    grad_reduce_fp32: bool = False   # the framework's precision policy (see Plan)
+    fp32_params: bool = False
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
 
@@ -239,6 +244,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
             sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
             offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(len(arr), dtype=bool),
-            tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(len(arr), kernel.code, dtype=np.int64))
+            tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(len(arr), kernel.code, dtype=np.int64),
+            grad_reduce_fp32=np.full(len(arr), limits.grad_reduce_fp32),
+            fp32_params=np.full(len(arr), limits.fp32_params))
         bad = invalid_mask(batch, model, cluster, workload)
         yield batch.take(~bad), int(bad.sum())

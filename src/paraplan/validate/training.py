@@ -56,6 +56,7 @@ def _is_legacy_megatron(row: dict) -> bool:
     return row.get("framework", "").strip() == "Megatron-LM"
 
 
+
 def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
     """The attention kernel the row's framework runs (preference order; the GPU decides).
 
@@ -145,6 +146,10 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=_zero(row), allow_offload=False,
                          attention=_attention_kernels(row), sequence_parallel=sps,
+                         # precision policy as the row states it: 2021–22 Megatron-LM all-reduces fp32
+                         # main grads; Composer FSDP "DEFAULT" keeps fp32 parameter shards (gathered
+                         # in fp32, cast by autocast) and reduces in 16 bits; others reduce 16-bit
+                         grad_reduce_fp32=legacy, fp32_params="mp mode default" in (row.get("zero") or "").lower(),
                          tp_overlap=(False,) if legacy else (False, True),
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)))
     return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),
