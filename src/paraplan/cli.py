@@ -178,6 +178,7 @@ def cmd_estimate(args) -> int:
 def cmd_trace(args) -> int:
     from .cost.estimate import estimate
     from .report.timeline import chrome_trace
+    from .sim.schedules import Phase
     model, cluster, wl = _specs(args)
     plan = _plan_from_args(args, cluster)
     est = estimate(model, cluster, wl, plan)
@@ -196,7 +197,7 @@ def cmd_trace(args) -> int:
     layers_per_chunk = model.num_layers // (plan.pp * plan.vp)
 
     def detail(rank, chunk, phase):
-        d = est.layer_detail["fwd" if str(phase) in ("F", "Phase.FORWARD") or getattr(phase, "value", "") == "F" else "bwd"]
+        d = est.layer_detail["fwd" if phase == Phase.FORWARD else "bwd"]
         out = []
         first_layer = (chunk * plan.pp + rank) * layers_per_chunk
         for li in range(layers_per_chunk):

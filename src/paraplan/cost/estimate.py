@@ -94,10 +94,8 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     if simulate_pipeline and plan.pp > 1:
         tasks = build_schedule(plan.schedule, plan.pp, m, plan.vp)
         sim = simulate(tasks, stage_costs(costs, plan))
-        on_path = time.compute_s + time.recompute_s + time.tp_comm_s + time.cp_comm_s + time.dp_comm_s \
-            - (_batch_index(costs.dp_step_s) - time.optimizer_s)
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
-        rest = sim.step_time_s - on_path - time.pp_comm_s
+        rest = sim.step_time_s - _batch_index(costs.critical_stage_s) - time.pp_comm_s
         time = replace(time, bubble_s=max(rest, 0.0))
     step = float(time.total)
     mem = costs.memory.scalar(0)

@@ -66,6 +66,7 @@ class PlanCosts:
     overlapped: OverlappedComm
     memory: MemoryBreakdown
     dp_step_s: object             # exposed DP comm + optimizer, added after the pipeline
+    critical_stage_s: object      # m × the slowest stage's per-micro-batch time (no bubble)
     comm_detail: dict             # per-collective totals per step (exposed, seconds)
     hardware_flops_per_step: object
     layer_detail: dict            # per-layer op times (forward/backward), for the trace
@@ -347,4 +348,5 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     }
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
                      overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer,
+                     critical_stage_s=m * t_max,
                      comm_detail=comm_detail, hardware_flops_per_step=hw, layer_detail=layer_detail)

@@ -60,21 +60,19 @@ class GPUSpec:
         """Kernels this GPU runs, slowest first (enum order): the last is the default."""
         return (AttentionKernel.UNFUSED,) + tuple(k for k in AttentionKernel if k in self.attention_efficiency)
 
+    def _lookup(self, table: dict, key, field_name: str, what: str, allowed) -> object:
+        if key in table:
+            return table[key]
+        raise SpecError(f"gpu {self.name!r}", field_name, str(key),
+                        f"this GPU has no {key} {what}; allowed: " + ", ".join(map(str, allowed)))
+
     def attention_curve(self, kernel: AttentionKernel) -> EfficiencyCurve:
-        try:
-            return self.attention_efficiency[AttentionKernel(kernel)]
-        except KeyError:
-            allowed = ", ".join(str(k) for k in self.attention_kernels)
-            raise SpecError(f"gpu {self.name!r}", "attention", str(kernel),
-                            f"this GPU has no {kernel} kernel; allowed: {allowed}") from None
+        return self._lookup(self.attention_efficiency, AttentionKernel(kernel), "attention", "kernel",
+                            self.attention_kernels)
 
     def peak(self, precision: Precision) -> float:
-        try:
-            return self.peak_flops_per_s[Precision(precision)]
-        except KeyError:
-            allowed = ", ".join(str(p) for p in self.peak_flops_per_s)
-            raise SpecError(f"gpu {self.name!r}", "precision", str(precision),
-                            f"this GPU has no {precision} tensor-core peak; allowed: {allowed}") from None
+        return self._lookup(self.peak_flops_per_s, Precision(precision), "precision", "tensor-core peak",
+                            self.peak_flops_per_s)
 
 
 @dataclass(frozen=True, kw_only=True)

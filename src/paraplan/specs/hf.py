@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..errors import FileFormatError, SpecError
+from .files import read_text
 from .model import ModelSpec, make_model
 
 
@@ -63,12 +64,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     if path.is_dir():
         path = path / "config.json"
     shown = str(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(shown, "no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise FileFormatError(shown, f"cannot read: {e}") from None
+    text = read_text(path, shown)
     try:
         cfg = json.loads(text)
     except json.JSONDecodeError as e:

@@ -172,8 +172,7 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
         else:  # Megatron-Core / NeMo num_floating_point_operations: 6N + full-s² attention
             flops = model_flops_per_token(model, wl.seq_len) * est.tokens_per_s_per_gpu
         if metric == "mfu_pct":
-            from ..specs.catalog import load_cluster as _lc
-            return 100.0 * flops / _lc(setup.cluster_name).gpu.peak(wl.precision)
+            return 100.0 * flops / load_cluster(setup.cluster_name).gpu.peak(wl.precision)
         return flops / TERA
     if metric == "activation_memory_gib":
         return est.memory.activations_bytes / GIB

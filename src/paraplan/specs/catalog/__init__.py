@@ -22,6 +22,7 @@ from typing import NoReturn
 from ... import units
 from ...errors import FileFormatError, SpecError, UnknownPresetError
 from ..curves import EfficiencyCurve
+from ..files import read_text
 from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
 from ..model import ModelSpec, make_model
 from ..workload import Precision
@@ -58,12 +59,7 @@ def _norm(name: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 def _read_toml(path: Path, shown: str) -> tuple[dict, str]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FileFormatError(shown, "no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise FileFormatError(shown, f"cannot read: {e}") from None
+    text = read_text(path, shown)
     try:
         return tomllib.loads(text), text
     except tomllib.TOMLDecodeError as e:

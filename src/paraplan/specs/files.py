@@ -1,0 +1,17 @@
+"""Reading user files with errors that name the file (one place for TOML and JSON)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import FileFormatError
+
+
+def read_text(path: Path, shown: str) -> str:
+    """The file's UTF-8 text, or a one-line FileFormatError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileFormatError(shown, "no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise FileFormatError(shown, f"cannot read: {e}") from None
