@@ -37,6 +37,13 @@ ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM
 # (12 B) and the 16-bit copy (2 B).
 ADAM_BYTES_PER_PARAM = 30.0
 ADAM_KERNELS = 4  # multi-tensor-apply launches per step (fused Adam over buckets)
+# Cross-entropy over the T×V/t logits, HBM bytes per logit element, as PyTorch autocast (and
+# Megatron's vocab-parallel kernel) run it in fp32 on 16-bit logits. Forward: upcast (read 2,
+# write 4), log-softmax (two reads for max and sum-exp, one write: 12). Backward: the NLL
+# gradient fill (write 4), log-softmax backward (reads the gradient twice and the output once,
+# writes one: 16), downcast to 16 bits (read 4, write 2).
+LOSS_FWD_BYTES_PER_LOGIT = 18.0
+LOSS_BWD_BYTES_PER_LOGIT = 26.0
 
 
 def _f(x):
@@ -169,6 +176,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     # ---------------- recomputation per layer ----------------
     full_rc = layer_fwd + tp_fwd_exp + cp_fwd_exp
+    # PyTorch's non-reentrant checkpoint stops re-running the forward once every tensor the
+    # backward needs exists again: the block's last GEMM (the MLP down-projection, whose input
+    # is saved by the previous op) and its output reduction are not recomputed.
+    early = np.asarray(plan.checkpoint_early_stop, dtype=bool)
+    full_rc = full_rc - np.where(early, g_down + 0.5 * tp_fwd_exp, 0.0)
     sel_rc = attn_fwd
     k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
     rc_stage = np.where(rc == Recompute.FULL.code, L_s * full_rc,
@@ -194,9 +206,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     emb_tp = np.where(sp, rs, ar)  # vocab-parallel embedding reduces over TP
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
     logits_el = T * V / t
-    loss_fwd = memory_bound_time_s(gpu, logits_el * (2.0 + 2.0 * 4.0), 3)
+    loss_fwd = memory_bound_time_s(gpu, logits_el * LOSS_FWD_BYTES_PER_LOGIT, 3)
     lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag, 0.0)
-    lm_bwd = 2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * (4.0 + 2.0), 2) + np.where(sp, rs, 0.0)
+    lm_bwd = 2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * LOSS_BWD_BYTES_PER_LOGIT, 4) + np.where(sp, rs, 0.0)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 

@@ -34,6 +34,10 @@ class Plan:
     # bits at every use by autocast (PyTorch FSDP with param_dtype=fp32, Composer "DEFAULT").
     grad_reduce_fp32: bool = False
     fp32_params: bool = False
+    # Activation checkpointing that stops recomputing once the backward has what it needs
+    # (PyTorch non-reentrant `torch.utils.checkpoint`, used by FSDP stacks such as
+    # llm-foundry and torchtitan) skips each block's last GEMM; Megatron's re-runs it all.
+    checkpoint_early_stop: bool = False
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

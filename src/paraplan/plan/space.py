@@ -20,7 +20,8 @@ from .plan import Plan, Rejected
 
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code")
-_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params")
+_BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
+                "checkpoint_early_stop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +46,7 @@ class PlanBatch:
     attention_code: np.ndarray
     grad_reduce_fp32: np.ndarray
     fp32_params: np.ndarray
+    checkpoint_early_stop: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -63,7 +65,8 @@ class PlanBatch:
             dp_shard=int(self.dp_shard[i]), offload_optimizer=bool(self.offload_optimizer[i]),
             dp_overlap=bool(self.dp_overlap[i]), tp_overlap=bool(self.tp_overlap[i]),
             attention=AttentionKernel.from_code(self.attention_code[i]),
-            grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]))
+            grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]),
+            checkpoint_early_stop=bool(self.checkpoint_early_stop[i]))
 
     @staticmethod
     def from_plans(plans: list[Plan]) -> "PlanBatch":
@@ -166,8 +169,11 @@ class SpaceLimits:
     attention: tuple[AttentionKernel, ...] = (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
     grad_reduce_fp32: bool = False   # the framework's precision policy (see Plan)
     fp32_params: bool = False
+    checkpoint_early_stop: bool = False
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
+    # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
+    hybrid_shard: bool = True
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
@@ -213,7 +219,9 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             vps = [fixed["vp"]] if pp > 1 else [1]
         L_s = -(-L // pp)
         ks = sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s}) if L_s > 1 else []
-        shards = [dp] + [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
+        shards = [dp]
+        if limits.hybrid_shard:
+            shards += [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
         for vp in vps:
             if pp == 1:
                 scheds = [Schedule.ONE_F_ONE_B]
@@ -246,6 +254,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(len(arr), dtype=bool),
             tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(len(arr), kernel.code, dtype=np.int64),
             grad_reduce_fp32=np.full(len(arr), limits.grad_reduce_fp32),
-            fp32_params=np.full(len(arr), limits.fp32_params))
+            fp32_params=np.full(len(arr), limits.fp32_params),
+            checkpoint_early_stop=np.full(len(arr), limits.checkpoint_early_stop))
         bad = invalid_mask(batch, model, cluster, workload)
         yield batch.take(~bad), int(bad.sum())

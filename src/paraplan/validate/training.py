@@ -57,6 +57,12 @@ def _is_legacy_megatron(row: dict) -> bool:
 
 
 
+def _is_composer(row: dict) -> bool:
+    """MosaicML llm-foundry / Composer: PyTorch FSDP with non-reentrant activation checkpointing."""
+    fw = row.get("framework", "").lower()
+    return "mosaic" in fw or "foundry" in fw or "composer" in fw
+
+
 def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
     """The attention kernel the row's framework runs (preference order; the GPU decides).
 
@@ -64,10 +70,9 @@ def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
     FlashAttention-2 / Triton. Megatron-Core, NeMo, Megatron-Bridge: Transformer Engine's
     cuDNN fused attention (FlashAttention-3-class on Hopper), FlashAttention-2 elsewhere.
     """
-    fw = row.get("framework", "").lower()
     if _is_legacy_megatron(row):
         return (AttentionKernel.UNFUSED,)
-    if "mosaic" in fw or "foundry" in fw or "composer" in fw:
+    if _is_composer(row):
         return (AttentionKernel.FLASH2,)
     return (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
 
@@ -150,8 +155,13 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          # main grads; Composer FSDP "DEFAULT" keeps fp32 parameter shards (gathered
                          # in fp32, cast by autocast) and reduces in 16 bits; others reduce 16-bit
                          grad_reduce_fp32=legacy, fp32_params="mp mode default" in (row.get("zero") or "").lower(),
+                         checkpoint_early_stop=_is_composer(row),
                          tp_overlap=(False,) if legacy else (False, True),
-                         max_micro_batch=max(64, fixed.get("micro_batch_size", 0)))
+                         max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
+                         # PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP shard over the whole DP group
+                         # (HYBRID_SHARD would say so)
+                         hybrid_shard=not any(k in (row.get("zero") or "").lower()
+                                              for k in ("full_shard", "shard_grad_op")))
     return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),
                     workload=wl, fixed=fixed, limits=limits)
 

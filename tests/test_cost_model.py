@@ -1,0 +1,73 @@
+"""Cost-model behaviours that the published runs pinned down (see docs/model.md)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.cost.estimate import estimate
+from paraplan.cost.flops import layer_forward_flops
+from paraplan.plan.axes import Recompute, ZeroStage
+from paraplan.plan.plan import make_plan
+from paraplan.plan.space import SpaceLimits, enumerate_space
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Workload
+from paraplan.validate.training import row_setup
+
+WL = Workload(global_batch_size=64, seq_len=2048)
+
+
+@pytest.mark.parametrize("model_name", ["mpt-7b", "llama3-8b"])
+def test_checkpoint_early_stop_skips_the_down_projection_only(model_name):
+    model, cluster = load_model(model_name), load_cluster("dgx-h100", num_gpus=8)
+    base = make_plan(dp=8, micro_batch_size=4, recompute=Recompute.FULL, zero=ZeroStage.PARAMETERS)
+    full = estimate(model, cluster, WL, base)
+    early = estimate(model, cluster, WL, replace(base, checkpoint_early_stop=True))
+    saved = full.time.recompute_s - early.time.recompute_s
+    # the down-projection is f·h of the layer's forward GEMM work: a real saving, and no more
+    lf = layer_forward_flops(model, 4 * 2048, 2048, causal=True)
+    down_share = 2.0 * 4 * 2048 * model.ffn_hidden_size * model.hidden_size / lf.total
+    assert 0.5 * down_share < saved / full.time.recompute_s < 1.5 * down_share
+    assert early.time.compute_s == pytest.approx(full.time.compute_s)
+    # without recomputation the flag changes nothing
+    none = make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS)
+    assert (estimate(model, cluster, WL, replace(none, checkpoint_early_stop=True)).step_time_s
+            == pytest.approx(estimate(model, cluster, WL, none).step_time_s))
+
+
+def test_full_shard_only_when_hybrid_sharding_is_off():
+    model, cluster = load_model("mpt-1b"), load_cluster("dgx-h100", num_gpus=64)
+    limits = SpaceLimits(zero_stages=(ZeroStage.PARAMETERS,), hybrid_shard=False)
+    shards = {(int(d), int(s)) for batch, _ in enumerate_space(model, cluster, WL, limits)
+              for d, s in zip(batch.dp, batch.dp_shard)}
+    assert shards and all(d == s for d, s in shards)
+    hsdp = {(int(d), int(s)) for batch, _ in enumerate_space(model, cluster, WL, SpaceLimits(
+        zero_stages=(ZeroStage.PARAMETERS,))) for d, s in zip(batch.dp, batch.dp_shard)}
+    assert any(d != s for d, s in hsdp)
+
+
+def test_loss_traffic_weighs_most_on_small_models_with_large_vocabularies():
+    """The fp32 cross-entropy is memory-bound: its share of the step falls as hidden grows."""
+    cluster = load_cluster("dgx-a100-80gb", num_gpus=8)
+    shares = []
+    for name in ("mpt-125m", "mpt-1b", "mpt-7b"):
+        model = load_model(name)
+        plan = make_plan(dp=8, micro_batch_size=8, zero=ZeroStage.PARAMETERS)
+        est = estimate(model, cluster, Workload(global_batch_size=64, seq_len=512), plan)
+        wider = replace(model, vocab_size=2 * model.vocab_size)
+        est2 = estimate(wider, cluster, Workload(global_batch_size=64, seq_len=512), plan)
+        shares.append(est2.step_time_s / est.step_time_s - 1.0)
+    assert shares[0] > shares[1] > shares[2] > 0
+
+
+def test_composer_rows_run_pytorch_checkpointing_and_full_shard():
+    row = {"id": "x", "source": "s", "model": "MPT-7B", "seq_len": "2048", "gpu": "H100", "num_gpus": "16",
+           "precision": "BF16", "global_batch": "64", "micro_batch": "4", "dp": "16", "tp": "1", "pp": "1",
+           "recompute": "full", "zero": "PyTorch FSDP FULL_SHARD (MP mode DEFAULT)",
+           "framework": "MosaicML Composer / llm-foundry", "metric_id": "tokens_per_s_per_gpu", "value": "1"}
+    setup = row_setup(row, "f.csv", 2)
+    assert setup.limits.checkpoint_early_stop and not setup.limits.hybrid_shard and setup.limits.fp32_params
+    megatron = dict(row, framework="Megatron-Core r0.8.0", zero="")
+    setup = row_setup(megatron, "f.csv", 2)
+    assert not setup.limits.checkpoint_early_stop and setup.limits.hybrid_shard
