@@ -71,3 +71,20 @@ def test_composer_rows_run_pytorch_checkpointing_and_full_shard():
     megatron = dict(row, framework="Megatron-Core r0.8.0", zero="")
     setup = row_setup(megatron, "f.csv", 2)
     assert not setup.limits.checkpoint_early_stop and setup.limits.hybrid_shard
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_async_tp_backward_hides_reductions_behind_weight_gradients(sp):
+    model, cluster = load_model("llama2-13b"), load_cluster("dgx-a100-80gb", num_gpus=8)
+    plan = make_plan(tp=8, micro_batch_size=2, sequence_parallel=sp)
+    wl = Workload(global_batch_size=16, seq_len=4096)
+    sync = estimate(model, cluster, wl, replace(plan, tp_async_backward=False))
+    asyn = estimate(model, cluster, wl, plan)
+    assert asyn.time.tp_comm_s < sync.time.tp_comm_s
+    # only the backward half can hide, and with SP its output-gradient all-gathers cannot
+    assert asyn.time.tp_comm_s > (0.5 if not sp else 0.6) * sync.time.tp_comm_s
+    assert asyn.overlapped.tp_comm_s > sync.overlapped.tp_comm_s
+    # TP=1 has nothing to reduce
+    solo = make_plan(dp=8, micro_batch_size=2)
+    assert (estimate(model, cluster, wl, replace(solo, tp_async_backward=False)).step_time_s
+            == pytest.approx(estimate(model, cluster, wl, solo).step_time_s))

@@ -118,7 +118,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # mask, softmax and dropout over 5·a·s bytes per token (Korthikanti's score tensors).
     attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
     attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.sustained_compute_ratio
-                                           * gpu.gemm_efficiency.at(attn_flops_full / (b * model.num_heads / t)))
+                                           * gpu.gemm_efficiency.at(attn_flops_full))
                         + memory_bound_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
@@ -146,7 +146,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     tp_bwd = tp_fwd
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
     tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
-    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t), tp_bwd)
+    # Backward without TP overlap: Megatron runs the input-gradient reduction of each
+    # column-parallel layer (QKV, MLP up) asynchronously beside its weight-gradient GEMM
+    # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
+    # Sec. 4.2.2 for the SP reduce-scatter). With SP the all-gather of the output gradient
+    # before each row-parallel layer stays exposed.
+    col_wgrad = (g_qkv, g_up)
+    async_ar = sum(np.maximum(ar - w, 0.0) for w in col_wgrad)
+    async_rs = 2.0 * ag + sum(np.maximum(rs - w, 0.0) for w in col_wgrad)
+    sync_bwd = np.where(sp, 2.0 * (ag + rs), 2.0 * ar)
+    tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
+    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
+                          np.where(tp_async, np.where(sp, async_rs, async_ar), sync_bwd))
 
     # ---------------- CP ring exchange per layer ----------------
     kv_bytes = ACT_BYTES * T * 2.0 * kvd / t

@@ -38,6 +38,9 @@ class Plan:
     # (PyTorch non-reentrant `torch.utils.checkpoint`, used by FSDP stacks such as
     # llm-foundry and torchtitan) skips each block's last GEMM; Megatron's re-runs it all.
     checkpoint_early_stop: bool = False
+    # Backward input-gradient reduction of column-parallel layers overlapped with their
+    # weight-gradient GEMM (Megatron-LM since late 2021 and Megatron-Core; off in April 2021).
+    tp_async_backward: bool = True
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

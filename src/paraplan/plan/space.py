@@ -21,7 +21,7 @@ from .plan import Plan, Rejected
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
-                "checkpoint_early_stop")
+                "checkpoint_early_stop", "tp_async_backward")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +47,7 @@ class PlanBatch:
     grad_reduce_fp32: np.ndarray
     fp32_params: np.ndarray
     checkpoint_early_stop: np.ndarray
+    tp_async_backward: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -66,7 +67,8 @@ class PlanBatch:
             dp_overlap=bool(self.dp_overlap[i]), tp_overlap=bool(self.tp_overlap[i]),
             attention=AttentionKernel.from_code(self.attention_code[i]),
             grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]),
-            checkpoint_early_stop=bool(self.checkpoint_early_stop[i]))
+            checkpoint_early_stop=bool(self.checkpoint_early_stop[i]),
+            tp_async_backward=bool(self.tp_async_backward[i]))
 
     @staticmethod
     def from_plans(plans: list[Plan]) -> "PlanBatch":
@@ -170,6 +172,7 @@ class SpaceLimits:
     grad_reduce_fp32: bool = False   # the framework's precision policy (see Plan)
     fp32_params: bool = False
     checkpoint_early_stop: bool = False
+    tp_async_backward: bool = True
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
     # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
@@ -255,6 +258,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(len(arr), kernel.code, dtype=np.int64),
             grad_reduce_fp32=np.full(len(arr), limits.grad_reduce_fp32),
             fp32_params=np.full(len(arr), limits.fp32_params),
-            checkpoint_early_stop=np.full(len(arr), limits.checkpoint_early_stop))
+            checkpoint_early_stop=np.full(len(arr), limits.checkpoint_early_stop),
+            tp_async_backward=np.full(len(arr), limits.tp_async_backward))
         bad = invalid_mask(batch, model, cluster, workload)
         yield batch.take(~bad), int(bad.sum())

@@ -156,6 +156,9 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          # in fp32, cast by autocast) and reduces in 16 bits; others reduce 16-bit
                          grad_reduce_fp32=legacy, fp32_params="mp mode default" in (row.get("zero") or "").lower(),
                          checkpoint_early_stop=_is_composer(row),
+                         # Megatron-LM before its async TP all-reduce (Narayanan et al.'s April
+                         # 2021 runs) waited for every backward TP reduction
+                         tp_async_backward="april2021" not in (row.get("source") or "").lower(),
                          tp_overlap=(False,) if legacy else (False, True),
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
                          # PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP shard over the whole DP group
