@@ -18,7 +18,7 @@ import paraplan.validate.training as vt
 from paraplan.specs.curves import EfficiencyCurve
 
 BASE = {"h100_clock": 0.75, "h100_fa2": 0.25, "h100_fa3": 0.45, "a100_fa2": 0.3, "fp8_ratio": 1.0,
-        "overlap_slowdown": 0.2}
+        "overlap_slowdown": 0.1}
 _orig = vt.load_cluster
 
 

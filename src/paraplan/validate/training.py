@@ -97,7 +97,7 @@ def _zero(row: dict) -> tuple[ZeroStage, ...]:
     z = (row.get("zero") or "").strip().lower()
     if not z:
         return tuple(ZeroStage)
-    if "full_shard" in z or "megatron-fsdp" in z or z == "3":
+    if "full_shard" in z or "hybrid_shard" in z or "megatron-fsdp" in z or z == "3":
         return (ZeroStage.PARAMETERS,)
     if "shard_grad_op" in z or z == "2":
         return (ZeroStage.GRADIENTS,)
