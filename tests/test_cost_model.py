@@ -30,6 +30,7 @@ def test_checkpoint_early_stop_skips_the_down_projection_only(model_name):
     down_share = 2.0 * 4 * 2048 * model.ffn_hidden_size * model.hidden_size / lf.total
     assert 0.5 * down_share < saved / full.time.recompute_s < 1.5 * down_share
     assert early.time.compute_s == pytest.approx(full.time.compute_s)
+    assert early.hfu * early.step_time_s < full.hfu * full.step_time_s  # the skipped GEMM is not executed
     # without recomputation the flag changes nothing
     none = make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS)
     assert (estimate(model, cluster, WL, replace(none, checkpoint_early_stop=True)).step_time_s
@@ -88,3 +89,16 @@ def test_async_tp_backward_hides_reductions_behind_weight_gradients(sp):
     solo = make_plan(dp=8, micro_batch_size=2)
     assert (estimate(model, cluster, wl, replace(solo, tp_async_backward=False)).step_time_s
             == pytest.approx(estimate(model, cluster, wl, solo).step_time_s))
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_recomputation_moves_no_time_out_of_compute(early):
+    """Recomputing layers adds recompute time and the recomputed forward's exposed TP; the
+    forward/backward compute itself stays what it was."""
+    model, cluster = load_model("llama2-13b"), load_cluster("dgx-a100-80gb", num_gpus=8)
+    wl = Workload(global_batch_size=16, seq_len=4096)
+    plan = make_plan(tp=8, micro_batch_size=2, checkpoint_early_stop=early)
+    none = estimate(model, cluster, wl, plan)
+    full = estimate(model, cluster, wl, replace(plan, recompute=Recompute.FULL))
+    assert full.time.compute_s == pytest.approx(none.time.compute_s, rel=1e-9)
+    assert full.time.recompute_s > 0 and full.time.tp_comm_s > none.time.tp_comm_s

@@ -57,7 +57,6 @@ class StageTimes:
     forward_s: object       # compute + exposed per-micro-batch comm, whole stage
     backward_s: object      # incl. recomputation and exposed comm
     weight_grad_s: object   # part of backward that is weight-gradient GEMMs (for ZB-H1)
-    recompute_s: object
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,10 +153,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     col_wgrad = (g_qkv, g_up)
     async_ar = sum(np.maximum(ar - w, 0.0) for w in col_wgrad)
     async_rs = 2.0 * ag + sum(np.maximum(rs - w, 0.0) for w in col_wgrad)
-    sync_bwd = np.where(sp, 2.0 * (ag + rs), 2.0 * ar)
     tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
-                          np.where(tp_async, np.where(sp, async_rs, async_ar), sync_bwd))
+                          np.where(tp_async, np.where(sp, async_rs, async_ar), tp_bwd))
 
     # ---------------- CP ring exchange per layer ----------------
     kv_bytes = ACT_BYTES * T * 2.0 * kvd / t
@@ -186,16 +184,19 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
 
     # ---------------- recomputation per layer ----------------
-    full_rc = layer_fwd + tp_fwd_exp + cp_fwd_exp
-    # PyTorch's non-reentrant checkpoint stops re-running the forward once every tensor the
-    # backward needs exists again: the block's last GEMM (the MLP down-projection, whose input
-    # is saved by the previous op) and its output reduction are not recomputed.
+    # Full and first-k re-run whole layers (forward plus its exposed TP and CP); selective
+    # re-runs the attention core only. PyTorch's non-reentrant checkpoint stops once every
+    # tensor the backward needs exists again: the block's last GEMM (the MLP down-projection,
+    # whose input the activation function already produced) and its output reduction are not
+    # re-run. The exposed TP/CP of recomputation is reported as TP/CP time, not recompute.
     early = np.asarray(plan.checkpoint_early_stop, dtype=bool)
-    full_rc = full_rc - np.where(early, g_down + 0.5 * tp_fwd_exp, 0.0)
-    sel_rc = attn_fwd
     k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
-    rc_stage = np.where(rc == Recompute.FULL.code, L_s * full_rc,
-               np.where(rc == Recompute.SELECTIVE.code, L_s * sel_rc, k_rc * full_rc))
+    rc_layers = np.where(rc == Recompute.FULL.code, L_s, k_rc)
+    rc_compute_stage = (rc_layers * (layer_fwd - np.where(early, g_down, 0.0))
+                        + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0))
+    rc_tp_stage = rc_layers * np.where(early, 0.5, 1.0) * tp_fwd_exp
+    rc_cp_stage = rc_layers * cp_fwd_exp
+    rc_stage = rc_compute_stage + rc_tp_stage + rc_cp_stage
 
     # ---------------- per-layer totals with overlap ----------------
     slow = gpu.overlap_slowdown
@@ -219,6 +220,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     logits_el = T * V / t
     loss_fwd = memory_bound_time_s(gpu, logits_el * LOSS_FWD_BYTES_PER_LOGIT, 3)
     lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag, 0.0)
+    # backward kernels: gradient fill, NLL scatter, log-softmax backward, downcast
     lm_bwd = 2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * LOSS_BWD_BYTES_PER_LOGIT, 4) + np.where(sp, rs, 0.0)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
@@ -226,7 +228,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     def stage(extra_fwd, extra_bwd):
         fwd = L_s * layer_fwd_total + extra_fwd + z3_first
         bwd = L_s * layer_bwd_total + extra_bwd + rc_stage + z3_first
-        return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=L_s * wgrad, recompute_s=rc_stage)
+        return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=L_s * wgrad)
 
     only = p == 1
     first = stage(emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_fwd + np.where(only, lm_bwd, 0.0))
@@ -295,12 +297,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     optimizer = np.where(offload, opt_host, opt_gpu)
 
     # ---------------- time breakdown on the critical stage ----------------
-    crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + np.where(rc == Recompute.FULL.code, L_s * tp_fwd_exp, k_rc * tp_fwd_exp)
-    crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp)
-    compute_mb = t_max - (crit_tp + crit_cp) - rc_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
+    crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
+    crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
+    compute_mb = t_max - (crit_tp + crit_cp) - rc_compute_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
     time = TimeBreakdown(
         compute_s=m * compute_mb,
-        recompute_s=m * rc_stage,
+        recompute_s=m * rc_compute_stage,
         tp_comm_s=m * crit_tp,
         cp_comm_s=m * crit_cp,
         pp_comm_s=pp_exposed,
@@ -358,8 +360,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     # hardware FLOPs per GPU per step (incl. recomputation), for HFU
     hw_layer = 3.0 * lf.total / t
-    rc_layers = np.where(rc == Recompute.FULL.code, L_s, np.where(rc == Recompute.FIRST_K.code, k_rc, 0.0))
-    hw = m * (L_s * hw_layer + rc_layers * lf.total / t + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
+    rc_layer_flops = lf.total - np.where(early, lf.mlp / model.num_mlp_matrices, 0.0)  # early stop: no down-proj
+    hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t
+              + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
               + 3.0 * lm_head_forward_flops(model, T) / t / p)
 
     layer_detail = {

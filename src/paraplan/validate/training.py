@@ -93,6 +93,12 @@ def _cluster_for(row: dict) -> str:
     return row["gpu"]
 
 
+def _pytorch_fsdp_whole_group(row: dict) -> bool:
+    """PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP shard over the whole DP group (no HSDP)."""
+    z = (row.get("zero") or "").lower()
+    return "full_shard" in z or "shard_grad_op" in z
+
+
 def _zero(row: dict) -> tuple[ZeroStage, ...]:
     z = (row.get("zero") or "").strip().lower()
     if not z:
@@ -161,10 +167,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          tp_async_backward="april2021" not in (row.get("source") or "").lower(),
                          tp_overlap=(False,) if legacy else (False, True),
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
-                         # PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP shard over the whole DP group
-                         # (HYBRID_SHARD would say so)
-                         hybrid_shard=not any(k in (row.get("zero") or "").lower()
-                                              for k in ("full_shard", "shard_grad_op")))
+                         hybrid_shard=not _pytorch_fsdp_whole_group(row))
     return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),
                     workload=wl, fixed=fixed, limits=limits)
 
