@@ -1,7 +1,13 @@
-"""Decoder-only transformer model spec.
+"""Decoder-only transformer model spec, dense or mixture-of-experts.
 
 Notation (Narayanan et al. SC'21, Korthikanti et al. 2022): l layers, h hidden size,
 f ffn hidden size, a attention heads, k kv heads (GQA groups), d head dim, V vocab.
+Mixture of experts (Fedus et al. 2022; DeepSeek-V3 report Sec. 2): E routed experts of ffn
+size f_e, top-k routing, shared experts of total ffn size f_sh, the first l_d layers dense,
+then one MoE layer every `moe_layer_interval` layers (Llama 4 interleaves: 2).
+Multi-head latent attention (DeepSeek-V2 report Sec. 2.1): queries through a rank-r_q
+bottleneck, keys and values through a shared rank-r_kv latent plus a d_r-wide RoPE key;
+head_dim is the query/key width (d_nope + d_r), v_head_dim the value width.
 """
 
 from __future__ import annotations
@@ -27,6 +33,18 @@ class ModelSpec:
     # Dropout after attention and MLP (GPT-3-era Megatron); stores a 1-byte mask per element
     # (Korthikanti et al. Sec. 4.1). Modern Llama-style pre-training runs without dropout.
     dropout: bool = False
+    # ---- mixture of experts (all 0: dense) ----
+    num_experts: int = 0            # routed experts E
+    top_k: int = 0                  # experts per token k
+    moe_ffn_hidden_size: int = 0    # f_e, each routed expert's ffn size
+    shared_expert_ffn_hidden_size: int = 0  # f_sh, all shared experts together (0: none)
+    num_dense_layers: int = 0       # l_d leading layers with the dense MLP of ffn_hidden_size
+    moe_layer_interval: int = 1     # after them, every i-th layer is MoE (the others dense)
+    # ---- multi-head latent attention (kv_lora_rank 0: standard MHA/GQA) ----
+    q_lora_rank: int = 0            # r_q (0: full-rank query projection)
+    kv_lora_rank: int = 0           # r_kv
+    qk_rope_head_dim: int = 0       # d_r, part of head_dim
+    v_head_dim: int = 0             # value width per head (0: head_dim)
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -39,15 +57,61 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise SpecError(where, "num_kv_heads", self.num_kv_heads,
                             f"must divide num_heads={self.num_heads} (MHA: equal; GQA: a divisor; MQA: 1)")
+        for f in ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
+                  "num_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise SpecError(where, f, v, "a non-negative integer is required (0: not used)")
+        if not isinstance(self.moe_layer_interval, int) or self.moe_layer_interval < 1:
+            raise SpecError(where, "moe_layer_interval", self.moe_layer_interval, "a positive integer is required")
+        if self.num_experts:
+            if not 1 <= self.top_k <= self.num_experts:
+                raise SpecError(where, "top_k", self.top_k, f"must be in 1..num_experts={self.num_experts}")
+            if self.moe_ffn_hidden_size <= 0:
+                raise SpecError(where, "moe_ffn_hidden_size", self.moe_ffn_hidden_size,
+                                "a positive integer is required for a mixture-of-experts model")
+            if self.num_dense_layers >= self.num_layers:
+                raise SpecError(where, "num_dense_layers", self.num_dense_layers,
+                                f"must be below num_layers={self.num_layers} (some layers must be MoE)")
+        elif self.top_k or self.moe_ffn_hidden_size or self.shared_expert_ffn_hidden_size:
+            raise SpecError(where, "num_experts", 0, "top_k / moe_ffn_hidden_size / shared experts need num_experts > 0")
+        if self.kv_lora_rank and self.qk_rope_head_dim >= self.head_dim:
+            raise SpecError(where, "qk_rope_head_dim", self.qk_rope_head_dim,
+                            f"must be below head_dim={self.head_dim} (head_dim = nope + rope widths)")
 
     # ---- parameter counts (weights only; biases and norms are counted, see docs/model.md) ----
     @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
     def q_dim(self) -> int:
+        """Query (and key) width a·d."""
         return self.num_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
-        return self.num_kv_heads * self.head_dim
+        """Width of one of K or V as the attention kernel reads it (MLA: expanded per head)."""
+        return (self.num_heads if self.is_mla else self.num_kv_heads) * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Value / attention-output width a·d_v (d_v = head_dim unless MLA sets it)."""
+        return self.num_heads * (self.v_head_dim or self.head_dim)
+
+    @property
+    def num_moe_layers(self) -> int:
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.num_dense_layers) // self.moe_layer_interval
+
+    @property
+    def num_dense_mlp_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
 
     @property
     def num_mlp_matrices(self) -> int:
@@ -56,20 +120,59 @@ class ModelSpec:
 
     @property
     def attn_params_per_layer(self) -> int:
-        h = self.hidden_size
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h
+        h, a = self.hidden_size, self.num_heads
+        if not self.is_mla:
+            return h * (self.q_dim + 2 * self.num_kv_heads * self.head_dim) + self.q_dim * h
+        # DeepSeek-V2 Sec. 2.1.2: W_DQ, W_UQ (with its RMSNorm), W_DKV + W_KR, kv RMSNorm,
+        # W_UK and W_UV, output projection
+        d_nope = self.head_dim - self.qk_rope_head_dim
+        rq = self.q_lora_rank
+        q = (h * rq + rq + rq * self.q_dim) if rq else h * self.q_dim
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv_up = self.kv_lora_rank * a * (d_nope + (self.v_head_dim or self.head_dim))
+        return q + kv + kv_up + self.v_dim * h
+
+    @property
+    def qkv_params_per_layer(self) -> int:
+        """Projections into the attention kernel's Q, K, V (everything but the output GEMM)."""
+        return self.attn_params_per_layer - self.v_dim * self.hidden_size
 
     @property
     def mlp_params_per_layer(self) -> int:
+        """The dense MLP (every layer of a dense model; the dense layers of an MoE model)."""
         return self.num_mlp_matrices * self.hidden_size * self.ffn_hidden_size
+
+    @property
+    def expert_params_per_moe_layer(self) -> int:
+        """Routed experts of one MoE layer (sharded over expert parallelism)."""
+        return self.num_experts * self.num_mlp_matrices * self.hidden_size * self.moe_ffn_hidden_size
+
+    @property
+    def moe_dense_params_per_moe_layer(self) -> int:
+        """Router and shared experts of one MoE layer (replicated like dense weights)."""
+        return (self.hidden_size * self.num_experts
+                + self.num_mlp_matrices * self.hidden_size * self.shared_expert_ffn_hidden_size)
 
     @property
     def norm_params_per_layer(self) -> int:
         return 2 * self.hidden_size
 
     @property
+    def expert_params(self) -> int:
+        """All routed-expert weights of the model."""
+        return self.num_moe_layers * self.expert_params_per_moe_layer
+
+    @property
+    def layer_params(self) -> int:
+        """All transformer-layer weights (dense, MoE, attention, norms)."""
+        return (self.num_layers * (self.attn_params_per_layer + self.norm_params_per_layer)
+                + self.num_dense_mlp_layers * self.mlp_params_per_layer
+                + self.num_moe_layers * (self.expert_params_per_moe_layer + self.moe_dense_params_per_moe_layer))
+
+    @property
     def params_per_layer(self) -> int:
-        return self.attn_params_per_layer + self.mlp_params_per_layer + self.norm_params_per_layer
+        """Average weights of one layer (exact for a dense model)."""
+        return self.layer_params // self.num_layers
 
     @property
     def embedding_params(self) -> int:
@@ -82,20 +185,29 @@ class ModelSpec:
     @property
     def num_params(self) -> int:
         """Total trainable parameters (embedding + layers + final norm + untied LM head)."""
-        return (self.num_layers * self.params_per_layer + self.embedding_params
-                + self.lm_head_params + self.hidden_size)
+        return self.layer_params + self.embedding_params + self.lm_head_params + self.hidden_size
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: all but the routed experts it is not sent to."""
+        inactive = self.num_moe_layers * (self.num_experts - self.top_k) * (
+            self.num_mlp_matrices * self.hidden_size * self.moe_ffn_hidden_size)
+        return self.num_params - inactive
 
     @property
     def num_non_embedding_params(self) -> int:
-        return self.num_layers * self.params_per_layer + self.hidden_size
+        return self.layer_params + self.hidden_size
 
 
 def make_model(*, name: str, num_layers: int, hidden_size: int, num_heads: int,
                vocab_size: int, ffn_hidden_size: int | None = None,
                num_kv_heads: int | None = None, head_dim: int | None = None,
                gated_mlp: bool = True, tied_embeddings: bool = False,
-               max_seq_len: int = 0, dropout: bool = False, source: str = "") -> ModelSpec:
-    """Build a ModelSpec filling the conventional defaults (MHA, d = h/a, f = 4h)."""
+               max_seq_len: int = 0, dropout: bool = False, source: str = "", **moe_mla) -> ModelSpec:
+    """Build a ModelSpec filling the conventional defaults (MHA, d = h/a, f = 4h).
+
+    `moe_mla`: the mixture-of-experts and latent-attention fields of ModelSpec, by name.
+    """
     if ffn_hidden_size is None:
         ffn_hidden_size = 4 * hidden_size
     if num_kv_heads is None:
@@ -109,4 +221,4 @@ def make_model(*, name: str, num_layers: int, hidden_size: int, num_heads: int,
                      ffn_hidden_size=ffn_hidden_size, num_heads=num_heads,
                      num_kv_heads=num_kv_heads, head_dim=head_dim, vocab_size=vocab_size,
                      gated_mlp=gated_mlp, tied_embeddings=tied_embeddings,
-                     max_seq_len=max_seq_len, dropout=dropout, source=source)
+                     max_seq_len=max_seq_len, dropout=dropout, source=source, **moe_mla)
