@@ -37,6 +37,7 @@ class TimeBreakdown(_Parts):
     recompute_s: float
     tp_comm_s: float       # exposed tensor-parallel collectives
     cp_comm_s: float       # exposed context-parallel ring exchange
+    ep_comm_s: float       # exposed expert-parallel all-to-all (MoE dispatch and combine)
     pp_comm_s: float       # exposed pipeline send/recv (fill and drain)
     dp_comm_s: float       # exposed data-parallel / ZeRO / FSDP collectives
     bubble_s: float        # pipeline bubble (idle time of the critical stage)
@@ -49,6 +50,7 @@ class OverlappedComm(_Parts):
 
     tp_comm_s: float
     cp_comm_s: float
+    ep_comm_s: float
     dp_comm_s: float
 
 

@@ -26,7 +26,8 @@ class Collective(StrEnum):
     ALL_REDUCE = "all-reduce"
     ALL_GATHER = "all-gather"
     REDUCE_SCATTER = "reduce-scatter"
-    ALL_TO_ALL = "all-to-all"
+    ALL_TO_ALL = "all-to-all"                    # flat: every rank to every rank at once
+    ALL_TO_ALL_2D = "hierarchical all-to-all"    # Tutel: intra-node first, then across nodes
     P2P = "send-recv"
 
 
@@ -59,6 +60,13 @@ def _step(tier: LinkTier, members, bytes_moved_per_rank, msg_bytes):
     return np.where(members > 1.0, t, 0.0)
 
 
+def _hop(tier: LinkTier, members, bytes_moved_per_rank, msg_bytes):
+    """One all-to-all phase: every send posted at once, so one latency, then bytes / bus bw."""
+    members = np.asarray(members, dtype=float)
+    bw = tier.bw_unidir_bytes_per_s * tier.efficiency.at(msg_bytes)
+    return np.where(members > 1.0, tier.latency_s + bytes_moved_per_rank / bw, 0.0)
+
+
 def _gather_or_scatter_s(cluster: ClusterSpec, num_bytes, group_size, stride):
     """Hierarchical reduce-scatter (or, symmetric, all-gather) time of a B-byte buffer."""
     B = np.asarray(num_bytes, dtype=float)
@@ -80,11 +88,19 @@ def collective_time_s(cluster: ClusterSpec, kind: Collective, num_bytes, group_s
         # all-reduce = reduce-scatter + all-gather: the 2·(n−1)/n lives here, once.
         t = 2.0 * _gather_or_scatter_s(cluster, B, n, stride)
     elif kind is Collective.ALL_TO_ALL:
-        # B is one rank's buffer; (g−1)/n of it stays in the node, (n−g)/n crosses the network.
+        # B is one rank's buffer, B/n to each peer. NCCL posts every send at once: (g−1)/n of
+        # B goes over NVLink while (n−g)/n crosses the network, concurrently, in messages of B/n.
         g, N, I = group_span(cluster, n, stride)
         nn = np.asarray(n, dtype=float)
-        t = _step(cluster.nvlink, g, (g - 1.0) / nn * B, B / nn)
-        t = t + _step(cluster.scaleout, N, (nn - g) / nn * B, B / nn)
+        t = np.maximum(_hop(cluster.nvlink, g, (g - 1.0) / nn * B, B / nn),
+                       _hop(cluster.scaleout, N, (nn - g) / nn * B, B / nn))
+    elif kind is Collective.ALL_TO_ALL_2D:
+        # Tutel (Hwang et al. 2023, Sec. 3.3): an intra-node all-to-all groups each GPU's tokens
+        # by destination node ((g−1)/g·B over NVLink, messages B/g), then one all-to-all across
+        # nodes ((N−1)/N·B per GPU, messages B/N): the same network bytes in g× larger messages.
+        g, N, I = group_span(cluster, n, stride)
+        t = (_hop(cluster.nvlink, g, (g - 1.0) / g * B, B / g)
+             + _hop(cluster.scaleout, N, (N - 1.0) / N * B, B / N))
     elif kind is Collective.P2P:
         t = p2p_time_s(cluster, B, stride)
     else:  # pragma: no cover - closed enum

@@ -29,7 +29,8 @@ from ..specs.workload import Precision, Workload
 from . import memory as mem
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .comm import Collective, collective_time_s, p2p_time_s
-from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops
+from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops
+from .moe import moe_layer_costs, moe_layers_on_stage
 from .roofline import attention_time_s, gemm_time_s, memory_bound_time_s
 
 ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM
@@ -103,6 +104,17 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # put the slack on the first/last stages)
     L_s = np.ceil(model.num_layers / (p * v)) * v
     sp_div = np.where(sp, t, 1.0)
+    # MoE: per-layer quantities below are averages over the critical stage's layers, a share
+    # w_moe of which are MoE layers (moe.py) and w_dense have the dense MLP
+    w_moe = moe_layers_on_stage(model, L_s) / L_s
+    w_dense = 1.0 - w_moe
+    zero = 0.0 * L_s
+    mc = moe_layer_costs(model, cluster, workload, plan, T, t, prec) if model.is_moe else None
+    moe_fwd, moe_bwd, moe_wgrad = (w_moe * mc.fwd_compute_s, w_moe * mc.bwd_compute_s, w_moe * mc.wgrad_s) \
+        if mc else (zero, zero, zero)
+    a2a_fwd, a2a_bwd = (w_moe * mc.a2a_fwd_s, w_moe * mc.a2a_bwd_s) if mc else (zero, zero)
+    a2a_fwd_exp, a2a_bwd_exp = (w_moe * mc.a2a_fwd_exposed_s, w_moe * mc.a2a_bwd_exposed_s) if mc else (zero, zero)
+    has_shared = 1.0 if model.shared_expert_ffn_hidden_size else 0.0
 
     # ---------------- compute per layer, per micro-batch ----------------
     lf = layer_forward_flops(model, T, s, causal=True)
@@ -110,7 +122,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     g_out = gemm_time_s(gpu, T, h, qd / t, prec)
     g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
     g_down = gemm_time_s(gpu, T, h, f / t, prec)
-    gemms_fwd = g_qkv + g_out + g_up + g_down
+    gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
     attn_flops_flash = lf.attn_core / t
     attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec, akc)
     # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
@@ -125,23 +137,26 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # Element-wise bytes per token (forward): norms r+w 4h, residual adds 6h, dropout 5h,
     # RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f; 16-bit elements.
     ew_h = (10.0 + (5.0 if model.dropout else 0.0)) * h / sp_div
-    ew_t = (2.0 * (qd + kvd) + (3.0 if model.gated_mlp else 2.0) * f) / t
+    ew_t = (2.0 * (qd + kvd) + w_dense * (3.0 if model.gated_mlp else 2.0) * f) / t
     ew_bytes = ACT_BYTES * T * (ew_h + ew_t)
     if prec is Precision.FP8:
         # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B).
-        ew_bytes = ew_bytes + 3.0 * T * (2.0 * h / sp_div + qd / t + f / t)
+        ew_bytes = ew_bytes + 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
     ew_fwd = memory_bound_time_s(gpu, ew_bytes, 10)
     ew_bwd = memory_bound_time_s(gpu, 2.0 * ew_bytes, 14)
-    layer_fwd = gemms_fwd + attn_fwd + ew_fwd
-    layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd
-    wgrad = gemms_fwd  # weight-gradient GEMMs = one forward's worth
+    layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
+    layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
+    wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
 
     # ---------------- TP communication per layer ----------------
     act_bytes_full = ACT_BYTES * T * h  # one [T, h] activation, the TP buffer
     ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
     rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, act_bytes_full, t, 1)
     ar = collective_time_s(cluster, Collective.ALL_REDUCE, act_bytes_full, t, 1)
-    tp_fwd = np.where(sp, 2.0 * (ag + rs), 2.0 * ar)
+    # one gather/reduce pair around attention and one around a dense MLP (or an MoE layer's
+    # shared experts; its routed experts exchange tokens by all-to-all instead)
+    n_blk = 1.0 + w_dense + w_moe * has_shared
+    tp_fwd = np.where(sp, n_blk * (ag + rs), n_blk * ar)
     tp_bwd = tp_fwd
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
     tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
@@ -150,9 +165,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
     # Sec. 4.2.2 for the SP reduce-scatter). With SP the all-gather of the output gradient
     # before each row-parallel layer stays exposed.
-    col_wgrad = (g_qkv, g_up)
-    async_ar = sum(np.maximum(ar - w, 0.0) for w in col_wgrad)
-    async_rs = 2.0 * ag + sum(np.maximum(rs - w, 0.0) for w in col_wgrad)
+    sh_up = mc.shared_up_s if mc else zero
+    col_wgrad = ((1.0, g_qkv), (w_dense, g_up), (w_moe * has_shared, sh_up))
+    async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w in col_wgrad)
+    async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
     tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
                           np.where(tp_async, np.where(sp, async_rs, async_ar), tp_bwd))
@@ -168,17 +184,26 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # ---------------- ZeRO-3 / FSDP per-layer traffic ----------------
     S = _f(plan.dp_shard) * c
     R = d / _f(plan.dp_shard)
-    layer_params = model.params_per_layer / t
+    dense_layer_params = (model.attn_params_per_layer + model.norm_params_per_layer
+                          + w_dense * model.mlp_params_per_layer + w_moe * model.moe_dense_params_per_moe_layer)
+    layer_params = dense_layer_params / t
+    # routed experts: this rank's shard, replicated over the expert data-parallel group EDP
+    expert_params = w_moe * model.expert_params_per_moe_layer / (_f(plan.ep) * _f(plan.etp))
+    edp = t * c * d / (_f(plan.ep) * _f(plan.etp))
+    e_stride = _f(plan.ep) * _f(plan.etp)
     is_z3 = zc == ZeroStage.PARAMETERS.code
     is_z2 = zc == ZeroStage.GRADIENTS.code
     gather_bytes = np.where(np.asarray(plan.fp32_params, dtype=bool), mem.MASTER_BYTES, mem.WEIGHT_BYTES)
     reduce_bytes = np.where(np.asarray(plan.grad_reduce_fp32, dtype=bool), mem.GRAD_BYTES, mem.WEIGHT_BYTES)
     fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t)
     fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t)
+    if mc:
+        fsdp_ag = fsdp_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_params, edp, e_stride)
+        fsdp_rs = fsdp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, edp, e_stride)
     # fp32 shards: autocast casts each gathered weight to 16 bits at every use (read 4 B,
     # write 2 B per parameter), once per forward and again in a recomputed forward
     cast = np.where(np.asarray(plan.fp32_params, dtype=bool) & (zc == ZeroStage.PARAMETERS.code),
-                    memory_bound_time_s(gpu, (mem.MASTER_BYTES + mem.WEIGHT_BYTES) * layer_params, 4), 0.0)
+                    memory_bound_time_s(gpu, (mem.MASTER_BYTES + mem.WEIGHT_BYTES) * (layer_params + expert_params), 4), 0.0)
     layer_fwd = layer_fwd + cast
     z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
@@ -192,11 +217,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     early = np.asarray(plan.checkpoint_early_stop, dtype=bool)
     k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
     rc_layers = np.where(rc == Recompute.FULL.code, L_s, k_rc)
-    rc_compute_stage = (rc_layers * (layer_fwd - np.where(early, g_down, 0.0))
+    last_gemm = w_dense * g_down + (w_moe * mc.last_gemm_s if mc else zero)
+    rc_compute_stage = (rc_layers * (layer_fwd - np.where(early, last_gemm, 0.0))
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0))
     rc_tp_stage = rc_layers * np.where(early, 0.5, 1.0) * tp_fwd_exp
     rc_cp_stage = rc_layers * cp_fwd_exp
-    rc_stage = rc_compute_stage + rc_tp_stage + rc_cp_stage
+    rc_ep_stage = rc_layers * np.where(early, 0.5, 1.0) * a2a_fwd_exp  # early stop: no combine
+    rc_stage = rc_compute_stage + rc_tp_stage + rc_cp_stage + rc_ep_stage
 
     # ---------------- per-layer totals with overlap ----------------
     slow = gpu.overlap_slowdown
@@ -204,14 +231,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     bwd_comp = layer_bwd
     # ZeRO traffic hides behind the whole layer as it runs (compute + its exposed TP/CP), so
     # faster compute can never expose more time than it saves.
-    z3_fwd_exp = np.maximum(z3_fwd - (fwd_comp + tp_fwd_exp + cp_fwd_exp), 0.0)
-    z3_bwd_exp = np.maximum(z3_bwd - (bwd_comp + tp_bwd_exp + cp_bwd_exp), 0.0)
-    overlapped_per_layer_fwd = (tp_fwd - tp_fwd_exp) + (cp_fwd - cp_fwd_exp) + (z3_fwd - z3_fwd_exp)
-    overlapped_per_layer_bwd = (tp_bwd - tp_bwd_exp) + (cp_bwd - cp_bwd_exp) + (z3_bwd - z3_bwd_exp)
+    z3_fwd_exp = np.maximum(z3_fwd - (fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp), 0.0)
+    z3_bwd_exp = np.maximum(z3_bwd - (bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp), 0.0)
+    overlapped_per_layer_fwd = ((tp_fwd - tp_fwd_exp) + (cp_fwd - cp_fwd_exp) + (z3_fwd - z3_fwd_exp)
+                                + (a2a_fwd - a2a_fwd_exp))
+    overlapped_per_layer_bwd = ((tp_bwd - tp_bwd_exp) + (cp_bwd - cp_bwd_exp) + (z3_bwd - z3_bwd_exp)
+                                + (a2a_bwd - a2a_bwd_exp))
     slow_fwd = slow * np.minimum(overlapped_per_layer_fwd, fwd_comp)
     slow_bwd = slow * np.minimum(overlapped_per_layer_bwd, bwd_comp)
-    layer_fwd_total = fwd_comp + tp_fwd_exp + cp_fwd_exp + z3_fwd_exp + slow_fwd
-    layer_bwd_total = bwd_comp + tp_bwd_exp + cp_bwd_exp + z3_bwd_exp + slow_bwd
+    layer_fwd_total = fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp + z3_fwd_exp + slow_fwd
+    layer_bwd_total = bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp + z3_bwd_exp + slow_bwd
 
     # ---------------- stage extras: embedding, LM head + loss ----------------
     emb_fwd = memory_bound_time_s(gpu, 2.0 * ACT_BYTES * T * h, 2)
@@ -250,10 +279,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     pp_exposed = np.where(only, 0.0, 2.0 * (p * v - 1.0) * p2p)
 
     # ---------------- data-parallel gradient sync and optimizer ----------------
-    params_stage_first = (L_s * model.params_per_layer + model.embedding_params
+    params_stage_first = (L_s * dense_layer_params + model.embedding_params
                           + np.where(only, model.lm_head_params + h, 0.0)) / t
-    params_stage_last = (L_s * model.params_per_layer + model.lm_head_params + h
+    params_stage_last = (L_s * dense_layer_params + model.lm_head_params + h
                          + np.where(only, model.embedding_params, 0.0)) / t
+    expert_stage = L_s * expert_params  # the same on every stage (0 for a dense model)
     params_stage = np.maximum(params_stage_first, params_stage_last)
     grad_bytes = reduce_bytes * params_stage
     dp_group = d * c
@@ -262,6 +292,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     g_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, dp_group, dp_stride)
     p_ag = collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * params_stage, dp_group, dp_stride)
     hsdp_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes / S, R, t * c * _f(plan.dp_shard))
+    if mc:  # expert gradients sync over EDP
+        e_grad = reduce_bytes * expert_stage
+        g_ar = g_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad, edp, e_stride)
+        g_rs = g_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, e_grad, edp, e_stride)
+        p_ag = p_ag + collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * expert_stage, edp, e_stride)
     ovl = np.asarray(plan.dp_overlap, dtype=bool)
     last_bwd = first.backward_s
     last_fwd = first.forward_s
@@ -289,7 +324,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     zero_mb_overlapped = m * L_s * ((z3_fwd - z3_fwd_exp) + (z3_bwd - z3_bwd_exp))
 
     shard = np.where(zc >= ZeroStage.OPTIMIZER.code, S, 1.0)
-    opt_params = params_stage / shard
+    opt_params = params_stage / shard + expert_stage / np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
     offload = np.asarray(plan.offload_optimizer, dtype=bool)
     opt_gpu = memory_bound_time_s(gpu, ADAM_BYTES_PER_PARAM * opt_params, ADAM_KERNELS)
     opt_host = (opt_params * (mem.GRAD_BYTES + mem.WEIGHT_BYTES) / gpu.host_link_bw_unidir_bytes_per_s
@@ -299,12 +334,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # ---------------- time breakdown on the critical stage ----------------
     crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
     crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
-    compute_mb = t_max - (crit_tp + crit_cp) - rc_compute_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
+    crit_ep = L_s * (a2a_fwd_exp + a2a_bwd_exp) + rc_ep_stage
+    compute_mb = t_max - (crit_tp + crit_cp + crit_ep) - rc_compute_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
     time = TimeBreakdown(
         compute_s=m * compute_mb,
         recompute_s=m * rc_compute_stage,
         tp_comm_s=m * crit_tp,
         cp_comm_s=m * crit_cp,
+        ep_comm_s=m * crit_ep,
         pp_comm_s=pp_exposed,
         dp_comm_s=dp_exposed + zero_mb_exposed,
         bubble_s=bubble,
@@ -313,17 +350,21 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     overlapped = OverlappedComm(
         tp_comm_s=m * L_s * ((tp_fwd - tp_fwd_exp) + (tp_bwd - tp_bwd_exp)),
         cp_comm_s=m * L_s * ((cp_fwd - cp_fwd_exp) + (cp_bwd - cp_bwd_exp)),
+        ep_comm_s=m * L_s * ((a2a_fwd - a2a_fwd_exp) + (a2a_bwd - a2a_bwd_exp)),
         dp_comm_s=dp_overlapped_step + zero_mb_overlapped,
     )
     comm_detail = {
         "TP " + ("all-gather+reduce-scatter" if np.all(sp) else "all-reduce" if not np.any(sp) else "collectives"): time.tp_comm_s,
         "CP ring send/recv": time.cp_comm_s,
+        "EP all-to-all" + (" (hierarchical)" if np.all(np.asarray(plan.a2a_hierarchical)) and mc else ""): time.ep_comm_s,
         "PP send/recv": time.pp_comm_s,
         "DP/ZeRO collectives": time.dp_comm_s,
     }
 
     # ---------------- memory on the worst stage ----------------
-    stored, none_act, sel_act = mem.layer_activation_bytes(model, plan, s, recompute_code=rc)
+    stored, none_act, sel_act = mem.layer_activation_bytes(
+        model, plan, s, recompute_code=rc, mlp_weight=w_dense,
+        extra_bytes=w_moe * mc.activation_bytes if mc else 0.0)
     inflight = mem.inflight_microbatches(plan, m)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * ACT_BYTES * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
@@ -333,10 +374,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     acts_last = np.minimum(m, 1.0) * L_s * per_layer_stored + recompute_working
     logits = mem.LOGITS_BYTES_PER_ELEMENT * logits_el
 
+    shard_e = np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
+
     def states(params):
-        w = mem.WEIGHT_BYTES * params / np.where(is_z3, S, 1.0)
-        g = mem.GRAD_BYTES * params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
-        o = np.where(offload, 0.0, mem.OPTIMIZER_BYTES * params / shard)
+        w = mem.WEIGHT_BYTES * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
+        g = mem.GRAD_BYTES * (params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
+                              + expert_stage / np.where(zc >= ZeroStage.GRADIENTS.code, edp, 1.0))
+        o = np.where(offload, 0.0, mem.OPTIMIZER_BYTES * (params / shard + expert_stage / shard_e))
         return w, g, o
 
     w1, g1, o1 = states(params_stage_first)
@@ -345,7 +389,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     tot1 = w1 + g1 + o1 + acts_first + lo1
     totl = wl + gl + ol + acts_last + logits
     use_first = tot1 >= totl
-    buffers = np.where(is_z3, 2.0 * layer_params * (gather_bytes + mem.WEIGHT_BYTES * np.asarray(plan.fp32_params)
+    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * np.asarray(plan.fp32_params)
                                                        + mem.GRAD_BYTES), 0.0)
     pick = lambda a, b_: np.where(use_first, a, b_)  # noqa: E731
     weights, grads, opt = pick(w1, wl), pick(g1, gl), pick(o1, ol)
@@ -359,19 +403,28 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     )
 
     # hardware FLOPs per GPU per step (incl. recomputation), for HFU
-    hw_layer = 3.0 * lf.total / t
-    rc_layer_flops = lf.total - np.where(early, lf.mlp / model.num_mlp_matrices, 0.0)  # early stop: no down-proj
+    # per-rank FLOPs of an average layer: expert FLOPs split over the EP group like the tokens
+    layer_flops = lf.total - (1.0 - w_dense) * lf.mlp + w_moe * moe_forward_flops(model, T)
+    hw_layer = 3.0 * layer_flops / t
+    rc_layer_flops = layer_flops - np.where(early, w_dense * lf.mlp / model.num_mlp_matrices, 0.0)  # early stop: no down-proj
     hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t
               + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
               + 3.0 * lm_head_forward_flops(model, T) / t / p)
 
     layer_detail = {
-        "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": g_up,
-                "MLP down GEMM": g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
+        "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,
+                "MLP down GEMM": w_dense * g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
                 "CP ring": cp_fwd_exp, "FSDP gather": z3_fwd_exp},
         "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
                 "TP collectives": tp_bwd_exp, "CP ring": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp},
     }
+    if mc:
+        # MoE layers, averaged over the stage's layers like every entry here
+        layer_detail["fwd"].update({"MoE experts (grouped GEMMs)": w_moe * mc.expert_gemm_fwd_s,
+                                    "MoE load imbalance (in experts)": w_moe * mc.imbalance_fwd_s,
+                                    "MoE router, permute, shared": moe_fwd - w_moe * mc.expert_gemm_fwd_s,
+                                    "EP all-to-all": a2a_fwd_exp})
+        layer_detail["bwd"].update({"MoE (experts, router, permute, shared)": moe_bwd, "EP all-to-all": a2a_bwd_exp})
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
                      overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer,
                      critical_stage_s=m * t_max,

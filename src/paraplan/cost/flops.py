@@ -53,6 +53,20 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, *, causal: bool = Tru
     return LayerFlops(qkv=qkv, attn_core=core, out_proj=out, mlp=mlp)
 
 
+def moe_forward_flops(model: ModelSpec, tokens) -> float:
+    """Forward FLOPs of one MoE layer's feed-forward part (0 for a dense model).
+
+    Router 2·t·h·E, k routed experts 2·t·k·h·f_e·n_mat, shared experts 2·t·h·f_sh·n_mat
+    (Fedus et al. 2022 Sec. 2; DeepSeek-V3 report Sec. 2.1.2 for shared experts).
+    """
+    if not model.is_moe:
+        return 0.0
+    n = model.num_mlp_matrices
+    h = model.hidden_size
+    return 2.0 * tokens * h * (model.num_experts + model.top_k * n * model.moe_ffn_hidden_size
+                               + n * model.shared_expert_ffn_hidden_size)
+
+
 def lm_head_forward_flops(model: ModelSpec, tokens) -> float:
     """Logits GEMM 2·t·h·V (the embedding lookup itself is a gather, ~0 FLOPs)."""
     return 2.0 * tokens * model.hidden_size * model.vocab_size
@@ -62,10 +76,13 @@ def model_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = Fals
     """Training FLOPs per token, forward + backward = 3× forward, without recomputation.
 
     This is paraplan's MFU convention (PaLM, Chowdhery et al. 2022, App. B: 6N + attention):
-    attention counted over the full s×s (causal=False) unless asked otherwise.
+    attention counted over the full s×s (causal=False) unless asked otherwise. For an MoE
+    model N is the active parameters: each token's k routed experts, not all E.
     """
     lf = layer_forward_flops(model, 1.0, seq_len, causal=causal)
-    return 3.0 * (model.num_layers * lf.total + lm_head_forward_flops(model, 1.0))
+    layers = (model.num_layers * (lf.total - lf.mlp) + model.num_dense_mlp_layers * lf.mlp
+              + model.num_moe_layers * moe_forward_flops(model, 1.0))
+    return 3.0 * (layers + lm_head_forward_flops(model, 1.0))
 
 
 def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int) -> float:

@@ -45,26 +45,31 @@ class ActivationTerms:
     layer_input: float  # 2h, what full recomputation keeps
 
 
-def activation_terms(model: ModelSpec, seq_len) -> ActivationTerms:
+def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0) -> ActivationTerms:
+    """`mlp_weight`: share of the layers with a dense MLP (MoE layers add their own, moe.py)."""
     h, f = model.hidden_size, model.ffn_hidden_size
     replicated = 8.0 * h + (2.0 * h if model.dropout else 0.0)
     act_in = 2.0 * f * (2 if model.gated_mlp else 1)
-    split = 2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.q_dim + act_in + 2.0 * f
+    split = (2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.v_dim
+             + np.asarray(mlp_weight, dtype=float) * (act_in + 2.0 * f))
     scores = 5.0 * model.num_heads * np.asarray(seq_len, dtype=float)
     return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h)
 
 
-def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code):
-    """Stored activation bytes of one layer for one micro-batch (vectorized over plans)."""
-    terms = activation_terms(model, seq_len)
+def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0):
+    """Stored activation bytes of one layer for one micro-batch (vectorized over plans).
+
+    `extra_bytes`: per layer and micro-batch, kept unless the layer is fully recomputed
+    (the routed-expert activations of MoE layers, averaged over the stage)."""
+    terms = activation_terms(model, seq_len, mlp_weight)
     t = np.asarray(plan.tp, dtype=float)
     sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
     base = terms.replicated / sp_div + terms.split / t
     unfused = np.asarray(plan.attention_code) == AttentionKernel.UNFUSED.code
     scores = np.where(unfused, terms.scores / t, 0.0)
-    none = tokens * (base + scores)
-    selective = tokens * base
+    none = tokens * (base + scores) + extra_bytes
+    selective = tokens * base + extra_bytes
     full = tokens * terms.layer_input / sp_div
     rc = np.asarray(recompute_code)
     return np.where(rc == Recompute.FULL.code, full,

@@ -14,6 +14,10 @@ class Plan:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    # Expert parallelism (MoE models; Megatron-Core "parallel folding"): the expert layers
+    # re-slice the same TP×CP×DP ranks of a pipeline stage as ETP×EP×EDP, EDP = t·c·d/(ep·etp).
+    ep: int = 1
+    etp: int = 1
     vp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
     micro_batch_size: int = 1
     schedule: Schedule = Schedule.ONE_F_ONE_B
@@ -25,6 +29,11 @@ class Plan:
     offload_optimizer: bool = False
     dp_overlap: bool = True
     tp_overlap: bool = False
+    # MoE token dispatch: dropless (None; MegaBlocks) or token dropping with each expert padded
+    # to capacity_factor × its mean load (GShard / Switch); and the all-to-all algorithm, flat
+    # or two-dimensional hierarchical (Tutel: intra-node first, then across nodes).
+    capacity_factor: float | None = None
+    a2a_hierarchical: bool = False
     # Attention kernel: fused kernels (FlashAttention) never store the s×s scores; the
     # unfused path of 2021–22 Megatron did. FLASH3 needs a Hopper-or-later GPU.
     attention: AttentionKernel = AttentionKernel.FLASH2
@@ -60,6 +69,16 @@ class Plan:
         return self.attention.code
 
     @property
+    def capacity_factor_value(self) -> float:
+        """Capacity factor as the vectorized cost model reads it (0.0: dropless)."""
+        return 0.0 if self.capacity_factor is None else float(self.capacity_factor)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: replicas of each expert shard within a stage."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
 
@@ -70,6 +89,10 @@ class Plan:
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
         if self.cp > 1:
             parts.append(f"CP{self.cp}")
+        if self.ep > 1:
+            parts.append(f"EP{self.ep}")
+        if self.etp > 1:
+            parts.append(f"ETP{self.etp}")
         if self.vp > 1:
             parts.append(f"VP{self.vp}")
         parts.append(f"mb{self.micro_batch_size}")
@@ -90,6 +113,10 @@ class Plan:
             parts.append("offload")
         if self.tp_overlap:
             parts.append("tpov")
+        if self.capacity_factor is not None:
+            parts.append(f"cf{self.capacity_factor:g}")
+        if self.a2a_hierarchical:
+            parts.append("a2a:2d")
         parts.append(f"attn:{self.attention}")
         return " ".join(parts)
 

@@ -18,10 +18,11 @@ from ..specs.workload import Workload
 from .axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from .plan import Plan, Rejected
 
-_INT_FIELDS = ("tp", "pp", "dp", "cp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
+_INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
-                "checkpoint_early_stop", "tp_async_backward")
+                "checkpoint_early_stop", "tp_async_backward", "a2a_hierarchical")
+_FLOAT_FIELDS = ("capacity_factor_value",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,6 +33,8 @@ class PlanBatch:
     pp: np.ndarray
     dp: np.ndarray
     cp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
     vp: np.ndarray
     micro_batch_size: np.ndarray
     schedule_code: np.ndarray
@@ -48,6 +51,8 @@ class PlanBatch:
     fp32_params: np.ndarray
     checkpoint_early_stop: np.ndarray
     tp_async_backward: np.ndarray
+    capacity_factor_value: np.ndarray  # 0.0: dropless
+    a2a_hierarchical: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -58,7 +63,7 @@ class PlanBatch:
     def plan(self, i: int) -> Plan:
         return Plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
-            vp=int(self.vp[i]), micro_batch_size=int(self.micro_batch_size[i]),
+            ep=int(self.ep[i]), etp=int(self.etp[i]), vp=int(self.vp[i]), micro_batch_size=int(self.micro_batch_size[i]),
             schedule=Schedule.from_code(self.schedule_code[i]),
             recompute=Recompute.from_code(self.recompute_code[i]),
             recompute_num_layers=int(self.recompute_num_layers[i]),
@@ -68,12 +73,15 @@ class PlanBatch:
             attention=AttentionKernel.from_code(self.attention_code[i]),
             grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]),
             checkpoint_early_stop=bool(self.checkpoint_early_stop[i]),
-            tp_async_backward=bool(self.tp_async_backward[i]))
+            tp_async_backward=bool(self.tp_async_backward[i]),
+            capacity_factor=float(self.capacity_factor_value[i]) if self.capacity_factor_value[i] > 0 else None,
+            a2a_hierarchical=bool(self.a2a_hierarchical[i]))
 
     @staticmethod
     def from_plans(plans: list[Plan]) -> "PlanBatch":
         cols = {name: np.array([getattr(p, name) for p in plans], dtype=np.int64) for name in _INT_FIELDS}
         cols.update({name: np.array([getattr(p, name) for p in plans], dtype=bool) for name in _BOOL_FIELDS})
+        cols.update({name: np.array([getattr(p, name) for p in plans], dtype=float) for name in _FLOAT_FIELDS})
         return PlanBatch(**cols)
 
     @staticmethod
@@ -87,7 +95,22 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
     """(name, mask-of-invalid function, reason function) triples; one place for every rule."""
     L, gbs, s = model.num_layers, workload.global_batch_size, workload.seq_len
     a, k, f = model.num_heads, model.num_kv_heads, model.ffn_hidden_size
-    return [
+    E, fe = model.num_experts, model.moe_ffn_hidden_size
+    moe_rules = [
+        ("ep_experts", lambda B: (E % B.ep != 0), lambda P: f"EP={P.ep} must divide the {E} routed experts"),
+        ("ep_fold", lambda B: (B.tp * B.cp * B.dp) % (B.ep * B.etp) != 0,
+         lambda P: f"EP×ETP = {P.ep}×{P.etp} must divide TP×CP×DP = {P.tp * P.cp * P.dp} "
+                   "(expert layers re-slice the ranks of a pipeline stage)"),
+        ("etp_ffn", lambda B: fe % B.etp != 0, lambda P: f"ETP={P.etp} must divide moe_ffn_hidden={fe}"),
+        ("moe_sp", lambda B: (B.tp > 1) & ~B.sequence_parallel,
+         lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
+        ("capacity", lambda B: (B.capacity_factor_value != 0.0) & (B.capacity_factor_value < 1.0),
+         lambda P: f"capacity factor {P.capacity_factor} must be >= 1.0 (or dropless)"),
+    ] if model.is_moe else [
+        ("dense_ep", lambda B: (B.ep != 1) | (B.etp != 1) | (B.capacity_factor_value != 0.0) | B.a2a_hierarchical,
+         lambda P: f"{model.name} is dense: expert parallelism, capacity factor and all-to-all options need an MoE model"),
+    ]
+    return moe_rules + [
         ("gpus", lambda B: B.tp * B.pp * B.dp * B.cp != cluster.num_gpus,
          lambda P: f"TP×PP×DP×CP = {P.tp}×{P.pp}×{P.dp}×{P.cp} = {P.tp * P.pp * P.dp * P.cp} GPUs, "
                    f"but the cluster has {cluster.num_gpus}"),
@@ -140,7 +163,7 @@ def invalid_mask(batch: PlanBatch, model: ModelSpec, cluster: ClusterSpec, workl
 
 def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> Rejected | None:
     """Rejected(reason) for the first rule the plan breaks, else None."""
-    for name in ("tp", "pp", "dp", "cp", "vp", "micro_batch_size"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size"):
         if getattr(plan, name) < 1:
             return Rejected(f"{name}={getattr(plan, name)} must be >= 1")
     batch = PlanBatch.from_plans([plan])
@@ -177,6 +200,32 @@ class SpaceLimits:
     tp_overlap: tuple[bool, ...] = (False, True)
     # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
     hybrid_shard: bool = True
+    # MoE: token dispatch choices (None: dropless; a float: token dropping at that capacity
+    # factor). Dropping tokens changes the model, so the default searches dropless only.
+    capacity_factors: tuple[float | None, ...] = (None,)
+    max_ep: int = 0          # 0: up to the number of experts
+
+
+def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed: dict,
+                    tp: int, cp: int, dp: int) -> list[tuple[float, float, float, float]]:
+    """(ep, etp, capacity factor (0: dropless), hierarchical all-to-all) for one rank layout."""
+    if not model.is_moe:
+        return [(1, 1, 0.0, 0)]
+    ranks = tp * cp * dp
+    out = []
+    for etp in sorted({1, tp}):
+        if fixed.get("etp", etp) != etp:
+            continue
+        for ep in _divisors(ranks // etp) if ranks % etp == 0 else []:
+            if (model.num_experts % ep or fixed.get("ep", ep) != ep
+                    or (limits.max_ep and ep > limits.max_ep)):
+                continue
+            # the two all-to-all algorithms differ only when the EP group leaves the node
+            spans_nodes = ep * etp > cluster.gpus_per_node
+            for cf in limits.capacity_factors:
+                for hier in ((0, 1) if spans_nodes else (0,)):
+                    out.append((ep, etp, 0.0 if cf is None else float(cf), hier))
+    return out
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
@@ -186,7 +235,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
     `fixed` pins axes (e.g. {"tp": 8}). Yields (batch_of_valid_plans, num_rejected).
     """
     fixed = dict(fixed or {})
-    allowed_fixed = {"tp", "pp", "dp", "cp", "vp", "micro_batch_size"}
+    allowed_fixed = {"tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size"}
     for key in fixed:
         if key not in allowed_fixed:
             raise SpecError("search", key, fixed[key], "only these axes can be pinned: " + ", ".join(sorted(allowed_fixed)))
@@ -247,9 +296,15 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         if not rows:
             continue
         arr = np.array(rows, dtype=np.int64)
+        experts = _expert_choices(model, cluster, limits, fixed, tp, cp, dp)
+        if not experts:
+            continue
+        arr = np.repeat(arr, len(experts), axis=0)
+        ex = np.tile(np.array(experts, dtype=float), (len(rows), 1))
         nm = len(mbs)
+        mb_col = np.tile(np.array(mbs, dtype=np.int64), len(arr))
+        ex = np.repeat(ex, nm, axis=0)
         arr = np.repeat(arr, nm, axis=0)
-        mb_col = np.tile(np.array(mbs, dtype=np.int64), len(rows))
         batch = PlanBatch(
             tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], vp=arr[:, 4], micro_batch_size=mb_col,
             schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
@@ -259,6 +314,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             grad_reduce_fp32=np.full(len(arr), limits.grad_reduce_fp32),
             fp32_params=np.full(len(arr), limits.fp32_params),
             checkpoint_early_stop=np.full(len(arr), limits.checkpoint_early_stop),
-            tp_async_backward=np.full(len(arr), limits.tp_async_backward))
+            tp_async_backward=np.full(len(arr), limits.tp_async_backward),
+            ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
+            a2a_hierarchical=ex[:, 3].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)
         yield batch.take(~bad), int(bad.sum())

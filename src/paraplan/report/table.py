@@ -29,9 +29,10 @@ def time_table(est: Estimate) -> str:
     parts = est.time.parts()
     total = est.step_time_s
     names = {"compute_s": "compute (fwd+bwd)", "recompute_s": "recomputation", "tp_comm_s": "TP comm (exposed)",
-             "cp_comm_s": "CP comm (exposed)", "pp_comm_s": "PP send/recv (exposed)",
+             "cp_comm_s": "CP comm (exposed)", "ep_comm_s": "EP all-to-all (exposed)", "pp_comm_s": "PP send/recv (exposed)",
              "dp_comm_s": "DP/ZeRO comm (exposed)", "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step"}
-    rows = [[names[k], fmt_time(v), _pct(v, total)] for k, v in parts.items()]
+    rows = [[names[k], fmt_time(v), _pct(v, total)] for k, v in parts.items()
+            if v > 0 or k != "ep_comm_s"]
     rows.append(["step total", fmt_time(total), "100.0%"])
     ov = est.overlapped.parts()
     rows += [[f"  overlapped {k.split('_')[0].upper()} comm (hidden)", fmt_time(v), ""] for k, v in ov.items() if v > 0]
@@ -73,7 +74,7 @@ def ranking_table(ests) -> str:
     rows = []
     for i, e in enumerate(ests, 1):
         t = e.time
-        comm = t.tp_comm_s + t.cp_comm_s + t.pp_comm_s + t.dp_comm_s
+        comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.pp_comm_s + t.dp_comm_s
         rows.append([str(i), e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
                      f"{100 * e.mfu:.1f}%", _pct(t.bubble_s, e.step_time_s).strip(),
                      _pct(comm, e.step_time_s).strip(), _pct(t.recompute_s, e.step_time_s).strip(),

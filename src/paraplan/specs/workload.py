@@ -27,12 +27,19 @@ class Workload:
     optimizer: Optimizer = Optimizer.ADAM
     token_budget: float = 1e12  # tokens to train for (time / cost report)
     usd_per_gpu_hour: float | None = None  # None: the cluster's price
+    # MoE, dropless: routed tokens on the busiest expert-parallel rank over the mean. 1.1 is an
+    # assumption (a router trained with a load-balancing loss), not a measurement: set it from
+    # your router's statistics; benchmarks that force-balance the routing use 1.0.
+    moe_imbalance: float = 1.1
 
     def __post_init__(self) -> None:
         if self.global_batch_size <= 0:
             raise SpecError("workload", "global_batch_size", self.global_batch_size, "must be >= 1 sequence")
         if self.seq_len <= 0:
             raise SpecError("workload", "seq_len", self.seq_len, "must be >= 1 token")
+        if not self.moe_imbalance >= 1.0:
+            raise SpecError("workload", "moe_imbalance", self.moe_imbalance,
+                            "must be >= 1.0 (busiest expert-parallel rank's load over the mean)")
         if self.token_budget <= 0:
             raise SpecError("workload", "token_budget", self.token_budget, "must be > 0 tokens")
 

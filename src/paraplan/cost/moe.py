@@ -1,0 +1,153 @@
+"""Mixture-of-experts layer: router, token permutation, grouped expert GEMMs, all-to-all.
+
+Notation (flops.py, plus): E routed experts, k top-k, f_e expert ffn size, f_sh shared
+experts' ffn size, ep expert parallel, etp expert tensor parallel, T_r = T/t tokens a rank
+routes per micro-batch (sequence parallel splits them over TP; Megatron-Core requires SP
+for MoE with TP>1), λ the load factor of the busiest rank: the capacity factor when tokens
+are dropped and padded to capacity (GShard, Lepikhin et al. 2021; Switch, Fedus et al.
+2022), else the workload's max/mean load imbalance (dropless, MegaBlocks, Gale et al. 2023).
+
+Per MoE layer and micro-batch, on the busiest rank:
+  router     GEMM T_r×h×E, softmax/top-k over T_r·E fp32 logits;
+  permute    gather T_r·k token copies in expert order (read + write 2h bytes each),
+             unpermute scatters them back weighted by the router probabilities;
+  dispatch   all-to-all of λ·T_r·k·h 16-bit elements over the EP group (stride etp),
+             combine the same back; with etp > 1 an all-gather / reduce-scatter of the
+             received tokens inside the ETP group (Megatron-Core "parallel folding");
+  experts    E/ep local experts, each a GEMM of M_e = λ·etp·ep·T_r·k/E rows against
+             h × n_mat·f_e/etp, run as one grouped kernel (one launch) at the efficiency
+             of one expert's GEMM size;
+  shared     a dense MLP of f_sh split over TP, like a dense layer's MLP.
+Backward: 2× the forward GEMMs, the permutation and all-to-alls once more each.
+The dispatch/combine all-to-all is exposed, except behind the shared experts' GEMMs
+(Megatron-Core --moe-shared-expert-overlap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision, Workload
+from .comm import Collective, collective_time_s
+from .roofline import gemm_time_s, memory_bound_time_s
+
+ACT_BYTES = 2.0
+ROUTER_KERNELS = 6    # router GEMM, softmax, top-k, gather of the probabilities, aux loss, histogram
+PERMUTE_KERNELS = 6   # index sort and the gather (permute); scatter-add and the weighting (unpermute)
+
+
+def _f(x):
+    return np.asarray(x, dtype=float)
+
+
+def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
+    """MoE layers on the critical pipeline stage: one past the dense leading layers, whose
+    share of MoE layers is 1/interval, or all of them when one stage holds the model."""
+    if not model.is_moe:
+        return np.zeros_like(_f(layers_on_stage))
+    return np.minimum(float(model.num_moe_layers), np.ceil(_f(layers_on_stage) / model.moe_layer_interval))
+
+
+def load_factor(workload: Workload, plan):
+    """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping)."""
+    cf = _f(plan.capacity_factor_value)
+    return np.where(cf > 0.0, cf, workload.moe_imbalance)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoELayerCosts:
+    """One MoE layer, one micro-batch, the busiest rank (seconds / bytes)."""
+
+    fwd_compute_s: object      # router, permute, expert GEMMs and activation, shared experts
+    bwd_compute_s: object
+    wgrad_s: object            # weight-gradient GEMMs inside bwd_compute_s (ZB-H1)
+    last_gemm_s: object        # the expert + shared down-projections (skipped by early stop)
+    expert_gemm_fwd_s: object  # grouped expert GEMMs alone (for the breakdown)
+    imbalance_fwd_s: object    # part of the forward expert time due to λ > 1
+    shared_up_s: object        # shared experts' column-parallel GEMM (TP async backward)
+    a2a_fwd_s: object          # dispatch + combine (+ ETP gather/scatter), full time
+    a2a_fwd_exposed_s: object
+    a2a_bwd_s: object
+    a2a_bwd_exposed_s: object
+    activation_bytes: object   # stored for backward (no recomputation)
+    fp8_cast_bytes: object     # Transformer Engine casts of expert inputs (FP8 only)
+
+
+def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, tokens, tp,
+                    prec: Precision) -> MoELayerCosts:
+    """Costs of one MoE layer for `tokens` tokens per rank before the TP/SP split."""
+    gpu = cluster.gpu
+    h, E, k, fe, fsh = model.hidden_size, model.num_experts, model.top_k, model.moe_ffn_hidden_size, \
+        model.shared_expert_ffn_hidden_size
+    n_up = model.num_mlp_matrices - 1  # gate + up (gated) or up
+    t = _f(tp)
+    ep, etp = _f(plan.ep), _f(plan.etp)
+    lam = load_factor(workload, plan)
+    T_r = _f(tokens) / t
+    copies = T_r * k  # routed token copies a rank sends (mean)
+
+    router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
+    router_ew = memory_bound_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
+    permute = memory_bound_time_s(gpu, 4.0 * 2.0 * ACT_BYTES * lam * copies * h, PERMUTE_KERNELS)
+
+    local = E / ep
+    m_e = lam * etp * ep * copies / E
+    g_up1 = gemm_time_s(gpu, m_e, n_up * fe / etp, h, prec)
+    g_down1 = gemm_time_s(gpu, m_e, h, fe / etp, prec)
+    launch = gpu.kernel_launch_overhead_s
+    g_up = local * (g_up1 - launch) + launch
+    g_down = local * (g_down1 - launch) + launch
+    experts = g_up + g_down
+    # the same grouped GEMMs at λ = 1: what balance would save
+    m_1 = etp * ep * copies / E
+    experts_1 = (local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) - launch) + launch
+                 + local * (gemm_time_s(gpu, m_1, h, fe / etp, prec) - launch) + launch)
+    act_rows = lam * etp * copies  # token rows through this rank's expert shards
+    act_ew = memory_bound_time_s(gpu, ACT_BYTES * act_rows * (n_up + 1) * fe / etp, 1)
+
+    if fsh:
+        sh_up = gemm_time_s(gpu, _f(tokens), n_up * fsh / t, h, prec)
+        sh_down = gemm_time_s(gpu, _f(tokens), h, fsh / t, prec)
+        sh_ew = memory_bound_time_s(gpu, ACT_BYTES * _f(tokens) * (n_up + 1) * fsh / t, 1)
+    else:
+        sh_up = sh_down = sh_ew = 0.0
+    fp8_cast = (3.0 * (act_rows * (h + fe / etp) + (_f(tokens) * fsh / t if fsh else 0.0))
+                if prec is Precision.FP8 else 0.0 * T_r)
+    cast = memory_bound_time_s(gpu, fp8_cast, 0) if prec is Precision.FP8 else 0.0
+
+    fwd = router_gemm + router_ew + permute + experts + act_ew + sh_up + sh_down + sh_ew + cast
+    gemms_bwd = 2.0 * (experts + sh_up + sh_down + router_gemm)
+    bwd = gemms_bwd + permute + 2.0 * act_ew + 2.0 * sh_ew + router_ew + 2.0 * cast
+    wgrad = experts + sh_up + sh_down + router_gemm
+
+    # ---- all-to-all dispatch and combine over EP (stride etp), ETP gather/scatter ----
+    a2a_bytes = ACT_BYTES * lam * copies * h
+    hier = np.asarray(plan.a2a_hierarchical, dtype=bool)
+    flat = collective_time_s(cluster, Collective.ALL_TO_ALL, a2a_bytes, ep, etp)
+    two_d = collective_time_s(cluster, Collective.ALL_TO_ALL_2D, a2a_bytes, ep, etp)
+    a2a = np.where(hier, two_d, flat)
+    etp_bytes = etp * a2a_bytes
+    etp_comm = (collective_time_s(cluster, Collective.ALL_GATHER, etp_bytes, etp, 1)
+                + collective_time_s(cluster, Collective.REDUCE_SCATTER, etp_bytes, etp, 1))
+    a2a_fwd = 2.0 * a2a + etp_comm
+    a2a_bwd = a2a_fwd
+    shared = sh_up + sh_down
+    a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
+    a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
+
+    # ---- stored activations (bytes): router probabilities (fp32), the permuted input of
+    # the experts, their activation input and output, and the expert outputs the weighted
+    # combine needs; shared experts like a dense MLP of f_sh
+    routed = (4.0 * 2.0 * T_r * E
+              + act_rows * ACT_BYTES * (h + (n_up * fe + fe) / etp)
+              + ACT_BYTES * lam * copies * h)
+    shared_act = ACT_BYTES * _f(tokens) * (n_up * fsh + fsh) / t
+    return MoELayerCosts(
+        fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
+        expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,
+        a2a_fwd_s=a2a_fwd, a2a_fwd_exposed_s=a2a_fwd_exp, a2a_bwd_s=a2a_bwd, a2a_bwd_exposed_s=a2a_bwd_exp,
+        activation_bytes=routed + shared_act, fp8_cast_bytes=fp8_cast)
