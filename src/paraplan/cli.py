@@ -59,13 +59,17 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default="bf16", help="bf16, fp16 or fp8 (default bf16)")
     g.add_argument("--tokens", type=_positive_float, default=1e12, help="token budget to train (default 1e12)")
     g.add_argument("--price", type=_positive_float, default=None, help="$ per GPU-hour (default: the cluster's)")
+    g.add_argument("--moe-imbalance", type=float, default=1.1,
+                   help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
+                        "(default 1.1, an assumption; 1.0 = perfectly balanced)")
     g.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
 def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
     g = p.add_argument_group("plan" if required else "pin plan axes (others are searched)")
     for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel"),
-                      ("cp", "context parallel"), ("vp", "virtual stages per pipeline rank"),
+                      ("cp", "context parallel"), ("ep", "expert parallel (MoE)"),
+                      ("etp", "expert tensor parallel (MoE)"), ("vp", "virtual stages per pipeline rank"),
                       ("mb", "micro-batch size (sequences)")):
         g.add_argument(f"--{name}", type=_positive_int, default=None, help=hlp)
     if required:
@@ -80,6 +84,13 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
         g.add_argument("--attention", default=None,
                        help="unfused, flash2 or flash3 (default: the fastest the GPU runs)")
+        g.add_argument("--capacity-factor", type=_positive_float, default=None,
+                       help="MoE: drop tokens beyond this capacity factor and pad to it (default: dropless)")
+        g.add_argument("--a2a-hierarchical", action="store_true",
+                       help="MoE: two-dimensional hierarchical all-to-all (intra-node, then across nodes)")
+    else:
+        g.add_argument("--capacity-factor", type=_positive_float, default=None,
+                       help="MoE: search token dropping at this capacity factor instead of dropless")
 
 
 def _specs(args):
@@ -95,7 +106,7 @@ def _specs(args):
             raise SpecError("workload", "batch_tokens", tokens, f"must be a multiple of --seq {args.seq}")
         gbs = tokens // args.seq
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
-                  token_budget=args.tokens, usd_per_gpu_hour=args.price)
+                  token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance)
     return model, cluster, wl
 
 
@@ -113,7 +124,8 @@ def _plan_from_args(args, cluster):
         Schedule.INTERLEAVED_1F1B if vp > 1 else Schedule.ONE_F_ONE_B)
     zero = ZeroStage.parse(str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
-    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
+    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=args.ep or 1, etp=args.etp or 1,
+                     capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
                      recompute=Recompute.parse(args.recompute, "recompute"),
                      recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
@@ -143,10 +155,14 @@ def cmd_search(args) -> int:
     from .search.planner import search
     model, cluster, wl = _specs(args)
     fixed = {k2: getattr(args, k1) for k1, k2 in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
-                                                    ("vp", "vp"), ("mb", "micro_batch_size"))
+                                                    ("ep", "ep"), ("etp", "etp"), ("vp", "vp"),
+                                                    ("mb", "micro_batch_size"))
              if getattr(args, k1) is not None}
     show = (not args.json) and sys.stderr.isatty()
-    res = search(model, cluster, wl, fixed=fixed, top_k=args.top, progress=_progress if show else None)
+    from .plan.space import SpaceLimits
+    limits = SpaceLimits(capacity_factors=(args.capacity_factor,))
+    res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top,
+                 progress=_progress if show else None)
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,

@@ -231,6 +231,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     bwd_comp = layer_bwd
     # ZeRO traffic hides behind the whole layer as it runs (compute + its exposed TP/CP), so
     # faster compute can never expose more time than it saves.
+    # EP overlap: the layer's all-to-alls (forward and backward) run under the other
+    # micro-batch's compute of the same layer, split back over the passes pro rata
+    epov = np.asarray(plan.ep_overlap, dtype=bool)
+    a2a_all = a2a_fwd_exp + a2a_bwd_exp
+    a2a_left = np.maximum(a2a_all - (fwd_comp + bwd_comp), 0.0) / np.maximum(a2a_all, 1e-30)
+    a2a_fwd_exp = np.where(epov, a2a_fwd_exp * a2a_left, a2a_fwd_exp)
+    a2a_bwd_exp = np.where(epov, a2a_bwd_exp * a2a_left, a2a_bwd_exp)
     z3_fwd_exp = np.maximum(z3_fwd - (fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp), 0.0)
     z3_bwd_exp = np.maximum(z3_bwd - (bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp), 0.0)
     overlapped_per_layer_fwd = ((tp_fwd - tp_fwd_exp) + (cp_fwd - cp_fwd_exp) + (z3_fwd - z3_fwd_exp)
@@ -364,7 +371,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # ---------------- memory on the worst stage ----------------
     stored, none_act, sel_act = mem.layer_activation_bytes(
         model, plan, s, recompute_code=rc, mlp_weight=w_dense,
-        extra_bytes=w_moe * mc.activation_bytes if mc else 0.0)
+        extra_bytes=w_moe * mc.activation_bytes if mc else 0.0, precision=prec)
     inflight = mem.inflight_microbatches(plan, m)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * ACT_BYTES * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,

@@ -13,6 +13,10 @@ Activations of one layer per token (16-bit, bytes), Korthikanti Sec. 4.1 term by
 For MHA, f = 4h, dropout this is 34 + 5as/h per s·b·h: Korthikanti Eq. (2).
 Selective recomputation drops the scores; full recomputation keeps only the layer input
 2h (split by TP with SP).
+FP8 (Transformer Engine): a linear layer saves its input already cast to FP8 for the
+weight-gradient GEMM, 1 byte instead of 2, where that input is not kept in 16 bits by
+another op anyway: the QKV and MLP inputs (norm outputs) and the down-projection input; the
+attention output stays 16-bit (FlashAttention keeps it).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import numpy as np
 
 from ..plan.axes import AttentionKernel, Recompute, Schedule
 from ..specs.model import ModelSpec
+from ..specs.workload import Precision
 
 # Mixed-precision Adam bytes per parameter (Rajbhandari et al. 2020, Sec. 3.1): 2 (16-bit
 # weights) + 12 (fp32 master weights, momentum, variance). Gradients are accumulated in
@@ -45,23 +50,32 @@ class ActivationTerms:
     layer_input: float  # 2h, what full recomputation keeps
 
 
-def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0) -> ActivationTerms:
+def saved_gemm_input_bytes(precision) -> float:
+    """Bytes per element of a GEMM input saved for backward (FP8: the cast copy, 1 byte)."""
+    return 1.0 if precision is Precision.FP8 else 2.0
+
+
+def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) -> ActivationTerms:
     """`mlp_weight`: share of the layers with a dense MLP (MoE layers add their own, moe.py)."""
     h, f = model.hidden_size, model.ffn_hidden_size
-    replicated = 8.0 * h + (2.0 * h if model.dropout else 0.0)
+    w = np.asarray(mlp_weight, dtype=float)
+    gi = saved_gemm_input_bytes(precision)
+    # norm inputs 4h; QKV input; MLP input (an MoE layer's router/expert input is moe.py's)
+    replicated = 4.0 * h + gi * h + w * gi * h + (1.0 - w) * 2.0 * h + (2.0 * h if model.dropout else 0.0)
     act_in = 2.0 * f * (2 if model.gated_mlp else 1)
     split = (2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.v_dim
-             + np.asarray(mlp_weight, dtype=float) * (act_in + 2.0 * f))
+             + w * (act_in + gi * f))
     scores = 5.0 * model.num_heads * np.asarray(seq_len, dtype=float)
     return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h)
 
 
-def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0):
+def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,
+                           precision=None):
     """Stored activation bytes of one layer for one micro-batch (vectorized over plans).
 
     `extra_bytes`: per layer and micro-batch, kept unless the layer is fully recomputed
     (the routed-expert activations of MoE layers, averaged over the stage)."""
-    terms = activation_terms(model, seq_len, mlp_weight)
+    terms = activation_terms(model, seq_len, mlp_weight, precision)
     t = np.asarray(plan.tp, dtype=float)
     sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)

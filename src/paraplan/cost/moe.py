@@ -20,7 +20,10 @@ Per MoE layer and micro-batch, on the busiest rank:
   shared     a dense MLP of f_sh split over TP, like a dense layer's MLP.
 Backward: 2× the forward GEMMs, the permutation and all-to-alls once more each.
 The dispatch/combine all-to-all is exposed, except behind the shared experts' GEMMs
-(Megatron-Core --moe-shared-expert-overlap).
+(Megatron-Core --moe-shared-expert-overlap), or, with EP overlap (plan.ep_overlap), behind
+the other micro-batch's compute: Megatron-Core's --overlap-moe-expert-parallel-comm merges
+the forward of one micro-batch with the backward of another so that each one's all-to-all
+runs under the other's compute (DeepSeek-V3 report Sec. 3.2.1, DualPipe's overlap).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from .comm import Collective, collective_time_s
+from .memory import saved_gemm_input_bytes
 from .roofline import gemm_time_s, memory_bound_time_s
 
 ACT_BYTES = 2.0
@@ -92,7 +96,8 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
     router_ew = memory_bound_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
-    permute = memory_bound_time_s(gpu, 4.0 * 2.0 * ACT_BYTES * lam * copies * h, PERMUTE_KERNELS)
+    # permute reads and writes each copy once (2 × 2 B per element), unpermute the same
+    permute = memory_bound_time_s(gpu, 2.0 * 2.0 * ACT_BYTES * lam * copies * h, PERMUTE_KERNELS)
 
     local = E / ep
     m_e = lam * etp * ep * copies / E
@@ -139,13 +144,15 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
     a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
 
-    # ---- stored activations (bytes): router probabilities (fp32), the permuted input of
-    # the experts, their activation input and output, and the expert outputs the weighted
-    # combine needs; shared experts like a dense MLP of f_sh
-    routed = (4.0 * 2.0 * T_r * E
-              + act_rows * ACT_BYTES * (h + (n_up * fe + fe) / etp)
+    # ---- stored activations (bytes): the layer's input to the router and experts (its norm
+    # output), router probabilities (fp32), the experts' permuted input, activation input and
+    # output, and the expert outputs the weighted combine needs; shared experts like a dense
+    # MLP of f_sh. GEMM inputs are saved in FP8 under FP8 training (memory.py).
+    gi = saved_gemm_input_bytes(prec)
+    routed = (ACT_BYTES * T_r * h + 4.0 * 2.0 * T_r * E
+              + act_rows * (gi * h + (ACT_BYTES * n_up * fe + gi * fe) / etp)
               + ACT_BYTES * lam * copies * h)
-    shared_act = ACT_BYTES * _f(tokens) * (n_up * fsh + fsh) / t
+    shared_act = _f(tokens) * (ACT_BYTES * n_up * fsh + gi * fsh) / t
     return MoELayerCosts(
         fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
         expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,

@@ -34,6 +34,9 @@ class Plan:
     # or two-dimensional hierarchical (Tutel: intra-node first, then across nodes).
     capacity_factor: float | None = None
     a2a_hierarchical: bool = False
+    # EP all-to-all of one micro-batch under the compute of another (Megatron-Core
+    # --overlap-moe-expert-parallel-comm; needs PP=1 or interleaved stages)
+    ep_overlap: bool = False
     # Attention kernel: fused kernels (FlashAttention) never store the s×s scores; the
     # unfused path of 2021–22 Megatron did. FLASH3 needs a Hopper-or-later GPU.
     attention: AttentionKernel = AttentionKernel.FLASH2
@@ -117,6 +120,8 @@ class Plan:
             parts.append(f"cf{self.capacity_factor:g}")
         if self.a2a_hierarchical:
             parts.append("a2a:2d")
+        if self.ep_overlap:
+            parts.append("epov")
         parts.append(f"attn:{self.attention}")
         return " ".join(parts)
 

@@ -21,7 +21,8 @@ from .plan import Plan, Rejected
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
-                "checkpoint_early_stop", "tp_async_backward", "a2a_hierarchical")
+                "checkpoint_early_stop", "tp_async_backward", "a2a_hierarchical",
+                "ep_overlap")
 _FLOAT_FIELDS = ("capacity_factor_value",)
 
 
@@ -53,6 +54,7 @@ class PlanBatch:
     tp_async_backward: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
+    ep_overlap: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -75,7 +77,7 @@ class PlanBatch:
             checkpoint_early_stop=bool(self.checkpoint_early_stop[i]),
             tp_async_backward=bool(self.tp_async_backward[i]),
             capacity_factor=float(self.capacity_factor_value[i]) if self.capacity_factor_value[i] > 0 else None,
-            a2a_hierarchical=bool(self.a2a_hierarchical[i]))
+            a2a_hierarchical=bool(self.a2a_hierarchical[i]), ep_overlap=bool(self.ep_overlap[i]))
 
     @staticmethod
     def from_plans(plans: list[Plan]) -> "PlanBatch":
@@ -104,10 +106,13 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("etp_ffn", lambda B: fe % B.etp != 0, lambda P: f"ETP={P.etp} must divide moe_ffn_hidden={fe}"),
         ("moe_sp", lambda B: (B.tp > 1) & ~B.sequence_parallel,
          lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
+        ("ep_overlap", lambda B: B.ep_overlap & ((B.ep == 1) | ((B.pp > 1) & (B.vp == 1))),
+         lambda P: "EP communication overlap needs EP>1 and PP=1 or interleaved stages (VP>1)"),
         ("capacity", lambda B: (B.capacity_factor_value != 0.0) & (B.capacity_factor_value < 1.0),
          lambda P: f"capacity factor {P.capacity_factor} must be >= 1.0 (or dropless)"),
     ] if model.is_moe else [
-        ("dense_ep", lambda B: (B.ep != 1) | (B.etp != 1) | (B.capacity_factor_value != 0.0) | B.a2a_hierarchical,
+        ("dense_ep", lambda B: (B.ep != 1) | (B.etp != 1) | (B.capacity_factor_value != 0.0) | B.a2a_hierarchical
+         | B.ep_overlap,
          lambda P: f"{model.name} is dense: expert parallelism, capacity factor and all-to-all options need an MoE model"),
     ]
     return moe_rules + [
@@ -117,12 +122,12 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("tp_heads", lambda B: (a % B.tp != 0) | ((k % B.tp != 0) & (B.tp % k != 0)),
          lambda P: f"TP={P.tp} must divide heads={a} and kv_heads={k} (or be a multiple of kv_heads)"),
         ("tp_ffn", lambda B: f % B.tp != 0, lambda P: f"TP={P.tp} must divide ffn_hidden={f}"),
-        # Uneven splits are allowed when the first and last stages hold one layer fewer
-        # (Megatron's --decoder-first/last-pipeline-num-layers; NeMo accounts for the
-        # embedding and loss this way): at most 2 layers of slack.
-        ("pp_layers", lambda B: (-(-L // (B.pp * B.vp)) * B.pp * B.vp - L > 2) | (B.pp * B.vp > L),
-         lambda P: f"PP×VP = {P.pp}×{P.vp} must divide layers={L} (or leave at most 2 layers of slack "
-                   "for lighter first/last stages)"),
+        # Uneven splits are allowed: Megatron-Core places layers per stage freely
+        # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo
+        # gives the embedding and loss stages fewer layers). The cost model times the fullest
+        # stage, ceil(l/(p·v)) layers per chunk. The search proposes divisors only.
+        ("pp_layers", lambda B: B.pp * B.vp > L,
+         lambda P: f"PP×VP = {P.pp}×{P.vp} = {P.pp * P.vp} stages must not exceed layers={L}"),
         ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, [Schedule.INTERLEAVED_1F1B.code,
                                                                            Schedule.BREADTH_FIRST.code]),
          lambda P: f"VP={P.vp} needs the interleaved or bfs schedule, not {P.schedule}"),
@@ -207,10 +212,11 @@ class SpaceLimits:
 
 
 def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed: dict,
-                    tp: int, cp: int, dp: int) -> list[tuple[float, float, float, float]]:
-    """(ep, etp, capacity factor (0: dropless), hierarchical all-to-all) for one rank layout."""
+                    tp: int, cp: int, dp: int) -> list[tuple[float, float, float, float, float]]:
+    """(ep, etp, capacity factor (0: dropless), hierarchical all-to-all, EP overlap) for one
+    rank layout."""
     if not model.is_moe:
-        return [(1, 1, 0.0, 0)]
+        return [(1, 1, 0.0, 0, 0)]
     ranks = tp * cp * dp
     out = []
     for etp in sorted({1, tp}):
@@ -224,7 +230,8 @@ def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits,
             spans_nodes = ep * etp > cluster.gpus_per_node
             for cf in limits.capacity_factors:
                 for hier in ((0, 1) if spans_nodes else (0,)):
-                    out.append((ep, etp, 0.0 if cf is None else float(cf), hier))
+                    for ov in ((0, 1) if ep > 1 else (0,)):
+                        out.append((ep, etp, 0.0 if cf is None else float(cf), hier, ov))
     return out
 
 
@@ -316,6 +323,6 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             checkpoint_early_stop=np.full(len(arr), limits.checkpoint_early_stop),
             tp_async_backward=np.full(len(arr), limits.tp_async_backward),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
-            a2a_hierarchical=ex[:, 3].astype(bool))
+            a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)
         yield batch.take(~bad), int(bad.sum())

@@ -114,14 +114,30 @@ def _zero(row: dict) -> tuple[ZeroStage, ...]:
     return tuple(ZeroStage)
 
 
+def _preset(name: str) -> ModelSpec | None:
+    """The named preset; a parenthesized variant ("Qwen3_30B_a3B (tokendrop)") is the model."""
+    for candidate in (name, re.sub(r"\s*\(.*\)\s*$", "", name)):
+        try:
+            return load_model(candidate)
+        except ParaplanError:
+            continue
+    return None
+
+
+def _token_drop(row: dict) -> bool:
+    text = (row.get("model", "") + " " + row.get("notes", "")).lower()
+    return "tokendrop" in text or "token-drop" in text or "token drop" in text
+
+
 def row_setup(row: dict, path: str, line: int) -> RowSetup:
     name = row["model"].strip()
     shape = {k: _int(row, k, path, line) for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
-    try:
-        preset = load_model(name)
-    except ParaplanError:
-        preset = None
-    if any(v is None for v in shape.values()):
+    preset = _preset(name)
+    moe_row = (_int(row, "num_experts", path, line) or 0) > 0
+    if moe_row and preset is None:
+        raise FileFormatError(path, f"model {name!r}: an MoE row needs a preset with the model's published "
+                              "configuration (shared experts, dense layers)", line)
+    if moe_row or any(v is None for v in shape.values()):
         if preset is None:
             raise FileFormatError(path, f"model {name!r}: architecture columns blank and no preset", line)
         model = preset
@@ -136,7 +152,8 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
     gbs = _int(row, "global_batch", path, line)
     seq = _int(row, "seq_len", path, line)
     fixed = {}
-    for col, key in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("micro_batch", "micro_batch_size")):
+    for col, key in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("ep", "ep"),
+                     ("micro_batch", "micro_batch_size")):
         v = _int(row, col, path, line)
         if v is not None:
             fixed[key] = v
@@ -145,7 +162,10 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
         # per token is that of full micro-batches, so round the batch up to whole ones.
         per = fixed["micro_batch_size"] * fixed["dp"]
         gbs = -(-gbs // per) * per
-    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=parse_precision(row["precision"]))
+    # "force-balanced token distribution" (Megatron-Bridge MoE benchmarks): no imbalance
+    balanced = "force-balanced" in (row.get("notes") or "").lower()
+    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=parse_precision(row["precision"]),
+                  **({"moe_imbalance": 1.0} if balanced else {}))
     vp = _int(row, "vp", path, line)
     if vp is not None and fixed.get("pp", 1) > 1:
         fixed["vp"] = vp
@@ -167,7 +187,9 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          tp_async_backward="april2021" not in (row.get("source") or "").lower(),
                          tp_overlap=(False,) if legacy else (False, True),
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
-                         hybrid_shard=not _pytorch_fsdp_whole_group(row))
+                         hybrid_shard=not _pytorch_fsdp_whole_group(row),
+                         # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
+                         capacity_factors=(1.0,) if _token_drop(row) else (None,))
     return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),
                     workload=wl, fixed=fixed, limits=limits)
 
