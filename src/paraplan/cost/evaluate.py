@@ -118,7 +118,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     # ---------------- compute per layer, per micro-batch ----------------
     lf = layer_forward_flops(model, T, s, causal=True)
-    g_qkv = gemm_time_s(gpu, T, (qd + 2 * kvd) / t, h, prec)
+    # QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs)
+    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
     g_out = gemm_time_s(gpu, T, h, qd / t, prec)
     g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
     g_down = gemm_time_s(gpu, T, h, f / t, prec)

@@ -15,8 +15,8 @@ Per MoE layer and micro-batch, on the busiest rank:
              combine the same back; with etp > 1 an all-gather / reduce-scatter of the
              received tokens inside the ETP group (Megatron-Core "parallel folding");
   experts    E/ep local experts, each a GEMM of M_e = λ·etp·ep·T_r·k/E rows against
-             h × n_mat·f_e/etp, run as one grouped kernel (one launch) at the efficiency
-             of one expert's GEMM size;
+             h × n_mat·f_e/etp at the efficiency of that size, one launch each (Transformer
+             Engine's GroupedLinear issues one cuBLAS GEMM per local expert);
   shared     a dense MLP of f_sh split over TP, like a dense layer's MLP.
 Backward: 2× the forward GEMMs, the permutation and all-to-alls once more each.
 The dispatch/combine all-to-all is exposed, except behind the shared experts' GEMMs
@@ -103,14 +103,12 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     m_e = lam * etp * ep * copies / E
     g_up1 = gemm_time_s(gpu, m_e, n_up * fe / etp, h, prec)
     g_down1 = gemm_time_s(gpu, m_e, h, fe / etp, prec)
-    launch = gpu.kernel_launch_overhead_s
-    g_up = local * (g_up1 - launch) + launch
-    g_down = local * (g_down1 - launch) + launch
+    g_up = local * g_up1
+    g_down = local * g_down1
     experts = g_up + g_down
     # the same grouped GEMMs at λ = 1: what balance would save
     m_1 = etp * ep * copies / E
-    experts_1 = (local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) - launch) + launch
-                 + local * (gemm_time_s(gpu, m_1, h, fe / etp, prec) - launch) + launch)
+    experts_1 = local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) + gemm_time_s(gpu, m_1, h, fe / etp, prec))
     act_rows = lam * etp * copies  # token rows through this rank's expert shards
     act_ew = memory_bound_time_s(gpu, ACT_BYTES * act_rows * (n_up + 1) * fe / etp, 1)
 

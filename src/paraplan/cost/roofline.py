@@ -21,6 +21,9 @@ def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: 
     flops = 2.0 * m * n * k
     eff = gpu.gemm_efficiency.at(flops)
     if precision is Precision.FP8:
+        # the curve is by BF16 FLOPs; an FP8 GEMM finishes its FLOPs in the time of a BF16
+        # GEMM of peak_bf16/peak_fp8 as many, and its fixed costs weigh like that one's
+        eff = gpu.gemm_efficiency.at(flops * gpu.peak(Precision.BF16) / gpu.peak(Precision.FP8))
         rate = gpu.peak(Precision.FP8) * eff * gpu.fp8_gemm_efficiency_ratio
         bytes_per_element = 1.0
     else:

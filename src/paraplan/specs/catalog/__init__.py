@@ -36,7 +36,12 @@ _DIRS = {"model": "models", "gpu": "gpus", "cluster": "clusters"}
 # ---- schemas: (required keys, optional keys) ----
 _MODEL_REQUIRED = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_heads",
                    "num_kv_heads", "vocab_size", "gated_mlp", "tied_embeddings")
-_MODEL_OPTIONAL = ("head_dim", "max_seq_len", "source", "aliases")
+# Mixture-of-experts and latent-attention fields: non-negative integers, 0 (not used) when
+# absent; moe_layer_interval is positive and 1 when absent (see ModelSpec).
+_MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
+                  "num_dense_layers", "moe_layer_interval", "q_lora_rank", "kv_lora_rank",
+                  "qk_rope_head_dim", "v_head_dim")
+_MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
 _GPU_OPTIONAL = ("kernel_launch_overhead_us", "memory_bw_efficiency", "fp8_gemm_efficiency_ratio",
@@ -123,6 +128,13 @@ class _Table:
             self._bad(key, v, "a positive integer")
         return v
 
+    def count(self, key: str) -> int:
+        """A non-negative integer (0: not used); the caller checks it is present."""
+        v = self.data[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            self._bad(key, v, "a non-negative integer (0: not used)")
+        return v
+
     def num(self, key: str, default: float | None = None, *, at_most_one: bool = False) -> float | None:
         if key not in self.data:
             return default
@@ -194,6 +206,8 @@ class _Table:
 def _model_from_table(t: _Table) -> ModelSpec:
     t.check_keys(_MODEL_REQUIRED, _MODEL_OPTIONAL)
     t.str_list("aliases")
+    moe_mla = {k: t.int_(k) if k == "moe_layer_interval" else t.count(k)
+               for k in _MODEL_MOE_MLA if k in t.data}
     try:
         return make_model(
             name=t.str_("name"), num_layers=t.int_("num_layers"), hidden_size=t.int_("hidden_size"),
@@ -201,7 +215,7 @@ def _model_from_table(t: _Table) -> ModelSpec:
             num_kv_heads=t.int_("num_kv_heads"), head_dim=t.int_("head_dim"),
             vocab_size=t.int_("vocab_size"), gated_mlp=t.bool_("gated_mlp"),
             tied_embeddings=t.bool_("tied_embeddings"), max_seq_len=t.int_("max_seq_len", 0),
-            source=t.str_("source"))
+            source=t.str_("source"), **moe_mla)
     except SpecError as e:
         t.fail(e.field, str(e))
 

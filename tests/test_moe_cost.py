@@ -1,0 +1,127 @@
+"""Mixture-of-experts cost model: plan rules, all-to-all algorithms, load, overlap, FLOPs."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.cost.comm import Collective, collective_time_s
+from paraplan.cost.estimate import estimate
+from paraplan.cost.flops import layer_forward_flops, model_flops_per_token
+from paraplan.plan.axes import Recompute, Schedule, ZeroStage
+from paraplan.plan.plan import make_plan
+from paraplan.plan.space import SpaceLimits, check_plan, enumerate_space
+from paraplan.specs.catalog import load_cluster
+from paraplan.specs.model import ModelSpec
+from paraplan.specs.workload import Precision, Workload
+
+# A small Qwen3-MoE-like model (no preset dependency): 128 experts top-8, GQA, SwiGLU.
+MOE = ModelSpec(name="moe-test", num_layers=8, hidden_size=2048, ffn_hidden_size=6144, num_heads=32,
+                num_kv_heads=4, head_dim=128, vocab_size=32000, num_experts=128, top_k=8,
+                moe_ffn_hidden_size=768)
+DENSE = ModelSpec(name="dense-test", num_layers=8, hidden_size=2048, ffn_hidden_size=6144, num_heads=32,
+                  num_kv_heads=4, head_dim=128, vocab_size=32000)
+WL = Workload(global_batch_size=64, seq_len=4096, precision=Precision.BF16, moe_imbalance=1.0)
+
+
+def _cluster(n=16):
+    return load_cluster("dgx-h100", num_gpus=n)
+
+
+def _plan(**kw):
+    base = dict(tp=1, pp=1, dp=16, ep=16, micro_batch_size=1, zero=ZeroStage.OPTIMIZER)
+    base.update(kw)
+    return make_plan(**base)
+
+
+def test_expert_parallel_rules_give_reasons():
+    c = _cluster()
+    assert "must divide the 128 routed experts" in check_plan(_plan(ep=12, dp=12), MOE,
+                                                              load_cluster("dgx-h100", num_gpus=12), WL).reason
+    assert "EP×ETP" in check_plan(_plan(ep=16, etp=2), MOE, c, WL).reason
+    assert "needs sequence parallelism" in check_plan(_plan(tp=2, dp=8, ep=8), MOE, c, WL).reason
+    assert "interleaved" in check_plan(_plan(pp=2, dp=8, ep=8, ep_overlap=True), MOE, c, WL).reason
+    assert "is dense" in check_plan(_plan(), DENSE, c, WL).reason
+    assert check_plan(_plan(), MOE, c, WL) is None
+
+
+def test_hierarchical_all_to_all_wins_with_many_nodes_and_small_messages():
+    c = load_cluster("dgx-h100", num_gpus=512)
+    small, many = 1e7, 256
+    assert collective_time_s(c, Collective.ALL_TO_ALL_2D, small, many, 1) < collective_time_s(
+        c, Collective.ALL_TO_ALL, small, many, 1)
+    # two nodes and large buffers: the extra NVLink phase costs more than it saves
+    assert collective_time_s(c, Collective.ALL_TO_ALL_2D, 1e9, 16, 1) > collective_time_s(
+        c, Collective.ALL_TO_ALL, 1e9, 16, 1)
+    # inside one node both are the same single NVLink exchange
+    assert collective_time_s(c, Collective.ALL_TO_ALL_2D, 1e8, 8, 1) == pytest.approx(
+        collective_time_s(c, Collective.ALL_TO_ALL, 1e8, 8, 1))
+
+
+def test_ep_overlap_hides_all_to_all_and_is_never_slower():
+    c = _cluster()
+    plain = estimate(MOE, c, WL, _plan())
+    over = estimate(MOE, c, WL, _plan(ep_overlap=True))
+    assert plain.time.ep_comm_s > 0
+    assert over.time.ep_comm_s < plain.time.ep_comm_s
+    assert over.overlapped.ep_comm_s > 0
+    assert over.step_time_s < plain.step_time_s
+
+
+def test_load_imbalance_slows_experts_and_capacity_factor_one_matches_balance():
+    c = _cluster()
+    balanced = estimate(MOE, c, WL, _plan())
+    skewed = estimate(MOE, c, replace(WL, moe_imbalance=1.5), _plan())
+    assert skewed.step_time_s > balanced.step_time_s
+    assert skewed.memory.activations_bytes > balanced.memory.activations_bytes
+    assert skewed.layer_detail["fwd"]["MoE load imbalance (in experts)"] > 0
+    # token dropping padded to capacity 1.0 computes exactly the balanced load
+    dropped = estimate(MOE, c, replace(WL, moe_imbalance=1.5), _plan(capacity_factor=1.0))
+    assert dropped.step_time_s == pytest.approx(balanced.step_time_s)
+    assert check_plan(_plan(capacity_factor=0.8), MOE, c, WL).reason.startswith("capacity factor 0.8")
+
+
+def test_more_expert_parallelism_shards_expert_states():
+    c = _cluster()
+    small = estimate(MOE, c, WL, _plan(ep=2))
+    large = estimate(MOE, c, WL, _plan(ep=16))
+    assert large.memory.weights_bytes < small.memory.weights_bytes
+    assert large.memory.optimizer_bytes == pytest.approx(small.memory.optimizer_bytes, rel=0.05)
+
+
+def test_mfu_flops_count_active_experts_only():
+    """6·N_active per token (plus attention): Kaplan et al. 2020 C ≈ 6N with N the active
+    parameters of an MoE (Fedus et al. 2022)."""
+    s = 4096
+    attn = 3.0 * MOE.num_layers * layer_forward_flops(MOE, 1.0, s, causal=False).attn_core
+    dense_equiv = 6.0 * (MOE.num_active_params - MOE.embedding_params)
+    # norms and the router are counted in N but are not GEMM FLOPs in the per-op count
+    assert model_flops_per_token(MOE, s) - attn == pytest.approx(dense_equiv, rel=0.01)
+    assert MOE.num_active_params < MOE.num_params / 5
+
+
+def test_search_covers_moe_axes():
+    c = _cluster()
+    seen = set()
+    for batch, _ in enumerate_space(MOE, c, WL, SpaceLimits(schedules=(Schedule.ONE_F_ONE_B,),
+                                                            recomputes=(Recompute.NONE,))):
+        seen |= {(int(e * x), bool(h), bool(o))
+                 for e, x, h, o in zip(batch.ep, batch.etp, batch.a2a_hierarchical, batch.ep_overlap)}
+    assert {e for e, _, _ in seen} >= {1, 2, 4, 8, 16}
+    assert (16, True, True) in seen  # EP×ETP = 16 leaves the node: both all-to-all algorithms
+    assert not any(h for e, h, _ in seen if e <= 8)
+
+
+def test_cli_estimate_shows_all_to_all(capsys):
+    rc = main(["estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "16", "--seq", "4096",
+               "--batch", "64", "--ep", "16", "--zero", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "EP all-to-all (exposed)" in out and "EP16" in out
+
+
+def test_cli_rejects_ep_on_dense_model(capsys):
+    rc = main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--ep", "8", "--batch", "8", "--seq", "2048"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is dense" in err and "Traceback" not in err
