@@ -88,6 +88,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="MoE: drop tokens beyond this capacity factor and pad to it (default: dropless)")
         g.add_argument("--a2a-hierarchical", action="store_true",
                        help="MoE: two-dimensional hierarchical all-to-all (intra-node, then across nodes)")
+        g.add_argument("--ep-overlap", action="store_true",
+                       help="MoE: run each micro-batch's all-to-alls under another micro-batch's compute")
     else:
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")
@@ -125,7 +127,8 @@ def _plan_from_args(args, cluster):
     zero = ZeroStage.parse(str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
     return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=args.ep or 1, etp=args.etp or 1,
-                     capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
+                     capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
+                     ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
                      recompute=Recompute.parse(args.recompute, "recompute"),
                      recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
@@ -264,9 +267,17 @@ def cmd_presets(args) -> int:
         print(json.dumps({"models": [m.name for m in models], "gpus": [g.name for g in gpus],
                           "clusters": [c.name for c in clusters]}, indent=1))
         return 0
-    print(grid(["model", "params", "layers", "hidden", "heads/kv", "ffn", "vocab"],
-               [[m.name, fmt_count(m.num_params), str(m.num_layers), str(m.hidden_size),
-                 f"{m.num_heads}/{m.num_kv_heads}", str(m.ffn_hidden_size), str(m.vocab_size)] for m in models]))
+    def ffn(m):  # MoE: routed experts E / top-k × expert width (+ shared), dense layers aside
+        if not m.is_moe:
+            return str(m.ffn_hidden_size)
+        text = f"{m.num_experts}/{m.top_k}×{m.moe_ffn_hidden_size}"
+        if m.shared_expert_ffn_hidden_size:
+            text += f"+{m.shared_expert_ffn_hidden_size}"
+        return text + (f" ({m.num_dense_mlp_layers} dense {m.ffn_hidden_size})" if m.num_dense_mlp_layers else "")
+    print(grid(["model", "params", "active", "layers", "hidden", "heads/kv", "ffn (experts/top-k×f_e)", "vocab"],
+               [[m.name, fmt_count(m.num_params), fmt_count(m.num_active_params) if m.is_moe else "",
+                 str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}" + (" MLA" if m.is_mla else ""),
+                 ffn(m), str(m.vocab_size)] for m in models]))
     print()
     print(grid(["gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"],
                [[g.name, f"{g.peak_flops_per_s.get(Precision.BF16, 0) / TERA:.0f}",
