@@ -16,6 +16,7 @@ from paraplan.specs.hardware import ClusterSpec, GPUSpec
 from paraplan.specs.hf import model_from_hf_config
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.workload import Precision
+from support import write
 
 VALIDATION_DIR = Path(__file__).resolve().parents[1] / ".." / "shared" / "validation"
 TRAINING_CSV = VALIDATION_DIR / "training_dev.csv"
@@ -206,33 +207,27 @@ tied_embeddings = false
 """
 
 
-def _write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
-
-
 def test_user_model_toml(tmp_path):
-    m = load_model(str(_write(tmp_path, "tiny.toml", MODEL_TOML)))
+    m = load_model(str(write(tmp_path, "tiny.toml", MODEL_TOML)))
     assert (m.name, m.num_kv_heads, m.head_dim, m.max_seq_len) == ("tiny", 2, 32, 0)
     assert load_model(tmp_path / "tiny.toml") == m  # a Path works too
 
 
 def test_malformed_toml_names_file_and_line(tmp_path):
-    p = _write(tmp_path, "bad.toml", MODEL_TOML.replace("num_heads = 8", "num_heads = = 8"))
+    p = write(tmp_path, "bad.toml", MODEL_TOML.replace("num_heads = 8", "num_heads = = 8"))
     with pytest.raises(FileFormatError) as e:
         load_model(str(p))
     assert f"{p}:5:" in str(e.value) and "invalid TOML" in str(e.value)
 
 
 def test_missing_field_names_it_and_what_is_required(tmp_path):
-    p = _write(tmp_path, "x.toml", MODEL_TOML.replace("num_heads = 8\n", ""))
+    p = write(tmp_path, "x.toml", MODEL_TOML.replace("num_heads = 8\n", ""))
     with pytest.raises(FileFormatError, match=r"field 'num_heads' missing \(required: name, num_layers"):
         load_model(str(p))
 
 
 def test_unknown_field_lists_allowed(tmp_path):
-    p = _write(tmp_path, "x.toml", MODEL_TOML + "num_expert = 8\n")  # a typo of num_experts
+    p = write(tmp_path, "x.toml", MODEL_TOML + "num_expert = 8\n")  # a typo of num_experts
     with pytest.raises(FileFormatError) as e:
         load_model(str(p))
     msg = str(e.value)
@@ -247,7 +242,7 @@ def test_unknown_field_lists_allowed(tmp_path):
     ("num_kv_heads = 2", "num_kv_heads = 3", "num_kv_heads"),  # must divide num_heads
 ])
 def test_invalid_value_names_field_and_line(tmp_path, old, new, field):
-    p = _write(tmp_path, "x.toml", MODEL_TOML.replace(old, new))
+    p = write(tmp_path, "x.toml", MODEL_TOML.replace(old, new))
     with pytest.raises(FileFormatError) as e:
         load_model(str(p))
     line = MODEL_TOML.splitlines().index(old) + 1
@@ -288,7 +283,7 @@ attention_efficiency = { flash2 = { efficiency = 0.5 } }
 
 
 def test_user_cluster_toml_with_gpu_preset(tmp_path):
-    c = load_cluster(str(_write(tmp_path, "c.toml", CLUSTER_TOML)))
+    c = load_cluster(str(write(tmp_path, "c.toml", CLUSTER_TOML)))
     assert c.gpu is load_gpu("h100-sxm-80gb") and c.num_gpus == 64 and c.usd_per_gpu_hour == 2.5
     assert c.scaleout.efficiency.at(1e6) == 0.7 and c.nvlink.efficiency.at(1e8) == 0.8
     assert load_cluster(str(tmp_path / "c.toml"), num_gpus=16).num_gpus == 16
@@ -296,7 +291,7 @@ def test_user_cluster_toml_with_gpu_preset(tmp_path):
 
 def test_user_cluster_toml_with_inline_gpu(tmp_path):
     text = CLUSTER_TOML.replace('gpu = "h100"\n', "") + INLINE_GPU
-    c = load_cluster(str(_write(tmp_path, "c.toml", text)))
+    c = load_cluster(str(write(tmp_path, "c.toml", text)))
     assert c.gpu.name == "my-gpu" and c.gpu.peak(Precision.FP8) == units.tflops(200)
     assert c.gpu.hbm_bw_bytes_per_s == 1e12 and c.gpu.reserved_bytes == units.gbytes(1.5)
 
@@ -304,18 +299,18 @@ def test_user_cluster_toml_with_inline_gpu(tmp_path):
 def test_cluster_errors(tmp_path):
     both = CLUSTER_TOML.replace("gbit_per_s = 400", "gbit_per_s = 400\ngb_per_s = 50")
     with pytest.raises(FileFormatError, match=r"\[scaleout\] needs exactly one of"):
-        load_cluster(str(_write(tmp_path, "a.toml", both)))
+        load_cluster(str(write(tmp_path, "a.toml", both)))
     with pytest.raises(FileFormatError, match="gpus_per_island"):
-        load_cluster(str(_write(tmp_path, "b.toml", CLUSTER_TOML.replace(
+        load_cluster(str(write(tmp_path, "b.toml", CLUSTER_TOML.replace(
             "num_gpus = 64", "num_gpus = 64\ngpus_per_island = 12"))))
     with pytest.raises(FileFormatError) as e:
-        load_cluster(str(_write(tmp_path, "c.toml", CLUSTER_TOML.replace('"h100"', '"h1000"'))))
+        load_cluster(str(write(tmp_path, "c.toml", CLUSTER_TOML.replace('"h100"', '"h1000"'))))
     assert ":2:" in str(e.value) and "h100" in str(e.value)
     bad_curve = CLUSTER_TOML.replace("efficiency = [0.1, 0.8]", "efficiency = [0.1, 1.8]")
     with pytest.raises(FileFormatError, match=r"nvlink\.efficiency"):
-        load_cluster(str(_write(tmp_path, "d.toml", bad_curve)))
+        load_cluster(str(write(tmp_path, "d.toml", bad_curve)))
     with pytest.raises(FileFormatError, match=r"unknown field 'nvlink\.bandwidth'.*allowed: latency_us"):
-        load_cluster(str(_write(tmp_path, "e.toml", CLUSTER_TOML.replace("gb_per_s = 450", "bandwidth = 450"))))
+        load_cluster(str(write(tmp_path, "e.toml", CLUSTER_TOML.replace("gb_per_s = 450", "bandwidth = 450"))))
 
 
 def test_user_errors_are_paraplan_errors(tmp_path):
@@ -324,11 +319,11 @@ def test_user_errors_are_paraplan_errors(tmp_path):
              MODEL_TOML + "[extra]\na = 1\n"]
     for i, text in enumerate(cases):
         with pytest.raises(ParaplanError):
-            load_model(str(_write(tmp_path, f"m{i}.toml", text)))
+            load_model(str(write(tmp_path, f"m{i}.toml", text)))
         with pytest.raises(ParaplanError):
-            load_cluster(str(_write(tmp_path, f"c{i}.toml", text)))
+            load_cluster(str(write(tmp_path, f"c{i}.toml", text)))
         with pytest.raises(ParaplanError):
-            load_gpu(str(_write(tmp_path, f"g{i}.toml", text)))
+            load_gpu(str(write(tmp_path, f"g{i}.toml", text)))
 
 
 # ---- Hugging Face config.json ----------------------------------------------------------
@@ -390,9 +385,9 @@ def test_hf_missing_field_and_moe():
 
 
 def test_hf_bad_values(tmp_path):
-    p = _write(tmp_path, "config.json", '{"model_type": "llama",\n "num_hidden_layers": "32"}')
+    p = write(tmp_path, "config.json", '{"model_type": "llama",\n "num_hidden_layers": "32"}')
     with pytest.raises(FileFormatError) as e:
         model_from_hf_config(p)
     assert f"{p}:2:" in str(e.value) and "num_hidden_layers" in str(e.value)
     with pytest.raises(FileFormatError, match="one JSON object"):
-        model_from_hf_config(_write(tmp_path, "list.json", "[1, 2]"))
+        model_from_hf_config(write(tmp_path, "list.json", "[1, 2]"))

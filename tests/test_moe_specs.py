@@ -15,6 +15,7 @@ from paraplan.errors import FileFormatError
 from paraplan.specs.catalog import load_model
 from paraplan.specs.hf import _moe_layout, model_from_hf_config
 from paraplan.specs.model import make_model
+from support import write
 
 MOE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "validation" / "training_dev_moe.csv"
 
@@ -44,14 +45,8 @@ v_head_dim = 32
 """
 
 
-def _write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
-
-
 def test_toml_moe_mla_fields_load(tmp_path):
-    m = load_model(str(_write(tmp_path, "tiny-moe.toml", MOE_TOML)))
+    m = load_model(str(write(tmp_path, "tiny-moe.toml", MOE_TOML)))
     assert (m.num_experts, m.top_k, m.moe_ffn_hidden_size, m.shared_expert_ffn_hidden_size) == (16, 2, 128, 256)
     assert (m.num_dense_layers, m.moe_layer_interval, m.num_moe_layers) == (2, 2, 2)
     assert (m.q_lora_rank, m.kv_lora_rank, m.qk_rope_head_dim, m.v_head_dim) == (0, 64, 16, 32)
@@ -60,7 +55,7 @@ def test_toml_moe_mla_fields_load(tmp_path):
 
 def test_toml_moe_fields_default_to_dense(tmp_path):
     text = "\n".join(line for line in MOE_TOML.splitlines()[:10]) + "\n"
-    m = load_model(str(_write(tmp_path, "dense.toml", text)))
+    m = load_model(str(write(tmp_path, "dense.toml", text)))
     assert not m.is_moe and not m.is_mla and m.moe_layer_interval == 1
 
 
@@ -74,7 +69,7 @@ def test_toml_moe_fields_default_to_dense(tmp_path):
     ("qk_rope_head_dim = 16", "qk_rope_head_dim = 48", "qk_rope_head_dim"),  # must be below head_dim
 ])
 def test_toml_bad_moe_value_names_file_line_field(tmp_path, old, new, field):
-    p = _write(tmp_path, "x.toml", MOE_TOML.replace(old, new))
+    p = write(tmp_path, "x.toml", MOE_TOML.replace(old, new))
     with pytest.raises(FileFormatError) as e:
         load_model(str(p))
     line = MOE_TOML.splitlines().index(old) + 1

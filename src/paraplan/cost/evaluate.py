@@ -27,13 +27,14 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from . import memory as mem
+from .memory import ACT_BYTES
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .comm import Collective, collective_time_s, p2p_time_s
-from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops
+from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops, \
+    moe_down_proj_flops
 from .moe import moe_layer_costs, moe_layers_on_stage
 from .roofline import attention_time_s, gemm_time_s, memory_bound_time_s
 
-ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM
 # Adam step traffic per parameter: read fp32 param, m, v, grad (16 B), write param, m, v
 # (12 B) and the 16-bit copy (2 B).
 ADAM_BYTES_PER_PARAM = 30.0
@@ -108,12 +109,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # w_moe of which are MoE layers (moe.py) and w_dense have the dense MLP
     w_moe = moe_layers_on_stage(model, L_s) / L_s
     w_dense = 1.0 - w_moe
-    zero = 0.0 * L_s
+    zeros = 0.0 * L_s
     mc = moe_layer_costs(model, cluster, workload, plan, T, t, prec) if model.is_moe else None
     moe_fwd, moe_bwd, moe_wgrad = (w_moe * mc.fwd_compute_s, w_moe * mc.bwd_compute_s, w_moe * mc.wgrad_s) \
-        if mc else (zero, zero, zero)
-    a2a_fwd, a2a_bwd = (w_moe * mc.a2a_fwd_s, w_moe * mc.a2a_bwd_s) if mc else (zero, zero)
-    a2a_fwd_exp, a2a_bwd_exp = (w_moe * mc.a2a_fwd_exposed_s, w_moe * mc.a2a_bwd_exposed_s) if mc else (zero, zero)
+        if mc else (zeros, zeros, zeros)
+    a2a_fwd, a2a_bwd = (w_moe * mc.a2a_fwd_s, w_moe * mc.a2a_bwd_s) if mc else (zeros, zeros)
+    a2a_fwd_exp, a2a_bwd_exp = (w_moe * mc.a2a_fwd_exposed_s, w_moe * mc.a2a_bwd_exposed_s) if mc else (zeros, zeros)
     has_shared = 1.0 if model.shared_expert_ffn_hidden_size else 0.0
 
     # ---------------- compute per layer, per micro-batch ----------------
@@ -166,7 +167,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
     # Sec. 4.2.2 for the SP reduce-scatter). With SP the all-gather of the output gradient
     # before each row-parallel layer stays exposed.
-    sh_up = mc.shared_up_s if mc else zero
+    sh_up = mc.shared_up_s if mc else zeros
     col_wgrad = ((1.0, g_qkv), (w_dense, g_up), (w_moe * has_shared, sh_up))
     async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w in col_wgrad)
     async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
@@ -218,12 +219,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     early = np.asarray(plan.checkpoint_early_stop, dtype=bool)
     k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
     rc_layers = np.where(rc == Recompute.FULL.code, L_s, k_rc)
-    last_gemm = w_dense * g_down + (w_moe * mc.last_gemm_s if mc else zero)
+    last_gemm = w_dense * g_down + (w_moe * mc.last_gemm_s if mc else zeros)
     rc_compute_stage = (rc_layers * (layer_fwd - np.where(early, last_gemm, 0.0))
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0))
     rc_tp_stage = rc_layers * np.where(early, 0.5, 1.0) * tp_fwd_exp
     rc_cp_stage = rc_layers * cp_fwd_exp
-    rc_ep_stage = rc_layers * np.where(early, 0.5, 1.0) * a2a_fwd_exp  # early stop: no combine
+    # the recomputed dispatch runs inside the backward pass, not under another micro-batch's
+    # compute: it stays exposed even with EP overlap. Early stop skips the combine.
+    rc_ep_stage = rc_layers * np.where(early, 0.5, 1.0) * a2a_fwd_exp
     rc_stage = rc_compute_stage + rc_tp_stage + rc_cp_stage + rc_ep_stage
 
     # ---------------- per-layer totals with overlap ----------------
@@ -236,7 +239,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # micro-batch's compute of the same layer, split back over the passes pro rata
     epov = np.asarray(plan.ep_overlap, dtype=bool)
     a2a_all = a2a_fwd_exp + a2a_bwd_exp
-    a2a_left = np.maximum(a2a_all - (fwd_comp + bwd_comp), 0.0) / np.maximum(a2a_all, 1e-30)
+    a2a_left = np.divide(np.maximum(a2a_all - (fwd_comp + bwd_comp), 0.0), a2a_all,
+                         out=np.zeros_like(a2a_all), where=a2a_all > 0)
     a2a_fwd_exp = np.where(epov, a2a_fwd_exp * a2a_left, a2a_fwd_exp)
     a2a_bwd_exp = np.where(epov, a2a_bwd_exp * a2a_left, a2a_bwd_exp)
     z3_fwd_exp = np.maximum(z3_fwd - (fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp), 0.0)
@@ -414,7 +418,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # per-rank FLOPs of an average layer: expert FLOPs split over the EP group like the tokens
     layer_flops = lf.total - (1.0 - w_dense) * lf.mlp + w_moe * moe_forward_flops(model, T)
     hw_layer = 3.0 * layer_flops / t
-    rc_layer_flops = layer_flops - np.where(early, w_dense * lf.mlp / model.num_mlp_matrices, 0.0)  # early stop: no down-proj
+    # early stop: no down-projections (dense MLP; routed and shared experts of MoE layers)
+    down_flops = w_dense * lf.mlp / model.num_mlp_matrices + w_moe * moe_down_proj_flops(model, T)
+    rc_layer_flops = layer_flops - np.where(early, down_flops, 0.0)
     hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t
               + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
               + 3.0 * lm_head_forward_flops(model, T) / t / p)

@@ -67,6 +67,14 @@ def moe_forward_flops(model: ModelSpec, tokens) -> float:
                                + n * model.shared_expert_ffn_hidden_size)
 
 
+def moe_down_proj_flops(model: ModelSpec, tokens) -> float:
+    """The down-projection part of `moe_forward_flops`: 2·t·h·(k·f_e + f_sh)."""
+    if not model.is_moe:
+        return 0.0
+    return 2.0 * tokens * model.hidden_size * (model.top_k * model.moe_ffn_hidden_size
+                                                + model.shared_expert_ffn_hidden_size)
+
+
 def lm_head_forward_flops(model: ModelSpec, tokens) -> float:
     """Logits GEMM 2·t·h·V (the embedding lookup itself is a gather, ~0 FLOPs)."""
     return 2.0 * tokens * model.hidden_size * model.vocab_size

@@ -33,6 +33,7 @@ from ..specs.workload import Precision
 # weights) + 12 (fp32 master weights, momentum, variance). Gradients are accumulated in
 # fp32 (Megatron main_grad; FSDP's default reduce dtype): 4 bytes.
 WEIGHT_BYTES = 2.0
+ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM
 MASTER_BYTES = 4.0  # one fp32 copy (the master weights; FSDP fp32 shards)
 OPTIMIZER_BYTES = 12.0
 GRAD_BYTES = 4.0

@@ -36,10 +36,9 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from .comm import Collective, collective_time_s
-from .memory import saved_gemm_input_bytes
+from .memory import ACT_BYTES, saved_gemm_input_bytes
 from .roofline import gemm_time_s, memory_bound_time_s
 
-ACT_BYTES = 2.0
 ROUTER_KERNELS = 6    # router GEMM, softmax, top-k, gather of the probabilities, aux loss, histogram
 PERMUTE_KERNELS = 6   # index sort and the gather (permute); scatter-add and the weighting (unpermute)
 
@@ -78,7 +77,6 @@ class MoELayerCosts:
     a2a_bwd_s: object
     a2a_bwd_exposed_s: object
     activation_bytes: object   # stored for backward (no recomputation)
-    fp8_cast_bytes: object     # Transformer Engine casts of expert inputs (FP8 only)
 
 
 def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, tokens, tp,
@@ -118,9 +116,10 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
         sh_ew = memory_bound_time_s(gpu, ACT_BYTES * _f(tokens) * (n_up + 1) * fsh / t, 1)
     else:
         sh_up = sh_down = sh_ew = 0.0
-    fp8_cast = (3.0 * (act_rows * (h + fe / etp) + (_f(tokens) * fsh / t if fsh else 0.0))
-                if prec is Precision.FP8 else 0.0 * T_r)
-    cast = memory_bound_time_s(gpu, fp8_cast, 0) if prec is Precision.FP8 else 0.0
+    # Transformer Engine casts each expert and shared-expert GEMM input to FP8 (read 2 B,
+    # write 1 B), as for dense layers (evaluate.py)
+    cast = (memory_bound_time_s(gpu, 3.0 * (act_rows * (h + fe / etp) + _f(tokens) * fsh / t), 0)
+            if prec is Precision.FP8 else 0.0)
 
     fwd = router_gemm + router_ew + permute + experts + act_ew + sh_up + sh_down + sh_ew + cast
     gemms_bwd = 2.0 * (experts + sh_up + sh_down + router_gemm)
@@ -142,12 +141,12 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
     a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
 
-    # ---- stored activations (bytes): the layer's input to the router and experts (its norm
-    # output), router probabilities (fp32), the experts' permuted input, activation input and
-    # output, and the expert outputs the weighted combine needs; shared experts like a dense
-    # MLP of f_sh. GEMM inputs are saved in FP8 under FP8 training (memory.py).
+    # ---- stored activations (bytes): router probabilities (fp32), the experts' permuted
+    # input, activation input and output, and the expert outputs the weighted combine needs;
+    # shared experts like a dense MLP of f_sh (the layer's input after its norm is counted
+    # with the dense terms, memory.py). GEMM inputs are saved in FP8 under FP8 training.
     gi = saved_gemm_input_bytes(prec)
-    routed = (ACT_BYTES * T_r * h + 4.0 * 2.0 * T_r * E
+    routed = (4.0 * 2.0 * T_r * E
               + act_rows * (gi * h + (ACT_BYTES * n_up * fe + gi * fe) / etp)
               + ACT_BYTES * lam * copies * h)
     shared_act = _f(tokens) * (ACT_BYTES * n_up * fsh + gi * fsh) / t
@@ -155,4 +154,4 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
         fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
         expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,
         a2a_fwd_s=a2a_fwd, a2a_fwd_exposed_s=a2a_fwd_exp, a2a_bwd_s=a2a_bwd, a2a_bwd_exposed_s=a2a_bwd_exp,
-        activation_bytes=routed + shared_act, fp8_cast_bytes=fp8_cast)
+        activation_bytes=routed + shared_act)

@@ -77,11 +77,6 @@ class Plan:
         return 0.0 if self.capacity_factor is None else float(self.capacity_factor)
 
     @property
-    def edp(self) -> int:
-        """Expert data-parallel degree: replicas of each expert shard within a stage."""
-        return self.tp * self.cp * self.dp // (self.ep * self.etp)
-
-    @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
 
