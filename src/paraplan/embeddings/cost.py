@@ -1,0 +1,284 @@
+"""Cost of one training step of sharded embedding tables, per rank (the slowest sets the step).
+
+Notation: W ranks, g ranks per node, B samples per rank, G = B·W samples in the global
+batch; per table N rows, D dim (d of a column shard), P ids per sample, e bytes per weight,
+i bytes per id (8, int64), c bytes per pooled element on the wire (4, fp32), u the share of
+distinct ids (tables.py). Per table, a step (TorchRec's sharded EmbeddingBagCollection over
+FBGEMM's table-batched embedding, TBE) runs:
+
+  1. input dist: an all-to-all sends each id to the rank owning its row: the owner of a
+     table-wise shard receives G·P·i bytes;
+  2. forward lookup on the owner: read ids (n·i), gather rows (n·d·e), write pooled
+     outputs (G·d·4): HBM bytes at achieved HBM bandwidth (a gather of whole rows, which
+     streams like an element-wise kernel for d·e >= 128 B);
+  3. output dist: table-/column-wise: all-to-all of G·d·c from the owner (it sends (W−1)/W
+     of it); row-wise: every rank holds partial sums for all G samples, reduced by a
+     reduce-scatter of G·D·c; table-row-wise: reduce-scatter inside the node, then an
+     all-to-all of G·D·c/g across nodes (TorchRec's sharding types);
+  4. backward: the same collectives in reverse (all-to-all / all-gather of gradients);
+  5. backward lookup with the fused optimizer (TBE): read the output gradients (G·d·4), sort
+     the ids (2 passes of n·i), then read and write each distinct row once with its
+     optimizer state: u·n·(2·d·e + 2·state) bytes;
+  6. data-parallel tables: local lookups (no forward communication), an all-reduce of the
+     dense table gradient (N·D·4) and the optimizer over the whole table.
+
+Rows held in host memory (UVM) are read over the host link; a UVM cache keeps the hottest
+share of rows in HBM, with the hit rate from the table's access profile (uniform access
+without one). Host-link gathers of 128-512 B rows run at a tenth of the link bandwidth
+(TorchRec's kernel_bw_lookup: FUSED_UVM bandwidth = hbm_to_ddr_bw / 10, from its authors'
+measurements).
+
+Composition: collectives synchronize ranks, so each phase costs its slowest rank and the
+phases add: step = Σ_collective max_r(t_r) + max_r(fwd lookups) + max_r(bwd lookups).
+TorchRec's planner instead sums each rank's costs and takes the max rank; the two agree
+when one rank is slowest in every phase.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from ..cost.comm import Collective, collective_time_s
+from ..specs.hardware import ClusterSpec
+from .tables import EmbeddingTable, EmbeddingWorkload
+
+UVM_GATHER_EFFICIENCY = 0.1  # TorchRec kernel_bw_lookup (FUSED_UVM: hbm_to_ddr_mem_bw / 10)
+POOLED_OUTPUT_BYTES = 4.0    # TBE writes pooled outputs in fp32
+TBE_KERNELS_FWD, TBE_KERNELS_BWD = 1, 3  # forward; sort + gradient + fused update
+
+
+class ShardingType(StrEnum):
+    """TorchRec's sharding types (same names, so a plan exports as is)."""
+
+    TABLE_WISE = "table_wise"
+    COLUMN_WISE = "column_wise"
+    ROW_WISE = "row_wise"
+    TABLE_ROW_WISE = "table_row_wise"
+    DATA_PARALLEL = "data_parallel"
+
+
+class ComputeKernel(StrEnum):
+    """Where rows live: HBM, host memory with an HBM cache, or host memory (TorchRec names)."""
+
+    HBM = "fused"
+    UVM_CACHING = "fused_uvm_caching"
+    UVM = "fused_uvm"
+    DENSE = "dense"  # data-parallel tables: a plain lookup, the optimizer runs with the dense model's
+
+
+@dataclass(frozen=True, kw_only=True)
+class TablePlacement:
+    """How one table is split and where its shards live."""
+
+    table: str
+    sharding: ShardingType
+    ranks: tuple[int, ...]         # one per shard (column shards, row shards, or all for DP)
+    kernel: ComputeKernel = ComputeKernel.HBM
+    cache_ratio: float = 0.0       # UVM caching: share of rows cached in HBM
+    hot_row_fraction: float = 0.0  # FlexShard: hottest share of a batch's distinct rows replicated on every rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingPlan:
+    placements: tuple[TablePlacement, ...]
+    world_size: int
+    dedup: bool = False  # RecD: ids deduplicated per rank before the input all-to-all
+
+    def placement(self, table: str) -> TablePlacement:
+        for p in self.placements:
+            if p.table == table:
+                return p
+        raise KeyError(table)
+
+
+COMM_PHASES = ("input all-to-all", "output all-to-all", "output reduce-scatter", "gradient all-to-all",
+               "gradient all-gather", "data-parallel all-reduce")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingCost:
+    """Per-rank costs (arrays of length W) and the step they make."""
+
+    fwd_lookup_s: np.ndarray
+    bwd_lookup_s: np.ndarray
+    comm_s: dict                 # phase -> per-rank seconds
+    hbm_bytes: np.ndarray
+    host_bytes: np.ndarray
+    capacity_bytes: float
+    a2a_bytes: float             # bytes all ranks send in all-to-alls (input + output + gradients)
+    table_s: dict = field(default_factory=dict)  # table -> its share of the slowest rank's sum
+
+    @property
+    def phase_s(self) -> dict:
+        out = {"forward lookups": float(self.fwd_lookup_s.max()), "backward lookups + optimizer": float(self.bwd_lookup_s.max())}
+        out.update({k: float(v.max()) for k, v in self.comm_s.items()})
+        return out
+
+    @property
+    def step_time_s(self) -> float:
+        return sum(self.phase_s.values())
+
+    @property
+    def rank_total_s(self) -> np.ndarray:
+        """Each rank's own sum (the quantity TorchRec's planner balances)."""
+        return self.fwd_lookup_s + self.bwd_lookup_s + sum(self.comm_s.values())
+
+    @property
+    def fits(self) -> bool:
+        return bool(self.hbm_bytes.max() <= self.capacity_bytes)
+
+
+def _hit_rate(table: EmbeddingTable, cache_rows: float, num_ids: float) -> float:
+    """Share of lookups served by a cache of the hottest `cache_rows` rows."""
+    if cache_rows >= table.num_rows:
+        return 1.0
+    if table.access is None:
+        return cache_rows / table.num_rows
+    distinct = table.unique_share(num_ids) * num_ids
+    if cache_rows >= distinct:
+        return 1.0
+    return float(table.access.access_share_of_hottest(cache_rows / max(distinct, 1.0)))
+
+
+@dataclass(frozen=True)
+class _Shard:
+    rank: int
+    rows: float
+    dim: int
+    ids: float       # ids this shard looks up per step
+    outputs: float   # pooled outputs it writes (samples)
+
+
+def _shards(t: EmbeddingTable, p: TablePlacement, W: int, g: int, G: float) -> list[_Shard]:
+    n = G * t.pooling_factor
+    k = len(p.ranks)
+    if p.sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
+        dims = [t.dim // k + (1 if j < t.dim % k else 0) for j in range(k)]
+        return [_Shard(r, t.num_rows, d, n, G) for r, d in zip(p.ranks, dims)]
+    if p.sharding in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        return [_Shard(r, t.num_rows / k, t.dim, n / k, G) for r in p.ranks]
+    # data parallel: every rank looks up its own B·P ids
+    return [_Shard(r, t.num_rows, t.dim, n / W, G / W) for r in p.ranks]
+
+
+_FIELDS = ("fwd", "bwd", "hbm", "host", "ids_in", "out_a2a", "rs", "ar", "a2a_total")
+
+
+def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: int, kernel: ComputeKernel,
+                       cache_ratio: float, hot_row_fraction: float, dedup: bool, wl_key: tuple,
+                       cluster: ClusterSpec, W: int) -> dict:
+    """One table's per-shard quantities (arrays over its shards, in shard order) and the
+    per-rank quantities every rank pays (hot replicas), independent of which ranks."""
+    batch, id_bytes, c, optimizer = wl_key
+    gpu = cluster.gpu
+    g = min(cluster.gpus_per_node, W)
+    hbm_bw = gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency
+    host_bw = gpu.host_link_bw_unidir_bytes_per_s * UVM_GATHER_EFFICIENCY
+    i = id_bytes
+    G = float(batch) * W
+    p = TablePlacement(table=t.name, sharding=sharding, ranks=tuple(range(num_shards)), kernel=kernel)
+    n_all = G * t.pooling_factor
+    u = t.unique_share(n_all)
+    cold, hot = 1.0, 0.0
+    if hot_row_fraction > 0 and t.access is not None and sharding is not ShardingType.DATA_PARALLEL:
+        hot = hot_row_fraction * u * n_all
+        cold = 1.0 - float(t.access.access_share_of_hottest(hot_row_fraction))
+    id_scale = cold * (u if dedup else 1.0)
+    # samples with at least one cold id still need a partial sum from the owner
+    out_scale = 1.0 - (1.0 - cold) ** max(t.pooling_factor, 1.0) if hot else 1.0
+    per = {k: np.zeros(num_shards) for k in _FIELDS}
+    for j, s in enumerate(_shards(t, p, W, g, G)):
+        rows_read = s.ids * cold * (u if dedup else 1.0)
+        distinct = s.ids * cold * u
+        state = optimizer.state_bytes_per_row(s.dim)
+        row_bytes = s.dim * t.weight_bytes
+        if kernel in (ComputeKernel.HBM, ComputeKernel.DENSE):
+            h = 1.0
+            per["hbm"][j] = s.rows * (row_bytes + state)
+        else:
+            cache_rows = cache_ratio * s.rows if kernel is ComputeKernel.UVM_CACHING else 0.0
+            h = _hit_rate(t, cache_rows, s.ids)
+            per["hbm"][j] = cache_rows * (row_bytes + state)
+            per["host"][j] = (s.rows - cache_rows) * (row_bytes + state)
+        outputs = s.outputs * (out_scale if sharding is not ShardingType.DATA_PARALLEL else 1.0)
+        f_hbm = s.ids * id_scale * i + h * rows_read * row_bytes + outputs * s.dim * POOLED_OUTPUT_BYTES
+        b_hbm = (outputs * s.dim * POOLED_OUTPUT_BYTES + 2.0 * s.ids * id_scale * i
+                 + h * distinct * 2.0 * (row_bytes + state))
+        f_host = (1.0 - h) * rows_read * row_bytes
+        b_host = (1.0 - h) * distinct * 2.0 * (row_bytes + state)
+        per["fwd"][j] = f_hbm / hbm_bw + f_host / host_bw + TBE_KERNELS_FWD * gpu.kernel_launch_overhead_s
+        per["bwd"][j] = b_hbm / hbm_bw + b_host / host_bw + TBE_KERNELS_BWD * gpu.kernel_launch_overhead_s
+        if sharding is ShardingType.DATA_PARALLEL:
+            per["bwd"][j] += t.num_rows * 2.0 * (row_bytes + state) / hbm_bw  # optimizer over the whole table
+            per["ar"][j] = collective_time_s(cluster, Collective.ALL_REDUCE, t.num_rows * t.dim * 4.0, W, 1)
+        elif sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
+            per["ids_in"][j] = s.ids * id_scale * i
+            per["out_a2a"][j] = outputs * s.dim * c
+            per["a2a_total"][j] = (W - 1) / W * (s.ids * id_scale * i + 2.0 * outputs * s.dim * c)
+        else:  # row-wise over all ranks, or table-row-wise inside one node
+            buf = outputs * s.dim * c
+            per["ids_in"][j] = s.ids * id_scale * i
+            per["rs"][j] = collective_time_s(cluster, Collective.REDUCE_SCATTER, buf, num_shards, 1)
+            per["a2a_total"][j] = (W - 1) / W * s.ids * id_scale * i
+            if sharding is ShardingType.TABLE_ROW_WISE and W > num_shards:
+                per["out_a2a"][j] = buf / num_shards
+                per["a2a_total"][j] += (W - 1) / W * 2.0 * buf / num_shards
+    every = {k: 0.0 for k in ("fwd", "bwd", "hbm", "ar")}
+    if hot:
+        # hot replicas on every rank: local lookups of the hot ids, an all-reduce of their gradients
+        row_state = t.dim * t.weight_bytes + optimizer.state_bytes_per_row(t.dim)
+        local = (n_all / W) * (1.0 - cold)
+        every["hbm"] = hot * row_state
+        every["fwd"] = (local * t.dim * t.weight_bytes + (G / W) * t.dim * POOLED_OUTPUT_BYTES) / hbm_bw
+        every["bwd"] = (local * i * 2.0 + hot * 2.0 * row_state) / hbm_bw
+        every["ar"] = float(collective_time_s(cluster, Collective.ALL_REDUCE, hot * t.dim * t.weight_bytes, W, 1))
+    return {"per_shard": per, "every_rank": every}
+
+
+def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *, hbm_reserve_fraction: float = 0.15,
+             memo: dict | None = None) -> EmbeddingCost:
+    """Per-rank time and memory of `plan` (see the module docstring for the model).
+
+    `memo`: a dict the caller keeps across plans of one workload and cluster (the search)."""
+    memo = {} if memo is None else memo
+    W = plan.world_size
+    acc = {k: np.zeros(W) for k in _FIELDS}
+    tables = {t.name: t for t in wl.tables}
+    wl_key = (wl.batch_size_per_rank, wl.id_bytes, wl.output_comm_bytes, wl.optimizer)
+    table_rank = {}
+    for p in plan.placements:
+        key = (p.table, p.sharding, len(p.ranks), p.kernel, p.cache_ratio, p.hot_row_fraction, plan.dedup, wl_key, W)
+        contrib = memo.get(key)
+        if contrib is None:
+            contrib = memo[key] = table_contribution(tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
+                                                     p.hot_row_fraction, plan.dedup, wl_key, cluster, W)
+        ranks = np.asarray(p.ranks)
+        for k, v in contrib["per_shard"].items():
+            np.add.at(acc[k], ranks, v)
+        for k, v in contrib["every_rank"].items():
+            acc[k] += v
+        per_rank = np.zeros(W)
+        np.add.at(per_rank, ranks, contrib["per_shard"]["fwd"] + contrib["per_shard"]["bwd"])
+        table_rank[p.table] = per_rank + contrib["every_rank"]["fwd"] + contrib["every_rank"]["bwd"]
+
+    def a2a(buf):
+        return np.asarray(collective_time_s(cluster, Collective.ALL_TO_ALL, buf, W, 1), dtype=float) * (buf > 0)
+    # an all-to-all is as slow as its busiest rank: the owner sending (or receiving) the most
+    comm = {
+        "input all-to-all": a2a(acc["ids_in"]),
+        "output all-to-all": a2a(acc["out_a2a"]),
+        "output reduce-scatter": acc["rs"],
+        "gradient all-to-all": a2a(acc["out_a2a"]),
+        "gradient all-gather": acc["rs"].copy(),  # all-gather mirrors the reduce-scatter
+        "data-parallel all-reduce": acc["ar"],
+    }
+    # buffers: ids in, pooled outputs out (forward) and their gradients (backward)
+    hbm = acc["hbm"] + acc["ids_in"] + 2.0 * acc["out_a2a"]
+    capacity = cluster.gpu.hbm_bytes * (1.0 - hbm_reserve_fraction)
+    worst = int(np.argmax(acc["fwd"] + acc["bwd"] + sum(comm.values())))
+    return EmbeddingCost(fwd_lookup_s=acc["fwd"], bwd_lookup_s=acc["bwd"], comm_s=comm, hbm_bytes=hbm,
+                         host_bytes=acc["host"], capacity_bytes=capacity, a2a_bytes=float(acc["a2a_total"].sum()),
+                         table_s={k: float(v[worst]) for k, v in table_rank.items()})
