@@ -109,7 +109,7 @@ class EmbeddingCost:
     host_bytes: np.ndarray
     capacity_bytes: float
     a2a_bytes: float             # bytes all ranks send in all-to-alls (input + output + gradients)
-    table_s: dict = field(default_factory=dict)  # table -> its share of the slowest rank's sum
+    table_s: dict = field(default_factory=dict)  # table -> lookup seconds (fwd + bwd) on its busiest rank
 
     @property
     def phase_s(self) -> dict:
@@ -278,7 +278,6 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
     # buffers: ids in, pooled outputs out (forward) and their gradients (backward)
     hbm = acc["hbm"] + acc["ids_in"] + 2.0 * acc["out_a2a"]
     capacity = cluster.gpu.hbm_bytes * (1.0 - hbm_reserve_fraction)
-    worst = int(np.argmax(acc["fwd"] + acc["bwd"] + sum(comm.values())))
     return EmbeddingCost(fwd_lookup_s=acc["fwd"], bwd_lookup_s=acc["bwd"], comm_s=comm, hbm_bytes=hbm,
                          host_bytes=acc["host"], capacity_bytes=capacity, a2a_bytes=float(acc["a2a_total"].sum()),
-                         table_s={k: float(v[worst]) for k, v in table_rank.items()})
+                         table_s={k: float(v.max()) for k, v in table_rank.items()})

@@ -28,7 +28,7 @@ from .tables import EmbeddingTable, EmbeddingWorkload
 
 MIN_COLUMN_SHARD_DIM = 32   # 128 B rows: one warp of FBGEMM's TBE reads 32 × 4-element vectors
 COLUMN_SPLITS = (1, 2, 4)
-HOT_ROW_FRACTIONS = (0.0, 0.001, 0.01, 0.05, 0.2)
+HOT_ROW_FRACTIONS = (0.0, 0.01, 0.05, 0.2, 0.5)
 DP_MAX_TABLE_SHARE = 0.05   # DP only for tables under 5% of a rank's HBM (replicated on every rank)
 
 
@@ -179,22 +179,14 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
     """The fastest plan found for `wl` on `world_size` ranks of `cluster`."""
     W = world_size or cluster.num_gpus
     P = _Planner(wl, cluster, W, hbm_reserve_fraction, dedup)
-    # 1. hot-row share per table: the one that makes the table cheapest on its own
-    hot = {}
-    for t in wl.tables:
-        best = (float("inf"), 0.0)
-        for f in (HOT_ROW_FRACTIONS if hot_rows and t.access is not None else (0.0,)):
-            sh, k, kern, cache = P.shape(t, f)
-            tv, _ = P.load(t, sh, k, kern, cache, f)
-            best = min(best, (float(tv.max() if sh is not ShardingType.ROW_WISE else tv.max()), f))
-        hot[t.name] = best[1]
+    hot = {t.name: 0.0 for t in wl.tables}  # replicas are chosen last, against the whole plan (step 5)
     base = {t.name: (*P.shape(t, hot[t.name]), hot[t.name]) for t in wl.tables}
     best = P.price(base)
     choice = dict(base)
     # 2. every sharded table re-split one way (TorchRec's uniform proposer), and for each,
     # 3. data parallel for the k tables whose replicated cost is lowest relative to their
     #    sharded cost, k swept (one table at a time gains nothing while another rank ties)
-    starts = [base] + [{n: (o if _movable(v) and _valid(P.tables[n], o, W, P.g) else v) for n, v in base.items()}
+    starts = [base] + [{n: ((*o[:4], v[4]) if _movable(v) and _valid(P.tables[n], o, W, P.g) else v) for n, v in base.items()}
                        for o in _options(P, None)]
     for start in starts:
         trial = dict(start)
@@ -221,12 +213,24 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
                 if option[:2] == choice[name][:2]:
                     continue
                 trial = dict(choice)
-                trial[name] = option if option[0] is not ShardingType.DATA_PARALLEL else option
+                trial[name] = option if option[0] is ShardingType.DATA_PARALLEL else (*option[:4], hot[name])
                 priced = P.price(trial)
                 if _better(priced, best):
                     best, choice, improved = priced, trial, True
         if not improved:
             break
+    # 5. hot-row replication (FlexShard): per table, costliest first, the replicated share of
+    #    its hottest rows that lowers the whole step (every rank pays each table's all-reduce)
+    if hot_rows:
+        for name in sorted(choice, key=lambda n: -float(P.load(P.tables[n], *choice[n][:4], choice[n][4])[0].max())):
+            if P.tables[name].access is None or choice[name][0] is ShardingType.DATA_PARALLEL:
+                continue
+            for f in HOT_ROW_FRACTIONS[1:]:
+                trial = dict(choice)
+                trial[name] = (*choice[name][:4], f)
+                priced = P.price(trial)
+                if _better(priced, best):
+                    best, choice = priced, trial
     _, plan, cost = best
     if not cost.fits:
         need = float(cost.hbm_bytes.max())

@@ -1,0 +1,162 @@
+"""Embedding-table sharding: byte counts per sharding type, search, CLI, TorchRec side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from paraplan.cli import main
+from paraplan.cost.comm import Collective, collective_time_s
+from paraplan.embeddings.cost import ComputeKernel, EmbeddingPlan, ShardingType, TablePlacement, evaluate
+from paraplan.embeddings.search import plan_embeddings
+from paraplan.embeddings.tables import EmbeddingTable, load_embedding_workload, load_profile
+from paraplan.specs.catalog import load_cluster
+
+from support import write
+
+
+def _one(table, sharding, ranks, W, batch=512, **kw):
+    wl = load_embedding_workload("criteo-1tb", batch)
+    wl = replace(wl, tables=(table,))
+    plan = EmbeddingPlan(placements=(TablePlacement(table=table.name, sharding=sharding, ranks=ranks, **kw),), world_size=W)
+    return wl, evaluate(plan, wl, load_cluster("dgx-h100", num_gpus=W))
+
+
+BIG = EmbeddingTable(name="big", num_rows=10_000_000, dim=128, pooling_factor=2.0)
+
+
+def test_table_wise_bytes_match_the_formula():
+    # ids in (G·P·8) and pooled outputs out and back (2·G·D·4), (W−1)/W of them off-rank
+    W, B = 16, 512
+    wl, c = _one(BIG, ShardingType.TABLE_WISE, (3,), W, B)
+    G = B * W
+    assert c.a2a_bytes == pytest.approx((W - 1) / W * (G * 2.0 * 8 + 2 * G * 128 * 4))
+    # weights + row-wise Adagrad state (4 B per row) + I/O buffers, all on rank 3
+    state = BIG.num_rows * (128 * 4 + 4)
+    assert c.hbm_bytes[3] == pytest.approx(state + G * 2.0 * 8 + 2 * G * 128 * 4)
+    assert c.hbm_bytes[np.arange(W) != 3].max() == 0
+
+
+def test_row_wise_moves_ids_only_and_reduce_scatters_outputs():
+    W, B = 16, 512
+    wl, c = _one(BIG, ShardingType.ROW_WISE, tuple(range(W)), W, B)
+    G = B * W
+    assert c.a2a_bytes == pytest.approx((W - 1) / W * G * 2.0 * 8)
+    cluster = load_cluster("dgx-h100", num_gpus=W)
+    rs = float(collective_time_s(cluster, Collective.REDUCE_SCATTER, G * 128 * 4.0, W, 1))
+    assert c.phase_s["output reduce-scatter"] == pytest.approx(rs)
+    assert c.hbm_bytes.max() == pytest.approx(BIG.num_rows / W * (128 * 4 + 4) + G * 2.0 * 8 / W)
+
+
+def test_data_parallel_has_no_all_to_all_but_an_all_reduce_of_the_table():
+    W = 16
+    small = EmbeddingTable(name="small", num_rows=1000, dim=64)
+    wl, c = _one(small, ShardingType.DATA_PARALLEL, tuple(range(W)), W, kernel=ComputeKernel.DENSE)
+    assert c.a2a_bytes == 0
+    cluster = load_cluster("dgx-h100", num_gpus=W)
+    assert c.phase_s["data-parallel all-reduce"] == pytest.approx(float(collective_time_s(cluster, Collective.ALL_REDUCE, 1000 * 64 * 4.0, W, 1)))
+
+
+def test_column_split_halves_the_owner_output():
+    W = 8  # a large batch, where bytes (not latency) set the all-to-all
+    _, tw = _one(BIG, ShardingType.TABLE_WISE, (0,), W, 65536)
+    _, cw = _one(BIG, ShardingType.COLUMN_WISE, (0, 1), W, 65536)
+    assert cw.comm_s["output all-to-all"].max() < 0.6 * tw.comm_s["output all-to-all"].max()
+
+
+def test_unique_share_uniform_and_measured():
+    tiny = EmbeddingTable(name="tiny", num_rows=3, dim=8)
+    assert tiny.unique_share(1000) == pytest.approx(3 / 1000, rel=1e-6)
+    assert EmbeddingTable(name="huge", num_rows=10**12, dim=8).unique_share(1000) == pytest.approx(1.0, abs=1e-6)
+    prof = load_profile()
+    # DLRM 2022 locality: 110,259,238 distinct rows of 1,405,163,864 indices
+    assert prof.unique_share == pytest.approx(110259238 / 1405163864)
+    rows, acc = prof.hot_curve()
+    assert np.all(np.diff(rows) >= 0) and np.all(np.diff(acc) >= 0)
+    assert rows[-1] == pytest.approx(1) and acc[-1] == pytest.approx(1)
+    # skew: the hottest 1% of a batch's distinct rows take well over 1% of its lookups
+    assert prof.access_share_of_hottest(0.01) > 0.3
+
+
+def test_search_beats_table_wise_round_robin_and_fits():
+    W = 8
+    wl = load_embedding_workload("criteo-1tb", 65536)
+    cluster = load_cluster("dgx-h100", num_gpus=W)
+    res = plan_embeddings(wl, cluster)
+    naive = EmbeddingPlan(placements=tuple(TablePlacement(table=t.name, sharding=ShardingType.TABLE_WISE, ranks=(i % W,))
+                                           for i, t in enumerate(wl.tables)), world_size=W)
+    assert res.cost.fits
+    assert res.cost.step_time_s < 0.9 * evaluate(naive, wl, cluster).step_time_s
+
+
+def test_dedup_cuts_all_to_all_by_the_unique_share():
+    W = 16
+    wl = load_embedding_workload("dlrm-skewed", 512)
+    cluster = load_cluster("dgx-h100", num_gpus=W)
+    plain = plan_embeddings(wl, cluster)
+    plan = replace(plain.plan, dedup=True)
+    dd = evaluate(plan, wl, cluster)
+    u = wl.tables[0].access.unique_share
+    ids_plain = plain.cost.comm_s["input all-to-all"].max()
+    assert dd.comm_s["input all-to-all"].max() < ids_plain
+    assert dd.step_time_s < plain.cost.step_time_s
+    # the id bytes shrink by u exactly; the pooled outputs do not change
+    G = 512 * W
+    ids = sum((W - 1) / W * G * t.pooling_factor * 8 for t in wl.tables
+              if plan.placement(t.name).sharding is not ShardingType.DATA_PARALLEL)
+    assert plain.cost.a2a_bytes - dd.a2a_bytes == pytest.approx(ids * (1 - u), rel=1e-6)
+
+
+def test_nothing_fits_says_why(capsys):
+    rc = main(["embeddings", "--gpus", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no embedding plan fits" in err and "more GPUs" in err and "\n" == err[-1] and err.count("\n") == 1
+
+
+def test_cli_json_and_export(tmp_path, capsys):
+    out = tmp_path / "constraints.json"
+    assert main(["embeddings", "--gpus", "8", "--json", "--export-torchrec", str(out)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["world_size"] == 8 and d["step_time_s"] > 0
+    assert d["step_time_s"] == pytest.approx(sum(d["phases_s"].values()))
+    exported = json.loads(out.read_text())
+    assert set(exported) == {"t_cat_%d" % i for i in range(26)}
+    assert all(v["sharding_types"][0] in {s.value for s in ShardingType} for v in exported.values())
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["embeddings", "--tables", "criteo"], "closest: criteo-1tb"),
+    (["embeddings", "--optimizer", "sgd"], "--optimizer: value='sgd'"),
+    (["embeddings", "--hbm-reserve", "1.5"], "--hbm-reserve"),
+])
+def test_bad_input_one_line_exit_2(argv, needle, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_bad_tables_csv_names_the_line(tmp_path, capsys):
+    path = write(tmp_path, "t.csv", "name,num_rows,dim\na,100,16\nb,many,16\n")
+    assert main(["embeddings", "--tables", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "t.csv:3" in err and "num_rows" in err
+
+
+torchrec_cases = [(8, 512), (8, 65536), (64, 512), (64, 65536)]
+
+
+@pytest.mark.parametrize("W,B", torchrec_cases)
+def test_no_slower_than_torchrec_under_torchrecs_model(W, B):
+    pytest.importorskip("torchrec")
+    from paraplan.export.torchrec import price_with_torchrec, torchrec_plan
+    wl = load_embedding_workload("criteo-1tb", B)
+    cluster = load_cluster("dgx-h100", num_gpus=W)
+    ours = plan_embeddings(wl, cluster)
+    _, theirs = torchrec_plan(wl, cluster, W)
+    priced = price_with_torchrec(ours.plan, wl, cluster)
+    assert priced.max_rank_s <= theirs.max_rank_s * (1 + 1e-9)
+    assert priced.max_rank_hbm_bytes <= priced.hbm_cap_bytes
