@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import pytest
+
+from paraplan.errors import FileFormatError
+
 
 def write(tmp_path, name: str, text: str):
     """Write `text` to tmp_path/name and return the path."""
     p = tmp_path / name
     p.write_text(text)
     return p
+
+
+def assert_bad_field_names_line(tmp_path, toml_text: str, old: str, new: str, field: str, load) -> None:
+    """Replacing `old` by `new` in a TOML makes `load` fail naming the file, line and field, in one line."""
+    p = write(tmp_path, "x.toml", toml_text.replace(old, new))
+    with pytest.raises(FileFormatError) as e:
+        load(str(p))
+    line = toml_text.splitlines().index(old) + 1
+    assert f"{p}:{line}:" in str(e.value) and field in str(e.value)
+    assert "\n" not in str(e.value)

@@ -15,7 +15,7 @@ from paraplan.errors import FileFormatError
 from paraplan.specs.catalog import load_model
 from paraplan.specs.hf import _moe_layout, model_from_hf_config
 from paraplan.specs.model import make_model
-from support import write
+from support import assert_bad_field_names_line, write
 
 MOE_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "validation" / "training_dev_moe.csv"
 
@@ -69,12 +69,7 @@ def test_toml_moe_fields_default_to_dense(tmp_path):
     ("qk_rope_head_dim = 16", "qk_rope_head_dim = 48", "qk_rope_head_dim"),  # must be below head_dim
 ])
 def test_toml_bad_moe_value_names_file_line_field(tmp_path, old, new, field):
-    p = write(tmp_path, "x.toml", MOE_TOML.replace(old, new))
-    with pytest.raises(FileFormatError) as e:
-        load_model(str(p))
-    line = MOE_TOML.splitlines().index(old) + 1
-    assert f"{p}:{line}:" in str(e.value) and field in str(e.value)
-    assert "\n" not in str(e.value)
+    assert_bad_field_names_line(tmp_path, MOE_TOML, old, new, field, load_model)
 
 
 # ---- presets and the validation names --------------------------------------------------

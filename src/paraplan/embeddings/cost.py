@@ -94,10 +94,6 @@ class EmbeddingPlan:
         raise KeyError(table)
 
 
-COMM_PHASES = ("input all-to-all", "output all-to-all", "output reduce-scatter", "gradient all-to-all",
-               "gradient all-gather", "data-parallel all-reduce")
-
-
 @dataclass(frozen=True, kw_only=True)
 class EmbeddingCost:
     """Per-rank costs (arrays of length W) and the step they make."""
@@ -145,23 +141,22 @@ def _hit_rate(table: EmbeddingTable, cache_rows: float, num_ids: float) -> float
 
 @dataclass(frozen=True)
 class _Shard:
-    rank: int
     rows: float
     dim: int
     ids: float       # ids this shard looks up per step
     outputs: float   # pooled outputs it writes (samples)
 
 
-def _shards(t: EmbeddingTable, p: TablePlacement, W: int, g: int, G: float) -> list[_Shard]:
+def _shards(t: EmbeddingTable, sharding: ShardingType, k: int, W: int, G: float) -> list[_Shard]:
+    """The table's k shards in shard order (rank 0 stands for each shard's own rank)."""
     n = G * t.pooling_factor
-    k = len(p.ranks)
-    if p.sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
+    if sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
         dims = [t.dim // k + (1 if j < t.dim % k else 0) for j in range(k)]
-        return [_Shard(r, t.num_rows, d, n, G) for r, d in zip(p.ranks, dims)]
-    if p.sharding in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-        return [_Shard(r, t.num_rows / k, t.dim, n / k, G) for r in p.ranks]
+        return [_Shard(t.num_rows, d, n, G) for d in dims]
+    if sharding in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        return [_Shard(t.num_rows / k, t.dim, n / k, G)] * k
     # data parallel: every rank looks up its own B·P ids
-    return [_Shard(r, t.num_rows, t.dim, n / W, G / W) for r in p.ranks]
+    return [_Shard(t.num_rows, t.dim, n / W, G / W)] * k
 
 
 _FIELDS = ("fwd", "bwd", "hbm", "host", "ids_in", "out_a2a", "rs", "ar", "a2a_total")
@@ -174,12 +169,10 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
     per-rank quantities every rank pays (hot replicas), independent of which ranks."""
     batch, id_bytes, c, optimizer = wl_key
     gpu = cluster.gpu
-    g = min(cluster.gpus_per_node, W)
     hbm_bw = gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency
     host_bw = gpu.host_link_bw_unidir_bytes_per_s * UVM_GATHER_EFFICIENCY
     i = id_bytes
     G = float(batch) * W
-    p = TablePlacement(table=t.name, sharding=sharding, ranks=tuple(range(num_shards)), kernel=kernel)
     n_all = G * t.pooling_factor
     u = t.unique_share(n_all)
     cold, hot = 1.0, 0.0
@@ -190,7 +183,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
     # samples with at least one cold id still need a partial sum from the owner
     out_scale = 1.0 - (1.0 - cold) ** max(t.pooling_factor, 1.0) if hot else 1.0
     per = {k: np.zeros(num_shards) for k in _FIELDS}
-    for j, s in enumerate(_shards(t, p, W, g, G)):
+    for j, s in enumerate(_shards(t, sharding, num_shards, W, G)):
         rows_read = s.ids * cold * (u if dedup else 1.0)
         distinct = s.ids * cold * u
         state = optimizer.state_bytes_per_row(s.dim)

@@ -29,7 +29,10 @@ from .tables import EmbeddingTable, EmbeddingWorkload
 MIN_COLUMN_SHARD_DIM = 32   # 128 B rows: one warp of FBGEMM's TBE reads 32 × 4-element vectors
 COLUMN_SPLITS = (1, 2, 4)
 HOT_ROW_FRACTIONS = (0.0, 0.01, 0.05, 0.2, 0.5)
-DP_MAX_TABLE_SHARE = 0.05   # DP only for tables under 5% of a rank's HBM (replicated on every rank)
+# Search bounds, not model parameters: which tables may be replicated (DP) and how much of a
+# rank's usable HBM one shard may take before the table is split further (room to pack others).
+DP_MAX_TABLE_SHARE = 0.05
+MAX_SHARD_SHARE = 0.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,13 +40,6 @@ class EmbeddingSearchResult:
     plan: EmbeddingPlan
     cost: EmbeddingCost
     candidates: int  # plans priced by the full model
-
-
-def _single(t: EmbeddingTable, p: TablePlacement, wl: EmbeddingWorkload, cluster: ClusterSpec, W: int, reserve: float):
-    """Per-rank time and HBM of one table alone (loads for the greedy placement)."""
-    one = EmbeddingPlan(placements=(p,), world_size=W)
-    c = evaluate(one, replace(wl, tables=(t,)), cluster, hbm_reserve_fraction=reserve)
-    return c.rank_total_s, c.hbm_bytes, c.capacity_bytes
 
 
 class _Planner:
@@ -57,25 +53,29 @@ class _Planner:
         self.memo: dict = {}
 
     def load(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel=ComputeKernel.HBM, cache=0.0, hot=0.0):
+        """Per-rank seconds and HBM bytes of the table alone (the loads the greedy placement adds)."""
         key = (t.name, sharding, k, kernel, cache, hot)
         if key not in self._load_cache:
             ranks = tuple(range(self.W)) if sharding in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL) else tuple(range(k))
             p = TablePlacement(table=t.name, sharding=sharding, ranks=ranks, kernel=kernel, cache_ratio=cache, hot_row_fraction=hot)
-            self._load_cache[key] = _single(t, p, self.wl, self.cluster, self.W, self.reserve)[:2]
+            alone = evaluate(EmbeddingPlan(placements=(p,), world_size=self.W), self.wl, self.cluster,
+                             hbm_reserve_fraction=self.reserve, memo=self.memo)
+            self._load_cache[key] = (alone.rank_total_s, alone.hbm_bytes)
         return self._load_cache[key]
 
-    def shape(self, t: EmbeddingTable, hot: float) -> tuple[ShardingType, int, ComputeKernel, float]:
+    def shape(self, t: EmbeddingTable) -> tuple[ShardingType, int, ComputeKernel, float]:
         """Default split of a table: whole on one rank if it fits, else rows over a node, else
         rows over all ranks, else host memory with the largest HBM cache that fits."""
         state = self.wl.optimizer.state_bytes_per_row(t.dim)
         need = t.num_rows * (t.dim * t.weight_bytes + state)
-        if need <= 0.5 * self.capacity:
+        cap = MAX_SHARD_SHARE * self.capacity
+        if need <= cap:
             return ShardingType.TABLE_WISE, 1, ComputeKernel.HBM, 0.0
-        if self.W > self.g and need / self.g <= 0.5 * self.capacity:
+        if self.W > self.g and need / self.g <= cap:
             return ShardingType.TABLE_ROW_WISE, self.g, ComputeKernel.HBM, 0.0
-        if need / self.W <= 0.5 * self.capacity:
+        if need / self.W <= cap:
             return ShardingType.ROW_WISE, self.W, ComputeKernel.HBM, 0.0
-        cache = min(1.0, 0.5 * self.capacity * self.W / need)
+        cache = min(1.0, cap * self.W / need)
         return ShardingType.ROW_WISE, self.W, ComputeKernel.UVM_CACHING, round(cache, 4)
 
     def place(self, choice: dict) -> EmbeddingPlan:
@@ -147,17 +147,16 @@ def _valid(t: EmbeddingTable, option, W: int, g: int) -> bool:
 def _options(P: "_Planner", t: EmbeddingTable | None):
     """Alternatives for one table (or, with None, for all sharded tables at once)."""
     W, g = P.W, P.g
-    hot = 0.0
-    out = [(ShardingType.TABLE_WISE, 1, ComputeKernel.HBM, 0.0, hot)]
-    out += [(ShardingType.COLUMN_WISE, k, ComputeKernel.HBM, 0.0, hot) for k in COLUMN_SPLITS[1:]]
-    out += [(ShardingType.TABLE_ROW_WISE, g, ComputeKernel.HBM, 0.0, hot), (ShardingType.ROW_WISE, W, ComputeKernel.HBM, 0.0, hot)]
+    out = [(ShardingType.TABLE_WISE, 1, ComputeKernel.HBM, 0.0, 0.0)]
+    out += [(ShardingType.COLUMN_WISE, k, ComputeKernel.HBM, 0.0, 0.0) for k in COLUMN_SPLITS[1:]]
+    out += [(ShardingType.TABLE_ROW_WISE, g, ComputeKernel.HBM, 0.0, 0.0), (ShardingType.ROW_WISE, W, ComputeKernel.HBM, 0.0, 0.0)]
     if t is not None:
         state = P.wl.optimizer.state_bytes_per_row(t.dim)
         if t.num_rows * (t.dim * t.weight_bytes + state) <= DP_MAX_TABLE_SHARE * P.capacity:
             out.append((ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE, 0.0, 0.0))
         need = t.num_rows * (t.dim * t.weight_bytes + state)
         out = [o for o in out if _valid(t, o, W, g) and (o[0] is ShardingType.ROW_WISE or
-               need / (g if o[0] is ShardingType.TABLE_ROW_WISE else 1) <= 0.5 * P.capacity)]
+               need / (g if o[0] is ShardingType.TABLE_ROW_WISE else 1) <= MAX_SHARD_SHARE * P.capacity)]
     return out
 
 
@@ -179,14 +178,14 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
     """The fastest plan found for `wl` on `world_size` ranks of `cluster`."""
     W = world_size or cluster.num_gpus
     P = _Planner(wl, cluster, W, hbm_reserve_fraction, dedup)
-    hot = {t.name: 0.0 for t in wl.tables}  # replicas are chosen last, against the whole plan (step 5)
-    base = {t.name: (*P.shape(t, hot[t.name]), hot[t.name]) for t in wl.tables}
+    # choices: table -> (sharding, shards, kernel, cache ratio, hot-row share); hot rows come last (step 5)
+    base = {t.name: (*P.shape(t), 0.0) for t in wl.tables}
     best = P.price(base)
     choice = dict(base)
     # 2. every sharded table re-split one way (TorchRec's uniform proposer), and for each,
     # 3. data parallel for the k tables whose replicated cost is lowest relative to their
     #    sharded cost, k swept (one table at a time gains nothing while another rank ties)
-    starts = [base] + [{n: ((*o[:4], v[4]) if _movable(v) and _valid(P.tables[n], o, W, P.g) else v) for n, v in base.items()}
+    starts = [base] + [{n: (o if _movable(v) and _valid(P.tables[n], o, W, P.g) else v) for n, v in base.items()}
                        for o in _options(P, None)]
     for start in starts:
         trial = dict(start)
@@ -213,7 +212,7 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
                 if option[:2] == choice[name][:2]:
                     continue
                 trial = dict(choice)
-                trial[name] = option if option[0] is ShardingType.DATA_PARALLEL else (*option[:4], hot[name])
+                trial[name] = option
                 priced = P.price(trial)
                 if _better(priced, best):
                     best, choice, improved = priced, trial, True

@@ -49,6 +49,7 @@ class AccessProfile:
     bin_edges: tuple[int, ...]
     index_share: tuple[float, ...]
     unique_share: float
+    ids_per_sample_per_table: float = 1.0  # mean pooling factor: indices / (batch · tables)
     source: str = field(default="", compare=False)
 
     def hot_curve(self):
@@ -164,6 +165,8 @@ def load_profile(path_or_name: str = "dlrm-2022") -> AccessProfile:
     return AccessProfile(name=d.get("name", shown), bin_edges=tuple(int(x) for x in d["bin_edges"]),
                          index_share=tuple(float(x) for x in d["index_share"]),
                          unique_share=float(d["num_unique_rows"]) / float(d["num_indices"]),
+                         ids_per_sample_per_table=(float(d["num_indices"]) / (d["batch_size"] * d["num_tables"])
+                                                   if "batch_size" in d and "num_tables" in d else 1.0),
                          source=d.get("source", shown))
 
 
@@ -197,10 +200,9 @@ def _tables_from_csv(text: str, shown: str) -> tuple[EmbeddingTable, ...]:
 def skewed_tables(profile: AccessProfile, num_tables: int = 96) -> tuple[EmbeddingTable, ...]:
     """The `dlrm-skewed` preset: row counts log-spaced from 10^4 to 10^8 (deterministic), dim
     128, the profile's mean pooling factor n/(batch·tables) and its access skew."""
-    d = tomllib.loads(_catalog_text("dlrm-2022-locality.toml"))
-    pooling = d["num_indices"] / (d["batch_size"] * d["num_tables"])
     rows = np.logspace(4, 8, num_tables)
-    return tuple(EmbeddingTable(name=f"t{i}", num_rows=int(round(r)), dim=128, pooling_factor=round(pooling, 2), access=profile)
+    pooling = round(profile.ids_per_sample_per_table, 2)
+    return tuple(EmbeddingTable(name=f"t{i}", num_rows=int(round(r)), dim=128, pooling_factor=pooling, access=profile)
                  for i, r in enumerate(rows))
 
 

@@ -139,6 +139,8 @@ def torchrec_plan(wl: EmbeddingWorkload, cluster: ClusterSpec, world_size: int, 
     `default`: EmbeddingShardingPlanner's proposers (grid search when the space is small,
     greedy, uniform). `search`: adds its slower ones, the dynamic-programming proposer and a
     grid search allowed 10× more proposals."""
+    if proposers not in PROPOSERS:
+        raise ParaplanError(f"proposers={proposers!r} is not allowed; allowed: {', '.join(PROPOSERS)}")
     _torchrec()
     _quiet()
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
