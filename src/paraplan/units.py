@@ -7,6 +7,7 @@ memory reports (Korthikanti et al. and torch report GiB).
 
 from __future__ import annotations
 
+MILLI = 1e-3
 KILO = 1e3
 MEGA = 1e6
 GIGA = 1e9

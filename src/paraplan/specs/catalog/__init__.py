@@ -44,7 +44,7 @@ _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_
 _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
-_GPU_OPTIONAL = ("kernel_launch_overhead_us", "memory_bw_efficiency", "fp8_gemm_efficiency_ratio",
+_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "memory_bw_efficiency", "fp8_gemm_efficiency_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio",
                  "source", "aliases")
@@ -253,7 +253,9 @@ def _gpu_from_table(t: _Table) -> GPUSpec:
         extra["host_adam_params_per_s"] = t.num("host_adam_params_per_s")
     return GPUSpec(
         name=t.str_("name"), peak_flops_per_s=peak_flops_per_s,
-        hbm_bytes=units.gbytes(t.num("hbm_gb")),
+        # the driver's memory.total when known (the datasheet's "80GB" is 80 GiB on A100)
+        hbm_bytes=(t.num("hbm_usable_mib") * units.MIB if "hbm_usable_mib" in t.data
+                   else units.gbytes(t.num("hbm_gb"))),
         hbm_bw_bytes_per_s=t.num("hbm_tb_per_s") * units.TERA,  # TB/s (decimal) -> bytes/s
         tdp_watts=t.num("tdp_watts"),
         host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s")),

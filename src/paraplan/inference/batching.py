@@ -1,0 +1,214 @@
+"""Event simulation of iteration-level (continuous) batching on one replica.
+
+Orca (Yu et al. OSDI'22) schedules per iteration: every iteration runs the prompts being
+prefilled and one token of every decoding sequence together; a finished sequence leaves
+and a waiting one joins at the next iteration. Admission (TensorRT-LLM's default
+GUARANTEED_NO_EVICT policy, vLLM without preemption) is first-come first-served while
+the batch has fewer than `max_batch` sequences and the KV cache can hold the newcomer's
+whole prompt + output (rounded up to KV pages). Each iteration carries at most
+`max_num_tokens` tokens; a prompt longer than the remaining budget waits for the next
+iteration, unless chunked prefill (Sarathi, Agrawal et al. 2023) splits it to fill the
+budget. Prompts longer than `max_num_tokens` are always chunked.
+
+The loop is event-driven: the clock jumps from one iteration's end to the next, or to the
+next arrival when the replica is idle; iteration times come from step.IterationModel. No
+I/O; one tie-break rule: requests are served in arrival order (ties by request index).
+
+Arrivals: at a rate λ, N arrival times are N sorted uniform draws on [0, N/λ] — a Poisson
+process conditioned on N arrivals in that window, so the offered load is exactly λ and the
+bursts are Poisson's. Maximum load: all N arrive at time 0. Concurrency c: a closed loop in
+which each finished request is replaced at once, until N have been sent.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from .deploy import EngineLimits, Traffic
+from .step import IterationModel
+
+KV_PAGE_TOKENS = 64  # tokens per KV-cache page (TensorRT-LLM tokens_per_block default: 64)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServingResult:
+    ttft_s: np.ndarray        # per request
+    tpot_s: np.ndarray        # per request with > 1 output token: (finish − first token) / (n − 1)
+    e2e_s: np.ndarray
+    makespan_s: float         # first arrival to last completion
+    num_iterations: int
+    output_tokens: int
+    prompt_tokens: int
+    max_concurrency: int      # most sequences in one iteration
+    kv_capacity_tokens: int
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.e2e_s)
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.num_requests / self.makespan_s
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.makespan_s
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        return (self.output_tokens + self.prompt_tokens) / self.makespan_s
+
+    def percentile(self, name: str, q: float) -> float:
+        values = getattr(self, name)
+        return float(np.percentile(values, q)) if len(values) else 0.0
+
+    def goodput_rps(self, ttft_target_s: float | None, tpot_target_s: float | None) -> float:
+        """Requests per second that met both latency targets (DistServe's goodput)."""
+        ok = np.ones(self.num_requests, dtype=bool)
+        if ttft_target_s is not None:
+            ok &= self.ttft_s <= ttft_target_s
+        if tpot_target_s is not None and len(self.tpot_s) == self.num_requests:
+            ok &= self.tpot_s <= tpot_target_s
+        return float(ok.sum()) / self.makespan_s
+
+
+def arrival_times_s(traffic: Traffic, seed: int = 0) -> np.ndarray:
+    n = traffic.num_requests
+    if traffic.rate_rps is None:
+        return np.zeros(n)
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.uniform(0.0, n / traffic.rate_rps, size=n))
+
+
+def _pages(tokens: int) -> int:
+    return math.ceil(tokens / KV_PAGE_TOKENS) * KV_PAGE_TOKENS
+
+
+def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_capacity_tokens: int,
+             seed: int = 0) -> ServingResult:
+    """Serve `traffic` on one replica; returns per-request latencies and throughput."""
+    n = traffic.num_requests
+    isl, osl = traffic.prompt_tokens, traffic.output_tokens
+    need = _pages(isl + osl)
+    if need > kv_capacity_tokens:
+        from ..errors import ParaplanError
+        raise ParaplanError(
+            f"one request needs {need} tokens of KV cache but a replica holds {kv_capacity_tokens}; "
+            "use more GPUs per replica (tp/pp), an fp8/int8 KV cache or shorter requests")
+    closed = traffic.concurrency is not None
+    if closed:
+        arrivals = np.zeros(n)
+        released = min(traffic.concurrency, n)
+    else:
+        arrivals = arrival_times_s(traffic, seed)
+        released = n
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+
+    waiting: deque[int] = deque()
+    next_arrival = 0             # next request index not yet queued
+    prefilling: list[list[int]] = []   # [request, prompt tokens done]
+    decoding_finish: list[tuple[int, int]] = []   # heap of (iteration it finishes at, request)
+    decode_start_ctx: dict[int, int] = {}
+    num_decoding = 0
+    ctx_sum = 0                  # KV tokens the decoding sequences read this iteration
+    kv_reserved = 0
+    it = 0
+    now = 0.0
+    max_conc = 0
+    budget_cap = limits.max_num_tokens
+
+    def release_upto(t: float) -> None:
+        nonlocal next_arrival
+        while next_arrival < released and arrivals[next_arrival] <= t:
+            waiting.append(next_arrival)
+            next_arrival += 1
+
+    done = 0
+    while done < n:
+        release_upto(now)
+        active = len(prefilling) + num_decoding
+        if active == 0 and not waiting:
+            if next_arrival >= released:  # closed loop waiting on nothing: cannot happen
+                break
+            now = max(now, float(arrivals[next_arrival]))
+            continue
+        # admission, FCFS
+        budget = budget_cap - num_decoding
+        pending = sum(isl - d for _, d in prefilling)
+        while waiting and active < limits.max_batch and kv_reserved + need <= kv_capacity_tokens:
+            if limits.chunked_prefill:
+                if pending >= budget:
+                    break
+            elif prefilling and pending + isl > budget:
+                break
+            prefilling.append([waiting.popleft(), 0])
+            pending += isl
+            kv_reserved += need
+            active += 1
+        # this iteration's prefill chunks
+        P = 0
+        pairs = 0.0
+        completing = []
+        left = max(budget, 0)
+        for entry in prefilling:
+            if left <= 0:
+                break
+            r, d = entry
+            c = min(isl - d, left)
+            if c <= 0:
+                continue
+            P += c
+            pairs += c * (d + c / 2.0)
+            left -= c
+            entry[1] = d + c
+            if entry[1] >= isl:
+                completing.append(r)
+        D = num_decoding
+        if P == 0 and D == 0:
+            # nothing fits this iteration (cannot happen: a prompt > budget is chunked)
+            raise AssertionError("serving simulation made no progress")
+        max_conc = max(max_conc, len(prefilling) + D)
+        dt = step.time_s(P, pairs, D, ctx_sum + D, D + len(completing))
+        now += dt
+        it += 1
+        # decoding sequences each produced a token
+        ctx_sum += D
+        while decoding_finish and decoding_finish[0][0] <= it:
+            _, r = heapq.heappop(decoding_finish)
+            finish[r] = now
+            num_decoding -= 1
+            ctx_sum -= decode_start_ctx.pop(r) + (osl - 1)
+            kv_reserved -= need
+            done += 1
+            if closed and released < n:
+                arrivals[released] = now
+                released += 1
+        if completing:
+            done_set = set(completing)
+            prefilling = [e for e in prefilling if e[0] not in done_set]
+            for r in completing:
+                first[r] = now
+                if osl == 1:
+                    finish[r] = now
+                    kv_reserved -= need
+                    done += 1
+                    if closed and released < n:
+                        arrivals[released] = now
+                        released += 1
+                else:
+                    heapq.heappush(decoding_finish, (it + osl - 1, r))
+                    decode_start_ctx[r] = isl + 1
+                    ctx_sum += isl + 1
+                    num_decoding += 1
+    start = float(arrivals.min())
+    ttft = first - arrivals
+    tpot = (finish - first) / (osl - 1) if osl > 1 else np.zeros(0)
+    return ServingResult(ttft_s=ttft, tpot_s=tpot, e2e_s=finish - arrivals, makespan_s=float(np.nanmax(finish)) - start,
+                         num_iterations=it, output_tokens=n * osl, prompt_tokens=n * isl,
+                         max_concurrency=max_conc, kv_capacity_tokens=kv_capacity_tokens)

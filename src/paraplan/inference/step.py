@@ -1,0 +1,251 @@
+"""Time and memory of one serving iteration: a forward pass over a mixed batch.
+
+Notation (Pope et al. 2022): l layers, h d_model, f d_ff, a heads, k kv heads, d head dim,
+V vocab, t tensor-parallel GPUs, p pipeline stages, T tokens in the iteration (prompt
+tokens being prefilled + one per decoding sequence).
+
+An iteration of iteration-level batching (Orca, Yu et al. OSDI'22; vLLM; TensorRT-LLM
+in-flight batching) runs every linear layer once over all T tokens: the weights are read
+from HBM once per iteration, which is why decode is memory-bound until T reaches the GPU's
+FLOP/byte ratio (Pope et al. Sec. 2.2). Attention is per sequence: prefill chunks do
+4·c·(c/2 + past)·a·d FLOPs (causal), each decoding sequence reads its whole KV cache.
+Every kernel is a roofline (cost/roofline.py conventions): max(FLOPs / achieved FLOP/s,
+bytes / achieved HBM bandwidth) + a launch overhead; tensor parallelism adds two
+all-reduces of T·h activations per layer (Shoeybi et al. 2019), costed by cost/comm.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..cost.comm import Collective, collective_time_s, p2p_time_s
+from ..errors import SpecError
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision
+from .deploy import AttentionSharding, EngineLimits, ServePlan
+
+ACT_BYTES = 2.0     # activations and all-reduces in 16 bits (FP8 engines too)
+LOGIT_BYTES = 4.0   # fp32 logits for sampling
+# Kernels per transformer layer in a fused serving engine: 2 norms, QKV, rope/KV write,
+# attention, output projection, MLP in (gate+up), activation, MLP out, 2 residual adds.
+KERNELS_PER_LAYER = 11
+# Element-wise traffic per layer: norms, residual adds, activation, rope — about eight
+# reads or writes of the T×h activations (plus the T×f activation, counted apart).
+ELEMENTWISE_PASSES = 8
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeMemory:
+    """Per-GPU memory of one replica's worst stage; the KV cache gets what is left."""
+
+    weights_bytes: float
+    workspace_bytes: float
+    reserved_bytes: float
+    kv_cache_bytes: float
+    hbm_bytes: float
+    kv_bytes_per_token: float      # per GPU, for one token of one sequence (all its layers)
+    kv_capacity_tokens: int        # tokens of KV cache one replica holds
+
+    @property
+    def fits(self) -> bool:
+        return self.kv_capacity_tokens > 0
+
+    def parts(self) -> dict[str, float]:
+        return {"weights_bytes": self.weights_bytes, "workspace_bytes": self.workspace_bytes,
+                "reserved_bytes": self.reserved_bytes, "kv_cache_bytes": self.kv_cache_bytes}
+
+
+def kv_bytes_per_token_per_layer(model: ModelSpec, kv_bytes: float) -> float:
+    """K and V of one token in one layer (all heads): 2·k·d elements (MLA: r_kv + d_r latent)."""
+    if model.is_mla:
+        return (model.kv_lora_rank + model.qk_rope_head_dim) * kv_bytes
+    return 2.0 * model.num_kv_heads * model.head_dim * kv_bytes
+
+
+def kv_share_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
+    """Fraction of a token's KV that one of the t GPUs stores.
+
+    Sharded over heads, each GPU holds ceil(k/t) of the k kv heads (a head is replicated when
+    t > k; MLA's latent is shared by all heads, so replicated); sharded over batch, a
+    sequence's KV lives on one GPU: 1/t on average (Pope et al. Sec. 3.3).
+    """
+    t = plan.tp
+    if plan.attention_sharding is AttentionSharding.BATCH:
+        return 1.0 / t
+    if model.is_mla:
+        return 1.0
+    return math.ceil(model.num_kv_heads / t) / model.num_kv_heads
+
+
+def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits: EngineLimits) -> ServeMemory:
+    gpu = cluster.gpu
+    t, p = plan.tp, plan.pp
+    wb = plan.weight_dtype.bytes_per_element
+    layers_per_stage = math.ceil(model.num_layers / p)
+    body = (model.num_params - model.embedding_params - model.lm_head_params) / model.num_layers
+    ends = max(model.embedding_params + (model.lm_head_params if p == 1 else 0), model.lm_head_params)
+    weights = (body * layers_per_stage + ends) / t * wb
+    # Activation workspace sized for max_num_tokens (the engine allocates it up front) and
+    # fp32 logits for max_batch rows (TensorRT-LLM sizes both at engine build).
+    f_local = (model.num_mlp_matrices - 1) * max(model.ffn_hidden_size, model.moe_ffn_hidden_size * max(model.top_k, 1)) / t
+    tok = min(limits.max_num_tokens, 1 << 20)
+    workspace = tok * (2 * model.hidden_size + (model.q_dim + 2 * model.kv_dim) / t + f_local) * ACT_BYTES
+    workspace += min(limits.max_batch, tok) * model.vocab_size / t * LOGIT_BYTES
+    free = gpu.hbm_bytes - weights - workspace - gpu.reserved_bytes
+    kv_cache = max(free, 0.0) * limits.kv_free_fraction
+    per_token = kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) * layers_per_stage \
+        * kv_share_per_gpu(model, plan)
+    capacity = int(kv_cache // per_token) if kv_cache > 0 else 0
+    return ServeMemory(weights_bytes=weights, workspace_bytes=workspace, reserved_bytes=gpu.reserved_bytes,
+                       kv_cache_bytes=kv_cache, hbm_bytes=gpu.hbm_bytes, kv_bytes_per_token=per_token,
+                       kv_capacity_tokens=capacity)
+
+
+class IterationModel:
+    """Time of one iteration of one replica, fast enough to call once per simulated step.
+
+    Linear layers and communication depend only on the token count T (memoized); attention
+    is linear in the prefill pair count and the decoded context, so the simulator passes sums.
+    """
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, plan: ServePlan):
+        if plan.tp > cluster.gpus_per_node:
+            raise SpecError("deployment", "tp", plan.tp,
+                            f"must be <= {cluster.gpus_per_node} GPUs of one {cluster.name} node (NVLink domain)")
+        self.model, self.cluster, self.plan = model, cluster, plan
+        gpu = cluster.gpu
+        self.gpu = gpu
+        self.layers_per_stage = math.ceil(model.num_layers / plan.pp)
+        self.precision = plan.compute_precision
+        self.wbytes = plan.weight_dtype.bytes_per_element
+        self.kvbytes = plan.kv_dtype.bytes_per_element
+        self.mem_bw = gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency
+        self.peak16 = gpu.peak(Precision.BF16)
+        if self.precision is Precision.FP8:
+            self.peak = gpu.peak(Precision.FP8)
+            self.gemm_rate_scale = self.peak * gpu.fp8_gemm_efficiency_ratio * gpu.sustained_compute_ratio
+            self.curve_flops_scale = self.peak16 / self.peak  # the curve is by BF16 FLOPs
+        else:
+            self.peak = gpu.peak(self.precision)
+            self.gemm_rate_scale = self.peak * gpu.sustained_compute_ratio
+            self.curve_flops_scale = 1.0
+        self.attn_curve = gpu.attention_curve(gpu.attention_kernels[-1])
+        t = plan.tp
+        h = model.hidden_size
+        # GEMMs of one layer as (n, k) of the T×k · k×n product on one GPU
+        self.dense_gemms = [((model.q_dim + 2 * model.num_kv_heads * model.head_dim) / t, h),
+                            (h, model.q_dim / t)]
+        f = model.ffn_hidden_size
+        mlp = [((model.num_mlp_matrices - 1) * f / t, h), (h, f / t)]
+        self.mlp_gemms = mlp
+        self.kv_read_per_token = kv_bytes_per_token_per_layer(model, self.kvbytes) * kv_share_per_gpu(model, plan)
+        self.attn_heads_share = 1.0 / t  # a·d/t query width per GPU
+        self._linear = lru_cache(maxsize=None)(self._linear_s)
+        self.lm_head_s = lru_cache(maxsize=None)(self._lm_head_s)
+
+    # ---- pieces -------------------------------------------------------------------------
+    def _gemm_s(self, m: float, n: float, k: float, weight_bytes: float | None = None) -> float:
+        gpu = self.gpu
+        flops = 2.0 * m * n * k
+        # FP8: an FP8 GEMM finishes its FLOPs like a BF16 GEMM of peak16/peak8 as many
+        # (cost/roofline.gemm_time_s)
+        rate = self.gemm_rate_scale * gpu.gemm_efficiency.at(flops * self.curve_flops_scale)
+        wbytes = n * k * self.wbytes if weight_bytes is None else weight_bytes
+        moved = wbytes + (m * k + m * n) * ACT_BYTES
+        return max(flops / rate, moved / self.mem_bw) + gpu.kernel_launch_overhead_s
+
+    def _moe_s(self, T: int) -> float:
+        """Routed experts of one MoE layer over T tokens (each GPU: E/ep experts, 1/(t/ep) of each)."""
+        m = self.model
+        t, ep = self.plan.tp, self.plan.ep
+        E, k, fe = m.num_experts, m.top_k, m.moe_ffn_hidden_size
+        split = t // ep
+        local_experts = E / ep
+        # experts that receive at least one of the T·k routed tokens (uniform routing)
+        active = local_experts * (1.0 - (1.0 - k / E) ** T)
+        tokens_per_expert = T * k / E
+        in_n, out_k = (m.num_mlp_matrices - 1) * fe / split, fe / split
+        h = m.hidden_size
+        s = 0.0
+        if active > 0:
+            s += active * (self._gemm_s(tokens_per_expert, in_n, h) + self._gemm_s(tokens_per_expert, h, out_k))
+        if m.shared_expert_ffn_hidden_size:
+            fs = m.shared_expert_ffn_hidden_size
+            s += self._gemm_s(T, (m.num_mlp_matrices - 1) * fs / t, h) + self._gemm_s(T, h, fs / t)
+        s += self._gemm_s(T, E, h)  # router
+        if ep > 1:  # dispatch and combine all-to-alls of the routed tokens inside the node
+            a2a = T * k * h * ACT_BYTES
+            s += 2 * float(collective_time_s(self.cluster, Collective.ALL_TO_ALL, a2a, ep, 1))
+        return s
+
+    def _linear_s(self, T: int) -> float:
+        """Everything in one stage that depends only on T: GEMMs, element-wise, TP all-reduces."""
+        m, gpu = self.model, self.gpu
+        h = m.hidden_size
+        per_layer = sum(self._gemm_s(T, n, k) for n, k in self.dense_gemms)
+        per_layer += ELEMENTWISE_PASSES * T * h * ACT_BYTES / self.mem_bw
+        per_layer += KERNELS_PER_LAYER * gpu.kernel_launch_overhead_s
+        if self.plan.tp > 1:
+            per_layer += 2 * float(collective_time_s(self.cluster, Collective.ALL_REDUCE, T * h * ACT_BYTES,
+                                                     self.plan.tp, 1))
+        dense_mlp = sum(self._gemm_s(T, n, k) for n, k in self.mlp_gemms)
+        L = self.layers_per_stage
+        if m.is_moe:
+            moe_share = m.num_moe_layers / m.num_layers
+            mlp = L * (moe_share * self._moe_s(T) + (1.0 - moe_share) * dense_mlp)
+        else:
+            mlp = L * dense_mlp
+        return L * per_layer + mlp
+
+    def attention_s(self, prefill_pairs: float, decode_ctx_tokens: float) -> float:
+        """One stage's attention: prefill (query, key) pairs and tokens of KV read by decode."""
+        m = self.model
+        L = self.layers_per_stage
+        s = 0.0
+        if prefill_pairs > 0:
+            flops = 4.0 * prefill_pairs * m.q_dim * self.attn_heads_share
+            s += flops / (self.peak16 * self.attn_curve.at(flops) * self.gpu.sustained_compute_ratio)
+        if decode_ctx_tokens > 0:
+            s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
+        return L * s
+
+    def _lm_head_s(self, rows: int) -> float:
+        if rows <= 0:
+            return 0.0
+        m = self.model
+        return self._gemm_s(rows, m.vocab_size / self.plan.tp, m.hidden_size)
+
+    def time_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens: float,
+               logit_rows: int) -> float:
+        """Iteration time of one replica. With p > 1 stages the batch runs as p micro-batches
+        in flight, so every sequence advances one step per p stage-times of 1/p of the batch."""
+        T = prefill_tokens + decode_seqs
+        if T <= 0:
+            return 0.0
+        p = self.plan.pp
+        if p == 1:
+            return (self._linear(T) + self.attention_s(prefill_pairs, decode_ctx_tokens)
+                    + self.lm_head_s(logit_rows))
+        Tm = max(1, math.ceil(T / p))
+        stage = (self._linear(Tm) + self.attention_s(prefill_pairs / p, decode_ctx_tokens / p)
+                 + self.lm_head_s(math.ceil(logit_rows / p)) / p)
+        hop = float(p2p_time_s(self.cluster, Tm * self.model.hidden_size * ACT_BYTES, self.plan.tp))
+        return p * (stage + hop)
+
+    def breakdown(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens: float,
+                  logit_rows: int) -> dict[str, float]:
+        """Where one (p = 1) iteration's time goes; the parts sum to time_s."""
+        T = prefill_tokens + decode_seqs
+        m = self.model
+        L = self.layers_per_stage
+        comm = 0.0
+        if self.plan.tp > 1:
+            comm = L * 2 * float(collective_time_s(self.cluster, Collective.ALL_REDUCE, T * m.hidden_size * ACT_BYTES,
+                                                   self.plan.tp, 1))
+        total = self.time_s(prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens, logit_rows)
+        attn = self.attention_s(prefill_pairs, decode_ctx_tokens) * (1 if self.plan.pp == 1 else 1)
+        head = self.lm_head_s(logit_rows)
+        return {"linear_s": total - attn - head - comm, "attention_s": attn, "lm_head_s": head, "tp_comm_s": comm}

@@ -1,0 +1,142 @@
+"""Predicted vs measured over `paraplan run` reports: table, errors, Kendall tau, plot.
+
+Error of a run = (predicted − measured) / measured (positive: paraplan over-predicts).
+Kendall's tau-b (Kendall 1945, with the tie correction) between the predicted and the
+measured values says whether paraplan ranks the runs as the hardware does: 1 the same
+order, −1 reversed. matplotlib is imported only to draw the plot.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import FileFormatError, ParaplanError
+from ..specs.files import read_text
+
+REPORT_KIND = "paraplan-run"  # run/report.py writes it
+# metric -> (key under "measured", key under "predicted", label)
+METRICS = {"step_time": ("step_time_s", "step_time_s", "step time"),
+           "memory": ("peak_memory_bytes", "memory_bytes", "peak memory")}
+
+
+def kendall_tau_b(x, y) -> float:
+    """Kendall's tau-b of two equally long sequences; nan when either is constant or n < 2.
+
+    tau_b = (C − D) / sqrt((n0 − n1)(n0 − n2)) over all pairs, n0 = n(n−1)/2, n1 and n2 the
+    pairs tied in x and in y (a pair tied in both counts in each)."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError("kendall_tau_b needs two 1-D sequences of equal length")
+    i, j = np.triu_indices(a.size, k=1)
+    sa, sb = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
+    n0 = i.size
+    n1, n2 = int(np.sum(sa == 0)), int(np.sum(sb == 0))
+    denom = np.sqrt(float(n0 - n1) * float(n0 - n2))
+    return float(np.sum(sa * sb) / denom) if denom > 0 else float("nan")
+
+
+def relative_errors(predicted, measured) -> np.ndarray:
+    """(predicted − measured) / measured, element-wise."""
+    p, m = np.asarray(predicted, dtype=float), np.asarray(measured, dtype=float)
+    return (p - m) / m
+
+
+def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
+    """(path, report) for each file; a one-line FileFormatError for anything else."""
+    out = []
+    for path in paths:
+        text = read_text(Path(path), path)
+        try:
+            report = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FileFormatError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+        if not isinstance(report, dict) or report.get("kind") != REPORT_KIND:
+            raise FileFormatError(path, f"not a paraplan run report (no \"kind\": \"{REPORT_KIND}\"; "
+                                        "write one with `paraplan run -o FILE`)")
+        measured = report.get("measured")
+        if not isinstance(measured, dict) or not isinstance(measured.get("step_time_s"), (int, float)) \
+                or not measured["step_time_s"] > 0:
+            raise FileFormatError(path, "measured.step_time_s missing or not a positive number")
+        if not isinstance(report.get("predicted"), dict):
+            note = report.get("prediction_note") or "no prediction"
+            raise FileFormatError(path, f"has no prediction ({note}); rerun with --hardware")
+        out.append((path, report))
+    return out
+
+
+def compare_reports(reports: list[tuple[str, dict]], metric: str = "step_time") -> dict:
+    """Rows and summary (mean / max |error|, Kendall tau) for one metric."""
+    if metric not in METRICS:
+        raise ParaplanError(f"compare: metric={metric!r} is not allowed; allowed: {', '.join(METRICS)}")
+    mkey, pkey, label = METRICS[metric]
+    rows = []
+    for path, r in reports:
+        meas, pred = r["measured"].get(mkey), r["predicted"].get(pkey)
+        if not isinstance(meas, (int, float)) or not isinstance(pred, (int, float)) or not meas > 0:
+            raise FileFormatError(path, f"no positive measured.{mkey} and predicted.{pkey} to compare")
+        rows.append({"report": path, "model": r.get("model", {}).get("name", "?"),
+                     "plan": r.get("plan", {}).get("describe", "?"), "world_size": r.get("world_size"),
+                     "device": r.get("device_name", r.get("device", "?")), "hardware": r["predicted"].get("hardware"),
+                     "measured": float(meas), "predicted": float(pred), "command": r.get("command", "")})
+    err = relative_errors([x["predicted"] for x in rows], [x["measured"] for x in rows])
+    for row, e in zip(rows, err):
+        row["error_pct"] = 100 * float(e)
+    tau = kendall_tau_b([x["predicted"] for x in rows], [x["measured"] for x in rows]) if len(rows) > 1 else float("nan")
+    return {"metric": metric, "label": label, "unit": "s" if metric == "step_time" else "bytes", "rows": rows,
+            "summary": {"n": len(rows), "mean_abs_pct_error": float(np.mean(np.abs(err)) * 100),
+                        "max_abs_pct_error": float(np.max(np.abs(err)) * 100),
+                        "kendall_tau": None if np.isnan(tau) else tau}}
+
+
+def render_comparison(result: dict) -> str:
+    from ..units import fmt_bytes, fmt_time
+    from .table import grid
+    fmt = fmt_time if result["unit"] == "s" else fmt_bytes
+    rows = [[x["report"], x["model"], x["plan"], str(x["world_size"]), f"{fmt(x['measured'])}",
+             f"{fmt(x['predicted'])}", f"{x['error_pct']:+.1f}%"] for x in result["rows"]]
+    s = result["summary"]
+    tau = "n/a (needs two runs that differ)" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.3f}"
+    return (grid(["report", "model", "plan", "ranks", f"measured {result['label']}", "predicted", "error"], rows)
+            + f"\n\n{s['n']} runs: mean |error| {s['mean_abs_pct_error']:.1f}%, max |error| "
+              f"{s['max_abs_pct_error']:.1f}%, Kendall tau (ranking) {tau}")
+
+
+def plot_comparison(result: dict, path: str) -> None:
+    """Scatter of predicted vs measured with the y = x line, written as a PNG."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ParaplanError("compare: --plot needs matplotlib (pip install 'paraplan[plot]')") from None
+    scale = 1e3 if result["unit"] == "s" else 1 / 2**20
+    unit = "ms" if result["unit"] == "s" else "MiB"
+    meas = np.array([x["measured"] for x in result["rows"]]) * scale
+    pred = np.array([x["predicted"] for x in result["rows"]]) * scale
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    lo, hi = float(min(meas.min(), pred.min())) * 0.8, float(max(meas.max(), pred.max())) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="grey", linestyle="--", linewidth=1, label="predicted = measured")
+    ax.scatter(meas, pred, zorder=3)
+    for x, y, row in zip(meas, pred, result["rows"]):
+        ax.annotate(row["plan"].split(" attn:")[0], (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(f"measured {result['label']} ({unit})")
+    ax.set_ylabel(f"predicted {result['label']} ({unit})")
+    s = result["summary"]
+    tau = "n/a" if s["kendall_tau"] is None else f"{s['kendall_tau']:.2f}"
+    ax.set_title(f"paraplan vs measured: mean |err| {s['mean_abs_pct_error']:.1f}%, "
+                 f"max {s['max_abs_pct_error']:.1f}%, tau {tau}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise ParaplanError(f"compare: cannot write {path}: {e}") from None
+    finally:
+        plt.close(fig)

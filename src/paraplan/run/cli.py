@@ -1,0 +1,207 @@
+"""`paraplan run` and `paraplan compare` (no torch imported here: the launcher only starts
+torchrun, whose workers import it).
+
+    paraplan run --model llama3-8b --layers 4 --hidden 128 --heads 4 --vocab 512 --seq 128 \\
+        --batch 8 --tp 2 --dp 2 --zero 3 -o run.json
+
+checks the plan, starts `torchrun --standalone --nproc-per-node tp×pp×dp -m paraplan.run`
+on this machine, and prints the measured and predicted step time from the report rank 0
+wrote. On several nodes, start the workers with torchrun yourself and the same flags:
+`torchrun --nnodes 2 --nproc-per-node 8 ... -m paraplan.run --tp 8 --dp 2 ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from ..errors import FileFormatError, SpecError
+
+DEFAULT_MODEL = "llama3-8b"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
+    return v
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
+    return v
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model (scaled down with --layers/--hidden/...) and workload")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset, model TOML or HF config.json (default {DEFAULT_MODEL})")
+    for name, hlp in (("layers", "number of layers"), ("hidden", "hidden size (ffn scales with it)"),
+                      ("heads", "attention heads"), ("kv-heads", "key/value heads"), ("ffn", "ffn hidden size"),
+                      ("vocab", "vocabulary size")):
+        g.add_argument(f"--{name}", type=_positive_int, default=None, help=f"{hlp} (default: the model's)")
+    g.add_argument("--seq", type=_positive_int, default=256, help="sequence length (default 256)")
+    g.add_argument("--batch", type=_positive_int, default=None,
+                   help="global batch in sequences (default: dp × mb × max(pp, 1) × 2)")
+    g.add_argument("--precision", default="bf16",
+                   help="bf16 (default; GPU runs compute in bf16, CPU runs in fp32), fp16, fp8 (prediction only)")
+    g = p.add_argument_group("plan (as in `paraplan estimate`; world size = tp × pp × dp)")
+    for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel (default 1)"),
+                      ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
+        g.add_argument(f"--{name}", type=_positive_int, default=1, help=hlp)
+    g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (default 1f1b / interleaved if --vp>1)")
+    g.add_argument("--recompute", default="none", help="none, selective, full, first_k")
+    g.add_argument("--recompute-layers", type=_positive_int, default=0, help="layers per stage for first_k")
+    g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
+    g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")
+    g.add_argument("--dp-shard", type=_positive_int, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
+    g = p.add_argument_group("run")
+    g.add_argument("--steps", type=_positive_int, default=10, help="measured steps (default 10)")
+    g.add_argument("--warmup", type=_non_negative_int, default=3, help="warm-up steps, not measured (default 3)")
+    g.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the weights and the synthetic tokens")
+    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    g.add_argument("--device", default="auto", help="auto (GPU if torch sees one), cpu or cuda")
+    g.add_argument("--hardware", default=None,
+                   help="cluster preset or calibrated profile TOML to predict with (default on a GPU: its preset)")
+    g.add_argument("-o", "--output", default="paraplan-run.json", help="report file (default paraplan-run.json)")
+
+
+def config_from_args(args) -> "RunConfig":
+    from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+    from ..plan.plan import make_plan
+    from ..specs.catalog import load_model
+    from ..specs.workload import Workload, parse_precision
+    from .config import Device, RunConfig, check_runnable, scale_model
+    scaled = {k: v for k, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads),
+                                ("kv-heads", args.kv_heads), ("ffn", args.ffn), ("vocab", args.vocab)) if v is not None}
+    model = scale_model(load_model(args.model), **{k.replace("-", "_"): v for k, v in scaled.items()})
+    sched = Schedule.parse(args.schedule, "schedule") if args.schedule else (
+        Schedule.INTERLEAVED_1F1B if args.vp > 1 else Schedule.ONE_F_ONE_B)
+    zero = ZeroStage.parse(str(args.zero), "zero")
+    if args.dp_shard is not None and zero is not ZeroStage.PARAMETERS:
+        raise SpecError("run", "--dp-shard", args.dp_shard, "needs --zero 3 (HSDP)")
+    try:
+        device = Device(args.device)
+    except ValueError:
+        raise SpecError("run", "--device", args.device, "allowed: " + ", ".join(d.value for d in Device)) from None
+    # The plan knobs that describe what torch does here, so that the prediction is of this run:
+    # non-reentrant checkpointing stops early; DTensor TP does not overlap its backward
+    # reductions; FSDP2 reduces gradients in fp32 under its bf16 mixed-precision policy.
+    plan = make_plan(tp=args.tp, pp=args.pp, dp=args.dp, vp=args.vp, micro_batch_size=args.mb, schedule=sched,
+                     recompute=Recompute.parse(args.recompute, "recompute"),
+                     recompute_num_layers=args.recompute_layers,
+                     sequence_parallel=args.sp if args.sp is not None else args.tp > 1,
+                     zero=zero, dp_shard=args.dp_shard or 0, attention=AttentionKernel.FLASH2,
+                     checkpoint_early_stop=True, tp_async_backward=False, grad_reduce_fp32=args.dp > 1)
+    if plan.sequence_parallel and plan.tp == 1:
+        raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
+    gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
+    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision))
+    cfg = RunConfig(model=model, model_name=args.model, plan=plan, workload=wl, steps=args.steps,
+                    warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,
+                    output=args.output, scaled=scaled or None)
+    check_runnable(cfg)
+    if cfg.hardware:  # a bad profile or preset is the user's mistake: say so before starting
+        from ..specs.catalog import load_cluster
+        load_cluster(cfg.hardware, num_gpus=cfg.world_size)
+    return cfg
+
+
+def config_from_argv(argv: list[str]) -> "RunConfig":
+    """The worker's configuration: `--config FILE` (from `paraplan run`) or the run flags."""
+    from .config import RunConfig
+    if len(argv) == 2 and argv[0] == "--config":
+        try:
+            with open(argv[1], encoding="utf-8") as fh:
+                return RunConfig.from_json(fh.read(), argv[1])
+        except OSError as e:
+            raise FileFormatError(argv[1], f"cannot read: {e}") from None
+    from ..cli import _Parser
+    p = _Parser(prog="python -m paraplan.run")
+    add_run_arguments(p)
+    return config_from_args(p.parse_args(argv))
+
+
+def _summary(report: dict) -> str:
+    from ..units import fmt_bytes, fmt_time
+    m, pr = report["measured"], report["predicted"]
+    lines = [f"{report['model']['name']} on {report['world_size']} × {report['device_name']} "
+             f"({report['backend']}, {report['compute_dtype']}); plan {report['plan']['describe']}",
+             f"measured   step {fmt_time(m['step_time_s'])} (median of {m['steps']} after {m['warmup_steps']} warm-up), "
+             f"{m['tokens_per_s']:,.0f} tokens/s, peak memory {fmt_bytes(m['peak_memory_bytes'])} ({m['memory_kind']})",
+             f"loss       {' '.join(f'{x:.4f}' for x in m['losses'])}"]
+    if pr:
+        err = 100 * (pr["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
+        lines.append(f"predicted  step {fmt_time(pr['step_time_s'])} ({err:+.1f}%), memory "
+                     f"{fmt_bytes(pr['memory_bytes'])} on {pr['hardware']}")
+    else:
+        lines.append(f"predicted  -- {report['prediction_note']}")
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    cfg = config_from_args(args)
+    out_dir = os.path.dirname(os.path.abspath(cfg.output))
+    if not os.path.isdir(out_dir):
+        raise SpecError("run", "--output", cfg.output, "its directory must exist")
+    if os.path.exists(cfg.output):
+        os.remove(cfg.output)  # judge the run by a report it wrote, not by a stale one
+    with tempfile.TemporaryDirectory(prefix="paraplan-run-") as tmp:
+        cfg_path = os.path.join(tmp, "config.json")
+        with open(cfg_path, "w", encoding="utf-8") as fh:
+            fh.write(cfg.to_json())
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.world_size}",
+               "-m", "paraplan.run", "--config", cfg_path]
+        rc = subprocess.call(cmd, stdout=sys.stderr if args.json else None)
+    report = None
+    if os.path.exists(cfg.output):
+        with open(cfg.output, encoding="utf-8") as fh:
+            report = json.load(fh)
+    if report is None or report.get("status") != "ok":
+        sys.stderr.write(f"paraplan: error: the run wrote no report (torchrun exited with {rc}; its output is above)\n")
+        return 1
+    if rc != 0:  # torch 2.13 + gloo: a rank can abort at exit after a correct, complete run
+        sys.stderr.write(f"paraplan: warning: torchrun exited with {rc} after the run completed and wrote its report\n")
+    print(json.dumps(report, indent=1) if args.json else _summary(report) + f"\nwrote {cfg.output}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from ..report.compare import compare_reports, load_reports, plot_comparison, render_comparison
+    reports = load_reports(args.reports)
+    result = compare_reports(reports, metric=args.metric)
+    if args.plot:
+        plot_comparison(result, args.plot)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(render_comparison(result))
+        if args.plot:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """Register `run` and `compare` on the paraplan subcommand parser."""
+    r = sub.add_parser("run", help="execute a plan with PyTorch distributed (torchrun) and measure it")
+    add_run_arguments(r)
+    r.add_argument("--json", action="store_true", help="print the report instead of a summary")
+    r.set_defaults(func=cmd_run)
+    c = sub.add_parser("compare", help="predicted vs measured over run reports: table, plot, errors, Kendall tau")
+    c.add_argument("reports", nargs="+", help="report JSON files written by `paraplan run`")
+    c.add_argument("--metric", default="step_time", choices=("step_time", "memory"),
+                   help="step_time (default) or memory (peak per rank)")
+    c.add_argument("--plot", default=None, metavar="PNG", help="write a predicted-vs-measured scatter plot (needs matplotlib)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_compare)

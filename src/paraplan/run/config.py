@@ -1,0 +1,178 @@
+"""What one `paraplan run` executes: model (optionally scaled down), plan, workload, steps.
+
+A frozen RunConfig travels from the launcher to every torchrun worker as JSON. Everything a
+plan needs from torch is checked here first, without torch, so bad input is one line
+(exit 2) before any process starts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from enum import StrEnum
+
+from ..errors import FileFormatError, SpecError
+from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.plan import Plan
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision, Workload
+
+# Schedules torch.distributed.pipelining runs for each paraplan schedule (pipeline.py).
+MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE)
+
+
+class Device(StrEnum):
+    AUTO = "auto"  # cuda when torch sees a GPU, else cpu
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    model: ModelSpec
+    model_name: str  # as given on the command line (preset, TOML or config.json)
+    plan: Plan
+    workload: Workload
+    steps: int = 10  # measured steps, after the warm-up
+    warmup_steps: int = 3
+    seed: int = 0
+    lr: float = 1e-3
+    device: Device = Device.AUTO
+    hardware: str | None = None  # cluster preset or calibrated profile TOML for the prediction
+    output: str = "paraplan-run.json"
+    scaled: dict | None = None  # the --layers/--hidden/... overrides, for the command line
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.tp * self.plan.pp * self.plan.dp
+
+    @property
+    def local_batch_size(self) -> int:
+        """Sequences per data-parallel rank per step."""
+        return self.workload.global_batch_size // self.plan.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.local_batch_size // self.plan.micro_batch_size
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["plan"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in d["plan"].items()}
+        d["workload"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in d["workload"].items()}
+        d["device"] = str(self.device)
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str, shown: str = "run config") -> "RunConfig":
+        try:
+            d = json.loads(text)
+            plan = d["plan"]
+            for key, enum in (("schedule", Schedule), ("recompute", Recompute), ("zero", ZeroStage)):
+                plan[key] = enum(plan[key])
+            from ..plan.axes import AttentionKernel
+            plan["attention"] = AttentionKernel(plan["attention"])
+            wl = d["workload"]
+            wl["precision"] = Precision(wl["precision"])
+            from ..specs.workload import Optimizer
+            wl["optimizer"] = Optimizer(wl["optimizer"])
+            return cls(**{**d, "model": ModelSpec(**d["model"]), "plan": Plan(**plan),
+                          "workload": Workload(**wl), "device": Device(d["device"])})
+        except (KeyError, TypeError, ValueError) as e:
+            raise FileFormatError(shown, f"not a paraplan run config: {e}") from None
+
+    def command_line(self) -> str:
+        """The `paraplan run` command that reproduces this configuration."""
+        p, wl = self.plan, self.workload
+        args = ["paraplan run", f"--model {self.model_name}"]
+        args += [f"--{k} {v}" for k, v in (self.scaled or {}).items()]
+        args += [f"--seq {wl.seq_len}", f"--batch {wl.global_batch_size}"]
+        args += [f"--{k} {v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("dp", p.dp), ("vp", p.vp),
+                                            ("mb", p.micro_batch_size)) if v != 1]
+        if p.pp > 1:
+            args.append(f"--schedule {p.schedule}")
+        if p.recompute is not Recompute.NONE:
+            args.append(f"--recompute {p.recompute}")
+            if p.recompute is Recompute.FIRST_K:
+                args.append(f"--recompute-layers {p.recompute_num_layers}")
+        if p.tp > 1 and not p.sequence_parallel:
+            args.append("--no-sp")
+        if p.zero is not ZeroStage.NONE:
+            args.append(f"--zero {p.zero}")
+            if p.dp_shard != p.dp:
+                args.append(f"--dp-shard {p.dp_shard}")
+        if wl.precision is not Precision.BF16:
+            args.append(f"--precision {wl.precision}")
+        args += [f"--steps {self.steps}", f"--warmup {self.warmup_steps}"]
+        if self.seed:
+            args.append(f"--seed {self.seed}")
+        if self.device is not Device.AUTO:
+            args.append(f"--device {self.device}")
+        if self.hardware:
+            args.append(f"--hardware {self.hardware}")
+        args.append(f"-o {self.output}")
+        return " ".join(args)
+
+
+def scale_model(spec: ModelSpec, *, layers: int | None = None, hidden: int | None = None,
+                heads: int | None = None, kv_heads: int | None = None, ffn: int | None = None,
+                vocab: int | None = None) -> ModelSpec:
+    """The spec with some sizes replaced, for machines too small for the real model.
+
+    A new hidden size keeps the ffn/hidden ratio unless `ffn` is given (rounded to a multiple
+    of 8); heads stay unless given, and the head dim becomes hidden / heads.
+    """
+    if spec.is_moe or spec.is_mla:
+        raise SpecError(f"model {spec.name!r}", "architecture", "MoE/MLA",
+                        "paraplan run builds dense decoders with standard attention only")
+    h = hidden or spec.hidden_size
+    a = heads or spec.num_heads
+    k = kv_heads or min(spec.num_kv_heads, a)
+    if h % a:
+        raise SpecError("run", "--hidden", h, f"must be a multiple of the number of heads ({a})")
+    if a % k:
+        raise SpecError("run", "--kv-heads", k, f"must divide the number of heads ({a})")
+    f = ffn or (spec.ffn_hidden_size if hidden is None else max(8, round(spec.ffn_hidden_size * h / spec.hidden_size / 8) * 8))
+    name = spec.name if not any(v is not None for v in (layers, hidden, heads, kv_heads, ffn, vocab)) else f"{spec.name}-scaled"
+    return replace(spec, name=name, num_layers=layers or spec.num_layers, hidden_size=h, num_heads=a,
+                   num_kv_heads=k, head_dim=h // a if (hidden or heads) else spec.head_dim,
+                   ffn_hidden_size=f, vocab_size=vocab or spec.vocab_size)
+
+
+def check_runnable(cfg: RunConfig) -> None:
+    """SpecError for a plan this runner (torch's parallel APIs) cannot execute."""
+    p, m, wl = cfg.plan, cfg.model, cfg.workload
+    if p.cp > 1 or p.ep > 1 or p.etp > 1:
+        raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
+    if p.offload_optimizer:
+        raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
+    if p.tp > 1:
+        for name, v in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
+                        ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):
+            if v % p.tp:
+                raise SpecError("run", "--tp", p.tp, f"must divide the model's {name}={v}")
+        if p.sequence_parallel and wl.seq_len % p.tp:
+            raise SpecError("run", "--tp", p.tp, f"must divide --seq {wl.seq_len} with sequence parallelism")
+    if m.tied_embeddings and (p.tp > 1 or p.pp > 1):
+        raise SpecError("run", "tied_embeddings", True, "tied embeddings run with --tp 1 --pp 1 only")
+    chunks = p.pp * p.vp
+    if m.num_layers % chunks:
+        raise SpecError("run", "--pp×--vp", chunks, f"must divide the {m.num_layers} layers (--layers scales them)")
+    if wl.global_batch_size % (p.dp * p.micro_batch_size):
+        raise SpecError("run", "--batch", wl.global_batch_size,
+                        f"must be a multiple of dp×mb={p.dp * p.micro_batch_size}")
+    if p.vp > 1 and p.schedule not in MULTI_STAGE_SCHEDULES:
+        raise SpecError("run", "--schedule", str(p.schedule),
+                        "with --vp > 1 allowed: " + ", ".join(map(str, MULTI_STAGE_SCHEDULES)))
+    if p.pp > 1:
+        n = cfg.num_microbatches
+        if n < p.pp:
+            raise SpecError("run", "micro-batches", n, f"need at least --pp={p.pp} per step (raise --batch or lower --mb)")
+        if p.schedule in MULTI_STAGE_SCHEDULES and n % p.pp:
+            raise SpecError("run", "micro-batches", n, f"must be a multiple of --pp={p.pp} for {p.schedule}")
+    if p.zero is not ZeroStage.NONE and p.dp % p.dp_shard:
+        raise SpecError("run", "--dp-shard", p.dp_shard, f"must divide --dp {p.dp}")
+    for name in ("steps", "warmup_steps"):
+        if getattr(cfg, name) < (1 if name == "steps" else 0):
+            raise SpecError("run", name, getattr(cfg, name), "steps >= 1, warm-up >= 0")
+    if not cfg.lr > 0:
+        raise SpecError("run", "--lr", cfg.lr, "must be > 0")

@@ -1,0 +1,43 @@
+"""Pipeline parallelism with `torch.distributed.pipelining`: stage modules and schedules.
+
+The model is cut into pp×vp chunks of equal layer count (model.build_model builds one);
+chunk c runs on pipeline rank c mod pp (the looped placement of interleaved 1F1B,
+Narayanan et al. SC'21). The first chunk holds the embedding, the last the norm and head.
+
+paraplan schedule -> torch schedule (plan/axes.py Schedule):
+  gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B (one chunk per rank);
+  interleaved -> ScheduleInterleaved1F1B, bfs -> ScheduleLoopedBFS,
+  zb -> ScheduleInterleavedZeroBubble (ZB-H1-like, backward split into input and weight
+  gradients; Qi et al. 2024) (any number of chunks per rank).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                                    ScheduleInterleavedZeroBubble, ScheduleLoopedBFS)
+
+from ..plan.axes import Schedule
+
+_SINGLE = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
+_MULTI = {Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B, Schedule.BREADTH_FIRST: ScheduleLoopedBFS,
+          Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble}
+
+
+def stage_ids(pp_rank: int, pp: int, vp: int) -> list[int]:
+    """Global stage (chunk) indices held by one pipeline rank, in order."""
+    return [c * pp + pp_rank for c in range(vp)]
+
+
+def make_stage(module: nn.Module, stage: int, num_stages: int, device: torch.device, group) -> PipelineStage:
+    return PipelineStage(module, stage, num_stages, device, group=group)
+
+
+def make_schedule(schedule: Schedule, stages: list[PipelineStage], num_microbatches: int, loss_fn):
+    """The torch schedule object; its step() runs one optimizer step's forward and backward."""
+    if schedule in _SINGLE:
+        assert len(stages) == 1, "single-stage schedules hold one chunk per rank"
+        return _SINGLE[schedule](stages[0], num_microbatches, loss_fn=loss_fn)
+    return _MULTI[schedule](stages, num_microbatches, loss_fn=loss_fn)

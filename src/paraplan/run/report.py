@@ -1,0 +1,93 @@
+"""The JSON report of one run: what was measured beside what paraplan predicts for the same
+model, plan, workload and hardware (no torch here; `paraplan compare` reads these files).
+
+Schema (SI units, keys carry them):
+  {"kind": "paraplan-run", "version": 1, "status": "ok", "command": "paraplan run ...",
+   "model": {...ModelSpec...}, "plan": {...Plan..., "describe"}, "workload": {...},
+   "world_size", "device", "device_name", "backend", "torch_version", "compute_dtype",
+   "measured": {"step_time_s" (median over measured steps of the slowest rank's time),
+                "step_times_s", "tokens_per_s", "peak_memory_bytes" (max over ranks),
+                "peak_memory_bytes_per_rank", "memory_kind", "losses", "grad_norms",
+                "warmup_steps", "steps"},
+   "predicted": {"step_time_s", "tokens_per_s", "memory_bytes", "memory_parts_bytes", "fits",
+                 "hardware"} or null, "prediction_note": why it is null}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import asdict
+
+from ..errors import ParaplanError
+from .config import RunConfig
+
+REPORT_KIND = "paraplan-run"
+
+
+def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None, str]:
+    """paraplan's estimate of this run on `cfg.hardware` (or, on a GPU, the cluster preset of
+    its GPU); (None, why) when there is no hardware to predict for or the plan is rejected."""
+    from ..cost.estimate import estimate
+    from ..specs.catalog import list_clusters, load_cluster, load_gpu
+    hardware = cfg.hardware
+    if hardware is None and device == "cuda":
+        try:
+            gpu = load_gpu(device_name.removeprefix("NVIDIA ").strip())
+        except ParaplanError:
+            return None, f"no GPU preset matches {device_name!r}; pass --hardware (a calibrated profile)"
+        hardware = next((c for c in list_clusters() if load_cluster(c).gpu.name == gpu.name), None)
+        if hardware is None:
+            return None, f"no cluster preset has a {gpu.name}; pass --hardware"
+    if hardware is None:
+        return None, "no hardware profile for this CPU; pass --hardware (a `paraplan calibrate` profile)"
+    try:
+        cluster = load_cluster(hardware, num_gpus=cfg.world_size)
+        est = estimate(cfg.model, cluster, cfg.workload, cfg.plan)
+    except ParaplanError as exc:
+        return None, f"no prediction: {exc}"
+    return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
+            "memory_bytes": est.memory.total, "memory_parts_bytes": est.memory.parts(), "fits": est.fits,
+            "hardware": cluster.name, "time_breakdown_s": est.time.parts()}, ""
+
+
+def _plan_dict(cfg: RunConfig) -> dict:
+    d = {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg.plan).items()}
+    d["describe"] = cfg.plan.describe()
+    return d
+
+
+def build_report(cfg: RunConfig, records: list[dict], *, device: str, backend: str, torch_version: str) -> dict:
+    """The report from every rank's record (worker.py): slowest rank per step, median over
+    the measured steps; loss averaged over the data-parallel ranks of the last stage."""
+    warm = cfg.warmup_steps
+    per_step = [max(r["steps"][i]["step_time_s"] for r in records) for i in range(warm + cfg.steps)]
+    step_time_s = statistics.median(per_step[warm:])
+    loss_ranks = sorted((r for r in records if r["has_last_stage"] and r["tp_rank"] == 0), key=lambda r: r["dp_rank"])
+    losses = [sum(r["steps"][i]["loss"] for r in loss_ranks) / len(loss_ranks) for i in range(warm + cfg.steps)]
+    first = records[0]
+    prediction, note = predict(cfg, device, first["device_name"])
+    mem = [r["peak_memory_bytes"] for r in sorted(records, key=lambda r: r["rank"])]
+    return {
+        "kind": REPORT_KIND, "version": 1, "status": "ok", "command": cfg.command_line(),
+        "model": asdict(cfg.model), "plan": _plan_dict(cfg),
+        "workload": {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg.workload).items()},
+        "world_size": cfg.world_size, "device": device, "device_name": first["device_name"], "backend": backend,
+        "torch_version": torch_version, "compute_dtype": first["compute_dtype"],
+        "measured": {
+            "step_time_s": step_time_s, "step_times_s": per_step,
+            "tokens_per_s": cfg.workload.tokens_per_step / step_time_s,
+            "peak_memory_bytes": max(mem), "peak_memory_bytes_per_rank": mem, "memory_kind": first["memory_kind"],
+            "losses": losses, "grad_norms": [first["steps"][i]["grad_norm"] for i in range(warm + cfg.steps)],
+            "warmup_steps": warm, "steps": cfg.steps,
+        },
+        "predicted": prediction, "prediction_note": note,
+    }
+
+
+def write_report(path: str, report: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(report, indent=1) + "\n")
+    os.replace(tmp, path)

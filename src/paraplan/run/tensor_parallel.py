@@ -1,0 +1,51 @@
+"""Tensor parallelism (Megatron-style column/row split) and sequence parallelism with
+DTensor's `parallelize_module`, the plan torchtitan applies to its Llama.
+
+With sequence parallelism (Korthikanti et al. 2022) the activations between blocks are
+sharded along the sequence (Shard(1)): norms run on a sequence shard, attention and MLP
+all-gather their input and reduce-scatter their output. Without it they are replicated and
+the row-parallel outputs are all-reduced. The head all-gathers the vocabulary so that the
+loss is a plain cross-entropy on full logits.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool) -> None:
+    """Shard a (stage of the) Transformer of model.py over `tp_mesh` in place."""
+    act = Shard(1) if sequence_parallel else Replicate()
+    top = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=act)
+    if model.norm is not None and sequence_parallel:
+        top["norm"] = SequenceParallel()
+    if model.output is not None:
+        top["output"] = ColwiseParallel(input_layouts=act, output_layouts=Replicate())
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        plan = {
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=act),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=act),
+        }
+        if block.feed_forward.w3 is not None:
+            plan["feed_forward.w3"] = ColwiseParallel()
+        if sequence_parallel:
+            plan.update({
+                "attention_norm": SequenceParallel(),
+                "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
+                                                desired_input_layouts=(Replicate(), None, None)),
+                "ffn_norm": SequenceParallel(),
+                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            })
+        parallelize_module(block, tp_mesh, plan)

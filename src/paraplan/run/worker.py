@@ -1,0 +1,169 @@
+"""One rank of `paraplan run`, started by torchrun: build, parallelize, train, measure.
+
+Mesh (outermost first): pp × dp_replicate × dp_shard × tp, tp innermost so that tensor-
+parallel ranks are neighbours (NVLink on a GPU node). Rank 0 gathers every rank's record
+and writes the report (report.py); all ranks then meet at a barrier and leave the process
+group before exiting, so that no rank tears the group down under another.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from ..plan.axes import ZeroStage
+from .checkpointing import apply_checkpointing
+from .config import Device, RunConfig
+from .data_parallel import apply_fsdp
+from .measure import grad_norm, now_s, peak_memory_bytes, peak_rss_bytes
+from .model import build_model, loss_fn
+from .pipeline import make_schedule, make_stage, stage_ids
+from .tensor_parallel import apply_tensor_parallel
+
+
+def pick_device(cfg: RunConfig, local_rank: int) -> torch.device:
+    if cfg.device is Device.CUDA or (cfg.device is Device.AUTO and torch.cuda.is_available()):
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def synthetic_batch(cfg: RunConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of one step: uniform random tokens from a generator seeded by
+    (seed, step), so that every plan and the single-process reference see the same data."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * (step + 1))
+    tokens = torch.randint(0, cfg.model.vocab_size, (cfg.workload.global_batch_size, cfg.workload.seq_len + 1),
+                           generator=gen)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+class Runner:
+    """The parallelized model of one rank and its step function."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device):
+        p = cfg.plan
+        self.cfg, self.device = cfg, device
+        dp_shard = p.dp_shard if p.zero is not ZeroStage.NONE else 1
+        dims = (p.pp, p.dp // dp_shard, dp_shard, p.tp)
+        self.mesh = init_device_mesh(device.type, dims, mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"))
+        self.pp_rank = self.mesh["pp"].get_local_rank()
+        self.tp_rank = self.mesh["tp"].get_local_rank()
+        self.dp_rank = self.mesh["dp_replicate"].get_local_rank() * dp_shard + self.mesh["dp_shard"].get_local_rank()
+        gloo = dist.get_backend() == "gloo"
+        bf16 = device.type == "cuda" and str(cfg.workload.precision) in ("bf16", "fp8")
+        self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
+        num_stages = p.pp * p.vp
+        self.stage_ids = stage_ids(self.pp_rank, p.pp, p.vp)
+        self.modules = []
+        for sid in self.stage_ids:
+            m = build_model(cfg.model, cfg.workload.seq_len, cfg.seed, stage=sid, num_stages=num_stages).to(device)
+            if p.tp > 1:
+                apply_tensor_parallel(m, self.mesh["tp"], sequence_parallel=p.sequence_parallel)
+            apply_checkpointing(m, p.recompute, p.recompute_num_layers)
+            if p.dp > 1:
+                apply_fsdp(m, self.mesh["dp_replicate", "dp_shard"], zero=p.zero,
+                           param_dtype=self.compute_dtype if bf16 else None, gloo=gloo)
+            self.modules.append(m)
+        # FSDP casts parameters itself; without it a GPU run computes under autocast.
+        self.autocast = bf16 and p.dp == 1
+        self.params = [q for m in self.modules for q in m.parameters()]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
+        self.schedule = None
+        if p.pp > 1:
+            stages = [make_stage(m, sid, num_stages, device, self.mesh["pp"].get_group())
+                      for m, sid in zip(self.modules, self.stage_ids)]
+            self.schedule = make_schedule(p.schedule, stages, cfg.num_microbatches, loss_fn)
+        self.has_first = 0 in self.stage_ids
+        self.has_last = num_stages - 1 in self.stage_ids
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast)
+
+    def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward of this rank's share of one step; the rank's mean loss, or
+        None on ranks without the last pipeline stage."""
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            with self._autocast():
+                if self.has_first:
+                    self.schedule.step(inputs, target=labels, losses=losses)
+                else:
+                    self.schedule.step(target=labels, losses=losses)
+            return torch.stack([x.detach().float() for x in losses]).mean() if self.has_last else None
+        (model,) = self.modules
+        m = self.cfg.num_microbatches
+        total = torch.zeros((), device=self.device)
+        fsdp = self.cfg.plan.dp > 1
+        for i, (x, y) in enumerate(zip(inputs.chunk(m), labels.chunk(m))):
+            if fsdp and self.cfg.plan.zero is not ZeroStage.PARAMETERS:
+                # ZeRO-0/1/2 accumulate gradients locally and reduce once per step; ZeRO-3
+                # reduce-scatters every micro-batch (no unsharded gradients kept).
+                model.set_requires_gradient_sync(i == m - 1)
+            with self._autocast():
+                loss = loss_fn(model(x), y) / m
+            loss.backward()
+            total += loss.detach().float()
+        return total
+
+    def step(self, step: int) -> dict:
+        inputs, labels = synthetic_batch(self.cfg, step)
+        b = self.cfg.local_batch_size
+        inputs = inputs[self.dp_rank * b:(self.dp_rank + 1) * b].to(self.device)
+        labels = labels[self.dp_rank * b:(self.dp_rank + 1) * b].to(self.device)
+        dist.barrier()
+        t0 = now_s(self.device)
+        loss = self.forward_backward(inputs, labels)
+        t1 = now_s(self.device)
+        norm = grad_norm(self.params, self.mesh["pp"].get_group() if self.cfg.plan.pp > 1 else None)
+        t2 = now_s(self.device)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        t3 = now_s(self.device)
+        return {"step_time_s": (t1 - t0) + (t3 - t2), "grad_norm": norm,
+                "loss": float(loss) if loss is not None else None}
+
+
+def run(cfg: RunConfig) -> int:
+    from .report import build_report, write_report
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        baseline_rss = peak_rss_bytes()
+        runner = Runner(cfg, device)
+        records = [runner.step(i) for i in range(cfg.warmup_steps + cfg.steps)]
+        peak, kind = peak_memory_bytes(device, baseline_rss)
+        mine = {"rank": rank, "pp_rank": runner.pp_rank, "dp_rank": runner.dp_rank, "tp_rank": runner.tp_rank,
+                "has_last_stage": runner.has_last, "steps": records, "peak_memory_bytes": peak,
+                "memory_kind": kind, "peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline_rss,
+                "compute_dtype": str(runner.compute_dtype).removeprefix("torch."),
+                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, mine)
+        if rank == 0:
+            write_report(cfg.output, build_report(cfg, gathered, device=device.type, backend=dist.get_backend(),
+                                                  torch_version=torch.__version__))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry of a torchrun worker (RANK, WORLD_SIZE set): parse, check, run."""
+    from ..errors import ParaplanError
+    from .cli import config_from_argv
+    try:
+        cfg = config_from_argv(sys.argv[1:] if argv is None else argv)
+        if int(os.environ["WORLD_SIZE"]) != cfg.world_size:
+            from ..errors import SpecError
+            raise SpecError("run", "WORLD_SIZE", int(os.environ["WORLD_SIZE"]),
+                            f"must equal tp×pp×dp={cfg.world_size} of the plan")
+    except ParaplanError as exc:
+        sys.stderr.write(f"paraplan: error: {exc}\n")
+        return 2
+    return run(cfg)

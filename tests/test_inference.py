@@ -1,0 +1,141 @@
+"""Serving model: iteration cost, KV-cache memory, continuous-batching simulation."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from paraplan.errors import ParaplanError, SpecError
+from paraplan.inference.batching import simulate
+from paraplan.inference.deploy import AttentionSharding, EngineLimits, ServePlan, StoreDtype, Traffic
+from paraplan.inference.step import IterationModel, kv_share_per_gpu, serve_memory
+from paraplan.specs.catalog import load_cluster, load_model
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return load_cluster("dgx-h100")
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return load_model("llama3.1-8b")
+
+
+def test_decode_is_memory_bound(llama8b, h100):
+    """A batch-1 decode step reads every weight once: its time is bounded below by
+    weight bytes / HBM bandwidth and within a few launches of that bound."""
+    step = IterationModel(llama8b, h100, ServePlan())
+    t = step.time_s(0, 0.0, 1, 1000, 1)
+    weight_bytes = llama8b.num_params * 2.0
+    floor = weight_bytes / h100.gpu.hbm_bw_bytes_per_s
+    assert floor < t < 1.6 * floor
+
+
+def test_decode_step_grows_slowly_with_batch_until_compute_bound(llama8b, h100):
+    step = IterationModel(llama8b, h100, ServePlan())
+    t1 = step.time_s(0, 0.0, 1, 512, 1)
+    t64 = step.time_s(0, 0.0, 64, 64 * 512, 64)
+    t4096 = step.time_s(4096, 4096 * 2048.0, 0, 0, 1)
+    assert t64 < 1.5 * t1          # memory-bound: 64 sequences for little more than one
+    assert t4096 > 5 * t64         # a 4k-token prefill is compute-bound
+
+
+def test_fp8_weights_halve_decode_time_roughly(llama8b, h100):
+    bf16 = IterationModel(llama8b, h100, ServePlan()).time_s(0, 0.0, 8, 8 * 256, 8)
+    fp8 = IterationModel(llama8b, h100, ServePlan(weight_dtype=StoreDtype.FP8, kv_dtype=StoreDtype.FP8)).time_s(
+        0, 0.0, 8, 8 * 256, 8)
+    assert 0.45 < fp8 / bf16 < 0.7
+
+
+def test_more_hbm_bandwidth_is_never_slower(llama8b, h100):
+    fast = replace(h100, gpu=replace(h100.gpu, hbm_bw_bytes_per_s=h100.gpu.hbm_bw_bytes_per_s * 1.5))
+    for args in [(0, 0.0, 32, 32 * 1000, 32), (2048, 2048 * 1024.0, 16, 16000, 17)]:
+        assert IterationModel(llama8b, fast, ServePlan()).time_s(*args) <= IterationModel(llama8b, h100, ServePlan()).time_s(*args)
+
+
+def test_kv_capacity_is_what_is_left_after_weights(llama8b, h100):
+    lim = EngineLimits()
+    mem = serve_memory(llama8b, h100, ServePlan(), lim)
+    per_token = 2 * llama8b.num_layers * llama8b.num_kv_heads * llama8b.head_dim * 2.0
+    assert mem.kv_bytes_per_token == per_token
+    left = h100.gpu.hbm_bytes - mem.weights_bytes - mem.workspace_bytes - mem.reserved_bytes
+    assert mem.kv_capacity_tokens == int(left * lim.kv_free_fraction // per_token)
+    fp8 = serve_memory(llama8b, h100, ServePlan(kv_dtype=StoreDtype.FP8), lim)
+    assert fp8.kv_capacity_tokens == pytest.approx(2 * mem.kv_capacity_tokens, rel=1e-6, abs=2)
+
+
+def test_kv_sharding_over_heads_replicates_when_tp_exceeds_kv_heads(llama8b):
+    # 8 kv heads: tp 8 stores 1/8 each; tp 16 cannot split a head, so each GPU keeps one (1/8)
+    assert kv_share_per_gpu(llama8b, ServePlan(tp=8)) == 1 / 8
+    assert kv_share_per_gpu(llama8b, ServePlan(tp=16, ep=1)) == 1 / 8
+    assert kv_share_per_gpu(llama8b, ServePlan(tp=16, attention_sharding=AttentionSharding.BATCH)) == 1 / 16
+
+
+def test_simulation_conserves_tokens_and_respects_the_offered_load(llama8b, h100):
+    plan = ServePlan()
+    lim = EngineLimits()
+    mem = serve_memory(llama8b, h100, plan, lim)
+    step = IterationModel(llama8b, h100, plan)
+    light = simulate(step, Traffic(prompt_tokens=256, output_tokens=64, rate_rps=1.0, num_requests=200), lim,
+                     mem.kv_capacity_tokens)
+    # far below capacity: the replica keeps up, so it completes about the offered rate
+    assert light.requests_per_s == pytest.approx(1.0, rel=0.1)
+    assert np.all(light.ttft_s > 0) and np.all(light.tpot_s > 0)
+    assert light.output_tokens == 200 * 64
+    # e2e = ttft + (n-1) * tpot for every request
+    assert np.allclose(light.e2e_s, light.ttft_s + 63 * light.tpot_s)
+    # at maximum load the replica batches, so the per-token latency grows but throughput too
+    heavy = simulate(step, Traffic(prompt_tokens=256, output_tokens=64, num_requests=2000), lim,
+                     mem.kv_capacity_tokens)
+    assert heavy.output_tokens_per_s > 20 * light.output_tokens_per_s
+    assert heavy.tpot_s.mean() > light.tpot_s.mean()
+
+
+def test_batch_limit_bounds_concurrency_and_lowers_throughput(llama8b, h100):
+    plan = ServePlan()
+    mem = serve_memory(llama8b, h100, plan, EngineLimits())
+    step = IterationModel(llama8b, h100, plan)
+    tr = Traffic(prompt_tokens=128, output_tokens=128, num_requests=1000)
+    small = simulate(step, tr, EngineLimits(max_batch=32), mem.kv_capacity_tokens)
+    big = simulate(step, tr, EngineLimits(max_batch=512), mem.kv_capacity_tokens)
+    assert small.max_concurrency <= 32 < big.max_concurrency
+    assert big.output_tokens_per_s > 3 * small.output_tokens_per_s
+
+
+def test_chunked_prefill_lowers_tpot_under_load(llama8b, h100):
+    plan = ServePlan()
+    mem = serve_memory(llama8b, h100, plan, EngineLimits())
+    step = IterationModel(llama8b, h100, plan)
+    tr = Traffic(prompt_tokens=3000, output_tokens=100, rate_rps=20.0, num_requests=300)
+    whole = simulate(step, tr, EngineLimits(max_num_tokens=4096), mem.kv_capacity_tokens)
+    chunked = simulate(step, tr, EngineLimits(max_num_tokens=512, chunked_prefill=True), mem.kv_capacity_tokens)
+    assert np.percentile(chunked.tpot_s, 99) < np.percentile(whole.tpot_s, 99)
+
+
+def test_request_larger_than_the_kv_cache_is_a_clear_error(llama8b, h100):
+    plan = ServePlan()
+    step = IterationModel(llama8b, h100, plan)
+    with pytest.raises(ParaplanError, match="KV cache"):
+        simulate(step, Traffic(prompt_tokens=5000, output_tokens=10, num_requests=2), EngineLimits(), 1000)
+
+
+@pytest.mark.parametrize("field,value", [("tp", 0), ("replicas", -1)])
+def test_bad_deployment_names_the_field(field, value):
+    with pytest.raises(SpecError, match=field):
+        ServePlan(**{field: value})
+
+
+def test_bad_traffic_names_the_field():
+    with pytest.raises(SpecError, match="rate_rps"):
+        Traffic(prompt_tokens=10, output_tokens=10, rate_rps=0.0)
+    with pytest.raises(SpecError, match="allowed: bf16"):
+        StoreDtype.parse("fp4", "weights")
+
+
+def test_tp_beyond_the_node_is_rejected(llama8b, h100):
+    with pytest.raises(SpecError, match="tp"):
+        IterationModel(llama8b, h100, ServePlan(tp=16))
