@@ -10,7 +10,6 @@ model (torch, the process group and Python itself are not the run's memory).
 from __future__ import annotations
 
 import resource
-import statistics
 import time
 
 import torch
@@ -60,8 +59,3 @@ def grad_norm(params: list[torch.nn.Parameter], pp_group) -> float:
         sq = t.cpu()
     return float(sq.sqrt())
 
-
-def median_step_time_s(step_times_by_rank: list[list[float]]) -> tuple[float, list[float]]:
-    """A step ends when its slowest rank ends: max over ranks per step, median over steps."""
-    per_step = [max(ts) for ts in zip(*step_times_by_rank)]
-    return statistics.median(per_step), per_step
