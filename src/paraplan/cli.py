@@ -419,6 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("presets", help="list model, GPU and cluster presets")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_presets)
+    from .export.cli import add_parser as add_export  # no torch at import
+    add_export(sub)
     from .run.cli import add_parser as add_run_and_compare  # no torch at import (run/cli.py)
     add_run_and_compare(sub)
     return p

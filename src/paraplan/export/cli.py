@@ -1,0 +1,81 @@
+"""`paraplan export --format torchtitan|megatron|deepspeed`: an engine config for one plan.
+
+Plan flags as in `paraplan estimate` pick the plan; with no plan flag at all, the plan is
+the fastest that fits among those the engine can run (the search is bounded by the
+engine's schedules, recomputation policies, ZeRO stages, ...; see export/common.py).
+The config goes to stdout (the launch line to stderr), or to the file given with -o.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .common import Engine
+
+# parser attributes that pin a plan (any of them given: the plan comes from the flags)
+PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
+              "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
+              "a2a_hierarchical", "ep_overlap")
+
+
+def _exporter(engine: Engine):
+    if engine is Engine.TORCHTITAN:
+        from . import torchtitan as mod
+    elif engine is Engine.MEGATRON:
+        from . import megatron as mod
+    else:
+        from . import deepspeed as mod
+    return mod
+
+
+def add_parser(subparsers) -> None:
+    from ..cli import _add_plan, _add_specs
+    p = subparsers.add_parser("export", help="write a torchtitan, Megatron-LM or DeepSpeed config for a plan")
+    p.add_argument("--format", required=True, choices=[e.value for e in Engine], help="target engine")
+    p.add_argument("-o", "--output", default=None, help="write the config to this file (default: stdout)")
+    _add_specs(p)
+    _add_plan(p, required=True)
+    p.set_defaults(func=cmd_export, recompute=None, zero=None)
+
+
+def cmd_export(args) -> int:
+    from ..cli import _plan_from_args, _specs
+    from ..cost.estimate import estimate
+    from .common import best_exportable
+    engine = Engine(args.format)
+    mod = _exporter(engine)
+    model, cluster, wl = _specs(args)
+    from_flags = any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
+                     for k in PLAN_FLAGS)
+    if from_flags:
+        args.recompute = args.recompute or "none"
+        args.zero = args.zero or "0"
+        plan = mod.SUPPORT.adapt(_plan_from_args(args, cluster))
+        mod.check(plan, model, wl)
+        est = estimate(model, cluster, wl, plan)
+    else:
+        est = best_exportable(model, cluster, wl, mod.SUPPORT, mod.check)
+        plan = est.plan
+    res = mod.export(plan, model, cluster, wl, est)
+    launcher = res.launcher if not args.output else res.launcher.replace(res.filename, args.output)
+    if args.output:
+        tmp = args.output + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(res.text)
+        os.replace(tmp, args.output)
+    if args.json:
+        print(json.dumps({"format": str(engine), "plan": plan.describe(), "plan_source": "flags" if from_flags else "search",
+                          "predicted_step_time_s": est.step_time_s, "filename": args.output or res.filename,
+                          "text": res.text, "launcher": launcher, "notes": list(res.notes)}, indent=1))
+    elif args.output:
+        print(f"wrote {args.output}: {engine} config for {plan.describe()} "
+              f"(predicted step {est.step_time_s:.4g} s)")
+        print(f"launch: {launcher}")
+        for note in res.notes:
+            print(f"note: {note}")
+    else:
+        sys.stdout.write(res.text)
+        sys.stderr.write(f"launch: {launcher}\n")
+    return 0

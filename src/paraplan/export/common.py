@@ -1,0 +1,116 @@
+"""What the training-engine exporters share: the engine enum, what each engine can run
+(search bounds and the framework's fixed policy knobs), the exported result, and the
+choice of plan (the one given, or the best one the engine can run).
+
+An exporter never writes a config that silently differs from the plan: a plan feature the
+engine cannot express raises `unsupported(...)`, a one-line SpecError naming the field,
+its value and what the engine allows (the CLI prints it and exits 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Callable
+
+from ..errors import NoPlanFitsError, SpecError
+from ..plan.plan import Plan
+from ..plan.space import SpaceLimits
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+
+
+class Engine(StrEnum):
+    TORCHTITAN = "torchtitan"
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineSupport:
+    """What one engine runs: the search bounds of its plan space, and the framework policy
+    (Plan fields that are not searched but set to what the framework does)."""
+
+    engine: Engine
+    limits: SpaceLimits
+    grad_reduce_fp32: bool
+    checkpoint_early_stop: bool
+    tp_async_backward: bool
+    pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
+
+    def adapt(self, plan: Plan) -> Plan:
+        """The plan with this framework's fixed policy knobs (the CLI never sets them)."""
+        return replace(plan, grad_reduce_fp32=self.grad_reduce_fp32, checkpoint_early_stop=self.checkpoint_early_stop,
+                       tp_async_backward=self.tp_async_backward, fp32_params=False)
+
+    def search_limits(self) -> SpaceLimits:
+        return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,
+                       checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
+                       fp32_params=False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportResult:
+    """An engine config for one plan: the file's name and text, and the launch command."""
+
+    engine: Engine
+    plan: Plan
+    filename: str             # suggested name of the config file
+    text: str                 # the config file (TOML / bash / JSON)
+    launcher: str             # one shell line that starts the job
+    notes: tuple[str, ...] = field(default=())  # how paraplan's terms map onto the engine's
+
+
+def unsupported(engine: Engine, field_name: str, value: object, allowed: str) -> SpecError:
+    """The one-line error for a plan feature the engine cannot express."""
+    return SpecError(f"export --format {engine}", field_name, value, f"{engine} allows {allowed}")
+
+
+def nodes_and_gpus_per_node(plan: Plan, cluster: ClusterSpec) -> tuple[int, int]:
+    """(nodes, GPUs per node) of the job, the plan's GPUs packed into full nodes."""
+    per_node = min(cluster.gpus_per_node, plan.num_gpus)
+    if plan.num_gpus % per_node:
+        raise SpecError("export", "num_gpus", plan.num_gpus,
+                        f"a multiple of the {cluster.gpus_per_node} GPUs per node of {cluster.name} is required")
+    return plan.num_gpus // per_node, per_node
+
+
+def layers_per_chunk(model: ModelSpec, plan: Plan, engine: Engine) -> int:
+    """Layers per virtual pipeline stage; engines here split layers evenly only."""
+    chunks = plan.pp * plan.vp
+    if model.num_layers % chunks:
+        raise unsupported(engine, "pp×vp", chunks, f"only an even split: PP×VP must divide num_layers={model.num_layers}")
+    return model.num_layers // chunks
+
+
+def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, support: EngineSupport,
+                    check: Callable[[Plan, ModelSpec, Workload], None], top_k: int = 64):
+    """The fastest plan that fits and that the engine can express: search inside the engine's
+    bounds, then the first ranked plan that passes the exporter's own check."""
+    from ..search.planner import search
+    res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned, top_k=top_k)
+    reasons = []
+    for est in res.ranked:
+        try:
+            check(est.plan, model, workload)
+        except SpecError as e:
+            reasons.append(str(e))
+            continue
+        return est
+    raise NoPlanFitsError(f"none of the {len(res.ranked)} fastest plans that fit can be expressed in "
+                          f"{support.engine}; first reason: {reasons[0] if reasons else 'none'}")
+
+
+def header_lines(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, est) -> list[str]:
+    """What the file is for, as comment lines (without the comment marker)."""
+    from ..units import fmt_bytes
+    lines = [f"paraplan export: {model.name} on {plan.num_gpus} x {cluster.gpu.name} ({cluster.name}), "
+             f"global batch {workload.global_batch_size} x {workload.seq_len} tokens, {workload.precision}",
+             f"plan: {plan.describe()}"]
+    if est is not None:
+        lines.append(f"predicted: step {est.step_time_s:.4g} s, {est.tokens_per_s:,.0f} tokens/s, "
+                     f"{fmt_bytes(est.memory.total)} per GPU (worst stage)")
+    return lines
+
+

@@ -1,0 +1,167 @@
+"""Megatron-LM launch script (bash: torchrun pretrain_gpt.py with arguments) for a plan.
+
+Argument names are Megatron-LM's `megatron/training/arguments.py` (core_r0.16); the tests
+map them to their argparse destinations and build Megatron-Core's own TransformerConfig and
+DistributedDataParallelConfig from them, as `core_transformer_config_from_args` does, so
+Megatron-Core's validation runs on every exported plan where megatron-core is installed.
+
+Mapping (paraplan -> Megatron-LM):
+- ZeRO-0 -> DDP; ZeRO-1 -> `--use-distributed-optimizer`; ZeRO-2/3 -> Megatron-FSDP
+  (`--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]`); HSDP ->
+  `--num-distributed-optimizer-instances` = DP / shard group.
+- Recompute: `selective` -> `--recompute-granularity selective` (the attention core,
+  Korthikanti et al.); `full` -> `full`, `uniform`, 1 layer per checkpoint; `first_k` ->
+  `full`, `block`, k / VP layers per model chunk (Megatron counts per virtual stage).
+- Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from ..plan.plan import Plan
+from ..plan.space import SpaceLimits
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision, Workload
+from .common import (Engine, EngineSupport, ExportResult, header_lines, layers_per_chunk, nodes_and_gpus_per_node,
+                     unsupported)
+
+ENGINE = Engine.MEGATRON
+# Megatron's --attention-backend: TE's flash-attn path, TE's cuDNN fused attention, unfused.
+ATTENTION = {AttentionKernel.FLASH2: "flash", AttentionKernel.FLASH3: "fused", AttentionKernel.UNFUSED: "unfused"}
+FSDP_STRATEGY = {ZeroStage.GRADIENTS: "optim_grads", ZeroStage.PARAMETERS: "optim_grads_params"}
+
+SUPPORT = EngineSupport(
+    engine=ENGINE,
+    limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)),
+    grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32
+    checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
+    tp_async_backward=True)       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
+
+
+def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
+    """Raise a one-line error for what Megatron-LM cannot express."""
+    if plan.pp > 1 and plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
+        raise unsupported(ENGINE, "schedule", str(plan.schedule), "1f1b or interleaved (VP>1)")
+    layers_per_chunk(model, plan, ENGINE)
+    if plan.recompute is Recompute.FIRST_K and plan.recompute_num_layers % plan.vp:
+        raise unsupported(ENGINE, "recompute_num_layers", plan.recompute_num_layers,
+                          f"a multiple of VP={plan.vp} (--recompute-num-layers counts per virtual stage)")
+    if plan.offload_optimizer and plan.zero is not ZeroStage.OPTIMIZER:
+        raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with zero=1 "
+                          "(--optimizer-cpu-offload needs the distributed optimizer)")
+    if plan.a2a_hierarchical:
+        raise unsupported(ENGINE, "a2a_hierarchical", True, "the alltoall dispatcher's flat all-to-all")
+    if plan.attention not in ATTENTION:  # pragma: no cover - closed enum
+        raise unsupported(ENGINE, "attention", str(plan.attention), ", ".join(map(str, ATTENTION)))
+
+
+def _model_args(model: ModelSpec, workload: Workload) -> list[str]:
+    a = ["--num-layers", model.num_layers, "--hidden-size", model.hidden_size,
+         "--ffn-hidden-size", model.ffn_hidden_size, "--num-attention-heads", model.num_heads,
+         "--seq-length", workload.seq_len, "--max-position-embeddings", max(workload.seq_len, model.max_seq_len),
+         "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--disable-bias-linear",
+         "--attention-dropout", 0.0, "--hidden-dropout", 0.0,
+         "--tokenizer-type", "NullTokenizer", "--vocab-size", model.vocab_size]
+    if model.head_dim * model.num_heads != model.hidden_size:
+        a += ["--kv-channels", model.head_dim]
+    if model.num_kv_heads != model.num_heads:
+        a += ["--group-query-attention", "--num-query-groups", model.num_kv_heads]
+    if model.gated_mlp:
+        a.append("--swiglu")
+    if not model.tied_embeddings:
+        a.append("--untie-embeddings-and-output-weights")
+    if model.is_mla:
+        a += ["--multi-latent-attention", "--kv-lora-rank", model.kv_lora_rank,
+              "--qk-head-dim", model.head_dim - model.qk_rope_head_dim,
+              "--qk-pos-emb-head-dim", model.qk_rope_head_dim, "--v-head-dim", model.v_head_dim or model.head_dim]
+        if model.q_lora_rank:
+            a += ["--q-lora-rank", model.q_lora_rank]
+    if model.is_moe:
+        dense = model.num_dense_layers
+        freq = [0] * dense + [int(j % model.moe_layer_interval == model.moe_layer_interval - 1)
+                              for j in range(model.num_layers - dense)]
+        a += ["--num-experts", model.num_experts, "--moe-router-topk", model.top_k,
+              "--moe-ffn-hidden-size", model.moe_ffn_hidden_size, "--moe-layer-freq", str(freq).replace(" ", ""),
+              "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+        if model.shared_expert_ffn_hidden_size:
+            a += ["--moe-shared-expert-intermediate-size", model.shared_expert_ffn_hidden_size]
+    return a
+
+
+def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
+    """pretrain_gpt.py arguments for the model, workload and plan (strings)."""
+    check(plan, model, workload)
+    a = _model_args(model, workload)
+    a += ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp,
+          "--context-parallel-size", plan.cp, "--micro-batch-size", plan.micro_batch_size,
+          "--global-batch-size", workload.global_batch_size]
+    if plan.vp > 1:
+        a += ["--num-layers-per-virtual-pipeline-stage", layers_per_chunk(model, plan, ENGINE)]
+    if plan.cp > 1:
+        a += ["--cp-comm-type", "p2p"]  # ring attention, as paraplan costs CP
+    if plan.sequence_parallel:
+        a.append("--sequence-parallel")
+    if plan.tp_overlap:
+        a.append("--tp-comm-overlap")
+    if model.is_moe:
+        a += ["--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", plan.etp]
+        if plan.capacity_factor is not None:
+            a += ["--moe-expert-capacity-factor", plan.capacity_factor, "--moe-pad-expert-input-to-capacity"]
+        if plan.ep_overlap:
+            a.append("--overlap-moe-expert-parallel-comm")
+    if plan.recompute is Recompute.SELECTIVE:
+        a += ["--recompute-granularity", "selective"]
+    elif plan.recompute is Recompute.FULL:
+        a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
+    elif plan.recompute is Recompute.FIRST_K:
+        a += ["--recompute-granularity", "full", "--recompute-method", "block",
+              "--recompute-num-layers", plan.recompute_num_layers // plan.vp]
+    if plan.zero is ZeroStage.OPTIMIZER:
+        a.append("--use-distributed-optimizer")
+    elif plan.zero in FSDP_STRATEGY:
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero]]
+    if plan.zero is not ZeroStage.NONE and plan.dp_shard != plan.dp:
+        a += ["--num-distributed-optimizer-instances", plan.dp // plan.dp_shard]
+    if plan.dp_overlap:
+        a.append("--overlap-grad-reduce")
+        if plan.zero is not ZeroStage.NONE:
+            a.append("--overlap-param-gather")
+    if plan.offload_optimizer:
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0]
+    if workload.precision is Precision.FP16:
+        a.append("--fp16")
+    else:
+        a.append("--bf16")
+        if workload.precision is Precision.FP8:
+            a += ["--fp8-format", "hybrid"]
+    a += ["--attention-backend", ATTENTION[plan.attention]]
+    return [str(x) for x in a]
+
+
+def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
+    args = arguments(plan, model, workload)
+    nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
+    lines = ["#!/usr/bin/env bash"] + [f"# {x}" for x in header_lines(model, cluster, workload, plan, est)] + [
+        "# Run from a Megatron-LM checkout; set MASTER_ADDR and NODE_RANK on every node.",
+        "set -euo pipefail",
+        f"GPUS_PER_NODE={per_node}", f"NNODES={nodes}",
+        "DISTRIBUTED_ARGS=(--nproc-per-node $GPUS_PER_NODE --nnodes $NNODES --node-rank ${NODE_RANK:-0} "
+        "--master-addr ${MASTER_ADDR:-localhost} --master-port 6000)",
+        "PARAPLAN_ARGS=("]
+    # one flag (with its value) per line
+    i = 0
+    while i < len(args):
+        if i + 1 < len(args) and not args[i + 1].startswith("--"):
+            lines.append(f"    {args[i]} {shlex.quote(args[i + 1])}")
+            i += 2
+        else:
+            lines.append(f"    {args[i]}")
+            i += 1
+    lines += [")", "torchrun \"${DISTRIBUTED_ARGS[@]}\" pretrain_gpt.py \"${PARAPLAN_ARGS[@]}\" "
+              "--mock-data --train-iters ${TRAIN_ITERS:-100} --lr 1e-4 \"$@\"", ""]
+    notes = ("gradients are all-reduced in fp32 for bf16 (Megatron-LM's default); the prediction assumes the same",)
+    return ExportResult(engine=ENGINE, plan=plan, filename="megatron.sh", text="\n".join(lines),
+                        launcher="bash megatron.sh", notes=notes)

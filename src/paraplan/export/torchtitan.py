@@ -1,0 +1,174 @@
+"""torchtitan job config (TOML) for a paraplan plan.
+
+The file is torchtitan's TOML job config (`JobConfig`, read by `--job.config_file` up to
+torchtitan 0.2.x; field names checked against torchtitan 0.2.2's `config/job_config.py`).
+torchtitan 0.3 reads Python `config_registry` functions plus `--section.field` overrides
+instead of TOML; the header carries that command line, generated from the same values and
+checked against torchtitan 0.3.0's `ConfigManager` (tests/test_export.py).
+
+Mapping (paraplan -> torchtitan):
+- DP: ZeRO-0 -> `data_parallel_replicate_degree` (DDP); ZeRO-2 -> FSDP2 with
+  `fsdp_reshard_after_forward = "never"` (parameters stay gathered from forward to
+  backward); ZeRO-3 -> FSDP2 `"always"`, HSDP as shard × replicate. torchtitan has no
+  optimizer-only sharding (ZeRO-1).
+- PP: `pipeline_parallel_layers_per_stage` = layers / (PP × VP) with no lighter first/last
+  stage, so torchtitan builds exactly PP × VP stages, as paraplan costs them.
+- Batch: with PP the local batch (global / DP) is split into micro-batches of
+  `pipeline_parallel_microbatch_size`; without PP the local batch is one micro-batch and
+  torchtitan accumulates global / (DP × micro-batch) of them.
+- Recompute: `full` -> FullAC; `selective` -> torchtitan's per-op SAC (`"op"`: keeps matmul
+  and attention outputs, recomputes element-wise ops), the nearest torchtitan policy to
+  Korthikanti's attention-core recomputation.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.plan import Plan
+from ..plan.space import SpaceLimits
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision, Workload
+from .common import (Engine, EngineSupport, ExportResult, header_lines, layers_per_chunk, nodes_and_gpus_per_node,
+                     unsupported)
+from .toml import toml_text
+
+ENGINE = Engine.TORCHTITAN
+
+# torch.distributed.pipelining's `get_schedule_class` names. Its zero-bubble schedules
+# (InterleavedZeroBubble, ZBVZeroBubble) are multi-stage; paraplan's ZB-H1 is one stage per rank.
+SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
+             Schedule.INTERLEAVED_1F1B: "Interleaved1F1B", Schedule.BREADTH_FIRST: "LoopedBFS"}
+RECOMPUTE_MODES = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}
+# paraplan preset -> (torchtitan model name, flavor, torchtitan 0.3 config_registry function)
+MODELS = {
+    "llama3-8b": ("llama3", "8B", "llama3_8b"), "llama3.1-8b": ("llama3", "8B", "llama3_8b"),
+    "llama3-70b": ("llama3", "70B", "llama3_70b"), "llama3.1-70b": ("llama3", "70B", "llama3_70b"),
+    "llama3.1-405b": ("llama3", "405B", "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "671B", "deepseek_v3_671b"),
+}
+PRECISIONS = {Precision.BF16: "bfloat16"}
+
+SUPPORT = EngineSupport(
+    engine=ENGINE,
+    limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
+                       zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
+                       allow_offload=False, sequence_parallel=(True,)),
+    grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
+    checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
+    tp_async_backward=False)      # DTensor TP does not overlap the backward reductions
+
+
+def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
+    """Raise a one-line error for what torchtitan cannot express."""
+    if workload.precision not in PRECISIONS and workload.precision is not Precision.FP8:
+        raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 linear converter)")
+    if plan.pp > 1 and plan.schedule not in SCHEDULES:
+        raise unsupported(ENGINE, "schedule", str(plan.schedule),
+                          ", ".join(map(str, SCHEDULES)) + " (torch's zero-bubble schedules need 2+ stages per rank)")
+    if plan.recompute not in RECOMPUTE_MODES:
+        raise unsupported(ENGINE, "recompute", str(plan.recompute), ", ".join(map(str, RECOMPUTE_MODES)))
+    if plan.zero is ZeroStage.OPTIMIZER:
+        raise unsupported(ENGINE, "zero", str(plan.zero), "0 (DDP), 2 (FSDP2 reshard never) or 3 (FSDP2 / HSDP)")
+    if plan.tp > 1 and not plan.sequence_parallel:
+        raise unsupported(ENGINE, "sequence_parallel", False, "only sequence parallel with TP>1 (torchtitan 0.2)")
+    if plan.offload_optimizer:
+        raise unsupported(ENGINE, "offload_optimizer", True,
+                          "no optimizer-only offload (training.enable_cpu_offload also moves parameters and gradients)")
+    if not plan.dp_overlap:
+        raise unsupported(ENGINE, "dp_overlap", False, "only overlapped data-parallel communication (FSDP2 prefetch)")
+    if plan.capacity_factor is not None:
+        raise unsupported(ENGINE, "capacity_factor", plan.capacity_factor, "dropless MoE only")
+    if plan.a2a_hierarchical:
+        raise unsupported(ENGINE, "a2a_hierarchical", True, "the flat all-to-all only")
+    if plan.ep_overlap:
+        raise unsupported(ENGINE, "ep_overlap", True, "no overlap of the expert all-to-all with compute")
+    if plan.pp > 1:
+        layers_per_chunk(model, plan, ENGINE)
+
+
+def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
+    """The plan as torchtitan 0.2 JobConfig sections (section -> field -> value)."""
+    check(plan, model, workload)
+    local_batch = workload.global_batch_size // plan.dp
+    if plan.zero is ZeroStage.NONE:
+        shard, replicate, reshard = 1, plan.dp, "default"
+    else:
+        shard, replicate = plan.dp_shard, plan.dp // plan.dp_shard
+        reshard = "never" if plan.zero is ZeroStage.GRADIENTS else "always"
+    name, flavor, _ = MODELS.get(model.name, ("llama3", model.name, ""))
+    model_t: dict = {"name": name, "flavor": flavor}
+    if workload.precision is Precision.FP8:
+        model_t["converters"] = ["quantize.linear.float8"]
+    par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+                 "fsdp_reshard_after_forward": reshard, "tensor_parallel_degree": plan.tp,
+                 "enable_async_tensor_parallel": plan.tp_overlap,
+                 "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
+                 "expert_parallel_degree": plan.ep, "expert_tensor_parallel_degree": plan.etp}
+    if plan.pp > 1:
+        par.update(pipeline_parallel_schedule=SCHEDULES[plan.schedule],
+                   pipeline_parallel_microbatch_size=plan.micro_batch_size,
+                   pipeline_parallel_layers_per_stage=layers_per_chunk(model, plan, ENGINE),
+                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+    ac: dict = {"mode": RECOMPUTE_MODES[plan.recompute]}
+    if plan.recompute is Recompute.SELECTIVE:
+        ac["selective_ac_option"] = "op"
+    return {
+        "job": {"description": f"paraplan {plan.describe()}"},
+        "model": model_t,
+        "training": {"local_batch_size": local_batch if plan.pp > 1 else plan.micro_batch_size,
+                     "global_batch_size": workload.global_batch_size, "seq_len": workload.seq_len,
+                     "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
+        "parallelism": par,
+        "activation_checkpoint": ac,
+        "compile": {"enable": plan.tp_overlap},  # async TP needs torch.compile
+    }
+
+
+def cli_overrides_v03(cfg: dict, model: ModelSpec) -> list[str] | None:
+    """The same config as torchtitan 0.3 `--module/--config` plus overrides; None where 0.3
+    cannot say it (expert tensor parallelism, FP8 converters, models without a registry)."""
+    par = dict(cfg["parallelism"])
+    registry = MODELS.get(model.name)
+    if registry is None or par.pop("expert_tensor_parallel_degree") != 1 or "converters" in cfg["model"]:
+        return None
+    args = ["--module", registry[0], "--config", registry[2]]
+    async_tp = par.pop("enable_async_tensor_parallel")
+    for section, values in (("training", cfg["training"]), ("parallelism", par)):
+        for key, value in values.items():
+            args += [f"--{section}.{key}", str(value)]
+    if par["pipeline_parallel_degree"] > 1:  # 0.3 captures CUDA graphs by default, not under PP
+        args.append("--training.disable_cuda_graphs")
+    if cfg["compile"]["enable"]:
+        args.append("--compile.enable")
+    if async_tp:
+        args.append("--compile.enable_async_tensor_parallel")
+    args.append(f"activation-checkpoint:{cfg['activation_checkpoint']['mode']}")
+    return args
+
+
+def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
+    cfg = job_config(plan, model, workload)
+    nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
+    run = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
+           "--rdzv-endpoint $MASTER_ADDR:29500 -m torchtitan.train")
+    launcher = f"{run} --job.config_file torchtitan.toml"
+    head = header_lines(model, cluster, workload, plan, est) + [
+        "torchtitan 0.2.x reads this file:", f"  {launcher}"]
+    v03 = cli_overrides_v03(cfg, model)
+    head.append("torchtitan 0.3 reads no TOML; the same settings as overrides:")
+    head.append(f"  {run} {shlex.join(v03)}" if v03 else
+                "  (not expressible in 0.3: expert tensor parallelism, FP8 converters or a model without a registry entry)")
+    notes = []
+    if model.name not in MODELS:
+        notes.append(f"model {model.name!r} has no torchtitan flavor: register one with its dimensions "
+                     f"(layers {model.num_layers}, dim {model.hidden_size}, heads {model.num_heads}/{model.num_kv_heads}, "
+                     f"ffn {model.ffn_hidden_size}, vocab {model.vocab_size})")
+    if plan.recompute is Recompute.SELECTIVE:
+        notes.append("selective recomputation is torchtitan's per-op SAC (keeps matmul and attention outputs)")
+    notes.append("gradients are reduced in fp32 (FSDP2 mixed_precision_reduce); the prediction assumes the same")
+    text = "".join(f"# {line}\n" for line in head + notes) + "\n" + toml_text(cfg)
+    return ExportResult(engine=ENGINE, plan=plan, filename="torchtitan.toml", text=text, launcher=launcher,
+                        notes=tuple(notes))

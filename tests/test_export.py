@@ -1,0 +1,456 @@
+"""`paraplan export`: every exported config parses and says what the plan says.
+
+Each config is checked twice where possible:
+* against the engine's documented schema (field and flag names written down below with
+  their source), always;
+* with the engine's own config code where it is installed (skipped otherwise):
+  torchtitan 0.2.x's ConfigManager reads the TOML (`--job.config_file`), torchtitan 0.3's
+  ConfigManager parses the override command line; Megatron-Core builds its
+  TransformerConfig and DistributedDataParallelConfig from the script's arguments (as
+  Megatron-LM's `core_transformer_config_from_args` does) and runs their validation;
+  DeepSpeed's DeepSpeedConfig loads the JSON and checks the batch arithmetic.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import tomllib
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.errors import SpecError
+from paraplan.export import deepspeed, megatron, torchtitan
+from paraplan.export.common import Engine
+from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from paraplan.plan.plan import make_plan
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+EXPORTERS = {Engine.TORCHTITAN: torchtitan, Engine.MEGATRON: megatron, Engine.DEEPSPEED: deepspeed}
+MODEL = load_model("llama3-8b")  # 32 layers, 32/8 heads
+CLUSTER = load_cluster("dgx-h100", num_gpus=16)
+WL = Workload(global_batch_size=64, seq_len=4096)
+
+
+def plan(**kw):
+    base = dict(tp=1, pp=1, dp=16, micro_batch_size=1, attention=AttentionKernel.FLASH3)
+    base.update(kw)
+    return make_plan(**base)
+
+
+# name -> (plan, engines that can express it)
+PLANS = {
+    "tp2-pp2-vp4-selective-zero1": (plan(tp=2, pp=2, dp=4, vp=4, schedule=Schedule.INTERLEAVED_1F1B,
+                                         sequence_parallel=True, recompute=Recompute.SELECTIVE,
+                                         zero=ZeroStage.OPTIMIZER), {Engine.MEGATRON}),
+    "fsdp-full-recompute": (plan(micro_batch_size=2, zero=ZeroStage.PARAMETERS, recompute=Recompute.FULL),
+                            {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
+    "hsdp-tp2-sp": (plan(tp=2, dp=8, zero=ZeroStage.PARAMETERS, dp_shard=4, sequence_parallel=True,
+                         tp_overlap=True), {Engine.TORCHTITAN, Engine.MEGATRON}),
+    "autotp-zero2-offload": (plan(tp=2, dp=8, zero=ZeroStage.GRADIENTS, offload_optimizer=True, micro_batch_size=4),
+                             {Engine.DEEPSPEED}),
+    "pp4-1f1b-first-k": (plan(tp=4, pp=4, dp=1, sequence_parallel=True, recompute=Recompute.FIRST_K,
+                              recompute_num_layers=4), {Engine.MEGATRON}),
+    "pp2-gpipe-ddp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE), {Engine.TORCHTITAN}),
+    "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS),
+                        {Engine.TORCHTITAN}),
+    "ddp-mb8": (plan(micro_batch_size=4), {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
+}
+CASES = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e in ok]
+REFUSED = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e not in ok]
+
+
+def exported(name, engine):
+    p, _ = PLANS[name]
+    mod = EXPORTERS[engine]
+    p = mod.SUPPORT.adapt(p)
+    return p, mod.export(p, MODEL, CLUSTER, WL)
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+# --------------------------------------------------------------------- torchtitan
+# torchtitan 0.2.2 torchtitan/config/job_config.py: sections and the fields exported here.
+TORCHTITAN_SCHEMA = {
+    "job": {"description"},
+    "model": {"name", "flavor", "converters"},
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "mixed_precision_param",
+                 "mixed_precision_reduce"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "enable_async_tensor_parallel", "pipeline_parallel_degree",
+                    "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
+                    "pipeline_parallel_last_stage_less_layers", "context_parallel_degree", "expert_parallel_degree",
+                    "expert_tensor_parallel_degree"},
+    "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable"},
+}
+
+
+def check_torchtitan(p, cfg: dict) -> None:
+    """The parsed TOML sections say what the plan says."""
+    par, tr, ac = cfg["parallelism"], cfg["training"], cfg["activation_checkpoint"]
+    assert par["tensor_parallel_degree"] == p.tp and par["pipeline_parallel_degree"] == p.pp
+    assert par["context_parallel_degree"] == p.cp and par["expert_parallel_degree"] == p.ep
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.dp
+    if p.zero is ZeroStage.NONE:
+        assert par["data_parallel_shard_degree"] == 1
+    else:
+        assert par["data_parallel_shard_degree"] == p.dp_shard
+        assert par["fsdp_reshard_after_forward"] == ("always" if p.zero is ZeroStage.PARAMETERS else "never")
+    per_dp = WL.global_batch_size // p.dp
+    assert tr["global_batch_size"] == WL.global_batch_size and tr["seq_len"] == WL.seq_len
+    if p.pp > 1:
+        assert tr["local_batch_size"] == per_dp
+        assert par["pipeline_parallel_microbatch_size"] == p.micro_batch_size
+        assert par["pipeline_parallel_layers_per_stage"] * p.pp * p.vp == MODEL.num_layers
+        assert par["pipeline_parallel_schedule"] == torchtitan.SCHEDULES[p.schedule]
+    else:
+        assert tr["local_batch_size"] == p.micro_batch_size  # accumulation: per_dp / mb steps
+    assert ac["mode"] == {Recompute.NONE: "none", Recompute.FULL: "full", Recompute.SELECTIVE: "selective"}[p.recompute]
+    assert par["enable_async_tensor_parallel"] == p.tp_overlap
+    assert tr["mixed_precision_reduce"] == "float32" and p.grad_reduce_fp32
+
+
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
+def test_torchtitan_toml_matches_plan(name):
+    p, res = exported(name, Engine.TORCHTITAN)
+    cfg = tomllib.loads(res.text)
+    for section, values in cfg.items():
+        assert section in TORCHTITAN_SCHEMA and set(values) <= TORCHTITAN_SCHEMA[section], section
+    check_torchtitan(p, cfg)
+
+
+def _torchtitan_version():
+    if not installed("torchtitan"):
+        return None
+    from importlib.metadata import version
+    return tuple(int(x) for x in version("torchtitan").split(".")[:2])
+
+
+@pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() >= (0, 3),
+                    reason="torchtitan 0.2.x (the last TOML-reading release) not installed")
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
+def test_torchtitan_02_reads_the_toml(name, tmp_path):
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    p, res = exported(name, Engine.TORCHTITAN)
+    path = tmp_path / res.filename
+    path.write_text(res.text)
+    job = ConfigManager().parse_args(["--job.config_file", str(path)])
+    par = job.parallelism
+    cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"]},
+           "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
+           "activation_checkpoint": {"mode": job.activation_checkpoint.mode}}
+    check_torchtitan(p, cfg)
+    dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
+                        cp=par.context_parallel_degree, tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
+                        ep=par.expert_parallel_degree, etp=par.expert_tensor_parallel_degree, world_size=p.num_gpus)
+    assert dims.dp_replicate * dims.dp_shard == p.dp
+
+
+@pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() < (0, 3), reason="torchtitan>=0.3 not installed")
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
+def test_torchtitan_03_parses_the_overrides(name):
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pipeline_metadata
+    p, res = exported(name, Engine.TORCHTITAN)
+    args = torchtitan.cli_overrides_v03(torchtitan.job_config(p, MODEL, WL), MODEL)
+    assert args is not None and shlex.join(args) in res.text
+    job = ConfigManager().parse_args(args)
+    par = job.parallelism
+    cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"] if hasattr(par, f)},
+           "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
+           "activation_checkpoint": {"mode": {FullAC.Config: "full", SelectiveAC.Config: "selective",
+                                              type(None): "none"}[type(job.activation_checkpoint)]}}
+    cfg["parallelism"]["enable_async_tensor_parallel"] = job.compile.enable_async_tensor_parallel
+    check_torchtitan(p, cfg)
+    dims = ParallelDims.from_config(par, p.num_gpus)  # torchtitan's own mesh validation
+    if p.pp > 1:  # torchtitan's own stage split: PP×VP stages of equal layers
+        stages, layers, first, last = _get_pipeline_metadata(dims, par, SimpleNamespace(layers=[0] * MODEL.num_layers))
+        assert stages == p.pp * p.vp
+        parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+        assert [sum(n.startswith("layers.") for n in part) for part in parts] == [MODEL.num_layers // stages] * stages
+
+
+# --------------------------------------------------------------------- Megatron-LM
+# Megatron-LM megatron/training/arguments.py (core_r0.16): the flags exported here and
+# whether each takes a value.
+MEGATRON_FLAGS = {
+    "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
+    "--seq-length": int, "--max-position-embeddings": int, "--position-embedding-type": str,
+    "--normalization": str, "--disable-bias-linear": bool, "--attention-dropout": float, "--hidden-dropout": float,
+    "--tokenizer-type": str, "--vocab-size": int, "--kv-channels": int, "--group-query-attention": bool,
+    "--num-query-groups": int, "--swiglu": bool, "--untie-embeddings-and-output-weights": bool,
+    "--multi-latent-attention": bool, "--kv-lora-rank": int, "--q-lora-rank": int, "--qk-head-dim": int,
+    "--qk-pos-emb-head-dim": int, "--v-head-dim": int,
+    "--num-experts": int, "--moe-router-topk": int, "--moe-ffn-hidden-size": int, "--moe-layer-freq": str,
+    "--moe-token-dispatcher-type": str, "--moe-grouped-gemm": bool, "--moe-shared-expert-intermediate-size": int,
+    "--moe-expert-capacity-factor": float, "--moe-pad-expert-input-to-capacity": bool,
+    "--overlap-moe-expert-parallel-comm": bool,
+    "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
+    "--cp-comm-type": str, "--num-layers-per-virtual-pipeline-stage": int, "--sequence-parallel": bool,
+    "--tp-comm-overlap": bool, "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int,
+    "--micro-batch-size": int, "--global-batch-size": int,
+    "--recompute-granularity": str, "--recompute-method": str, "--recompute-num-layers": int,
+    "--use-distributed-optimizer": bool, "--use-megatron-fsdp": bool, "--data-parallel-sharding-strategy": str,
+    "--num-distributed-optimizer-instances": int, "--overlap-grad-reduce": bool, "--overlap-param-gather": bool,
+    "--optimizer-cpu-offload": bool, "--optimizer-offload-fraction": float,
+    "--bf16": bool, "--fp16": bool, "--fp8-format": str, "--attention-backend": str,
+}
+
+
+def megatron_args(text: str) -> dict:
+    """The script's PARAPLAN_ARGS as {argparse dest: value} (Megatron-LM's flag -> dest rule)."""
+    body = text.split("PARAPLAN_ARGS=(", 1)[1].split("\n)", 1)[0]
+    tokens = shlex.split(body)
+    out, i = {}, 0
+    while i < len(tokens):
+        flag = tokens[i]
+        kind = MEGATRON_FLAGS[flag]  # KeyError: a flag Megatron-LM does not document
+        if kind is bool:
+            value, i = True, i + 1
+        else:
+            value, i = kind(tokens[i + 1]), i + 2
+        out[flag[2:].replace("-", "_")] = value
+    return out
+
+
+def check_megatron(p, a: dict) -> None:
+    assert a["tensor_model_parallel_size"] == p.tp and a["pipeline_model_parallel_size"] == p.pp
+    assert a["context_parallel_size"] == p.cp
+    assert a.get("sequence_parallel", False) == p.sequence_parallel
+    assert a.get("tp_comm_overlap", False) == p.tp_overlap
+    assert a["micro_batch_size"] == p.micro_batch_size and a["global_batch_size"] == WL.global_batch_size
+    chunk = a.get("num_layers_per_virtual_pipeline_stage")
+    assert (MODEL.num_layers // (p.pp * chunk) if chunk else 1) == p.vp
+    rc = (a.get("recompute_granularity"), a.get("recompute_method"), a.get("recompute_num_layers"))
+    assert rc == {Recompute.NONE: (None, None, None), Recompute.SELECTIVE: ("selective", None, None),
+                  Recompute.FULL: ("full", "uniform", 1),
+                  Recompute.FIRST_K: ("full", "block", p.recompute_num_layers // p.vp)}[p.recompute]
+    zero = {(False, None): ZeroStage.NONE, (True, None): ZeroStage.OPTIMIZER,
+            (False, "optim_grads"): ZeroStage.GRADIENTS, (False, "optim_grads_params"): ZeroStage.PARAMETERS}
+    assert zero[(a.get("use_distributed_optimizer", False), a.get("data_parallel_sharding_strategy"))] is p.zero
+    assert p.dp // a.get("num_distributed_optimizer_instances", 1) == p.dp_shard
+    assert a.get("overlap_grad_reduce", False) == p.dp_overlap
+    assert a.get("optimizer_cpu_offload", False) == p.offload_optimizer
+    # Megatron derives DP from the world size the launcher starts
+    nodes, per_node = (int(x.split("=")[1]) for x in a["_launch"])
+    assert nodes * per_node // (p.tp * p.pp * p.cp) == p.dp
+
+
+def parsed_megatron(res):
+    a = megatron_args(res.text)
+    a["_launch"] = [ln for ln in res.text.splitlines() if ln.startswith(("NNODES=", "GPUS_PER_NODE="))][::-1]
+    return a
+
+
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.MEGATRON])
+def test_megatron_arguments_match_plan(name):
+    p, res = exported(name, Engine.MEGATRON)
+    check_megatron(p, parsed_megatron(res))
+    assert res.text.startswith("#!/usr/bin/env bash") and "pretrain_gpt.py" in res.text
+
+
+@pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core not installed")
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.MEGATRON] + ["moe"])
+def test_megatron_core_accepts_the_arguments(name):
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.transformer.enums import AttnBackend
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    if name == "moe":
+        model, cluster = load_model("mixtral-8x7b"), CLUSTER
+        p = megatron.SUPPORT.adapt(plan(tp=2, dp=8, ep=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
+                                        capacity_factor=1.25, recompute=Recompute.SELECTIVE))
+        a = megatron_args(megatron.export(p, model, cluster, WL).text)
+        assert a["expert_model_parallel_size"] == 8 and a["num_experts"] == model.num_experts
+        assert a["moe_expert_capacity_factor"] == 1.25
+    else:
+        model = MODEL
+        p, res = exported(name, Engine.MEGATRON)
+        a = megatron_args(res.text)
+    # core_transformer_config_from_args: every TransformerConfig field that args has, plus renames
+    kw = {k: a[k] for k in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                            "tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size",
+                            )}
+    kw.update(sequence_parallel=a.get("sequence_parallel", False), tp_comm_overlap=a.get("tp_comm_overlap", False),
+              num_query_groups=a.get("num_query_groups"), gated_linear_unit=a.get("swiglu", False),
+              bf16=a.get("bf16", False), fp16=a.get("fp16", False), add_bias_linear=not a.get("disable_bias_linear"),
+              recompute_granularity=a.get("recompute_granularity"), recompute_method=a.get("recompute_method"),
+              recompute_num_layers=a.get("recompute_num_layers"),
+              attention_backend=AttnBackend[a["attention_backend"]],
+              expert_model_parallel_size=a.get("expert_model_parallel_size", 1),
+              expert_tensor_parallel_size=a.get("expert_tensor_parallel_size", 1))
+    import torch
+    # validate_args: params_dtype from --bf16/--fp16; core_transformer_config_from_args: pipeline_dtype = params_dtype
+    kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16 if a.get("bf16") else torch.float16
+    if "num_layers_per_virtual_pipeline_stage" in a:
+        kw["virtual_pipeline_model_parallel_size"] = a["num_layers"] // (
+            a["pipeline_model_parallel_size"] * a["num_layers_per_virtual_pipeline_stage"])
+    if "num_experts" in a:
+        kw.update(num_moe_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"],
+                  moe_ffn_hidden_size=a["moe_ffn_hidden_size"], moe_token_dispatcher_type=a["moe_token_dispatcher_type"],
+                  moe_expert_capacity_factor=a.get("moe_expert_capacity_factor"),
+                  moe_pad_expert_input_to_capacity=a.get("moe_pad_expert_input_to_capacity", False),
+                  moe_grouped_gemm=a.get("moe_grouped_gemm", False))
+    cfg = TransformerConfig(**kw)  # Megatron-Core's own validation (__post_init__)
+    assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
+    assert (cfg.virtual_pipeline_model_parallel_size or 1) == p.vp
+    ddp = DistributedDataParallelConfig(
+        use_distributed_optimizer=a.get("use_distributed_optimizer", False),
+        overlap_grad_reduce=a.get("overlap_grad_reduce", False), overlap_param_gather=a.get("overlap_param_gather", False),
+        use_megatron_fsdp=a.get("use_megatron_fsdp", False),
+        data_parallel_sharding_strategy=a.get("data_parallel_sharding_strategy", "no_shard"),
+        num_distributed_optimizer_instances=a.get("num_distributed_optimizer_instances", 1))
+    assert ddp.overlap_grad_reduce == p.dp_overlap
+
+
+# --------------------------------------------------------------------- DeepSpeed
+# DeepSpeed 0.19 docs (deepspeed.ai/docs/config-json) and deepspeed/runtime/config.py keys.
+DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "gradient_clipping", "zero_optimization", "communication_data_type", "bf16", "fp16",
+                  "tensor_parallel", "activation_checkpointing"}
+DEEPSPEED_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "offload_optimizer"}
+
+
+def check_deepspeed(p, cfg: dict) -> None:
+    dp = p.num_gpus // p.tp  # DeepSpeed's data-parallel size under AutoTP
+    assert dp == p.dp
+    assert cfg["train_batch_size"] == WL.global_batch_size
+    assert cfg["train_micro_batch_size_per_gpu"] == p.micro_batch_size
+    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
+    z = cfg["zero_optimization"]
+    assert z["stage"] == int(str(p.zero)) and z["overlap_comm"] == p.dp_overlap
+    assert ("offload_optimizer" in z) == p.offload_optimizer
+    assert cfg.get("tensor_parallel", {"autotp_size": 1})["autotp_size"] == p.tp
+    assert ("activation_checkpointing" in cfg) == (p.recompute is Recompute.FULL)
+
+
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.DEEPSPEED])
+def test_deepspeed_json_matches_plan(name):
+    p, res = exported(name, Engine.DEEPSPEED)
+    cfg = json.loads(res.text)
+    assert set(cfg) <= DEEPSPEED_KEYS and set(cfg["zero_optimization"]) <= DEEPSPEED_ZERO_KEYS
+    check_deepspeed(p, cfg)
+    assert res.launcher.startswith("deepspeed --num_nodes 2 --num_gpus 8 ")
+
+
+@pytest.mark.skipif(not installed("deepspeed"), reason="deepspeed not installed")
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.DEEPSPEED])
+def test_deepspeed_config_loads(name, monkeypatch):
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    import deepspeed.runtime.config as dsc
+    p, res = exported(name, Engine.DEEPSPEED)
+    # DeepSpeedConfig asks the process group for its rank first; give it rank 0 and the
+    # plan's data-parallel size through an mpu, as a launched job would have.
+    monkeypatch.setattr(dsc.dist, "get_rank", lambda *a, **k: 0)
+    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: p.dp)
+    c = dsc.DeepSpeedConfig(json.loads(res.text), mpu=mpu)
+    assert c.train_batch_size == WL.global_batch_size and c.train_micro_batch_size_per_gpu == p.micro_batch_size
+    assert c.gradient_accumulation_steps == WL.global_batch_size // (p.dp * p.micro_batch_size)
+    assert c.zero_optimization_stage == int(str(p.zero)) and c.bfloat16_config.enabled
+    assert c.tensor_parallel_config.autotp_size == (p.tp if p.tp > 1 else 0)
+    assert (c.zero_config.offload_optimizer is not None) == p.offload_optimizer
+    with pytest.raises(AssertionError):  # the same check catches a wrong batch
+        dsc.DeepSpeedConfig(dict(json.loads(res.text), train_batch_size=WL.global_batch_size + p.dp), mpu=mpu)
+
+
+# --------------------------------------------------------------------- refusals and CLI
+@pytest.mark.parametrize("name,engine", REFUSED, ids=[f"{n}-{e}" for n, e in REFUSED])
+def test_unsupported_plan_features_are_one_line_errors(name, engine):
+    p, _ = PLANS[name]
+    mod = EXPORTERS[engine]
+    with pytest.raises(SpecError) as e:
+        mod.export(mod.SUPPORT.adapt(p), MODEL, CLUSTER, WL)
+    msg = str(e.value)
+    assert "\n" not in msg and f"export --format {engine}" in msg and f"{engine} allows" in msg
+
+
+def test_precision_limits():
+    fp8 = replace(WL, precision=Precision.FP8)
+    with pytest.raises(SpecError, match="precision"):
+        deepspeed.export(PLANS["ddp-mb8"][0], MODEL, CLUSTER, fp8)
+    with pytest.raises(SpecError, match="precision"):
+        torchtitan.export(PLANS["ddp-mb8"][0], MODEL, CLUSTER, replace(WL, precision=Precision.FP16))
+    a = megatron_args(megatron.export(PLANS["ddp-mb8"][0], MODEL, CLUSTER, fp8).text)
+    assert a["bf16"] and a["fp8_format"] == "hybrid"
+
+
+def test_first_k_with_virtual_stages_must_split_evenly():
+    p = plan(tp=2, pp=2, dp=4, vp=2, schedule=Schedule.INTERLEAVED_1F1B, sequence_parallel=True,
+             recompute=Recompute.FIRST_K, recompute_num_layers=3)
+    with pytest.raises(SpecError, match="recompute_num_layers"):
+        megatron.export(p, MODEL, CLUSTER, WL)
+    a = megatron_args(megatron.export(replace(p, recompute_num_layers=4), MODEL, CLUSTER, WL).text)
+    assert a["recompute_num_layers"] == 2 and a["recompute_method"] == "block"
+
+
+def run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+SMALL = ["--model", "llama3-8b", "--gpus", "16", "--batch", "64", "--seq", "4096"]
+
+
+def test_cli_flags_to_stdout_writes_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, "export", "--format", "megatron", *SMALL, "--tp", "2", "--pp", "2", "--vp", "4",
+                         "--recompute", "selective", "--zero", "1")
+    assert code == 0 and list(tmp_path.iterdir()) == []
+    a = megatron_args(out)
+    assert (a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"]) == (2, 2)
+    assert a["num_layers_per_virtual_pipeline_stage"] == 4 and a["use_distributed_optimizer"]
+    assert err.startswith("launch: bash megatron.sh")
+
+
+def test_cli_output_file_and_json(capsys, tmp_path):
+    out_file = tmp_path / "ds.json"
+    code, out, err = run(capsys, "export", "--format", "deepspeed", *SMALL, "--zero", "3", "--mb", "2",
+                         "-o", str(out_file), "--json")
+    assert code == 0
+    d = json.loads(out)
+    cfg = json.loads(out_file.read_text())
+    assert d["text"] == out_file.read_text() and d["plan_source"] == "flags"
+    assert cfg["zero_optimization"]["stage"] == 3 and cfg["gradient_accumulation_steps"] == 2
+    assert str(out_file) in d["launcher"]
+
+
+@pytest.mark.parametrize("engine", list(Engine))
+def test_cli_without_plan_flags_exports_the_best_plan_the_engine_runs(capsys, engine):
+    code, out, err = run(capsys, "export", "--format", str(engine), *SMALL, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["plan_source"] == "search" and d["predicted_step_time_s"] > 0
+    if engine is Engine.DEEPSPEED:
+        cfg = json.loads(d["text"])
+        assert cfg["train_batch_size"] == 64
+    elif engine is Engine.TORCHTITAN:
+        assert tomllib.loads(d["text"])["training"]["seq_len"] == 4096
+    else:
+        assert megatron_args(d["text"])["global_batch_size"] == 64
+
+
+def test_cli_unsupported_is_one_line_exit_2(capsys, tmp_path):
+    out_file = tmp_path / "x.toml"
+    code, out, err = run(capsys, "export", "--format", "torchtitan", *SMALL, "--zero", "1", "-o", str(out_file))
+    assert code == 2 and out == "" and not out_file.exists()
+    assert err.count("\n") == 1 and "zero='1'" in err and "torchtitan allows" in err
+    code, out, err = run(capsys, "export", "--format", "deepspeed", *SMALL, "--tp", "2")
+    assert code == 2 and "sequence_parallel" in err and "--no-sp" in err
