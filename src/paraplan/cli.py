@@ -247,9 +247,11 @@ def cmd_trace(args) -> int:
 
 
 def cmd_validate(args) -> int:
+    from .validate.inference import is_inference_file, validate_inference_file
     from .validate.report import render_validation
     from .validate.training import validate_file
-    result = validate_file(args.file, progress=_progress if (not args.json and sys.stderr.isatty()) else None)
+    run = validate_inference_file if is_inference_file(args.file) else validate_file
+    result = run(args.file, progress=_progress if (not args.json and sys.stderr.isatty()) else None)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -416,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--compare-torchrec", action="store_true", help="also run TorchRec's planner; price both plans with both models")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_embeddings)
+    from .inference.cli import add_parser as add_serve
+    add_serve(sub, _positive_int, _positive_float)
     r = sub.add_parser("presets", help="list model, GPU and cluster presets")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_presets)

@@ -87,7 +87,9 @@ class ServePlan:
         s = f"TP{self.tp} PP{self.pp}"
         if self.ep > 1:
             s += f" EP{self.ep}"
-        s += f" ×{self.replicas} w:{self.weight_dtype} kv:{self.kv_dtype}"
+        if self.replicas > 1:
+            s += f" ×{self.replicas}"
+        s += f" w:{self.weight_dtype} kv:{self.kv_dtype}"
         if self.attention_sharding is AttentionSharding.BATCH:
             s += " kv-by-batch"
         return s

@@ -145,6 +145,7 @@ class IterationModel:
         self.attn_heads_share = 1.0 / t  # a·d/t query width per GPU
         self._linear = lru_cache(maxsize=None)(self._linear_s)
         self.lm_head_s = lru_cache(maxsize=None)(self._lm_head_s)
+        self._hop = lru_cache(maxsize=None)(self._hop_s)
 
     # ---- pieces -------------------------------------------------------------------------
     def _gemm_s(self, m: float, n: float, k: float, weight_bytes: float | None = None) -> float:
@@ -212,6 +213,10 @@ class IterationModel:
             s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
         return L * s
 
+    def _hop_s(self, tokens: int) -> float:
+        """Activations of `tokens` to the next pipeline stage (the next tp group)."""
+        return float(p2p_time_s(self.cluster, tokens * self.model.hidden_size * ACT_BYTES, self.plan.tp))
+
     def _lm_head_s(self, rows: int) -> float:
         if rows <= 0:
             return 0.0
@@ -232,8 +237,7 @@ class IterationModel:
         Tm = max(1, math.ceil(T / p))
         stage = (self._linear(Tm) + self.attention_s(prefill_pairs / p, decode_ctx_tokens / p)
                  + self.lm_head_s(math.ceil(logit_rows / p)) / p)
-        hop = float(p2p_time_s(self.cluster, Tm * self.model.hidden_size * ACT_BYTES, self.plan.tp))
-        return p * (stage + hop)
+        return p * (stage + self._hop(Tm))
 
     def breakdown(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens: float,
                   logit_rows: int) -> dict[str, float]:

@@ -1,0 +1,144 @@
+"""`paraplan serve`: plan a serving deployment (default: Llama 3 70B on 8 H100)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+DEFAULT_MODEL = "llama3-70b"
+DEFAULT_CLUSTER = "dgx-h100"
+DEFAULT_GPUS = 8
+
+
+def add_parser(sub, positive_int, positive_float) -> None:
+    s = sub.add_parser("serve", help="plan a serving deployment (default: Llama 3 70B on 8 H100)")
+    g = s.add_argument_group("model and hardware")
+    g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset, model TOML or HF config.json (default {DEFAULT_MODEL})")
+    g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster preset or TOML (default {DEFAULT_CLUSTER})")
+    g.add_argument("--gpus", type=positive_int, default=DEFAULT_GPUS, help=f"GPUs available (default {DEFAULT_GPUS})")
+    t = s.add_argument_group("traffic")
+    t.add_argument("--prompt", type=positive_int, default=1024, help="prompt tokens per request (default 1024)")
+    t.add_argument("--output", type=positive_int, default=256, help="output tokens per request (default 256)")
+    t.add_argument("--rate", type=positive_float, default=8.0, help="requests/s, Poisson (default 8)")
+    t.add_argument("--max-load", action="store_true", help="no rate: every request queued at once")
+    t.add_argument("--requests", type=positive_int, default=400, help="requests to simulate (default 400)")
+    t.add_argument("--ttft-ms", type=positive_float, default=1000.0, help="p90 time-to-first-token target (default 1000)")
+    t.add_argument("--tpot-ms", type=positive_float, default=50.0, help="mean time-per-output-token target (default 50)")
+    p = s.add_argument_group("pin the deployment (others are searched)")
+    p.add_argument("--tp", type=positive_int)
+    p.add_argument("--pp", type=positive_int)
+    p.add_argument("--ep", type=positive_int, help="MoE: experts split over ep of the tp GPUs")
+    p.add_argument("--weights", help="bf16, fp16, fp8, int8 or int4")
+    p.add_argument("--kv", help="KV-cache dtype: bf16, fp16, fp8 or int8")
+    p.add_argument("--kv-by-batch", action="store_true", help="shard the KV cache over the batch, not heads (Pope et al.)")
+    e = s.add_argument_group("engine")
+    e.add_argument("--max-batch", type=positive_int, default=2048, help="sequences per iteration (default 2048)")
+    e.add_argument("--max-num-tokens", type=positive_int, default=8192, help="tokens per iteration (default 8192)")
+    e.add_argument("--chunked-prefill", action="store_true", help="split prompts to fill every iteration (Sarathi)")
+    s.add_argument("--top", type=positive_int, default=10, help="plans to show (default 10)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_serve)
+
+
+def _plans(args, model, cluster):
+    from dataclasses import replace
+    from .deploy import AttentionSharding, StoreDtype
+    from .planner import candidate_plans
+    plans = candidate_plans(model, cluster, cluster.num_gpus)
+    w = StoreDtype.parse(args.weights, "weights") if args.weights else None
+    kv = StoreDtype.parse(args.kv, "kv") if args.kv else None
+    out = []
+    for p in plans:
+        if (args.tp and p.tp != args.tp) or (args.pp and p.pp != args.pp) or (args.ep and p.ep != args.ep):
+            continue
+        if w is not None:
+            p = replace(p, weight_dtype=w)
+        if kv is not None:
+            p = replace(p, kv_dtype=kv)
+        if args.kv_by_batch:
+            p = replace(p, attention_sharding=AttentionSharding.BATCH)
+        if p not in out:
+            out.append(p)
+    if not out:
+        from ..errors import SpecError
+        raise SpecError("serve", "--tp/--pp/--ep", f"{args.tp}/{args.pp}/{args.ep}",
+                        f"tp must be a power of two <= {min(cluster.gpus_per_node, cluster.num_gpus)} and tp×pp <= --gpus")
+    return out
+
+
+def _ms(x: float) -> str:
+    return f"{1e3 * x:.1f}"
+
+
+def cmd_serve(args) -> int:
+    from ..report.table import grid
+    from ..specs.catalog import load_cluster, load_model
+    from ..units import GIB, fmt_count
+    from .deploy import EngineLimits, Traffic
+    from .planner import plan_serving
+    model = load_model(args.model)
+    cluster = load_cluster(args.cluster, num_gpus=args.gpus)
+    traffic = Traffic(prompt_tokens=args.prompt, output_tokens=args.output,
+                      rate_rps=None if args.max_load else args.rate, num_requests=args.requests,
+                      ttft_target_s=args.ttft_ms / 1e3, tpot_target_s=args.tpot_ms / 1e3)
+    limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=args.max_num_tokens,
+                          chunked_prefill=args.chunked_prefill)
+    plans = _plans(args, model, cluster)
+    progress = None
+    if not args.json and sys.stderr.isatty():
+        def progress(done, total):
+            sys.stderr.write(f"\rsimulating [{'#' * int(30 * done / total):<30}] {done}/{total}")
+            if done == total:
+                sys.stderr.write("\n")
+    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=progress)
+    if args.json:
+        print(json.dumps(_json(res, args.top), indent=1))
+        return 0
+    load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
+    print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
+          f"{traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens at {load}; targets: "
+          f"p90 TTFT ≤ {args.ttft_ms:g} ms, mean TPOT ≤ {args.tpot_ms:g} ms")
+    rows = []
+    for e in res.ranked[:args.top]:
+        rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
+                     fmt_count(e.memory.kv_capacity_tokens), _ms(e.ttft_floor_s), _ms(e.tpot_floor_s),
+                     f"{e.max_tokens_per_s_per_gpu:,.0f}", f"{e.slo_rate_rps:.2f}" if e.slo_rate_rps else "misses",
+                     "-" if e.gpus_needed is None else str(e.gpus_needed), f"{e.usd_per_m_output_tokens:.2f}"])
+    print(grid(["deployment (one replica)", "GPUs", "weights GiB/GPU", "KV tokens", "TTFT₁ ms", "TPOT₁ ms",
+                "max out tok/s/GPU", "req/s in SLO", "GPUs for rate", "$/M out tok"], rows, align="lrrrrrrrrr"))
+    print("TTFT₁/TPOT₁: a lone request. req/s in SLO: highest Poisson rate one replica serves within the targets.")
+    best = res.ranked[0]
+    if best.at_rate is not None:
+        r = best.at_rate
+        print(f"\nbest: {best.replicas_needed} × [{best.plan.describe()}] = {best.gpus_needed} GPUs at "
+              f"{traffic.rate_rps:g} req/s:")
+        print(grid(["", "p50", "p90", "p99", "mean"], [
+            ["TTFT ms"] + [_ms(r.percentile("ttft_s", q)) for q in (50, 90, 99)] + [_ms(r.ttft_s.mean())],
+            ["TPOT ms"] + [_ms(r.percentile("tpot_s", q)) for q in (50, 90, 99)] + [_ms(r.tpot_s.mean())],
+            ["e2e ms"] + [_ms(r.percentile("e2e_s", q)) for q in (50, 90, 99)] + [_ms(r.e2e_s.mean())]], align="lrrrr"))
+        if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
+            print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
+    print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
+    print(grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
+               [[e.plan.describe(), _ms(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],
+               align="lrr"))
+    if res.rejected:
+        print(f"\n{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}")
+    return 0
+
+
+def _json(res, top: int) -> dict:
+    def one(e):
+        d = {"plan": e.plan.describe(), "tp": e.plan.tp, "pp": e.plan.pp, "ep": e.plan.ep,
+             "weight_dtype": e.plan.weight_dtype.value, "kv_dtype": e.plan.kv_dtype.value,
+             "gpus_per_replica": e.plan.gpus_per_replica, "memory_bytes": e.memory.parts(),
+             "kv_capacity_tokens": e.memory.kv_capacity_tokens, "ttft_floor_s": e.ttft_floor_s,
+             "tpot_floor_s": e.tpot_floor_s, "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
+             "slo_rate_rps_per_replica": e.slo_rate_rps, "replicas_needed": e.replicas_needed,
+             "gpus_needed": e.gpus_needed, "usd_per_m_output_tokens": e.usd_per_m_output_tokens}
+        if e.at_rate is not None:
+            r = e.at_rate
+            d["at_rate"] = {f"{k}_p{q}_s": r.percentile(k + "_s", q) for k in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}
+        return d
+    return {"ranked": [one(e) for e in res.ranked[:top]], "pareto": [one(e) for e in res.pareto],
+            "rejected": [{"plan": p.describe(), "reason": why} for p, why in res.rejected]}

@@ -1,0 +1,167 @@
+"""Plan a serving deployment: enumerate layouts and precisions, simulate, rank, Pareto.
+
+For each deployment (tp, pp, ep, weight and KV dtypes) of one replica:
+- memory: weights, workspace, KV capacity (step.serve_memory); a plan whose KV cache cannot
+  hold one request is rejected with that reason;
+- latency floor: TTFT and TPOT of a lone request (batch 1);
+- maximum-load throughput per GPU (batching.simulate with every request queued at once);
+- the highest request rate one replica sustains within the latency targets (bisection on
+  the simulated p90 TTFT and mean TPOT), hence replicas and GPUs the traffic needs, and
+  $ per million output tokens.
+The Pareto frontier is over (TPOT at low load, throughput per GPU at maximum load).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..errors import NoPlanFitsError, ParaplanError
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision
+from ..units import SECONDS_PER_HOUR
+from .batching import ServingResult, simulate
+from .deploy import EngineLimits, ServePlan, StoreDtype, Traffic
+from .step import IterationModel, ServeMemory, serve_memory
+
+SLO_PERCENTILE = 90     # TTFT target is checked at this percentile; TPOT at the mean
+PROBE_REQUESTS = 200    # requests per probe simulation in the rate bisection
+BISECTION_STEPS = 7
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeEstimate:
+    plan: ServePlan
+    memory: ServeMemory
+    ttft_floor_s: float             # a lone request
+    tpot_floor_s: float
+    max_tokens_per_s_per_gpu: float  # output tokens at maximum load
+    max_concurrency: int
+    slo_rate_rps: float             # per replica, within the targets (0: none)
+    replicas_needed: int | None     # for the traffic's rate (None: no rate given, or unreachable)
+    usd_per_m_output_tokens: float
+    at_rate: ServingResult | None   # the traffic simulated on the replicas it needs
+
+    @property
+    def gpus_needed(self) -> int | None:
+        return None if self.replicas_needed is None else self.replicas_needed * self.plan.gpus_per_replica
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeResult:
+    ranked: tuple[ServeEstimate, ...]
+    rejected: tuple[tuple[ServePlan, str], ...]
+    pareto: tuple[ServeEstimate, ...]
+
+
+def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> list[ServePlan]:
+    has_fp8 = Precision.FP8 in cluster.gpu.peak_flops_per_s
+    # FP8 where the GPU has FP8 tensor cores (weights and KV), else int8 weight-only; int4
+    # weight-only (AWQ/GPTQ-style) everywhere; 8-bit KV next to every quantized weight choice.
+    weights = [StoreDtype.BF16, StoreDtype.FP8 if has_fp8 else StoreDtype.INT8, StoreDtype.INT4]
+    kv8 = StoreDtype.FP8 if has_fp8 else StoreDtype.INT8
+    out = []
+    tp = 1
+    while tp <= min(cluster.gpus_per_node, max_gpus):
+        pp = 1
+        while tp * pp <= max_gpus and pp <= model.num_layers:
+            eps = [e for e in range(1, tp + 1) if tp % e == 0 and model.is_moe and model.num_experts % e == 0] or [1]
+            for ep in eps:
+                for w in weights:
+                    for kv in ((StoreDtype.BF16, kv8) if w is StoreDtype.BF16 else (kv8,)):
+                        out.append(ServePlan(tp=tp, pp=pp, ep=ep, weight_dtype=w, kv_dtype=kv))
+            pp *= 2
+        tp *= 2
+    return out
+
+
+def _meets(res: ServingResult, traffic: Traffic) -> bool:
+    if traffic.ttft_target_s is not None and res.percentile("ttft_s", SLO_PERCENTILE) > traffic.ttft_target_s:
+        return False
+    if traffic.tpot_target_s is not None and len(res.tpot_s) and res.tpot_s.mean() > traffic.tpot_target_s:
+        return False
+    return True
+
+
+def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_rps: float) -> float:
+    """Highest Poisson rate one replica serves within the targets (bisection, geometric)."""
+    probe = replace(traffic, num_requests=PROBE_REQUESTS, concurrency=None)
+    lo, hi = 0.0, max_rps * 1.2
+    if not _meets(simulate(step, replace(probe, rate_rps=max_rps * 0.02), limits, capacity), traffic):
+        return 0.0
+    lo = max_rps * 0.02
+    for _ in range(BISECTION_STEPS):
+        mid = math.sqrt(lo * hi)
+        if _meets(simulate(step, replace(probe, rate_rps=mid), limits, capacity), traffic):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traffic: Traffic,
+                  limits: EngineLimits) -> ServeEstimate:
+    mem = serve_memory(model, cluster, plan, limits)
+    need = traffic.context_tokens
+    if mem.kv_capacity_tokens < need:
+        raise ParaplanError(
+            f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {need}")
+    step = IterationModel(model, cluster, plan)
+    alone = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=1), limits,
+                     mem.kv_capacity_tokens)
+    conc = max(1, min(limits.max_batch, mem.kv_capacity_tokens // need))
+    full = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=max(2 * conc, 64)),
+                    limits, mem.kv_capacity_tokens)
+    per_gpu = full.output_tokens_per_s / plan.gpus_per_replica
+    rate = _slo_rate(step, traffic, limits, mem.kv_capacity_tokens, full.requests_per_s) \
+        if (traffic.ttft_target_s or traffic.tpot_target_s) else full.requests_per_s
+    replicas = None
+    at_rate = None
+    if traffic.rate_rps is not None and rate > 0:
+        replicas = math.ceil(traffic.rate_rps / rate)
+        at_rate = simulate(step, replace(traffic, rate_rps=traffic.rate_rps / replicas,
+                                         num_requests=max(1, traffic.num_requests // replicas)),
+                           limits, mem.kv_capacity_tokens)
+    usd = cluster.usd_per_gpu_hour * plan.gpus_per_replica / SECONDS_PER_HOUR
+    tokens_per_s = (rate if rate > 0 else full.requests_per_s) * traffic.output_tokens
+    return ServeEstimate(plan=plan, memory=mem, ttft_floor_s=float(alone.ttft_s[0]),
+                         tpot_floor_s=float(alone.tpot_s[0]) if len(alone.tpot_s) else 0.0,
+                         max_tokens_per_s_per_gpu=per_gpu, max_concurrency=full.max_concurrency,
+                         slo_rate_rps=rate, replicas_needed=replicas,
+                         usd_per_m_output_tokens=usd / tokens_per_s * 1e6, at_rate=at_rate)
+
+
+def pareto(estimates) -> tuple[ServeEstimate, ...]:
+    """Plans no other plan beats on both TPOT floor (lower) and max throughput per GPU (higher)."""
+    pts = sorted(estimates, key=lambda e: (e.tpot_floor_s, -e.max_tokens_per_s_per_gpu))
+    out, best = [], -1.0
+    for e in pts:
+        if e.max_tokens_per_s_per_gpu > best:
+            out.append(e)
+            best = e.max_tokens_per_s_per_gpu
+    return tuple(out)
+
+
+def plan_serving(model: ModelSpec, cluster: ClusterSpec, traffic: Traffic, limits: EngineLimits = EngineLimits(),
+                 plans: list[ServePlan] | None = None, progress=None) -> ServeResult:
+    """Estimate every candidate; rank by GPUs the rate needs, then $ per million output tokens."""
+    plans = plans if plans is not None else candidate_plans(model, cluster, cluster.num_gpus)
+    done, rejected = [], []
+    for i, plan in enumerate(plans):
+        try:
+            done.append(estimate_plan(model, cluster, plan, traffic, limits))
+        except ParaplanError as exc:
+            rejected.append((plan, str(exc)))
+        if progress:
+            progress(i + 1, len(plans))
+    if not done:
+        why = rejected[0][1] if rejected else "no candidate plans"
+        raise NoPlanFitsError(
+            f"no serving plan fits {model.name} on {cluster.gpu.name} ({why}); try more GPUs per replica "
+            "(a node with more GPUs), int4/fp8 weights, an fp8 KV cache or shorter requests")
+    meeting = [e for e in done if e.slo_rate_rps > 0]
+    # fewest GPUs for the traffic's rate first (the cheapest deployment), then $ per token
+    ranked = sorted(meeting, key=lambda e: (e.gpus_needed or math.inf, e.usd_per_m_output_tokens)) + \
+        sorted([e for e in done if e.slo_rate_rps <= 0], key=lambda e: e.tpot_floor_s)
+    return ServeResult(ranked=tuple(ranked), rejected=tuple(rejected), pareto=pareto(done))
