@@ -139,3 +139,23 @@ def test_bad_traffic_names_the_field():
 def test_tp_beyond_the_node_is_rejected(llama8b, h100):
     with pytest.raises(SpecError, match="tp"):
         IterationModel(llama8b, h100, ServePlan(tp=16))
+
+
+def test_expert_buffering_trades_hbm_for_host_traffic(h100):
+    """Huang et al. 2023: experts outside HBM free memory and cost host-link fetches when hit."""
+    mix = load_model("mixtral-8x7b")
+    lim = EngineLimits()
+    full = ServePlan(tp=2)
+    half = ServePlan(tp=2, expert_cache_fraction=0.5)
+    m_full, m_half = serve_memory(mix, h100, full, lim), serve_memory(mix, h100, half, lim)
+    expert_bytes = mix.expert_params / 2 * 2.0
+    assert m_full.weights_bytes - m_half.weights_bytes == pytest.approx(0.5 * expert_bytes, rel=1e-6)
+    assert m_half.kv_capacity_tokens > m_full.kv_capacity_tokens
+    args = (0, 0.0, 16, 16 * 512, 16)
+    t_full = IterationModel(mix, h100, full).time_s(*args)
+    t_half = IterationModel(mix, h100, half).time_s(*args)
+    t_hot = IterationModel(mix, h100, replace(half, expert_hit_rate=1.0)).time_s(*args)
+    assert t_half > 3 * t_full            # PCIe is ~50x slower than HBM
+    assert t_hot == pytest.approx(t_full)  # every routed expert cached: no host traffic
+    with pytest.raises(SpecError, match="expert_hit_rate"):
+        ServePlan(expert_cache_fraction=0.5, expert_hit_rate=0.2)

@@ -31,6 +31,10 @@ def add_parser(sub, positive_int, positive_float) -> None:
     p.add_argument("--weights", help="bf16, fp16, fp8, int8 or int4")
     p.add_argument("--kv", help="KV-cache dtype: bf16, fp16, fp8 or int8")
     p.add_argument("--kv-by-batch", action="store_true", help="shard the KV cache over the batch, not heads (Pope et al.)")
+    p.add_argument("--expert-cache", type=positive_float, default=1.0,
+                   help="MoE: share of experts kept in HBM, the rest in host memory (default 1)")
+    p.add_argument("--expert-hit-rate", type=positive_float, default=None,
+                   help="MoE: share of routed tokens whose expert is cached (default: --expert-cache)")
     e = s.add_argument_group("engine")
     e.add_argument("--max-batch", type=positive_int, default=2048, help="sequences per iteration (default 2048)")
     e.add_argument("--max-num-tokens", type=positive_int, default=8192, help="tokens per iteration (default 8192)")
@@ -57,6 +61,8 @@ def _plans(args, model, cluster):
             p = replace(p, kv_dtype=kv)
         if args.kv_by_batch:
             p = replace(p, attention_sharding=AttentionSharding.BATCH)
+        if args.expert_cache != 1.0 or args.expert_hit_rate is not None:
+            p = replace(p, expert_cache_fraction=args.expert_cache, expert_hit_rate=args.expert_hit_rate)
         if p not in out:
             out.append(p)
     if not out:

@@ -60,14 +60,29 @@ class ServePlan:
     weight_dtype: StoreDtype = StoreDtype.BF16
     kv_dtype: StoreDtype = StoreDtype.BF16
     attention_sharding: AttentionSharding = AttentionSharding.HEADS
+    # MoE expert buffering (Huang et al. 2023, "Towards MoE Deployment", Sec. 5): keep this
+    # share of each GPU's experts in HBM, the rest in host memory, fetched when routed to.
+    # A token finds its expert cached with probability expert_hit_rate (None: the cached
+    # share itself, as under uniform routing; skewed routers hit more).
+    expert_cache_fraction: float = 1.0
+    expert_hit_rate: float | None = None
 
     def __post_init__(self) -> None:
         for f in ("tp", "pp", "ep", "replicas"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SpecError("deployment", f, v, "a positive integer is required")
+        if not 0.0 < self.expert_cache_fraction <= 1.0:
+            raise SpecError("deployment", "expert_cache_fraction", self.expert_cache_fraction, "must be in (0, 1]")
+        if self.expert_hit_rate is not None and not self.expert_cache_fraction <= self.expert_hit_rate <= 1.0:
+            raise SpecError("deployment", "expert_hit_rate", self.expert_hit_rate,
+                            f"must be in [expert_cache_fraction={self.expert_cache_fraction}, 1]")
         if self.tp % self.ep:
             raise SpecError("deployment", "ep", self.ep, f"must divide tp={self.tp} (experts are split over the tp GPUs)")
+
+    @property
+    def hit_rate(self) -> float:
+        return self.expert_cache_fraction if self.expert_hit_rate is None else self.expert_hit_rate
 
     @property
     def gpus_per_replica(self) -> int:
@@ -92,6 +107,8 @@ class ServePlan:
         s += f" w:{self.weight_dtype} kv:{self.kv_dtype}"
         if self.attention_sharding is AttentionSharding.BATCH:
             s += " kv-by-batch"
+        if self.expert_cache_fraction < 1.0:
+            s += f" experts-in-HBM:{self.expert_cache_fraction:.0%}"
         return s
 
 

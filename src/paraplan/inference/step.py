@@ -88,6 +88,8 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     body = (model.num_params - model.embedding_params - model.lm_head_params) / model.num_layers
     ends = max(model.embedding_params + (model.lm_head_params if p == 1 else 0), model.lm_head_params)
     weights = (body * layers_per_stage + ends) / t * wb
+    if model.is_moe and plan.expert_cache_fraction < 1.0:  # expert buffering: the rest in host memory
+        weights -= model.expert_params / model.num_layers * layers_per_stage / t * wb * (1.0 - plan.expert_cache_fraction)
     # Activation workspace sized for max_num_tokens (the engine allocates it up front) and
     # fp32 logits for max_batch rows (TensorRT-LLM sizes both at engine build).
     f_local = (model.num_mlp_matrices - 1) * max(model.ffn_hidden_size, model.moe_ffn_hidden_size * max(model.top_k, 1)) / t
@@ -173,6 +175,10 @@ class IterationModel:
         s = 0.0
         if active > 0:
             s += active * (self._gemm_s(tokens_per_expert, in_n, h) + self._gemm_s(tokens_per_expert, h, out_k))
+            miss = 1.0 - self.plan.hit_rate
+            if miss > 0:  # routed-to experts not in HBM come over the host link (Huang et al. 2023)
+                expert_bytes = m.num_mlp_matrices * h * fe / split * self.wbytes
+                s += active * miss * expert_bytes / self.gpu.host_link_bw_unidir_bytes_per_s
         if m.shared_expert_ffn_hidden_size:
             fs = m.shared_expert_ffn_hidden_size
             s += self._gemm_s(T, (m.num_mlp_matrices - 1) * fs / t, h) + self._gemm_s(T, h, fs / t)
