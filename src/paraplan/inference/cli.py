@@ -107,12 +107,15 @@ def cmd_serve(args) -> int:
     rows = []
     for e in res.ranked[:args.top]:
         rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
-                     fmt_count(e.memory.kv_capacity_tokens), _ms(e.ttft_floor_s), _ms(e.tpot_floor_s),
+                     fmt_count(e.memory.kv_capacity_tokens),
+                     str(min(limits.max_batch, e.memory.kv_capacity_tokens // traffic.context_tokens)),
+                     _ms(e.ttft_floor_s), _ms(e.tpot_floor_s),
                      f"{e.max_tokens_per_s_per_gpu:,.0f}", f"{e.slo_rate_rps:.2f}" if e.slo_rate_rps else "misses",
                      "-" if e.gpus_needed is None else str(e.gpus_needed), f"{e.usd_per_m_output_tokens:.2f}"])
-    print(grid(["deployment (one replica)", "GPUs", "weights GiB/GPU", "KV tokens", "TTFT₁ ms", "TPOT₁ ms",
-                "max out tok/s/GPU", "req/s in SLO", "GPUs for rate", "$/M out tok"], rows, align="lrrrrrrrrr"))
-    print("TTFT₁/TPOT₁: a lone request. req/s in SLO: highest Poisson rate one replica serves within the targets.")
+    print(grid(["deployment (one replica)", "GPUs", "weights GiB/GPU", "KV tokens", "max seqs", "TTFT₁ ms", "TPOT₁ ms",
+                "max out tok/s/GPU", "req/s in SLO", "GPUs for rate", "$/M out tok"], rows, align="lrrrrrrrrrr"))
+    print("max seqs: requests whose whole context fits the KV cache at once (capped by --max-batch). "
+          "TTFT₁/TPOT₁: a lone request.\nreq/s in SLO: highest Poisson rate one replica serves within the targets.")
     best = res.ranked[0]
     if best.at_rate is not None:
         r = best.at_rate
@@ -138,7 +141,8 @@ def _json(res, top: int) -> dict:
         d = {"plan": e.plan.describe(), "tp": e.plan.tp, "pp": e.plan.pp, "ep": e.plan.ep,
              "weight_dtype": e.plan.weight_dtype.value, "kv_dtype": e.plan.kv_dtype.value,
              "gpus_per_replica": e.plan.gpus_per_replica, "memory_bytes": e.memory.parts(),
-             "kv_capacity_tokens": e.memory.kv_capacity_tokens, "ttft_floor_s": e.ttft_floor_s,
+             "kv_capacity_tokens": e.memory.kv_capacity_tokens,
+             "max_concurrent_requests": e.max_concurrency, "ttft_floor_s": e.ttft_floor_s,
              "tpot_floor_s": e.tpot_floor_s, "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
              "slo_rate_rps_per_replica": e.slo_rate_rps, "replicas_needed": e.replicas_needed,
              "gpus_needed": e.gpus_needed, "usd_per_m_output_tokens": e.usd_per_m_output_tokens}
