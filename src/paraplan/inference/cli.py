@@ -98,7 +98,7 @@ def cmd_serve(args) -> int:
                 sys.stderr.write("\n")
     res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=progress)
     if args.json:
-        print(json.dumps(_json(res, args.top), indent=1))
+        print(json.dumps(_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s), indent=1))
         return 0
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
@@ -125,6 +125,8 @@ def cmd_serve(args) -> int:
             ["TTFT ms"] + [_ms(r.percentile("ttft_s", q)) for q in (50, 90, 99)] + [_ms(r.ttft_s.mean())],
             ["TPOT ms"] + [_ms(r.percentile("tpot_s", q)) for q in (50, 90, 99)] + [_ms(r.tpot_s.mean())],
             ["e2e ms"] + [_ms(r.percentile("e2e_s", q)) for q in (50, 90, 99)] + [_ms(r.e2e_s.mean())]], align="lrrrr"))
+        print(f"goodput (requests within both targets): {best.replicas_needed * r.goodput_rps(traffic.ttft_target_s, traffic.tpot_target_s):.2f} "
+              f"of {best.replicas_needed * r.requests_per_s:.2f} req/s")
         if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
             print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
     print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
@@ -136,7 +138,7 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _json(res, top: int) -> dict:
+def _json(res, top: int, tt: float | None, tp: float | None) -> dict:
     def one(e):
         d = {"plan": e.plan.describe(), "tp": e.plan.tp, "pp": e.plan.pp, "ep": e.plan.ep,
              "weight_dtype": e.plan.weight_dtype.value, "kv_dtype": e.plan.kv_dtype.value,
@@ -149,6 +151,7 @@ def _json(res, top: int) -> dict:
         if e.at_rate is not None:
             r = e.at_rate
             d["at_rate"] = {f"{k}_p{q}_s": r.percentile(k + "_s", q) for k in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}
+            d["at_rate"]["goodput_rps_per_replica"] = r.goodput_rps(tt, tp)
         return d
     return {"ranked": [one(e) for e in res.ranked[:top]], "pareto": [one(e) for e in res.pareto],
             "rejected": [{"plan": p.describe(), "reason": why} for p, why in res.rejected]}
