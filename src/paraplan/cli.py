@@ -425,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_presets)
     from .export.cli import add_parser as add_export  # no torch at import
     add_export(sub)
+    from .calibrate.cli import add_parser as add_calibrate  # torch only when benchmarks run
+    add_calibrate(sub)
     from .run.cli import add_parser as add_run_and_compare  # no torch at import (run/cli.py)
     add_run_and_compare(sub)
     return p

@@ -1,0 +1,234 @@
+"""Microbenchmarks on the local device with torch: GEMMs across shapes, causal attention,
+copies (device memory, host<->device), the launch overhead of a tiny kernel, and
+collectives across local ranks by message size (gloo on CPU, NCCL on GPUs).
+
+With `ranks` > 1 the ranks are separate processes started together, as `paraplan run`
+(torchrun) starts them: each computes with its share of the CPU threads while the others
+do the same, so the compute numbers include that contention; then they run the
+collectives. Timings are medians over repeats after a warm-up.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .measurements import AttentionSample, CollectiveSample, CopySample, GemmSample, Measurements
+
+KIB, MIB = 1024, 1024 * 1024
+
+
+def _sizes(device: str, quick: bool) -> dict:
+    """What to measure: CPU sizes stay small (seconds, not minutes, on a shared machine)."""
+    if device == "cpu":
+        squares = (64, 128, 256, 512, 1024) if quick else (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+        rects = ((2048, 256, 256), (512, 1024, 256), (256, 2048, 512)) if quick else (
+            (2048, 256, 256), (512, 1024, 256), (256, 2048, 512), (1024, 2816, 256), (4096, 512, 512), (1024, 1024, 2048))
+        att = [(1, 4, s, 64) for s in ((128, 256, 512) if quick else (128, 256, 512, 1024, 2048))]
+        copies = (16 * MIB,) if quick else (4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB)
+        coll = [4 * KIB * 4 ** i for i in range(6 if quick else 8)]  # 4 KiB .. 4 MiB (64 MiB)
+    else:
+        squares = (256, 512, 1024, 2048, 4096) if quick else (128, 256, 512, 1024, 2048, 4096, 6144, 8192, 12288)
+        rects = ((8192, 1024, 1024), (4096, 4096, 1024), (16384, 8192, 4096)) if quick else (
+            (8192, 1024, 1024), (4096, 4096, 1024), (16384, 8192, 4096), (2048, 28672, 4096), (8192, 4096, 14336),
+            (32768, 8192, 8192), (65536, 8192, 8192))
+        att = [(b, 32, s, 128) for b, s in ((4, 512), (2, 1024), (1, 2048), (1, 4096), (1, 8192))[: 3 if quick else 5]]
+        copies = (64 * MIB, 512 * MIB) if quick else (16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
+        coll = [4 * KIB * 4 ** i for i in range(8 if quick else 11)]
+    return {"gemm": [(n, n, n) for n in squares] + list(rects), "attention": att, "copies": copies,
+            "collectives": coll}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn, device, *, warmup: int = 2, min_repeats: int = 3, min_time_s: float = 0.05) -> float:
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_repeats or time.perf_counter() - start < min_time_s:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 200:
+            break
+    return statistics.median(times)
+
+
+def _launch_overhead_s(device) -> float:
+    x = torch.zeros(1, device=device)
+    n = 200
+
+    def many():
+        for _ in range(n):
+            x.add_(1.0)
+    return _median_time(many, device, min_repeats=5) / n
+
+
+def _gemms(device, dtype, shapes, quick) -> list[GemmSample]:
+    out = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        t = _median_time(lambda: torch.matmul(a, b), device, min_time_s=0.05 if quick else 0.2)
+        out.append(GemmSample(m=m, n=n, k=k, dtype=str(dtype).removeprefix("torch."), time_s=t))
+    return out
+
+
+def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
+    out = []
+    for b, h, s, d in shapes:
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(b, h, s, d, device=device, dtype=dtype)
+
+        def fwd():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def fwd_bwd():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2)
+        t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2)
+        out.append(AttentionSample(batch=b, heads=h, seq=s, head_dim=d, dtype=str(dtype).removeprefix("torch."),
+                                   fwd_time_s=t_f, bwd_time_s=max(t_fb - t_f, t_f)))
+    return out
+
+
+def _copies(device, sizes) -> list[CopySample]:
+    out = []
+    for nbytes in sizes:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        out.append(CopySample(kind="device", num_bytes=nbytes, time_s=_median_time(lambda: dst.copy_(src), device)))
+        if device.type == "cuda":
+            host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+            out.append(CopySample(kind="h2d", num_bytes=nbytes,
+                                  time_s=_median_time(lambda: src.copy_(host, non_blocking=True), device)))
+            out.append(CopySample(kind="d2h", num_bytes=nbytes,
+                                  time_s=_median_time(lambda: host.copy_(src, non_blocking=True), device)))
+    return out
+
+
+def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]:
+    # every rank must call each collective equally often: a fixed count, not a time budget
+    reps = 7
+    out = []
+    for nbytes in sizes:
+        n = max(nbytes // 4, world)
+        buf = torch.ones(n, dtype=torch.float32, device=device)
+        t = _median_time(lambda: dist.all_reduce(buf), device, min_repeats=reps, min_time_s=0.0)
+        out.append(CollectiveSample(op="all_reduce", world=world, num_bytes=4 * n, time_s=t))
+        part = torch.ones(n // world, dtype=torch.float32, device=device)
+        parts = [torch.empty_like(part) for _ in range(world)]
+        t = _median_time(lambda: dist.all_gather(parts, part), device, min_repeats=reps, min_time_s=0.0)
+        out.append(CollectiveSample(op="all_gather", world=world, num_bytes=4 * (n // world) * world, time_s=t))
+
+        def ping():  # rank 0 <-> rank 1, one message each way; half the round trip
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            elif rank == 1:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+        t = _median_time(ping, device, min_repeats=reps, min_time_s=0.0)
+        out.append(CollectiveSample(op="send_recv", world=world, num_bytes=4 * n, time_s=t / 2))
+        dist.barrier()
+    return out
+
+
+def _memory(device, ranks: int) -> tuple[float, float]:
+    """(usable bytes per rank, bytes taken before any tensor)."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return float(total), float(total - free)
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    rss = 0.0
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                rss = float(line.split()[1]) * 1024
+    return float(total) / ranks, rss
+
+
+def _device_name(device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip() + f" ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measurements:
+    """Every benchmark on this rank (the process group, if any, is already up)."""
+    device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    threads = max(1, (os.cpu_count() or 1) // ranks) if device.type == "cpu" else torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(threads)
+    memory, reserved = _memory(device, ranks)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    sizes = _sizes(device.type, quick)
+    torch.manual_seed(rank)
+    launch = _launch_overhead_s(device)
+    gemm = _gemms(device, dtype, sizes["gemm"], quick)
+    att = _attention(device, dtype, sizes["attention"], quick)
+    copies = _copies(device, sizes["copies"])
+    coll = []
+    if ranks > 1:
+        dist.barrier()
+        coll = _collectives(device, sizes["collectives"], ranks, rank)
+    return Measurements(device_type=device.type, device_name=_device_name(device), ranks=ranks, threads_per_rank=threads,
+                        compute_dtype=str(dtype).removeprefix("torch."), memory_bytes=memory, reserved_bytes=reserved,
+                        launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
+                        collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
+                        torch_version=torch.__version__)
+
+
+def _worker(rank: int, device_type: str, ranks: int, quick: bool, store_path: str, out_path: str) -> None:
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if device_type == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=ranks)
+    try:
+        m = measure_rank(device_type, rank, ranks, quick)
+        if rank == 0:
+            Path(out_path).write_text(m.to_json())
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(device_type: str = "auto", ranks: int = 1, quick: bool = False) -> Measurements:
+    """Run the benchmarks on `ranks` local ranks of this machine's CPU or GPUs."""
+    from ..errors import SpecError
+    if device_type == "auto":
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise SpecError("calibrate", "device", "cuda", "torch sees no GPU here; allowed: cpu, auto")
+    if device_type == "cuda" and ranks > torch.cuda.device_count():
+        raise SpecError("calibrate", "ranks", ranks, f"at most the {torch.cuda.device_count()} GPUs torch sees")
+    if ranks == 1:
+        return measure_rank(device_type, 0, 1, quick)
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory(prefix="paraplan-calibrate-") as tmp:
+        out = os.path.join(tmp, "rank0.json")
+        mp.spawn(_worker, args=(device_type, ranks, quick, os.path.join(tmp, "store"), out), nprocs=ranks, join=True)
+        return Measurements.from_json(Path(out).read_text())

@@ -1,0 +1,103 @@
+"""`paraplan calibrate`: microbenchmarks on this machine -> a hardware profile TOML for
+`--hardware`; or, with `--vidur DIR`, efficiency curves from vidur's published profiles
+compared with the GPU presets. torch is imported only when benchmarks run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("calibrate", help="measure this machine (GEMM, attention, memory, collectives) "
+                                                "and write a hardware profile for --hardware")
+    p.add_argument("-o", "--output", default=None, help="write the profile TOML here (default: stdout)")
+    p.add_argument("--ranks", type=int, default=1, help="local ranks measured side by side, with collectives "
+                                                        "between them (default 1: no collectives)")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if torch sees one")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and shorter timings (seconds on a CPU)")
+    p.add_argument("--name", default=None, help="profile name (default: calibrated-<device>-<ranks>r)")
+    p.add_argument("--base-cluster", default="dgx-h100",
+                   help="preset whose link tiers a one-rank profile copies (default dgx-h100)")
+    p.add_argument("--raw", default=None, metavar="JSON", help="also write the raw measurements here")
+    p.add_argument("--from-raw", default=None, metavar="JSON", help="build the profile from saved measurements "
+                                                                    "(no benchmarks, no torch)")
+    p.add_argument("--vidur", default=None, metavar="DIR", help="derive curves from vidur profiling CSVs in DIR "
+                                                                "and compare them with the GPU presets")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _write(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+def cmd_calibrate(args) -> int:
+    from ..errors import SpecError
+    if args.vidur:
+        from .vidur import compare_with_presets, render_comparison
+        result = compare_with_presets(args.vidur)
+        print(json.dumps(result, indent=1) if args.json else render_comparison(result))
+        return 0
+    if args.ranks < 1:
+        raise SpecError("calibrate", "ranks", args.ranks, "a positive integer is required")
+    from .measurements import Measurements
+    from .profile import build_profile
+    from ..specs.files import read_text
+    if args.from_raw:
+        try:
+            m = Measurements.from_json(read_text(Path(args.from_raw), args.from_raw))
+        except (ValueError, TypeError, KeyError) as e:
+            from ..errors import FileFormatError
+            raise FileFormatError(args.from_raw, f"not a paraplan calibrate measurements file ({e})") from None
+    else:
+        try:
+            from .bench import measure
+        except ImportError as e:
+            raise SpecError("calibrate", "torch", "missing", f"benchmarks need torch ({e}); "
+                            "pip install 'paraplan[run]', or pass --from-raw") from None
+        m = measure(args.device, args.ranks, args.quick)
+    name = args.name or f"calibrated-{m.device_type}-{m.ranks}r"
+    command = "paraplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] else ""
+    prof = build_profile(m, name=name, command=command, base_cluster=args.base_cluster)
+    if args.raw:
+        _write(args.raw, m.to_json())
+    if args.output:
+        _write(args.output, prof.toml + "\n")
+    summary = {"name": name, "device": m.device_name, "ranks": m.ranks, "threads_per_rank": m.threads_per_rank,
+               "compute_dtype": m.compute_dtype, "peak_flops_per_s": prof.peak_flops_per_s,
+               "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curve,
+               "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
+               "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
+                                                       "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
+                                                       "efficiency": prof.link.curve},
+               "output": args.output}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    elif args.output:
+        print(render_summary(summary))
+        print(f"wrote {args.output} (use it as --hardware {args.output})")
+    else:
+        print(prof.toml)
+    return 0
+
+
+def render_summary(s: dict) -> str:
+    lines = [f"{s['device']}: {s['ranks']} rank(s) x {s['threads_per_rank']} thread(s), {s['compute_dtype']}",
+             f"GEMM peak        {s['peak_flops_per_s'] / 1e9:,.1f} GFLOP/s; efficiency by FLOPs: "
+             + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["gemm_efficiency"]),
+             "attention        efficiency by FLOPs: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["attention_efficiency"]),
+             f"memory copy      {s['memory_bw_bytes_per_s'] / 1e9:,.2f} GB/s; launch overhead "
+             f"{s['launch_overhead_s'] * 1e6:.1f} us"]
+    if s["link"]:
+        lk = s["link"]
+        lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "
+                     "per hop; efficiency by bytes: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in lk["efficiency"]))
+    return "\n".join(lines)

@@ -1,0 +1,179 @@
+"""Measurements -> a hardware profile: a cluster TOML (with its GPU inline) that `search`,
+`estimate`, `validate` and `run` read through `--hardware profile.toml` (no torch here).
+
+How each number is derived (docs/model.md, "Calibration"):
+- GEMM peak = the fastest measured GEMM rate, flops / (time − τ); the efficiency curve is the
+  median of rate/peak per quarter-decade of GEMM FLOPs (as calibration/vidur_curves.py does
+  for vidur's profiles); τ = the measured launch overhead of one tiny kernel.
+- Attention: forward F/((t − τ)·peak) and backward 2.5F/((t − τ)·peak) (FlashAttention-2's
+  backward FLOPs, cost/flops.py) at their FLOPs, binned the same way, as the `flash2` curve.
+- Memory bandwidth: the fastest device-to-device copy, 2·bytes/time (read + write), with
+  memory_bw_efficiency 1 (the number is already achieved, not a datasheet peak).
+- Links: a Hockney (α-β) least-squares fit of the all-reduce times, t = a + b·B, gives the
+  per-hop latency α = a/(2(n−1)) and bandwidth bw = 2(n−1)/n / b; the efficiency curve then
+  makes the model's ring all-reduce reproduce each measured time exactly:
+  η(B) = 2(n−1)/n·B / (bw·(t − a)). One machine has one tier: the scale-out tier repeats it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from .. import units
+from ..specs.catalog import load_cluster
+from ..specs.hardware import ClusterSpec
+from .measurements import Measurements
+
+FLASH_BWD_OVER_FWD = 2.5   # FlashAttention-2 backward FLOPs over forward (Dao 2023 Sec. 3.1; cost/flops.py)
+MIN_EFFICIENCY = 1e-3      # curve floor: EfficiencyCurve needs y > 0
+BINS_PER_DECADE = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinkFit:
+    latency_s: float
+    bw_unidir_bytes_per_s: float
+    curve: tuple[tuple[float, float], ...]  # (message bytes, efficiency)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """The fitted numbers, in SI units, and the TOML text that carries them."""
+
+    peak_flops_per_s: float
+    gemm_curve: tuple[tuple[float, float], ...]
+    attention_curve: tuple[tuple[float, float], ...]
+    memory_bw_bytes_per_s: float
+    host_link_bytes_per_s: float
+    launch_overhead_s: float
+    link: LinkFit | None
+    toml: str
+
+
+def _binned(points) -> tuple[tuple[float, float], ...]:
+    """Median efficiency per 1/BINS_PER_DECADE decade of size, clamped into (0, 1]."""
+    bins = defaultdict(list)
+    for x, y in points:
+        bins[round(BINS_PER_DECADE * math.log10(x)) / BINS_PER_DECADE].append(y)
+    return tuple((10 ** k, min(max(statistics.median(v), MIN_EFFICIENCY), 1.0)) for k, v in sorted(bins.items()))
+
+
+def fit_compute(m: Measurements) -> tuple[float, tuple, tuple]:
+    """(peak FLOP/s, GEMM curve, attention curve) from the compute-dtype samples."""
+    tau = m.launch_overhead_s
+    gemms = [g for g in m.gemm if g.dtype == m.compute_dtype]
+    if not gemms:
+        raise ValueError(f"no GEMM measured in the compute dtype {m.compute_dtype}")
+    rates = [(g.flops, g.flops / max(g.time_s - tau, g.time_s * 1e-3)) for g in gemms]
+    peak = max(r for _, r in rates)
+    gemm_curve = _binned((f, r / peak) for f, r in rates)
+    att = []
+    for a in m.attention:
+        if a.dtype != m.compute_dtype:
+            continue
+        f = a.fwd_flops
+        att.append((f, f / max(a.fwd_time_s - tau, a.fwd_time_s * 1e-3) / peak))
+        fb = FLASH_BWD_OVER_FWD * f
+        att.append((fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s * 1e-3) / peak))
+    attention_curve = _binned(att) if att else gemm_curve
+    return peak, gemm_curve, attention_curve
+
+
+def fit_link(m: Measurements) -> LinkFit | None:
+    """α-β fit of the all-reduce samples (None when fewer than two ranks were measured)."""
+    ar = sorted((c for c in m.collectives if c.op == "all_reduce" and c.world > 1), key=lambda c: c.num_bytes)
+    if len(ar) < 2:
+        return None
+    n = ar[0].world
+    xs, ys = [c.num_bytes for c in ar], [c.time_s for c in ar]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    b = max(b, 1e-15)
+    bw = 2.0 * (n - 1) / n / b
+    # latency: the least-squares intercept, lowered where a sample would need an efficiency
+    # above 1 to be reproduced (t − a >= moved/bw), kept above 5% of the fastest call
+    room = min(y - 2.0 * (n - 1) / n * x / bw for x, y in zip(xs, ys))
+    a = max(min(my - b * mx, room), min(ys) * 0.05)
+    curve = tuple((x, min(max(2.0 * (n - 1) / n * x / (bw * (y - a)), MIN_EFFICIENCY), 1.0)) for x, y in zip(xs, ys))
+    merged = {}
+    for x, e in curve:
+        merged.setdefault(x, []).append(e)
+    return LinkFit(latency_s=a / (2.0 * (n - 1)), bw_unidir_bytes_per_s=bw,
+                   curve=tuple((x, statistics.median(v)) for x, v in sorted(merged.items())))
+
+
+def _num(x: float) -> str:
+    return f"{x:.6g}" if "e" in f"{x:.6g}" or "." in f"{x:.6g}" else f"{x:.6g}.0"
+
+
+def _arr(xs) -> str:
+    return "[" + ", ".join(_num(x) for x in xs) + "]"
+
+
+def _tier_toml(name: str, link: LinkFit, note: str) -> list[str]:
+    return [f"[{name}]", f"# {note}", f"gb_per_s = {_num(link.bw_unidir_bytes_per_s / units.GIGA)}",
+            f"latency_us = {_num(link.latency_s * 1e6)}",
+            f"efficiency_bytes = {_arr(x for x, _ in link.curve)}",
+            f"efficiency = {_arr(round(y, 4) for _, y in link.curve)}", ""]
+
+
+def _base_tier_toml(name: str, base: ClusterSpec) -> list[str]:
+    t = getattr(base, name)
+    return [f"[{name}]", f"# not measured (one device here): copied from the {base.name} preset",
+            f"gb_per_s = {_num(t.bw_unidir_bytes_per_s / units.GIGA)}", f"latency_us = {_num(t.latency_s * 1e6)}",
+            f"efficiency_bytes = {_arr(t.efficiency.x)}", f"efficiency = {_arr(t.efficiency.y)}", ""]
+
+
+def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
+    """The profile of the measured device; link tiers from the collectives when 2+ ranks
+    were measured, else from `base_cluster` (said so in the file)."""
+    peak, gemm_curve, att_curve = fit_compute(m)
+    device = [c for c in m.copies if c.kind == "device"]
+    mem_bw = max(2.0 * c.num_bytes / c.time_s for c in device)
+    host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
+    host_bw = max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0)
+    link = fit_link(m)
+    base = None if link is not None else load_cluster(base_cluster)
+    ranks = m.ranks if link is not None else (base.gpus_per_node if base else 1)
+    cpu = m.device_type == "cpu"
+    lines = [
+        f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
+        f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives",
+        f"# written by: {command}" if command else "# written by paraplan calibrate",
+        "# Every number below is measured on this machine except where a comment says otherwise.",
+        f'name = "{name}"', f"num_gpus = {ranks}", f"gpus_per_node = {ranks}", "",
+        "[gpu]", f'name = "{m.device_name}"',
+        f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
+        f'{len(m.copies)} copies, {len(m.collectives)} collectives"',
+        f"# per rank: {'host memory / ranks' if cpu else 'device memory'}; reserved = the runtime before any tensor",
+        f"hbm_gb = {_num(m.memory_bytes / units.GIGA)}", f"reserved_gb = {_num(m.reserved_bytes / units.GIGA)}",
+        "# fastest device-to-device copy, 2 x bytes / time (achieved, hence memory_bw_efficiency = 1)",
+        f"hbm_tb_per_s = {_num(mem_bw / units.TERA)}", "memory_bw_efficiency = 1.0",
+        f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
+        f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
+        "sustained_compute_ratio = 1.0",
+        "# not measured: energy figures from this profile mean nothing",
+        f"tdp_watts = {100.0 if cpu else 700.0}", "",
+        "[gpu.peak_tflops]",
+        f"# fastest {m.compute_dtype} GEMM measured" + (
+            "; a 16-bit workload computes in fp32 on a CPU (paraplan run), so bf16/fp16 carry the fp32 rate"
+            if cpu else ""),
+        f"bf16 = {_num(peak / units.TERA)}", f"fp16 = {_num(peak / units.TERA)}", "",
+        "[gpu.gemm_efficiency]", "# median achieved / peak per quarter-decade of GEMM FLOPs",
+        f"flops = {_arr(x for x, _ in gemm_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in gemm_curve)}", "",
+        "[gpu.attention_efficiency.flash2]",
+        "# torch scaled_dot_product_attention, causal, forward and backward (2.5x forward FLOPs)",
+        f"flops = {_arr(x for x, _ in att_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in att_curve)}", "",
+    ]
+    if link is not None:
+        note = (f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
+        lines += _tier_toml("nvlink", link, note)
+        lines += _tier_toml("scaleout", link, "one machine measured: the same local transport")
+    else:
+        lines += _base_tier_toml("nvlink", base) + _base_tier_toml("scaleout", base)
+    return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curve=att_curve,
+                   memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
+                   launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines))

@@ -1,0 +1,203 @@
+"""`paraplan calibrate`: measurements -> a hardware profile that `--hardware` reads back.
+
+The fitting and the profile TOML need no torch and are tested on synthetic measurements
+(with known answers); the benchmarks themselves run (quick, CPU, two gloo ranks) only
+where torch is installed. No timing is asserted: only that what was measured is what the
+profile says, and that the cost model moves the right way with it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from paraplan.calibrate.measurements import (AttentionSample, CollectiveSample, CopySample, GemmSample,
+                                             Measurements)
+from paraplan.calibrate.profile import build_profile, fit_link
+from paraplan.cli import main
+from paraplan.cost.estimate import estimate
+from paraplan.plan.plan import make_plan
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+PEAK = 50e9       # FLOP/s of the synthetic device
+TAU = 5e-6        # its launch overhead
+ALPHA = 40e-6     # per-hop latency of its links
+BW = 2e9          # bytes/s of its links
+
+
+def gemm_time(m, n, k, eff):
+    return 2 * m * n * k / (PEAK * eff) + TAU
+
+
+def synthetic(gemm_scale: float = 1.0, ranks: int = 2) -> Measurements:
+    """A device whose GEMMs run at 0.5 of peak below 1e8 FLOPs and at peak above; links
+    that follow the α-β model exactly (ring all-reduce over `ranks`)."""
+    gemm = []
+    for n in (64, 128, 256, 512, 1024, 2048):
+        eff = 0.5 if 2 * n ** 3 < 1e8 else 1.0
+        gemm.append(GemmSample(m=n, n=n, k=n, dtype="float32", time_s=gemm_scale * gemm_time(n, n, n, eff)))
+    att = [AttentionSample(batch=1, heads=4, seq=s, head_dim=64, dtype="float32",
+                           fwd_time_s=4 * 4 * s * s * 64 * 0.5 / (PEAK * 0.25) + TAU,
+                           bwd_time_s=2.5 * 4 * 4 * s * s * 64 * 0.5 / (PEAK * 0.25) + TAU) for s in (128, 256, 512)]
+    n = ranks
+    coll = tuple(CollectiveSample(op="all_reduce", world=n, num_bytes=B,
+                                  time_s=2 * (ALPHA * (n - 1) + (n - 1) / n * B / BW)) for B in (4096, 65536, 1 << 20, 1 << 24))
+    return Measurements(device_type="cpu", device_name="synthetic", ranks=ranks, threads_per_rank=1,
+                        compute_dtype="float32", memory_bytes=8e9, reserved_bytes=3e8, launch_overhead_s=TAU,
+                        gemm=tuple(gemm), attention=tuple(att),
+                        copies=(CopySample(kind="device", num_bytes=1 << 26, time_s=2 * (1 << 26) / 10e9),),
+                        collectives=coll if ranks > 1 else (), backend="gloo" if ranks > 1 else "", torch_version="x")
+
+
+def write_profile(tmp_path, m: Measurements, name="syn"):
+    p = tmp_path / f"{name}.toml"
+    p.write_text(build_profile(m, name=name).toml)
+    return p
+
+
+def test_profile_round_trips_through_load_cluster(tmp_path):
+    m = synthetic()
+    c = load_cluster(str(write_profile(tmp_path, m)))
+    gpu = c.gpu
+    assert c.num_gpus == 2 and c.gpus_per_node == 2
+    assert gpu.peak(Precision.BF16) == pytest.approx(PEAK, rel=1e-4)  # fastest GEMM, launch overhead removed
+    assert gpu.gemm_efficiency.at(2 * 2048 ** 3) == pytest.approx(1.0, abs=1e-3)
+    assert gpu.gemm_efficiency.at(2 * 128 ** 3) == pytest.approx(0.5, abs=1e-3)
+    assert gpu.attention_curve(gpu.attention_kernels[-1]).at(4 * 4 * 256 * 256 * 64 * 0.5) == pytest.approx(0.25, abs=1e-3)
+    assert gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency == pytest.approx(10e9, rel=1e-4)
+    assert gpu.kernel_launch_overhead_s == pytest.approx(TAU, rel=1e-4)
+    assert gpu.hbm_bytes == pytest.approx(8e9, rel=1e-4)
+    # the α-β fit recovers the link the samples were made from
+    assert c.nvlink.latency_s == pytest.approx(ALPHA, rel=1e-3)
+    assert c.nvlink.bw_unidir_bytes_per_s == pytest.approx(BW, rel=1e-3)
+    assert min(c.nvlink.efficiency.y) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_fitted_link_reproduces_every_measured_all_reduce(tmp_path):
+    # a link that is not α-β (slow middle sizes): the curve makes the model hit each sample
+    from paraplan.cost.comm import Collective, collective_time_s
+    m = synthetic()
+    coll = tuple(replace(c, time_s=c.time_s * (1.7 if c.num_bytes == 65536 else 1.0)) for c in m.collectives)
+    m = replace(m, collectives=coll)
+    c = load_cluster(str(write_profile(tmp_path, m)))
+    for s in m.collectives:
+        t = collective_time_s(c, Collective.ALL_REDUCE, s.num_bytes, 2, 1)
+        assert t == pytest.approx(s.time_s, rel=2e-3)
+
+
+SMALL_TOML = """name = "small"
+num_layers = 4
+hidden_size = 512
+ffn_hidden_size = 1792
+num_heads = 8
+num_kv_heads = 8
+vocab_size = 8192
+gated_mlp = true
+tied_embeddings = false
+"""
+
+
+def test_profile_is_accepted_by_the_cli(tmp_path, capsys):
+    p = write_profile(tmp_path, synthetic())
+    model = tmp_path / "small.toml"
+    model.write_text(SMALL_TOML)
+    code = main(["estimate", "--model", str(model), "--hardware", str(p), "--gpus", "2", "--dp", "2", "--batch", "8",
+                 "--seq", "256", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["step_time_s"] > 0
+    code = main(["search", "--model", str(model), "--hardware", str(p), "--gpus", "2", "--batch", "8", "--seq", "256",
+                 "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["ranked"]
+
+
+def test_one_rank_profile_takes_links_from_the_base_cluster(tmp_path):
+    c = load_cluster(str(write_profile(tmp_path, synthetic(ranks=1))))
+    base = load_cluster("dgx-h100")
+    assert c.nvlink.bw_unidir_bytes_per_s == pytest.approx(base.nvlink.bw_unidir_bytes_per_s)
+    assert c.gpus_per_node == base.gpus_per_node
+    assert "not measured" in build_profile(synthetic(ranks=1), name="x").toml
+
+
+SMALL = replace(load_model("llama3-8b"), name="small", num_layers=4, hidden_size=512, ffn_hidden_size=1792,
+                num_heads=8, num_kv_heads=8, head_dim=64, vocab_size=8192)
+
+
+@settings(max_examples=20, deadline=None)
+@given(scale=st.floats(min_value=1.2, max_value=10.0), mb=st.sampled_from([1, 2, 4]),
+       zero=st.sampled_from(["0", "3"]), seq=st.sampled_from([128, 256, 512]))
+def test_slower_measured_gemms_predict_a_slower_step(tmp_path_factory, scale, mb, zero, seq):
+    from paraplan.plan.axes import ZeroStage
+    tmp = tmp_path_factory.mktemp("p")
+    fast = load_cluster(str(write_profile(tmp, synthetic(), "fast")))
+    slow = load_cluster(str(write_profile(tmp, synthetic(gemm_scale=scale), "slow")))
+    wl = Workload(global_batch_size=8, seq_len=seq)
+    plan = make_plan(dp=2, micro_batch_size=mb, zero=ZeroStage(zero))
+    t_fast = estimate(SMALL, fast, wl, plan).step_time_s
+    t_slow = estimate(SMALL, slow, wl, plan).step_time_s
+    assert t_slow > t_fast
+    assert t_slow <= scale * t_fast * (1 + 1e-9)  # only the GEMM share slows down
+
+
+def test_measurements_json_round_trip_and_from_raw(tmp_path, capsys):
+    m = synthetic()
+    assert Measurements.from_json(m.to_json()) == m
+    raw = tmp_path / "raw.json"
+    raw.write_text(m.to_json())
+    out = tmp_path / "prof.toml"
+    assert main(["calibrate", "--from-raw", str(raw), "-o", str(out), "--name", "syn"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert load_cluster(str(out)).name == "syn"
+
+
+def test_bad_raw_file_is_one_line_exit_2(tmp_path, capsys):
+    raw = tmp_path / "raw.json"
+    raw.write_text('{"gemm": 3}')
+    assert main(["calibrate", "--from-raw", str(raw)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(raw) in err
+
+
+def test_fit_link_needs_two_ranks():
+    assert fit_link(synthetic(ranks=1)) is None
+
+
+VIDUR = __import__("pathlib").Path(__file__).resolve().parents[2] / "shared" / "validation" / "vidur_profiling"
+
+
+@pytest.mark.skipif(not VIDUR.is_dir(), reason="shared/validation/vidur_profiling not beside the checkout")
+def test_vidur_curves_against_presets():
+    from paraplan.calibrate.vidur import compare_with_presets
+    r = compare_with_presets(str(VIDUR))
+    # the A100 GEMM and both NVLink all-reduce curves are vidur's medians
+    assert max(abs(d["diff"]) for d in r["a100"]["gemm_vs_preset"]) < 0.005
+    for g in ("a100", "h100"):
+        assert max(abs(d["diff"]) for d in r[g]["nvlink_vs_preset"]) < 0.005
+    # the H100 GEMM preset is within 0.05 of the median over both H100 files
+    assert max(abs(d["diff"]) for d in r["h100"]["gemm_vs_preset"]) < 0.05
+    # send/recv runs faster than the all-reduce bus bandwidth curve says at 10 MB
+    assert all(d["vidur"] > d["preset"] for d in r[g]["send_recv_vs_nvlink_preset"] if d["size"] >= 1e6)
+
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="torch not installed (pip install 'paraplan[run]')")
+def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
+    out, raw = tmp_path / "prof.toml", tmp_path / "raw.json"
+    code = main(["calibrate", "--quick", "--device", "cpu", "--ranks", "2", "-o", str(out), "--raw", str(raw)])
+    assert code == 0, capsys.readouterr().err
+    m = Measurements.from_json(raw.read_text())
+    c = load_cluster(str(out), num_gpus=2)
+    assert m.ranks == 2 and m.backend == "gloo" and m.compute_dtype == "float32"
+    assert {s.op for s in m.collectives} == {"all_reduce", "all_gather", "send_recv"}
+    best = max(g.flops / (g.time_s - m.launch_overhead_s) for g in m.gemm)
+    assert c.gpu.peak(Precision.BF16) == pytest.approx(best, rel=1e-4)
+    assert all(0 < y <= 1 for y in c.gpu.gemm_efficiency.y) and math.isfinite(c.nvlink.latency_s)
+    assert estimate(SMALL, c, Workload(global_batch_size=8, seq_len=256), make_plan(dp=2)).step_time_s > 0
