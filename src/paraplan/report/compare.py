@@ -44,8 +44,9 @@ def relative_errors(predicted, measured) -> np.ndarray:
     return (p - m) / m
 
 
-def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
-    """(path, report) for each file; a one-line FileFormatError for anything else."""
+def load_reports(paths: list[str], hardware: str | None = None) -> list[tuple[str, dict]]:
+    """(path, report) for each file; a one-line FileFormatError for anything else. With
+    `hardware` (a cluster preset or calibrated profile) each run is predicted again on it."""
     out = []
     for path in paths:
         text = read_text(Path(path), path)
@@ -60,9 +61,12 @@ def load_reports(paths: list[str]) -> list[tuple[str, dict]]:
         if not isinstance(measured, dict) or not isinstance(measured.get("step_time_s"), (int, float)) \
                 or not measured["step_time_s"] > 0:
             raise FileFormatError(path, "measured.step_time_s missing or not a positive number")
+        if hardware is not None:
+            from ..run.report import repredict
+            report = repredict(report, hardware, path)
         if not isinstance(report.get("predicted"), dict):
             note = report.get("prediction_note") or "no prediction"
-            raise FileFormatError(path, f"has no prediction ({note}); rerun with --hardware")
+            raise FileFormatError(path, f"has no prediction ({note}); compare with --hardware PROFILE")
         out.append((path, report))
     return out
 

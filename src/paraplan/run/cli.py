@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,25 @@ def _summary(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _launch(cmd: list[str], stdout) -> int:
+    """Run torchrun to completion; if this process is stopped (SIGTERM, Ctrl-C), stop it too
+    rather than leave its workers running."""
+    proc = subprocess.Popen(cmd, stdout=stdout)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()  # torchrun passes it on to its workers
+        proc.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def cmd_run(args) -> int:
     cfg = config_from_args(args)
     out_dir = os.path.dirname(os.path.abspath(cfg.output))
@@ -163,7 +183,7 @@ def cmd_run(args) -> int:
             fh.write(cfg.to_json())
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.world_size}",
                "-m", "paraplan.run", "--config", cfg_path]
-        rc = subprocess.call(cmd, stdout=sys.stderr if args.json else None)
+        rc = _launch(cmd, stdout=sys.stderr if args.json else None)
     report = None
     if os.path.exists(cfg.output):
         with open(cfg.output, encoding="utf-8") as fh:
@@ -179,7 +199,7 @@ def cmd_run(args) -> int:
 
 def cmd_compare(args) -> int:
     from ..report.compare import compare_reports, load_reports, plot_comparison, render_comparison
-    reports = load_reports(args.reports)
+    reports = load_reports(args.reports, hardware=args.hardware)
     result = compare_reports(reports, metric=args.metric)
     if args.plot:
         plot_comparison(result, args.plot)
@@ -202,6 +222,8 @@ def add_parser(sub) -> None:
     c.add_argument("reports", nargs="+", help="report JSON files written by `paraplan run`")
     c.add_argument("--metric", default="step_time", choices=("step_time", "memory"),
                    help="step_time (default) or memory (peak per rank)")
+    c.add_argument("--hardware", default=None,
+                   help="predict every run again on this cluster preset or calibrated profile TOML")
     c.add_argument("--plot", default=None, metavar="PNG", help="write a predicted-vs-measured scatter plot (needs matplotlib)")
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_compare)

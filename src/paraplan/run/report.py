@@ -10,7 +10,8 @@ Schema (SI units, keys carry them):
                 "peak_memory_bytes_per_rank", "memory_kind", "losses", "grad_norms",
                 "warmup_steps", "steps"},
    "predicted": {"step_time_s", "tokens_per_s", "memory_bytes", "memory_parts_bytes", "fits",
-                 "hardware"} or null, "prediction_note": why it is null}
+                 "hardware"} or null, "prediction_note": why it is null,
+   "config": the RunConfig, so that the run can be predicted again on other hardware}
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ..errors import ParaplanError
 from .config import RunConfig
@@ -52,6 +53,18 @@ def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None,
             "hardware": cluster.name, "time_breakdown_s": est.time.parts()}, ""
 
 
+def repredict(report: dict, hardware: str, shown: str) -> dict:
+    """The report with its prediction made again on `hardware` (a preset or profile TOML)."""
+    from ..errors import FileFormatError
+    if not isinstance(report.get("config"), dict):
+        raise FileFormatError(shown, "has no run config to predict again (written by an older paraplan run)")
+    cfg = replace(RunConfig.from_json(json.dumps(report["config"]), shown), hardware=hardware)
+    prediction, note = predict(cfg, report.get("device", "cpu"), report.get("device_name", "cpu"))
+    if prediction is None:
+        raise FileFormatError(shown, note)
+    return {**report, "predicted": prediction, "prediction_note": ""}
+
+
 def _plan_dict(cfg: RunConfig) -> dict:
     d = {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg.plan).items()}
     d["describe"] = cfg.plan.describe()
@@ -83,6 +96,7 @@ def build_report(cfg: RunConfig, records: list[dict], *, device: str, backend: s
             "warmup_steps": warm, "steps": cfg.steps,
         },
         "predicted": prediction, "prediction_note": note,
+        "config": json.loads(cfg.to_json()),  # what `paraplan compare --hardware` re-predicts
     }
 
 
