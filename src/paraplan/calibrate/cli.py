@@ -78,7 +78,7 @@ def cmd_calibrate(args) -> int:
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
                                                        "efficiency": prof.link.curve},
-               "output": args.output}
+               "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
     if args.json:
         print(json.dumps(summary, indent=1))
     elif args.output:
@@ -90,7 +90,8 @@ def cmd_calibrate(args) -> int:
 
 
 def render_summary(s: dict) -> str:
-    lines = [f"{s['device']}: {s['ranks']} rank(s) x {s['threads_per_rank']} thread(s), {s['compute_dtype']}",
+    lines = [f"{s['device']}: {s['ranks']} rank(s) x {s['threads_per_rank']} thread(s), {s['compute_dtype']}; "
+             f"load average {s['load_average']:.1f} on {s['cpu_count']} CPUs",
              f"GEMM peak        {s['peak_flops_per_s'] / 1e9:,.1f} GFLOP/s; efficiency by FLOPs: "
              + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["gemm_efficiency"]),
              "attention        efficiency by FLOPs: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["attention_efficiency"]),

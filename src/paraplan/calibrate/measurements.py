@@ -76,6 +76,8 @@ class Measurements:
     collectives: tuple[CollectiveSample, ...] = field(default=())
     backend: str = ""              # gloo | nccl
     torch_version: str = ""
+    load_average: float = 0.0      # 1-minute load average when the benchmarks ended (os.getloadavg)
+    cpu_count: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

@@ -67,7 +67,9 @@ def fit_compute(m: Measurements) -> tuple[float, tuple, tuple]:
     gemms = [g for g in m.gemm if g.dtype == m.compute_dtype]
     if not gemms:
         raise ValueError(f"no GEMM measured in the compute dtype {m.compute_dtype}")
-    rates = [(g.flops, g.flops / max(g.time_s - tau, g.time_s * 1e-3)) for g in gemms]
+    # τ is removed from each time, but never more than half of it: a tiny GEMM can take about
+    # one launch on a busy machine, and its rate must not explode
+    rates = [(g.flops, g.flops / max(g.time_s - tau, g.time_s / 2)) for g in gemms]
     peak = max(r for _, r in rates)
     gemm_curve = _binned((f, r / peak) for f, r in rates)
     att = []
@@ -75,9 +77,9 @@ def fit_compute(m: Measurements) -> tuple[float, tuple, tuple]:
         if a.dtype != m.compute_dtype:
             continue
         f = a.fwd_flops
-        att.append((f, f / max(a.fwd_time_s - tau, a.fwd_time_s * 1e-3) / peak))
+        att.append((f, f / max(a.fwd_time_s - tau, a.fwd_time_s / 2) / peak))
         fb = FLASH_BWD_OVER_FWD * f
-        att.append((fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s * 1e-3) / peak))
+        att.append((fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s / 2) / peak))
     attention_curve = _binned(att) if att else gemm_curve
     return peak, gemm_curve, attention_curve
 
@@ -144,6 +146,8 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives",
         f"# written by: {command}" if command else "# written by paraplan calibrate",
         "# Every number below is measured on this machine except where a comment says otherwise.",
+        f"# load average {m.load_average:.1f} on {m.cpu_count} CPUs when measured: other jobs slow a shared machine"
+        if m.cpu_count else "# load average not recorded",
         f'name = "{name}"', f"num_gpus = {ranks}", f"gpus_per_node = {ranks}", "",
         "[gpu]", f'name = "{m.device_name}"',
         f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
