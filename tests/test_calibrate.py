@@ -201,3 +201,26 @@ def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
     assert fastest <= c.gpu.peak(Precision.BF16) * (1 + 1e-5) and c.gpu.peak(Precision.BF16) <= 2 * fastest * (1 + 1e-5)
     assert all(0 < y <= 1 for y in c.gpu.gemm_efficiency.y) and math.isfinite(c.nvlink.latency_s)
     assert estimate(SMALL, c, Workload(global_batch_size=8, seq_len=256), make_plan(dp=2)).step_time_s > 0
+
+
+ONE_ROW_CSV = """\
+id,source,model,params_b,layers,hidden,ffn_hidden,heads,kv_heads,vocab,gated_mlp,num_experts,top_k,moe_ffn_hidden,seq_len,gpu,num_gpus,gpus_per_node,precision,global_batch,micro_batch,tp,pp,vp,cp,ep,dp,sp,recompute,zero,framework,metric_id,value,metric_text,notes
+r1,my cluster,small,0.02,4,512,1792,8,8,8192,yes,,,,256,H100 80GB,2,2,bf16,8,2,1,1,1,1,1,2,no,none,0,PyTorch,iteration_time_s,5.0,step time (s),
+"""
+
+
+def test_validate_predicts_rows_on_a_profile(tmp_path, capsys):
+    csv = tmp_path / "runs.csv"
+    csv.write_text(ONE_ROW_CSV)
+    fast = write_profile(tmp_path, synthetic(), "fast")
+    slow = write_profile(tmp_path, synthetic(gemm_scale=4.0), "slow")
+    preds = {}
+    for name, hw in (("fast", fast), ("slow", slow), ("preset", None)):
+        argv = ["validate", str(csv), "--json"] + (["--hardware", str(hw)] if hw else [])
+        assert main(argv) == 0
+        row = json.loads(capsys.readouterr().out)["rows"][0]
+        preds[name] = row["predicted"]
+    assert preds["slow"] > preds["fast"] > preds["preset"]  # the H100 preset is far faster than this device
+    assert main(["validate", str(csv), "--hardware", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing.toml" in err

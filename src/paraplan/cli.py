@@ -251,7 +251,14 @@ def cmd_validate(args) -> int:
     from .validate.report import render_validation
     from .validate.training import validate_file
     run = validate_inference_file if is_inference_file(args.file) else validate_file
-    result = run(args.file, progress=_progress if (not args.json and sys.stderr.isatty()) else None)
+    kw = {}
+    if args.hardware:  # a bad profile is one line before any row is predicted
+        from .specs.catalog import load_cluster
+        if run is not validate_file:
+            raise SpecError("validate", "--hardware", args.hardware, "only training-measurement files take a profile")
+        load_cluster(args.hardware)
+        kw["hardware"] = args.hardware
+    result = run(args.file, progress=_progress if (not args.json and sys.stderr.isatty()) else None, **kw)
     if args.json:
         print(json.dumps(result, indent=1))
     else:
@@ -402,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("file")
     v.add_argument("--json", action="store_true")
     v.add_argument("--verbose", action="store_true", help="show the chosen values of blank knobs")
+    v.add_argument("--hardware", default=None, help="predict every row on this profile TOML or cluster preset "
+                                                     "(e.g. from paraplan calibrate) instead of the row's GPU")
     v.set_defaults(func=cmd_validate)
     m = sub.add_parser("embeddings", help="shard embedding tables (default: Criteo-1TB on 64 H100)")
     m.add_argument("--tables", default="criteo-1tb", help="criteo-1tb, dlrm-skewed or a CSV (name,num_rows,dim[,pooling_factor])")

@@ -238,7 +238,9 @@ def _read_rows(path: str) -> list[tuple[int, dict]]:
     return rows
 
 
-def predict_row(row: dict, path: str, line: int) -> dict:
+def predict_row(row: dict, path: str, line: int, hardware: str | None = None) -> dict:
+    """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
+    cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
     metric = row["metric_id"].strip()
     try:
         measured = float(row["value"])
@@ -250,6 +252,8 @@ def predict_row(row: dict, path: str, line: int) -> dict:
         out["skipped"] = f"unknown metric_id {metric!r}"
         return out
     setup = row_setup(row, path, line)
+    if hardware:
+        setup = replace(setup, cluster_name=hardware)
     cluster = load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
     memory_metric = metric.endswith("_gib")
     kw = dict(limits=setup.limits, fixed=setup.fixed, top_k=1, resimulate=4)
@@ -295,12 +299,12 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def validate_file(path: str, progress=None) -> dict:
+def validate_file(path: str, progress=None, hardware: str | None = None) -> dict:
     rows = _read_rows(path)
     out = []
     for i, (line, row) in enumerate(rows):
         try:
-            out.append(predict_row(row, path, line))
+            out.append(predict_row(row, path, line, hardware))
         except ParaplanError as exc:
             if isinstance(exc, FileFormatError):
                 raise
