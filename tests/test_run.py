@@ -137,6 +137,15 @@ def test_bad_run_input_is_one_line_exit_2_before_any_process(flags, needle, tmp_
     assert not out.exists()
 
 
+def test_run_without_torch_is_one_line_exit_2(monkeypatch, tmp_path, capfd):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert main(["run", *TINY, "-o", str(tmp_path / "r.json")]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'paraplan[run]'" in err
+
+
 def test_worker_outside_torchrun_is_one_line_exit_2():
     pytest.importorskip("torch")
     p = subprocess.run([sys.executable, "-m", "paraplan.run", *TINY], capture_output=True, text=True,

@@ -13,6 +13,7 @@ wrote. On several nodes, start the workers with torchrun yourself and the same f
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from ..errors import FileFormatError, SpecError
+from ..errors import FileFormatError, ParaplanError, SpecError
 
 DEFAULT_MODEL = "llama3-8b"
 
@@ -172,6 +173,8 @@ def _launch(cmd: list[str], stdout) -> int:
 
 def cmd_run(args) -> int:
     cfg = config_from_args(args)
+    if importlib.util.find_spec("torch") is None:
+        raise ParaplanError("paraplan run needs torch: pip install 'paraplan[run]' (pins torch==2.13.0)")
     out_dir = os.path.dirname(os.path.abspath(cfg.output))
     if not os.path.isdir(out_dir):
         raise SpecError("run", "--output", cfg.output, "its directory must exist")
