@@ -9,8 +9,8 @@ import json
 import math
 
 import pytest
+from support import assert_user_error, run
 
-from paraplan.cli import main
 
 GPT3_EXAMPLE = ["--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--gpus", "1024", "--seq", "2048",
                 "--batch", "1536", "--tp", "8", "--pp", "8", "--vp", "3", "--mb", "1", "--recompute", "selective"]
@@ -24,25 +24,6 @@ id,source,model,params_b,layers,hidden,ffn_hidden,heads,kv_heads,vocab,gated_mlp
 train-dev-001,Korthikanti et al. 2022 (arXiv 2205.05198) Table 5; configs as in calculon-ai/calculon validation/seqsel/tab5,Megatron 22B,22,48,6144,24576,64,64,51200,no,,,,2048,A100 80GB,8,8,fp16,4,4,8,1,1,1,1,1,no,full,0,Megatron-LM,iteration_time_s,1.42,end-to-end iteration time (s),Selene DGX A100; 'selective' = sequence parallel + selective recompute; vp and micro_batch as encoded by Calculon's validation files
 train-dev-002,Korthikanti et al. 2022 (arXiv 2205.05198) Table 5; configs as in calculon-ai/calculon validation/seqsel/tab5,Megatron 22B,22,48,6144,24576,64,64,51200,no,,,,2048,A100 80GB,8,8,fp16,4,4,8,1,1,1,1,1,yes,selective,0,Megatron-LM,iteration_time_s,1.1,end-to-end iteration time (s),Selene DGX A100; 'selective' = sequence parallel + selective recompute; vp and micro_batch as encoded by Calculon's validation files
 """
-
-
-def run(capsys, *argv):
-    """(exit code, stdout, stderr) of `paraplan ARGV`, argparse's SystemExit included."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_user_error(code, out, err):
-    assert code == 2
-    assert "Traceback" not in err and "Traceback" not in out
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("paraplan: error: ")
-    return lines[0]
 
 
 # ---------------------------------------------------------------- presets

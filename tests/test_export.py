@@ -21,8 +21,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from support import run
 
-from paraplan.cli import main
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
 from paraplan.export.common import Engine
@@ -395,15 +395,6 @@ def test_first_k_with_virtual_stages_must_split_evenly():
         megatron.export(p, MODEL, CLUSTER, WL)
     a = megatron_args(megatron.export(replace(p, recompute_num_layers=4), MODEL, CLUSTER, WL).text)
     assert a["recompute_num_layers"] == 2 and a["recompute_method"] == "block"
-
-
-def run(capsys, *argv):
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 SMALL = ["--model", "llama3-8b", "--gpus", "16", "--batch", "64", "--seq", "4096"]

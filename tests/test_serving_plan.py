@@ -6,8 +6,7 @@ import json
 import math
 
 import pytest
-from support import write
-from test_cli import assert_user_error, run
+from support import assert_user_error, run, write
 
 from paraplan.inference.deploy import AttentionSharding, EngineLimits, Layout, ServePlan, StoreDtype, Traffic
 from paraplan.inference.layouts import best_layout, comm_bytes_per_layer, ws1d_elements, ws2d_best_x, ws2d_elements

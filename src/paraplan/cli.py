@@ -13,6 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from .argtypes import positive_float as _positive_float
+from .argtypes import positive_int as _positive_int
 from .errors import ParaplanError, SpecError
 
 DEFAULT_MODEL = "llama3-70b"
@@ -26,26 +28,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2
         sys.stderr.write(f"paraplan: error: {message} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v} must be > 0")
-    return v
 
 
 def _add_specs(p: argparse.ArgumentParser) -> None:
@@ -428,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_embeddings)
     from .inference.cli import add_parser as add_serve
-    add_serve(sub, _positive_int, _positive_float)
+    add_serve(sub)
     r = sub.add_parser("presets", help="list model, GPU and cluster presets")
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=cmd_presets)

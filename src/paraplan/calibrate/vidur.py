@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import FileFormatError
 from ..specs.catalog import load_cluster, load_gpu
+from ..specs.curves import EfficiencyCurve
 
 LAUNCH_S = 4e-6  # the presets' kernel_launch_overhead_us
 GEMM_FILES = {"h100": ("compute_h100_meta-llama_Llama-2-70b-hf_mlp.csv", "compute_h100_meta-llama_Llama-2-7b-hf_mlp.csv"),
@@ -67,28 +68,17 @@ def link_points(path: Path, op: str, bw_unidir_bytes_per_s: float) -> list[tuple
     return out
 
 
-def binned(points, per_decade: int) -> list[tuple[float, float]]:
+def binned(points, per_decade: int, min_samples: int = 3) -> list[tuple[float, float]]:
+    """Median y per 1/per_decade of a decade of x, over bins with at least min_samples points."""
     bins = defaultdict(list)
     for x, y in points:
         bins[round(per_decade * math.log10(x)) / per_decade].append(y)
-    return [(10 ** k, statistics.median(v)) for k, v in sorted(bins.items()) if len(v) >= 3]
-
-
-def _interp(curve, x: float) -> float:
-    lx = [math.log10(a) for a, _ in curve]
-    ys = [b for _, b in curve]
-    v = math.log10(x)
-    if v <= lx[0]:
-        return ys[0]
-    for i in range(1, len(lx)):
-        if v <= lx[i]:
-            w = (v - lx[i - 1]) / (lx[i] - lx[i - 1])
-            return ys[i - 1] + w * (ys[i] - ys[i - 1])
-    return ys[-1]
+    return [(10 ** k, statistics.median(v)) for k, v in sorted(bins.items()) if len(v) >= min_samples]
 
 
 def _diff(preset_x, preset_y, derived) -> list[dict]:
-    return [{"size": x, "preset": y, "vidur": round(_interp(derived, x), 4), "diff": round(y - _interp(derived, x), 4)}
+    curve = EfficiencyCurve.from_pairs(derived)  # the presets' interpolation (log-x, clamped)
+    return [{"size": x, "preset": y, "vidur": round(curve.at(x), 4), "diff": round(y - curve.at(x), 4)}
             for x, y in zip(preset_x, preset_y)]
 
 

@@ -16,7 +16,7 @@ host memory with an HBM cache; when nothing fits, the error says by how much.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 

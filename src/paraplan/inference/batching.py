@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ParaplanError
 from .deploy import EngineLimits, Traffic
 from .step import IterationModel
 
@@ -96,7 +97,6 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
     isl, osl = traffic.prompt_tokens, traffic.output_tokens
     need = _pages(isl + osl)
     if need > kv_capacity_tokens:
-        from ..errors import ParaplanError
         raise ParaplanError(
             f"one request needs {need} tokens of KV cache but a replica holds {kv_capacity_tokens}; "
             "use more GPUs per replica (tp/pp), an fp8/int8 KV cache or shorter requests")

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import sys
 
+from ..argtypes import positive_float, positive_int
+
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
 DEFAULT_GPUS = 8
 
 
-def add_parser(sub, positive_int, positive_float) -> None:
+def add_parser(sub) -> None:
     s = sub.add_parser("serve", help="plan a serving deployment (default: Llama 3 70B on 8 H100)")
     g = s.add_argument_group("model and hardware")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset, model TOML or HF config.json (default {DEFAULT_MODEL})")
@@ -90,13 +92,9 @@ def cmd_serve(args) -> int:
     limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=args.max_num_tokens,
                           chunked_prefill=args.chunked_prefill)
     plans = _plans(args, model, cluster)
-    progress = None
-    if not args.json and sys.stderr.isatty():
-        def progress(done, total):
-            sys.stderr.write(f"\rsimulating [{'#' * int(30 * done / total):<30}] {done}/{total}")
-            if done == total:
-                sys.stderr.write("\n")
-    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=progress)
+    from ..cli import _progress
+    show = not args.json and sys.stderr.isatty()
+    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None)
     if args.json:
         print(json.dumps(_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s), indent=1))
         return 0

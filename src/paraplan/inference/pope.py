@@ -9,8 +9,8 @@ parameters, as Pope et al. and PaLM do for inference).
 
 from __future__ import annotations
 
-import math
 import re
+from dataclasses import replace
 from dataclasses import dataclass
 
 from ..errors import SpecError
@@ -20,9 +20,8 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Precision
 from .deploy import AttentionSharding, Layout, ServePlan, StoreDtype
 from .layouts import comm_bytes_per_layer, ws2d_best_x
-from .step import kv_bytes_per_token_per_layer, kv_share_per_gpu
+from .step import ACT_BYTES, body_params_per_layer, kv_bytes_per_token_per_layer, kv_share_per_gpu
 
-ACT_BYTES = 2.0  # bf16 activations
 # Pope et al. Table 1 reserves 30% of HBM for the KV cache (the rest: weights, activations).
 POPE_KV_HBM_FRACTION = 0.3
 
@@ -34,11 +33,6 @@ class StaticPass:
     memory_s: float
     comm_s: float
     mfu: float
-
-
-def _layer_weight_bytes(model: ModelSpec, wbytes: float) -> float:
-    body = model.num_params - model.embedding_params - model.lm_head_params
-    return body / model.num_layers * wbytes
 
 
 def forward_pass(model: ModelSpec, cluster: ClusterSpec, *, n: int, layout: Layout, plan: ServePlan,
@@ -55,7 +49,7 @@ def forward_pass(model: ModelSpec, cluster: ClusterSpec, *, n: int, layout: Layo
     eff = gpu.gemm_efficiency.at(flops_layer)
     compute = flops_layer / (gpu.peak(Precision.BF16) * eff)
     wbytes = plan.weight_dtype.bytes_per_element
-    layer_w = _layer_weight_bytes(model, wbytes)
+    layer_w = body_params_per_layer(model) * wbytes
     if layout is Layout.WG_XYZ:
         weights_read = layer_w  # the gathered copy is read whole on every chip
     else:
@@ -91,7 +85,6 @@ def _comm_time_s(cluster: ClusterSpec, layout: Layout, num_bytes: float, model: 
 
 def _variant(model: ModelSpec, notes: str) -> tuple[ModelSpec, AttentionSharding]:
     """Pope Table 1's attention variants of PaLM 540B, from the row's notes."""
-    from dataclasses import replace
     text = notes.lower()
     m = re.search(r"d_head\s*=\s*(\d+)", text)
     head_dim = int(m.group(1)) if m else model.head_dim

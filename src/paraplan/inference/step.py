@@ -65,6 +65,11 @@ def kv_bytes_per_token_per_layer(model: ModelSpec, kv_bytes: float) -> float:
     return 2.0 * model.num_kv_heads * model.head_dim * kv_bytes
 
 
+def body_params_per_layer(model: ModelSpec) -> float:
+    """Parameters of one transformer layer on average (all but the embedding and LM head)."""
+    return (model.num_params - model.embedding_params - model.lm_head_params) / model.num_layers
+
+
 def kv_share_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     """Fraction of a token's KV that one of the t GPUs stores.
 
@@ -85,7 +90,7 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     t, p = plan.tp, plan.pp
     wb = plan.weight_dtype.bytes_per_element
     layers_per_stage = math.ceil(model.num_layers / p)
-    body = (model.num_params - model.embedding_params - model.lm_head_params) / model.num_layers
+    body = body_params_per_layer(model)
     ends = max(model.embedding_params + (model.lm_head_params if p == 1 else 0), model.lm_head_params)
     weights = (body * layers_per_stage + ends) / t * wb
     if model.is_moe and plan.expert_cache_fraction < 1.0:  # expert buffering: the rest in host memory
@@ -93,7 +98,7 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     # Activation workspace sized for max_num_tokens (the engine allocates it up front) and
     # fp32 logits for max_batch rows (TensorRT-LLM sizes both at engine build).
     f_local = (model.num_mlp_matrices - 1) * max(model.ffn_hidden_size, model.moe_ffn_hidden_size * max(model.top_k, 1)) / t
-    tok = min(limits.max_num_tokens, 1 << 20)
+    tok = limits.max_num_tokens
     workspace = tok * (2 * model.hidden_size + (model.q_dim + 2 * model.kv_dim) / t + f_local) * ACT_BYTES
     workspace += min(limits.max_batch, tok) * model.vocab_size / t * LOGIT_BYTES
     free = gpu.hbm_bytes - weights - workspace - gpu.reserved_bytes
@@ -244,18 +249,3 @@ class IterationModel:
         stage = (self._linear(Tm) + self.attention_s(prefill_pairs / p, decode_ctx_tokens / p)
                  + self.lm_head_s(math.ceil(logit_rows / p)) / p)
         return p * (stage + self._hop(Tm))
-
-    def breakdown(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens: float,
-                  logit_rows: int) -> dict[str, float]:
-        """Where one (p = 1) iteration's time goes; the parts sum to time_s."""
-        T = prefill_tokens + decode_seqs
-        m = self.model
-        L = self.layers_per_stage
-        comm = 0.0
-        if self.plan.tp > 1:
-            comm = L * 2 * float(collective_time_s(self.cluster, Collective.ALL_REDUCE, T * m.hidden_size * ACT_BYTES,
-                                                   self.plan.tp, 1))
-        total = self.time_s(prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens, logit_rows)
-        attn = self.attention_s(prefill_pairs, decode_ctx_tokens) * (1 if self.plan.pp == 1 else 1)
-        head = self.lm_head_s(logit_rows)
-        return {"linear_s": total - attn - head - comm, "attention_s": attn, "lm_head_s": head, "tp_comm_s": comm}

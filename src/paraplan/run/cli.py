@@ -20,30 +20,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import TYPE_CHECKING
 
+from ..argtypes import non_negative_int as _non_negative_int
+from ..argtypes import positive_int as _positive_int
 from ..errors import FileFormatError, ParaplanError, SpecError
 
+if TYPE_CHECKING:
+    from .config import RunConfig
+
 DEFAULT_MODEL = "llama3-8b"
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 1")
-    return v
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{v} must be >= 0")
-    return v
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:

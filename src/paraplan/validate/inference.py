@@ -11,10 +11,12 @@ import csv
 import re
 from pathlib import Path
 
-from ..errors import FileFormatError, ParaplanError, SpecError
+from ..errors import SpecError
 from ..specs.catalog import load_cluster
 from ..units import MILLI
-from .training import _preset, source_group, summarize
+from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
+from .training import _cluster_for as _gpu_cluster_for
+from .training import _preset
 
 REQUIRED_COLUMNS = ("id", "source", "model", "gpu", "num_gpus", "tp", "pp", "precision",
                     "batch_or_concurrency", "input_len", "output_len", "metric_id", "value")
@@ -43,19 +45,10 @@ def is_inference_file(path: str) -> bool:
     return "input_len" in cols and "output_len" in cols
 
 
-def _cluster_for(gpu: str) -> str:
-    g = gpu.lower()
-    if "a100" in g:
-        return "dgx-a100-40gb" if "40" in g else "dgx-a100-80gb"
-    if "h100" in g:
-        return "dgx-h100"
-    if "h200" in g:
-        return "dgx-h200"
-    if "b200" in g:
-        return "dgx-b200"
-    if "tpu" in g and "v4" in g:
+def _cluster_for(row: dict) -> str:
+    if row["gpu"].lower().startswith("tpu"):
         return "tpu-v4-pod"
-    return gpu
+    return _gpu_cluster_for(row)
 
 
 def _dtypes(precision: str):
@@ -69,16 +62,6 @@ def _dtypes(precision: str):
     if "fp16" in p:
         return StoreDtype.FP16, StoreDtype.FP16
     return StoreDtype.BF16, StoreDtype.BF16
-
-
-def _int(row: dict, key: str, path: str, line: int) -> int | None:
-    v = (row.get(key) or "").strip()
-    if not v:
-        return None
-    try:
-        return int(float(v))
-    except ValueError:
-        raise FileFormatError(path, f"column {key!r}: {v!r} is not a number", line) from None
 
 
 def _load(text: str) -> tuple[str, float | None]:
@@ -102,11 +85,11 @@ def _scenario(row: dict, path: str, line: int):
     model = _preset(row["model"])
     if model is None:
         raise SpecError("row", "model", row["model"], "no preset matches; add one to the catalog")
-    tp = _int(row, "tp", path, line) or 1
-    pp = _int(row, "pp", path, line) or 1
-    gpus = _int(row, "num_gpus", path, line) or tp * pp
-    isl = _int(row, "input_len", path, line)
-    osl = _int(row, "output_len", path, line)
+    tp = int_cell(row, "tp", path, line) or 1
+    pp = int_cell(row, "pp", path, line) or 1
+    gpus = int_cell(row, "num_gpus", path, line) or tp * pp
+    isl = int_cell(row, "input_len", path, line)
+    osl = int_cell(row, "output_len", path, line)
     kind, rate = _load(row["batch_or_concurrency"])
     if isl is None or osl is None or kind == "unknown":
         raise SpecError("row", "input_len/output_len/batch_or_concurrency",
@@ -115,7 +98,7 @@ def _scenario(row: dict, path: str, line: int):
     key = (model.name, row["gpu"], tp, pp, gpus, row["precision"], kind, rate, isl, osl)
     if key in _CACHE:
         return _CACHE[key]
-    cluster = load_cluster(_cluster_for(row["gpu"]), num_gpus=gpus)
+    cluster = load_cluster(_cluster_for(row), num_gpus=gpus)
     wd, kd = _dtypes(row["precision"])
     plan = ServePlan(tp=tp, pp=pp, replicas=max(1, gpus // (tp * pp)), weight_dtype=wd, kv_dtype=kd)
     limits = EngineLimits()
@@ -149,47 +132,20 @@ def _predict(metric: str, plan, res) -> float:
 
 
 def predict_row(row: dict, path: str, line: int) -> dict:
-    metric = row["metric_id"].strip()
-    try:
-        measured = float(row["value"])
-    except ValueError:
-        raise FileFormatError(path, f"column 'value': {row['value']!r} is not a number", line) from None
-    out = {"id": row["id"], "source": row["source"], "model": row["model"], "metric_id": metric,
-           "measured": measured, "predicted": None, "error_pct": None, "skipped": None, "plan": None}
-    if metric not in METRICS:
-        out["skipped"] = f"unknown metric_id {metric!r}"
+    out = row_result(row, path, line, METRICS)
+    if out["skipped"]:
         return out
+    metric = out["metric_id"]
     if row["gpu"].lower().startswith("tpu"):
         from ..inference.pope import predict_pope_row
         pred, plan_text = predict_pope_row(row, metric, path, line)
     else:
         plan, res = _scenario(row, path, line)
         pred, plan_text = _predict(metric, plan, res), plan.describe()
-    out.update(predicted=pred, error_pct=100.0 * (pred - measured) / measured, plan=plan_text)
-    return out
+    return with_prediction(out, pred, plan_text)
 
 
 def validate_inference_file(path: str, progress=None) -> dict:
-    p = Path(path)
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise FileFormatError(path, f"missing column(s) {', '.join(missing)}; an inference file needs "
-                                  f"{', '.join(REQUIRED_COLUMNS)}", 1)
-        rows = [(reader.line_num, r) for r in reader]
-    out = []
+    rows = read_rows(path, REQUIRED_COLUMNS, "an inference file")
     _CACHE.clear()
-    for i, (line, row) in enumerate(rows):
-        try:
-            out.append(predict_row(row, path, line))
-        except ParaplanError as exc:
-            if isinstance(exc, FileFormatError):
-                raise
-            out.append({"id": row.get("id"), "source": row.get("source"), "model": row.get("model"),
-                        "metric_id": row.get("metric_id"), "measured": float(row.get("value") or "nan"),
-                        "predicted": None, "error_pct": None, "skipped": str(exc), "plan": None})
-        if progress:
-            progress(i + 1, len(rows))
-    return {"rows": out, "summary": summarize(out)}
-
+    return validate_rows(rows, lambda row, line: predict_row(row, path, line), progress)

@@ -8,11 +8,8 @@ row's metric with the row's own FLOP convention (read from its `notes`).
 
 from __future__ import annotations
 
-import csv
-import math
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
 from ..errors import FileFormatError, NoPlanFitsError, ParaplanError
@@ -23,6 +20,7 @@ from ..specs.catalog import load_cluster, load_model
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload, parse_precision
 from ..units import GIB, TERA
+from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
                     "metric_id", "value")
@@ -38,16 +36,6 @@ class RowSetup:
     workload: Workload
     fixed: dict
     limits: SpaceLimits
-
-
-def _int(row: dict, key: str, path: str, line: int) -> int | None:
-    text = (row.get(key) or "").strip()
-    if not text:
-        return None
-    try:
-        return int(float(text))
-    except ValueError:
-        raise FileFormatError(path, f"column {key!r}: {text!r} is not a number", line) from None
 
 
 def _is_legacy_megatron(row: dict) -> bool:
@@ -131,9 +119,9 @@ def _token_drop(row: dict) -> bool:
 
 def row_setup(row: dict, path: str, line: int) -> RowSetup:
     name = row["model"].strip()
-    shape = {k: _int(row, k, path, line) for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
+    shape = {k: int_cell(row, k, path, line) for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
     preset = _preset(name)
-    moe_row = (_int(row, "num_experts", path, line) or 0) > 0
+    moe_row = (int_cell(row, "num_experts", path, line) or 0) > 0
     if moe_row and preset is None:
         raise FileFormatError(path, f"model {name!r}: an MoE row needs a preset with the model's published "
                               "configuration (shared experts, dense layers)", line)
@@ -149,12 +137,12 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                           tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
     legacy = _is_legacy_megatron(row)
     model = replace(model, dropout=legacy)
-    gbs = _int(row, "global_batch", path, line)
-    seq = _int(row, "seq_len", path, line)
+    gbs = int_cell(row, "global_batch", path, line)
+    seq = int_cell(row, "seq_len", path, line)
     fixed = {}
     for col, key in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("ep", "ep"),
                      ("micro_batch", "micro_batch_size")):
-        v = _int(row, col, path, line)
+        v = int_cell(row, col, path, line)
         if v is not None:
             fixed[key] = v
     if "micro_batch_size" in fixed and "dp" in fixed:
@@ -166,7 +154,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
     balanced = "force-balanced" in (row.get("notes") or "").lower()
     wl = Workload(global_batch_size=gbs, seq_len=seq, precision=parse_precision(row["precision"]),
                   **({"moe_imbalance": 1.0} if balanced else {}))
-    vp = _int(row, "vp", path, line)
+    vp = int_cell(row, "vp", path, line)
     if vp is not None and fixed.get("pp", 1) > 1:
         fixed["vp"] = vp
     rc = (row.get("recompute") or "").strip().lower()
@@ -190,7 +178,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row) else (None,))
-    return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=_int(row, "num_gpus", path, line),
+    return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=int_cell(row, "num_gpus", path, line),
                     workload=wl, fixed=fixed, limits=limits)
 
 
@@ -221,36 +209,13 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
     raise AssertionError(metric)
 
 
-def _read_rows(path: str) -> list[tuple[int, dict]]:
-    p = Path(path)
-    if not p.is_file():
-        raise FileFormatError(path, "no such file")
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        cols = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in cols]
-        if missing:
-            raise FileFormatError(path, f"missing column(s) {', '.join(missing)}; a training file needs "
-                                  f"{', '.join(REQUIRED_COLUMNS)}", 1)
-        rows = []
-        for row in reader:
-            rows.append((reader.line_num, row))
-    return rows
-
-
 def predict_row(row: dict, path: str, line: int, hardware: str | None = None) -> dict:
     """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
     cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
-    metric = row["metric_id"].strip()
-    try:
-        measured = float(row["value"])
-    except ValueError:
-        raise FileFormatError(path, f"column 'value': {row['value']!r} is not a number", line) from None
-    out = {"id": row["id"], "source": row["source"], "model": row["model"], "metric_id": metric,
-           "measured": measured, "predicted": None, "error_pct": None, "skipped": None, "plan": None}
-    if metric not in METRICS:
-        out["skipped"] = f"unknown metric_id {metric!r}"
+    out = row_result(row, path, line, METRICS)
+    if out["skipped"]:
         return out
+    metric = out["metric_id"]
     setup = row_setup(row, path, line)
     if hardware:
         setup = replace(setup, cluster_name=hardware)
@@ -267,50 +232,9 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
         note = f"paraplan's memory model says this does not fit ({exc})"
     est = res.ranked[0]
     pred = predicted_metric(metric, row, setup, est)
-    out.update(predicted=pred, error_pct=100.0 * (pred - measured) / measured, plan=est.plan.describe(), note=note)
-    return out
-
-
-def source_group(source: str) -> str:
-    """A publication/table, without the per-row locator (data row, line number)."""
-    return re.sub(r"(,? ?(table header line|data row|line) \d+)+", "", source).replace(" ()", "").strip()
-
-
-def summarize(rows: list[dict]) -> dict:
-    done = [r for r in rows if r["skipped"] is None]
-    errs = sorted(abs(r["error_pct"]) for r in done)
-    by_source: dict = {}
-    for r in done:
-        key = source_group(r["source"])
-        by_source.setdefault(key, []).append(abs(r["error_pct"]))
-
-    def pct(q):
-        if not errs:
-            return None
-        i = min(len(errs) - 1, max(0, math.ceil(q * len(errs)) - 1))
-        return errs[i]
-
-    return {
-        "n": len(rows), "n_predicted": len(done), "n_skipped": len(rows) - len(done),
-        "mean_abs_pct_error": sum(errs) / len(errs) if errs else None,
-        "p90_abs_pct_error": pct(0.9),
-        "max_abs_pct_error": errs[-1] if errs else None,
-        "by_source": {k: {"n": len(v), "mean_abs_pct_error": sum(v) / len(v)} for k, v in by_source.items()},
-    }
+    return with_prediction(out, pred, est.plan.describe(), note)
 
 
 def validate_file(path: str, progress=None, hardware: str | None = None) -> dict:
-    rows = _read_rows(path)
-    out = []
-    for i, (line, row) in enumerate(rows):
-        try:
-            out.append(predict_row(row, path, line, hardware))
-        except ParaplanError as exc:
-            if isinstance(exc, FileFormatError):
-                raise
-            out.append({"id": row.get("id"), "source": row.get("source"), "model": row.get("model"),
-                        "metric_id": row.get("metric_id"), "measured": float(row.get("value") or "nan"),
-                        "predicted": None, "error_pct": None, "skipped": str(exc), "plan": None})
-        if progress:
-            progress(i + 1, len(rows))
-    return {"rows": out, "summary": summarize(out)}
+    rows = read_rows(path, REQUIRED_COLUMNS, "a training file")
+    return validate_rows(rows, lambda row, line: predict_row(row, path, line, hardware), progress)
