@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.calibrate.measurements import (AttentionSample, CollectiveSample, CopySample, GemmSample,
-                                             Measurements)
+                                             Measurements, OverlapSample)
 from paraplan.calibrate.profile import build_profile, fit_link
 from paraplan.cli import main
 from paraplan.cost.estimate import estimate
@@ -78,6 +78,40 @@ def test_profile_round_trips_through_load_cluster(tmp_path):
     assert c.nvlink.latency_s == pytest.approx(ALPHA, rel=1e-3)
     assert c.nvlink.bw_unidir_bytes_per_s == pytest.approx(BW, rel=1e-3)
     assert min(c.nvlink.efficiency.y) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_memory_bandwidth_is_the_largest_copy_not_a_cached_one(tmp_path):
+    # a small copy that stays in cache runs 3x faster than streaming; the profile must
+    # price element-wise kernels at the streaming rate
+    m = synthetic()
+    m = replace(m, copies=(CopySample(kind="device", num_bytes=1 << 22, time_s=2 * (1 << 22) / 30e9),) + m.copies)
+    gpu = load_cluster(str(write_profile(tmp_path, m))).gpu
+    assert gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency == pytest.approx(10e9, rel=1e-4)
+
+
+@pytest.mark.parametrize("both, expected", [(10e-3, 0.0), (12e-3, 0.5), (14e-3, 0.99), (9e-3, 0.0)])
+def test_overlap_slowdown_from_gemms_and_all_reduce_at_once(both, expected):
+    # GEMMs 10 ms, all-reduce 4 ms: at once 10 ms = perfect overlap, 14 ms = none at all
+    s = OverlapSample(num_bytes=4e6, compute_s=10e-3, comm_s=4e-3, both_s=both)
+    assert s.slowdown == pytest.approx(expected, abs=1e-9)
+
+
+def test_measured_overlap_slowdown_reaches_the_profile_and_slows_dp(tmp_path, capsys):
+    base = synthetic()
+    plan = make_plan(dp=2)
+    wl = Workload(global_batch_size=8, seq_len=256)
+    steps = {}
+    for slow in (0.0, 0.9):
+        m = replace(base, overlap=OverlapSample(num_bytes=4e6, compute_s=10e-3, comm_s=4e-3, both_s=10e-3 + slow * 4e-3))
+        c = load_cluster(str(write_profile(tmp_path, m, f"ov{slow}")), num_gpus=2)
+        assert c.gpu.overlap_slowdown == pytest.approx(slow, abs=1e-6)
+        m2 = Measurements.from_json(m.to_json())
+        assert m2.overlap == m.overlap
+        est = estimate(SMALL, c, wl, plan)
+        assert est.overlapped.dp_comm_s > 0
+        steps[slow] = est.step_time_s
+    # the gradient all-reduce hidden behind the backward costs compute when overlap is poor
+    assert steps[0.9] > steps[0.0]
 
 
 def test_fitted_link_reproduces_every_measured_all_reduce(tmp_path):
@@ -197,6 +231,7 @@ def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
     c = load_cluster(str(out), num_gpus=2)
     assert m.ranks == 2 and m.backend == "gloo" and m.compute_dtype == "float32"
     assert {s.op for s in m.collectives} == {"all_reduce", "all_gather", "send_recv"}
+    assert m.overlap is not None and 0.0 <= c.gpu.overlap_slowdown <= 0.99
     fastest = max(g.flops / g.time_s for g in m.gemm)  # the peak removes at most half of each time
     assert fastest <= c.gpu.peak(Precision.BF16) * (1 + 1e-5) and c.gpu.peak(Precision.BF16) <= 2 * fastest * (1 + 1e-5)
     assert all(0 < y <= 1 for y in c.gpu.gemm_efficiency.y) and math.isfinite(c.nvlink.latency_s)

@@ -1,6 +1,7 @@
 """Microbenchmarks on the local device with torch: GEMMs across shapes, causal attention,
-copies (device memory, host<->device), the launch overhead of a tiny kernel, and
-collectives across local ranks by message size (gloo on CPU, NCCL on GPUs).
+copies (device memory, host<->device), the launch overhead of a tiny kernel,
+collectives across local ranks by message size (gloo on CPU, NCCL on GPUs), and how much
+a collective in flight slows concurrent GEMMs.
 
 With `ranks` > 1 the ranks are separate processes started together, as `paraplan run`
 (torchrun) starts them: each computes with its share of the CPU threads while the others
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .measurements import AttentionSample, CollectiveSample, CopySample, GemmSample, Measurements
+from .measurements import AttentionSample, CollectiveSample, CopySample, GemmSample, Measurements, OverlapSample
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -43,7 +44,7 @@ def _sizes(device: str, quick: bool) -> dict:
         copies = (64 * MIB, 512 * MIB) if quick else (16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
         coll = [4 * KIB * 4 ** i for i in range(8 if quick else 11)]
     return {"gemm": [(n, n, n) for n in squares] + list(rects), "attention": att, "copies": copies,
-            "collectives": coll}
+            "collectives": coll, "overlap_bytes": 4 * MIB if device == "cpu" else 256 * MIB}
 
 
 def _sync(device: torch.device) -> None:
@@ -148,6 +149,35 @@ def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]
     return out
 
 
+def _overlap(device, dtype, nbytes: int) -> OverlapSample:
+    """How much a collective in flight slows compute: on a GPU NCCL takes some SMs; on a CPU
+    gloo's threads take the cores the GEMMs run on. Every rank runs the same sequence."""
+    reps = 7
+    buf = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
+    comm = _median_time(lambda: dist.all_reduce(buf), device, min_repeats=reps, min_time_s=0.0)
+    n = 1024 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    one = _median_time(lambda: torch.matmul(a, a), device, min_repeats=reps, min_time_s=0.0)
+    # the GEMM loop lasts about twice the collective (rank 0's count, so all ranks agree)
+    count = torch.tensor([max(1, round(2.0 * comm / one))], device=device)
+    dist.broadcast(count, 0)
+    k = int(count.item())
+
+    def gemms():
+        for _ in range(k):
+            torch.matmul(a, a)
+
+    def both():
+        work = dist.all_reduce(buf, async_op=True)
+        gemms()
+        work.wait()
+    compute = _median_time(gemms, device, min_repeats=reps, min_time_s=0.0)
+    dist.barrier()
+    together = _median_time(both, device, min_repeats=reps, min_time_s=0.0)
+    dist.barrier()
+    return OverlapSample(num_bytes=4.0 * buf.numel(), compute_s=compute, comm_s=comm, both_s=together)
+
+
 def _memory(device, ranks: int) -> tuple[float, float]:
     """(usable bytes per rank, bytes taken before any tensor)."""
     if device.type == "cuda":
@@ -191,15 +221,17 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     gemm = _gemms(device, dtype, sizes["gemm"], quick)
     att = _attention(device, dtype, sizes["attention"], quick)
     copies = _copies(device, sizes["copies"])
-    coll = []
+    coll, overlap = [], None
     if ranks > 1:
         dist.barrier()
         coll = _collectives(device, sizes["collectives"], ranks, rank)
+        overlap = _overlap(device, dtype, sizes["overlap_bytes"])
     return Measurements(device_type=device.type, device_name=_device_name(device), ranks=ranks, threads_per_rank=threads,
                         compute_dtype=str(dtype).removeprefix("torch."), memory_bytes=memory, reserved_bytes=reserved,
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
-                        torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0)
+                        torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
+                        overlap=overlap)
 
 
 def _worker(rank: int, device_type: str, ranks: int, quick: bool, store_path: str, out_path: str) -> None:

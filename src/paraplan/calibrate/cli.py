@@ -78,6 +78,7 @@ def cmd_calibrate(args) -> int:
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
                                                        "efficiency": prof.link.curve},
+               "overlap_slowdown": m.overlap.slowdown if m.overlap else None,
                "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -101,4 +102,7 @@ def render_summary(s: dict) -> str:
         lk = s["link"]
         lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "
                      "per hop; efficiency by bytes: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in lk["efficiency"]))
+    if s.get("overlap_slowdown") is not None:
+        lines.append(f"overlap slowdown {s['overlap_slowdown']:.2f} (share of an overlapped all-reduce's time "
+                     "that concurrent GEMMs lose)")
     return "\n".join(lines)

@@ -61,6 +61,25 @@ class CollectiveSample:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OverlapSample:
+    """A GEMM loop alone, an all-reduce of `num_bytes` alone, and the two at once (the
+    all-reduce issued asynchronously, then the GEMMs, then the wait), on every rank."""
+
+    num_bytes: float
+    compute_s: float
+    comm_s: float
+    both_s: float
+
+    @property
+    def slowdown(self) -> float:
+        """The cost model's overlap_slowdown (cost/evaluate.py): a collective hidden behind
+        compute adds slowdown × its time, so both = compute + slowdown × comm when comm ≤
+        compute; clamped into [0, 0.99] (1 would mean no overlap at all)."""
+        hidden = min(self.comm_s, self.compute_s)
+        return min(max((self.both_s - max(self.compute_s, self.comm_s)) / hidden, 0.0), 0.99) if hidden > 0 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurements:
     device_type: str               # cpu | cuda
     device_name: str
@@ -78,6 +97,7 @@ class Measurements:
     torch_version: str = ""
     load_average: float = 0.0      # 1-minute load average when the benchmarks ended (os.getloadavg)
     cpu_count: int = 0
+    overlap: OverlapSample | None = None  # compute slowed by a concurrent collective (2+ ranks)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -89,4 +109,6 @@ class Measurements:
                  "collectives": CollectiveSample}
         for key, cls in kinds.items():
             d[key] = tuple(cls(**x) for x in d.get(key, ()))
+        if d.get("overlap"):
+            d["overlap"] = OverlapSample(**d["overlap"])
         return Measurements(**d)

@@ -7,8 +7,15 @@ How each number is derived (docs/model.md, "Calibration"):
   for vidur's profiles); τ = the measured launch overhead of one tiny kernel.
 - Attention: forward F/((t − τ)·peak) and backward 2.5F/((t − τ)·peak) (FlashAttention-2's
   backward FLOPs, cost/flops.py) at their FLOPs, binned the same way, as the `flash2` curve.
-- Memory bandwidth: the fastest device-to-device copy, 2·bytes/time (read + write), with
-  memory_bw_efficiency 1 (the number is already achieved, not a datasheet peak).
+- Memory bandwidth: the device-to-device copy of the largest size measured, 2·bytes/time
+  (read + write), with memory_bw_efficiency 1 (the number is already achieved, not a
+  datasheet peak). The largest copy streams from DRAM/HBM past the caches, as a training
+  step's activations and optimizer states do; a small copy that stays in a CPU's cache
+  runs about three times faster and would price every element-wise kernel too low.
+- Overlap slowdown: a GEMM loop alone (t_c), an all-reduce alone (t_m ≤ t_c) and both at
+  once (t_b): overlap_slowdown = (t_b − t_c)/t_m, the cost model's share of an overlapped
+  collective's time that still lands on the step (cost/evaluate.py); near 0 on a GPU
+  where NCCL takes a few SMs, near 1 on a CPU where gloo takes the cores the GEMMs use.
 - Links: a Hockney (α-β) least-squares fit of the all-reduce times, t = a + b·B, gives the
   per-hop latency α = a/(2(n−1)) and bandwidth bw = 2(n−1)/n / b; the efficiency curve then
   makes the model's ring all-reduce reproduce each measured time exactly:
@@ -134,7 +141,8 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     were measured, else from `base_cluster` (said so in the file)."""
     peak, gemm_curve, att_curve = fit_compute(m)
     device = [c for c in m.copies if c.kind == "device"]
-    mem_bw = max(2.0 * c.num_bytes / c.time_s for c in device)
+    largest = max(device, key=lambda c: c.num_bytes)
+    mem_bw = 2.0 * largest.num_bytes / largest.time_s
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
     host_bw = max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0)
     link = fit_link(m)
@@ -154,11 +162,15 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         f'{len(m.copies)} copies, {len(m.collectives)} collectives"',
         f"# per rank: {'host memory / ranks' if cpu else 'device memory'}; reserved = the runtime before any tensor",
         f"hbm_gb = {_num(m.memory_bytes / units.GIGA)}", f"reserved_gb = {_num(m.reserved_bytes / units.GIGA)}",
-        "# fastest device-to-device copy, 2 x bytes / time (achieved, hence memory_bw_efficiency = 1)",
+        f"# largest device-to-device copy ({largest.num_bytes / units.MIB:.0f} MiB, past the caches), "
+        "2 x bytes / time (achieved, hence memory_bw_efficiency = 1)",
         f"hbm_tb_per_s = {_num(mem_bw / units.TERA)}", "memory_bw_efficiency = 1.0",
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
         "sustained_compute_ratio = 1.0",
+        *([f"# GEMMs alone {m.overlap.compute_s * 1e3:.1f} ms, all-reduce of {m.overlap.num_bytes / units.MIB:.0f} MiB "
+           f"alone {m.overlap.comm_s * 1e3:.1f} ms, both at once {m.overlap.both_s * 1e3:.1f} ms",
+           f"overlap_slowdown = {_num(round(m.overlap.slowdown, 4))}"] if m.overlap else []),
         "# not measured: energy figures from this profile mean nothing",
         f"tdp_watts = {100.0 if cpu else 700.0}", "",
         "[gpu.peak_tflops]",
