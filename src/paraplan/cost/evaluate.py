@@ -391,11 +391,17 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     shard_e = np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
 
+    # fp32 parameter shards (FSDP with autocast, Composer "DEFAULT"): the shard is the fp32
+    # master copy, so the optimizer keeps only the two moments: 16 bytes/param, not 18
+    fp32p = np.asarray(plan.fp32_params, dtype=bool)
+    w_bytes = np.where(fp32p, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
+    o_bytes = np.where(fp32p, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
+
     def states(params):
-        w = mem.WEIGHT_BYTES * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
+        w = w_bytes * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
         g = mem.GRAD_BYTES * (params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
                               + expert_stage / np.where(zc >= ZeroStage.GRADIENTS.code, edp, 1.0))
-        o = np.where(offload, 0.0, mem.OPTIMIZER_BYTES * (params / shard + expert_stage / shard_e))
+        o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
         return w, g, o
 
     w1, g1, o1 = states(params_stage_first)
