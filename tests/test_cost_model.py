@@ -102,3 +102,18 @@ def test_recomputation_moves_no_time_out_of_compute(early):
     full = estimate(model, cluster, wl, replace(plan, recompute=Recompute.FULL))
     assert full.time.compute_s == pytest.approx(none.time.compute_s, rel=1e-9)
     assert full.time.recompute_s > 0 and full.time.tp_comm_s > none.time.tp_comm_s
+
+
+def test_fp32_parameter_shards_are_the_master_copy():
+    # FSDP with fp32 shards under autocast: 4 (weights) + 4 (grads) + 8 (moments) bytes per
+    # parameter, not 2 + 4 + 12; the sum drops by exactly 2 bytes per sharded parameter
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=8, seq_len=2048)
+    base = make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS)
+    bf16 = estimate(model, cluster, wl, base).memory
+    fp32 = estimate(model, cluster, wl, replace(base, fp32_params=True)).memory
+    assert fp32.weights_bytes == pytest.approx(2 * bf16.weights_bytes)
+    assert fp32.optimizer_bytes == pytest.approx(bf16.optimizer_bytes * 8 / 12)
+    assert fp32.gradients_bytes == pytest.approx(bf16.gradients_bytes)
+    params_per_gpu = bf16.weights_bytes / 2
+    assert bf16.model_states_bytes - fp32.model_states_bytes == pytest.approx(2 * params_per_gpu)
