@@ -60,6 +60,8 @@ PLANS = {
     "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS),
                         {Engine.TORCHTITAN}),
     "ddp-mb8": (plan(micro_batch_size=4), {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
+    "tp2-modules-zero1": (plan(tp=2, dp=8, sequence_parallel=True, recompute=Recompute.MODULES,
+                               zero=ZeroStage.OPTIMIZER), {Engine.MEGATRON}),
 }
 CASES = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e in ok]
 REFUSED = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e not in ok]
@@ -205,6 +207,7 @@ MEGATRON_FLAGS = {
     "--tp-comm-overlap": bool, "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int,
     "--micro-batch-size": int, "--global-batch-size": int,
     "--recompute-granularity": str, "--recompute-method": str, "--recompute-num-layers": int,
+    "--recompute-modules": list,  # nargs="*"
     "--use-distributed-optimizer": bool, "--use-megatron-fsdp": bool, "--data-parallel-sharding-strategy": str,
     "--num-distributed-optimizer-instances": int, "--overlap-grad-reduce": bool, "--overlap-param-gather": bool,
     "--optimizer-cpu-offload": bool, "--optimizer-offload-fraction": float,
@@ -222,6 +225,11 @@ def megatron_args(text: str) -> dict:
         kind = MEGATRON_FLAGS[flag]  # KeyError: a flag Megatron-LM does not document
         if kind is bool:
             value, i = True, i + 1
+        elif kind is list:
+            j = i + 1
+            while j < len(tokens) and not tokens[j].startswith("--"):
+                j += 1
+            value, i = tokens[i + 1:j], j
         else:
             value, i = kind(tokens[i + 1]), i + 2
         out[flag[2:].replace("-", "_")] = value
@@ -238,8 +246,10 @@ def check_megatron(p, a: dict) -> None:
     assert (MODEL.num_layers // (p.pp * chunk) if chunk else 1) == p.vp
     rc = (a.get("recompute_granularity"), a.get("recompute_method"), a.get("recompute_num_layers"))
     assert rc == {Recompute.NONE: (None, None, None), Recompute.SELECTIVE: ("selective", None, None),
-                  Recompute.FULL: ("full", "uniform", 1),
+                  Recompute.MODULES: ("selective", None, None), Recompute.FULL: ("full", "uniform", 1),
                   Recompute.FIRST_K: ("full", "block", p.recompute_num_layers // p.vp)}[p.recompute]
+    # MODEL is dense without MLA: the attention core and the norms
+    assert a.get("recompute_modules") == (["core_attn", "layernorm"] if p.recompute is Recompute.MODULES else None)
     zero = {(False, None): ZeroStage.NONE, (True, None): ZeroStage.OPTIMIZER,
             (False, "optim_grads"): ZeroStage.GRADIENTS, (False, "optim_grads_params"): ZeroStage.PARAMETERS}
     assert zero[(a.get("use_distributed_optimizer", False), a.get("data_parallel_sharding_strategy"))] is p.zero
@@ -273,10 +283,11 @@ def test_megatron_core_accepts_the_arguments(name):
     if name == "moe":
         model, cluster = load_model("mixtral-8x7b"), CLUSTER
         p = megatron.SUPPORT.adapt(plan(tp=2, dp=8, ep=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
-                                        capacity_factor=1.25, recompute=Recompute.SELECTIVE))
+                                        capacity_factor=1.25, recompute=Recompute.MODULES))
         a = megatron_args(megatron.export(p, model, cluster, WL).text)
         assert a["expert_model_parallel_size"] == 8 and a["num_experts"] == model.num_experts
         assert a["moe_expert_capacity_factor"] == 1.25
+        assert a["recompute_modules"] == ["core_attn", "layernorm", "moe_act"]
     else:
         model = MODEL
         p, res = exported(name, Engine.MEGATRON)
@@ -293,6 +304,8 @@ def test_megatron_core_accepts_the_arguments(name):
               attention_backend=AttnBackend[a["attention_backend"]],
               expert_model_parallel_size=a.get("expert_model_parallel_size", 1),
               expert_tensor_parallel_size=a.get("expert_tensor_parallel_size", 1))
+    if "recompute_modules" in a:
+        kw["recompute_modules"] = a["recompute_modules"]  # TransformerConfig checks the names
     import torch
     # validate_args: params_dtype from --bf16/--fp16; core_transformer_config_from_args: pipeline_dtype = params_dtype
     kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16 if a.get("bf16") else torch.float16

@@ -128,6 +128,7 @@ def test_scaled_model_keeps_ratios():
     (["--schedule", "dualpipe", "--pp", "2"], "schedule='dualpipe'"),
     (["--hidden", "66"], "--hidden=66"),
     (["--pp", "2", "--dp", "2", "--zero", "3", "--schedule", "zb"], "--zero 3"),  # wrong in torch 2.13
+    (["--recompute", "modules"], "--recompute='modules'"),     # Megatron-Core's, not run here
 ])
 def test_bad_run_input_is_one_line_exit_2_before_any_process(flags, needle, tmp_path, capfd):
     out = tmp_path / "r.json"

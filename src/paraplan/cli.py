@@ -58,7 +58,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument(f"--{name}", type=_positive_int, default=None, help=hlp)
     if required:
         g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (default 1f1b / interleaved if --vp>1)")
-        g.add_argument("--recompute", default="none", help="none, selective, full, first_k")
+        g.add_argument("--recompute", default="none",
+                       help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules)")
         g.add_argument("--recompute-layers", type=_positive_int, default=0, help="layers per stage for first_k")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
         g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")

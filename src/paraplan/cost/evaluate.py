@@ -211,6 +211,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
 
     # ---------------- recomputation per layer ----------------
+    # Module recomputation (Megatron-Core --recompute-modules core_attn layernorm moe_act
+    # mla_up_proj) re-runs the attention core, the two norms (read and write h each), the
+    # routed experts' activation function and MLA's up-projections from the latents.
+    d_nope = model.head_dim - model.qk_rope_head_dim
+    mla_up = (gemm_time_s(gpu, T, qd / t, model.q_lora_rank, prec) if model.q_lora_rank else zeros) + (
+        gemm_time_s(gpu, T, model.num_heads * (d_nope + (model.v_head_dim or model.head_dim)) / t,
+                    model.kv_lora_rank, prec) if model.is_mla else zeros)
+    modules_fwd = (attn_fwd + memory_bound_time_s(gpu, ACT_BYTES * T * 4.0 * h / sp_div, 2) + mla_up
+                   + (w_moe * mc.act_fn_fwd_s if mc else zeros))
     # Full and first-k re-run whole layers (forward plus its exposed TP and CP); selective
     # re-runs the attention core only. PyTorch's non-reentrant checkpoint stops once every
     # tensor the backward needs exists again: the block's last GEMM (the MLP down-projection,
@@ -221,7 +230,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     rc_layers = np.where(rc == Recompute.FULL.code, L_s, k_rc)
     last_gemm = w_dense * g_down + (w_moe * mc.last_gemm_s if mc else zeros)
     rc_compute_stage = (rc_layers * (layer_fwd - np.where(early, last_gemm, 0.0))
-                        + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0))
+                        + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0)
+                        + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0))
     rc_tp_stage = rc_layers * np.where(early, 0.5, 1.0) * tp_fwd_exp
     rc_cp_stage = rc_layers * cp_fwd_exp
     # the recomputed dispatch runs inside the backward pass, not under another micro-batch's
@@ -379,7 +389,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # ---------------- memory on the worst stage ----------------
     stored, none_act, sel_act = mem.layer_activation_bytes(
         model, plan, s, recompute_code=rc, mlp_weight=w_dense,
-        extra_bytes=w_moe * mc.activation_bytes if mc else 0.0, precision=prec)
+        extra_bytes=w_moe * mc.activation_bytes if mc else 0.0,
+        modules_extra_saving=w_moe * mc.act_fn_out_bytes if mc else 0.0, precision=prec)
     inflight = mem.inflight_microbatches(plan, m)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * ACT_BYTES * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
@@ -432,6 +443,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     rc_layer_flops = layer_flops - np.where(early, down_flops, 0.0)
     hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t
               + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
+              + np.where(rc == Recompute.MODULES.code, L_s * (lf.attn_core + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
               + 3.0 * lm_head_forward_flops(model, T) / t / p)
 
     layer_detail = {

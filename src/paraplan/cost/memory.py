@@ -49,6 +49,11 @@ class ActivationTerms:
     split: float       # always divided by t
     scores: float      # 5·a·s, present without FlashAttention and without selective
     layer_input: float  # 2h, what full recomputation keeps
+    # what module recomputation (Recompute.MODULES) drops from `replicated` and `split`:
+    # the two norms' outputs (the QKV and MLP inputs), and with MLA the up-projected Q, K, V
+    # less the latents kept in their place
+    modules_replicated: float = 0.0
+    modules_split: float = 0.0
 
 
 def saved_gemm_input_bytes(precision) -> float:
@@ -67,15 +72,20 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     split = (2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.v_dim
              + w * (act_in + gi * f))
     scores = 5.0 * model.num_heads * np.asarray(seq_len, dtype=float)
-    return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h)
+    norm_outputs = gi * h + w * gi * h + (1.0 - w) * 2.0 * h
+    mla_latents = 2.0 * model.mla_latent_width
+    mla_qkv = 2.0 * (model.q_dim + 2 * model.kv_dim) if model.is_mla else 0.0
+    return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h,
+                           modules_replicated=norm_outputs - mla_latents, modules_split=mla_qkv)
 
 
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,
-                           precision=None):
+                           modules_extra_saving=0.0, precision=None):
     """Stored activation bytes of one layer for one micro-batch (vectorized over plans).
 
     `extra_bytes`: per layer and micro-batch, kept unless the layer is fully recomputed
-    (the routed-expert activations of MoE layers, averaged over the stage)."""
+    (the routed-expert activations of MoE layers, averaged over the stage), less
+    `modules_extra_saving` under module recomputation (their activation-function outputs)."""
     terms = activation_terms(model, seq_len, mlp_weight, precision)
     t = np.asarray(plan.tp, dtype=float)
     sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
@@ -85,10 +95,14 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     scores = np.where(unfused, terms.scores / t, 0.0)
     none = tokens * (base + scores) + extra_bytes
     selective = tokens * base + extra_bytes
+    modules = (tokens * (base - terms.modules_replicated / sp_div - terms.modules_split / t)
+               + extra_bytes - modules_extra_saving)
     full = tokens * terms.layer_input / sp_div
     rc = np.asarray(recompute_code)
-    return np.where(rc == Recompute.FULL.code, full,
-                    np.where(rc == Recompute.SELECTIVE.code, selective, none)), none, selective
+    stored = np.where(rc == Recompute.FULL.code, full,
+                      np.where(rc == Recompute.SELECTIVE.code, selective,
+                               np.where(rc == Recompute.MODULES.code, modules, none)))
+    return stored, none, selective
 
 
 def inflight_microbatches(plan, num_microbatches):

@@ -77,6 +77,8 @@ class MoELayerCosts:
     a2a_bwd_s: object
     a2a_bwd_exposed_s: object
     activation_bytes: object   # stored for backward (no recomputation)
+    act_fn_out_bytes: object   # of which the experts' activation-function outputs
+    act_fn_fwd_s: object       # the experts' activation function (what moe_act re-runs)
 
 
 def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, tokens, tp,
@@ -150,7 +152,9 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
               + act_rows * (gi * h + (ACT_BYTES * n_up * fe + gi * fe) / etp)
               + ACT_BYTES * lam * copies * h)
     shared_act = _f(tokens) * (ACT_BYTES * n_up * fsh + gi * fsh) / t
+    act_out = act_rows * gi * fe / etp
     return MoELayerCosts(
+        act_fn_out_bytes=act_out, act_fn_fwd_s=act_ew,
         fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
         expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,
         a2a_fwd_s=a2a_fwd, a2a_fwd_exposed_s=a2a_fwd_exp, a2a_bwd_s=a2a_bwd, a2a_bwd_exposed_s=a2a_bwd_exp,

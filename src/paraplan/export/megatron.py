@@ -114,6 +114,9 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
             a.append("--overlap-moe-expert-parallel-comm")
     if plan.recompute is Recompute.SELECTIVE:
         a += ["--recompute-granularity", "selective"]
+    elif plan.recompute is Recompute.MODULES:
+        a += ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm"]
+        a += (["moe_act"] if model.is_moe else []) + (["mla_up_proj"] if model.is_mla else [])
     elif plan.recompute is Recompute.FULL:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     elif plan.recompute is Recompute.FIRST_K:

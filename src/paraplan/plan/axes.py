@@ -20,6 +20,10 @@ class Recompute(_Coded):
     SELECTIVE = "selective"  # Korthikanti et al.: recompute attention core (softmax, dropout)
     FULL = "full"            # keep only each layer's input; recompute the whole layer
     FIRST_K = "first_k"      # full recompute of the first k layers of each stage (Megatron block)
+    # Megatron-Core selective module recomputation (--recompute-granularity selective
+    # --recompute-modules core_attn layernorm moe_act mla_up_proj): the attention core, the
+    # two norms' outputs, the routed experts' activation function and MLA's up-projections
+    MODULES = "modules"
 
 
 class ZeroStage(_Coded):

@@ -145,6 +145,9 @@ def check_runnable(cfg: RunConfig) -> None:
         raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
     if p.offload_optimizer:
         raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
+    if p.recompute is Recompute.MODULES:
+        raise SpecError("run", "--recompute", str(p.recompute),
+                        "none, selective, full or first_k (module recomputation is Megatron-Core's; estimate it instead)")
     if p.tp > 1:
         for name, v in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
                         ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):

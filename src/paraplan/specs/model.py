@@ -133,6 +133,24 @@ class ModelSpec:
         return q + kv + kv_up + self.v_dim * h
 
     @property
+    def mla_up_proj_params(self) -> int:
+        """MLA's up-projections W_UQ, W_UK, W_UV (0 without MLA): what Megatron-Core's
+        `mla_up_proj` recomputation re-runs from the latents."""
+        if not self.is_mla:
+            return 0
+        d_nope = self.head_dim - self.qk_rope_head_dim
+        q_up = self.q_lora_rank * self.q_dim
+        return q_up + self.kv_lora_rank * self.num_heads * (d_nope + (self.v_head_dim or self.head_dim))
+
+    @property
+    def mla_latent_width(self) -> int:
+        """Per-token latents MLA keeps when it recomputes the up-projections: c_Q (r_q, or
+        the full query without a query LoRA), c_KV (r_kv) and the shared RoPE key (d_r)."""
+        if not self.is_mla:
+            return 0
+        return (self.q_lora_rank or self.q_dim) + self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
     def qkv_params_per_layer(self) -> int:
         """Projections into the attention kernel's Q, K, V (everything but the output GEMM)."""
         return self.attn_params_per_layer - self.v_dim * self.hidden_size
