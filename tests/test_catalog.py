@@ -389,3 +389,23 @@ def test_hf_bad_values(tmp_path):
     assert f"{p}:2:" in str(e.value) and "num_hidden_layers" in str(e.value)
     with pytest.raises(FileFormatError, match="one JSON object"):
         model_from_hf_config(write(tmp_path, "list.json", "[1, 2]"))
+
+
+def test_spec_files_refuse_impossible_values(tmp_path):
+    # an inline GPU whose runtime reserve exceeds its memory
+    text = CLUSTER_TOML.replace('gpu = "h100"\n', "") + INLINE_GPU.replace("reserved_gb = 1.5", "reserved_gb = 200")
+    with pytest.raises(FileFormatError, match=r"reserved_gb.*less than hbm_gb=24"):
+        load_cluster(str(write(tmp_path, "r.toml", text)))
+    # a curve at a negative size names the field (was a bare "math domain error")
+    bad = CLUSTER_TOML.replace("efficiency_bytes = [1e4, 1e8]", "efficiency_bytes = [-1e4, 1e8]")
+    with pytest.raises(FileFormatError, match=r"nvlink\.efficiency"):
+        load_cluster(str(write(tmp_path, "n.toml", bad)))
+
+
+def test_moe_model_without_moe_layers_is_refused(tmp_path):
+    from paraplan.errors import SpecError
+    from paraplan.specs.model import ModelSpec
+    with pytest.raises(SpecError, match="moe_layer_interval=10.*leaves no MoE layer"):
+        ModelSpec(name="m", num_layers=4, hidden_size=64, ffn_hidden_size=128, num_heads=4, num_kv_heads=4,
+                  head_dim=16, vocab_size=100, num_experts=8, top_k=2, moe_ffn_hidden_size=32,
+                  num_dense_layers=2, moe_layer_interval=10)

@@ -129,6 +129,9 @@ def test_scaled_model_keeps_ratios():
     (["--hidden", "66"], "--hidden=66"),
     (["--pp", "2", "--dp", "2", "--zero", "3", "--schedule", "zb"], "--zero 3"),  # wrong in torch 2.13
     (["--recompute", "modules"], "--recompute='modules'"),     # Megatron-Core's, not run here
+    (["--recompute", "first_k", "--recompute-layers", "5"], "--recompute-layers=5"),  # 4 layers
+    (["--recompute", "first_k"], "--recompute-layers=0"),
+    (["--lr", "inf"], "--lr=inf"),
 ])
 def test_bad_run_input_is_one_line_exit_2_before_any_process(flags, needle, tmp_path, capfd):
     out = tmp_path / "r.json"
@@ -226,3 +229,14 @@ def test_compare_bad_input_is_one_line_exit_2(content, flags, needle, tmp_path, 
     assert main(["compare", str(path), *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and str(path) in err and needle in err, err
+
+
+def test_cuda_without_a_gpu_is_refused_before_launch(tmp_path, capfd):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    out = tmp_path / "r.json"
+    assert main(["run", *TINY, "--device", "cuda", "-o", str(out)]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "--device='cuda'" in err and "no GPU" in err
+    assert not out.exists()

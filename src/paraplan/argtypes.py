@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def _int(text: str) -> int:
@@ -31,6 +32,6 @@ def positive_float(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{v} must be > 0")
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{v} must be a finite number > 0")
     return v

@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
     p.add_argument("--pp", type=positive_int)
     p.add_argument("--ep", type=positive_int, help="MoE: experts split over ep of the tp GPUs")
     p.add_argument("--weights", help="bf16, fp16, fp8, int8 or int4")
-    p.add_argument("--kv", help="KV-cache dtype: bf16, fp16, fp8 or int8")
+    p.add_argument("--kv", help="KV-cache dtype: bf16, fp16, fp8, int8 or int4")
     p.add_argument("--kv-by-batch", action="store_true", help="shard the KV cache over the batch, not heads (Pope et al.)")
     p.add_argument("--expert-cache", type=positive_float, default=1.0,
                    help="MoE: share of experts kept in HBM, the rest in host memory (default 1)")
@@ -50,6 +50,12 @@ def _plans(args, model, cluster):
     from dataclasses import replace
     from .deploy import AttentionSharding, StoreDtype
     from .planner import candidate_plans
+    from ..errors import SpecError
+    if not model.is_moe:
+        for flag, value, default in (("--ep", args.ep, None), ("--expert-cache", args.expert_cache, 1.0),
+                                     ("--expert-hit-rate", args.expert_hit_rate, None)):
+            if value not in (None, default):
+                raise SpecError("serve", flag, value, f"applies to mixture-of-experts models only; {model.name} is dense")
     plans = candidate_plans(model, cluster, cluster.num_gpus)
     w = StoreDtype.parse(args.weights, "weights") if args.weights else None
     kv = StoreDtype.parse(args.kv, "kv") if args.kv else None
@@ -68,7 +74,17 @@ def _plans(args, model, cluster):
         if p not in out:
             out.append(p)
     if not out:
-        from ..errors import SpecError
+        # name the pin that leaves nothing, with the values it can take given the other pins
+        pins = {"tp": args.tp, "pp": args.pp, "ep": args.ep}
+        for key, value in pins.items():
+            if not value:
+                continue
+            others = [p for p in plans if all(not v or getattr(p, k) == v for k, v in pins.items() if k != key)]
+            allowed = sorted({getattr(p, key) for p in others})
+            if value not in allowed:
+                raise SpecError("serve", f"--{key}", value,
+                                f"allowed with the other pins on {cluster.num_gpus} GPUs: "
+                                + (", ".join(map(str, allowed)) or "none"))
         raise SpecError("serve", "--tp/--pp/--ep", f"{args.tp}/{args.pp}/{args.ep}",
                         f"tp must be a power of two <= {min(cluster.gpus_per_node, cluster.num_gpus)} and tp×pp <= --gpus")
     return out
@@ -91,6 +107,17 @@ def cmd_serve(args) -> int:
                       ttft_target_s=args.ttft_ms / 1e3, tpot_target_s=args.tpot_ms / 1e3)
     limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=args.max_num_tokens,
                           chunked_prefill=args.chunked_prefill)
+    if not args.chunked_prefill and args.max_num_tokens < args.prompt:
+        from ..errors import SpecError
+        raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
+                        f"must be >= the prompt ({args.prompt} tokens) without --chunked-prefill: "
+                        "a whole prompt is prefilled in one iteration")
+    if args.chunked_prefill and args.max_num_tokens < args.max_batch:
+        # vLLM's scheduler rule (max_num_batched_tokens >= max_num_seqs): every running
+        # sequence must get at least its decode token in an iteration
+        from ..errors import SpecError
+        raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
+                        f"must be >= --max-batch ({args.max_batch}) with --chunked-prefill")
     plans = _plans(args, model, cluster)
     from ..cli import _progress
     show = not args.json and sys.stderr.isatty()

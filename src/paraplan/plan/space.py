@@ -7,6 +7,7 @@ the cost model reads both. Validity rules live once, vectorized, in `RULES`; the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -180,7 +181,9 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Wor
 
 # ---------------------------------------------------------------- enumeration
 def _divisors(n: int) -> list[int]:
-    return [x for x in range(1, n + 1) if n % x == 0]
+    """Divisors of n in increasing order (O(√n))."""
+    small = [x for x in range(1, math.isqrt(n) + 1) if n % x == 0]
+    return small + [n // x for x in reversed(small) if x * x != n]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +219,10 @@ def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits,
     """(ep, etp, capacity factor (0: dropless), hierarchical all-to-all, EP overlap) for one
     rank layout."""
     if not model.is_moe:
-        return [(1, 1, 0.0, 0, 0)]
+        # a dense model has no expert axes: pinning one leaves no plan (search says which)
+        dense_ok = (fixed.get("ep", 1) == 1 and fixed.get("etp", 1) == 1
+                    and all(cf is None for cf in limits.capacity_factors))
+        return [(1, 1, 0.0, 0, 0)] if dense_ok else []
     ranks = tp * cp * dp
     out = []
     for etp in sorted({1, tp}):
@@ -274,8 +280,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         if "micro_batch_size" in fixed:
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
         vps = [x for x in _divisors(L // pp) if x <= limits.max_vp] if pp > 1 else [1]
-        if "vp" in fixed:
-            vps = [fixed["vp"]] if pp > 1 else [1]
+        if "vp" in fixed:  # virtual stages need pipeline stages: vp > 1 pins out PP = 1
+            vps = [fixed["vp"]] if pp > 1 else ([1] if fixed["vp"] == 1 else [])
         L_s = -(-L // pp)
         ks = sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s}) if L_s > 1 else []
         shards = [dp]

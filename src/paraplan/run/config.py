@@ -8,6 +8,7 @@ plan needs from torch is checked here first, without torch, so bad input is one 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 
@@ -183,5 +184,18 @@ def check_runnable(cfg: RunConfig) -> None:
     for name in ("steps", "warmup_steps"):
         if getattr(cfg, name) < (1 if name == "steps" else 0):
             raise SpecError("run", name, getattr(cfg, name), "steps >= 1, warm-up >= 0")
-    if not cfg.lr > 0:
-        raise SpecError("run", "--lr", cfg.lr, "must be > 0")
+    if not 0 < cfg.lr < math.inf:
+        raise SpecError("run", "--lr", cfg.lr, "must be a finite number > 0")
+    if p.recompute is Recompute.FIRST_K and not 1 <= p.recompute_num_layers <= m.num_layers // p.pp:
+        raise SpecError("run", "--recompute-layers", p.recompute_num_layers,
+                        f"first_k needs 1..{m.num_layers // p.pp} (the layers of one pipeline stage)")
+    if cfg.device is Device.CUDA:
+        try:
+            import torch
+        except ImportError:
+            return  # the launcher says torch is missing
+        if not torch.cuda.is_available():
+            raise SpecError("run", "--device", "cuda", "torch sees no GPU here; allowed: cpu, auto")
+        if torch.cuda.device_count() < cfg.world_size:  # torchrun starts every rank on this machine
+            raise SpecError("run", "ranks", cfg.world_size,
+                            f"at most the {torch.cuda.device_count()} GPUs torch sees on this machine")

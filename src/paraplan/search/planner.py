@@ -11,7 +11,7 @@ import numpy as np
 
 from ..cost.estimate import Estimate, finish
 from ..cost.evaluate import evaluate
-from ..errors import NoPlanFitsError
+from ..errors import NoPlanFitsError, SpecError
 from ..plan.space import PlanBatch, SpaceLimits, enumerate_space
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -43,6 +43,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
     """
     t0 = _time.perf_counter()
+    if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
+        raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
+                        f"applies to mixture-of-experts models only; {model.name} is dense")
     n_cand = n_valid = n_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
@@ -87,7 +90,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if pending:
         flush(pending)
     if not keep_batches:
-        raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem))
+        if n_valid == 0 and fixed:
+            _explain_pins(model, cluster, workload, limits, fixed)
+        raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits))
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)
     order = np.argsort(times, kind="stable")[:resimulate]
@@ -116,11 +121,33 @@ def _slice_costs(costs, i):
     return pick(costs)
 
 
-def _nothing_fits(model, cluster, workload, n_valid, best_mem) -> str:
+PIN_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep", "etp": "--etp", "vp": "--vp",
+             "micro_batch_size": "--mb"}
+
+
+def _explain_pins(model, cluster, workload, limits, fixed) -> None:
+    """No valid plan with these pins: name the pin that rules out every plan, with the values
+    that axis can take once the pin is lifted (a SpecError, one line)."""
+    for key, value in fixed.items():
+        rest = {k: v for k, v in fixed.items() if k != key}
+        seen: set[int] = set()
+        for batch, _ in enumerate_space(model, cluster, workload, limits, rest):
+            seen.update(int(x) for x in np.unique(getattr(batch, key)))
+        if seen:
+            shown = sorted(seen)
+            listed = ", ".join(map(str, shown[:12])) + (", ..." if len(shown) > 12 else "")
+            raise SpecError("search", PIN_FLAGS.get(key, key), value,
+                            f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
+                            f"{workload.global_batch_size} and the other pins; allowed here: {listed}")
+
+
+def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
     if n_valid == 0:
+        max_tp = limits.max_tp or cluster.gpus_per_node
         return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
-                f"{workload.global_batch_size}: try a GPU count or batch with more divisors "
-                "(e.g. a power of two)")
+                f"{workload.global_batch_size}: DP = GPUs/(TP·CP·PP) must divide the batch, with TP ≤ {max_tp}, "
+                f"CP ≤ {limits.max_cp} and PP dividing the {model.num_layers} layers (and TP the heads); "
+                "try fewer GPUs, a larger batch, or counts with more divisors (e.g. powers of two)")
     need, plan = best_mem
     cap = cluster.gpu.hbm_bytes
     more = int(np.ceil(cluster.num_gpus * need / cap / cluster.gpus_per_node)) * cluster.gpus_per_node

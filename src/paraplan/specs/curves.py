@@ -25,6 +25,8 @@ class EfficiencyCurve:
     def __post_init__(self) -> None:
         if len(self.x) != len(self.y) or not self.x:
             raise ValueError("efficiency curve needs as many x as y points, at least one")
+        if any(not (0.0 < v < math.inf) for v in self.x):
+            raise ValueError(f"efficiency curve sizes must be finite and > 0: {self.x}")
         if any(b <= a for a, b in zip(self.x, self.x[1:])):
             raise ValueError(f"efficiency curve x must ascend: {self.x}")
         if any(not (0.0 < v <= 1.0) for v in self.y):

@@ -73,6 +73,10 @@ class ModelSpec:
             if self.num_dense_layers >= self.num_layers:
                 raise SpecError(where, "num_dense_layers", self.num_dense_layers,
                                 f"must be below num_layers={self.num_layers} (some layers must be MoE)")
+            if self.num_moe_layers < 1:
+                raise SpecError(where, "moe_layer_interval", self.moe_layer_interval,
+                                f"leaves no MoE layer among the {self.num_layers - self.num_dense_layers} layers "
+                                f"after the {self.num_dense_layers} dense ones")
         elif self.top_k or self.moe_ffn_hidden_size or self.shared_expert_ffn_hidden_size:
             raise SpecError(where, "num_experts", 0, "top_k / moe_ffn_hidden_size / shared experts need num_experts > 0")
         if self.kv_lora_rank and self.qk_rope_head_dim >= self.head_dim:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -37,11 +38,13 @@ class Workload:
             raise SpecError("workload", "global_batch_size", self.global_batch_size, "must be >= 1 sequence")
         if self.seq_len <= 0:
             raise SpecError("workload", "seq_len", self.seq_len, "must be >= 1 token")
-        if not self.moe_imbalance >= 1.0:
+        if not 1.0 <= self.moe_imbalance < math.inf:
             raise SpecError("workload", "moe_imbalance", self.moe_imbalance,
-                            "must be >= 1.0 (busiest expert-parallel rank's load over the mean)")
-        if self.token_budget <= 0:
-            raise SpecError("workload", "token_budget", self.token_budget, "must be > 0 tokens")
+                            "must be a finite number >= 1.0 (busiest expert-parallel rank's load over the mean)")
+        if not 0 < self.token_budget < math.inf:
+            raise SpecError("workload", "token_budget", self.token_budget, "must be a finite number > 0 tokens")
+        if self.usd_per_gpu_hour is not None and not 0 <= self.usd_per_gpu_hour < math.inf:
+            raise SpecError("workload", "usd_per_gpu_hour", self.usd_per_gpu_hour, "must be a finite number >= 0")
 
     @property
     def tokens_per_step(self) -> int:

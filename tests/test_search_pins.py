@@ -1,0 +1,58 @@
+"""`paraplan search` with pinned axes that leave no plan: the pin is named, with the values
+the axis can take, in one line (exit 2); pins that do not apply are refused, not dropped."""
+
+from __future__ import annotations
+
+import pytest
+from support import assert_user_error, run
+
+from paraplan.cli import main
+from paraplan.plan.space import _divisors
+
+BASE = ["search", "--model", "llama3-8b", "--gpus", "8", "--batch", "64", "--seq", "2048"]
+
+
+@pytest.mark.parametrize("flags, field, allowed", [
+    (["--tp", "3"], "--tp=3", "1, 2, 4, 8"),          # does not divide 8 GPUs
+    (["--pp", "64"], "--pp=64", "1, 2, 4, 8"),        # more stages than GPUs
+    (["--dp", "5"], "--dp=5", "1, 2, 4, 8"),
+    (["--mb", "100000"], "--mb=100000", "1, 2, 4, 8, 16"),
+    (["--ep", "2"], "--ep=2", "allowed here: 1"),      # a dense model has no experts
+    (["--etp", "2"], "--etp=2", "allowed here: 1"),
+    (["--pp", "1", "--vp", "2"], "--pp=1", "allowed here: 2, 4, 8"),  # virtual stages need PP > 1
+    (["--vp", "64"], "--vp=64", "allowed here: 1, 2, 4, 8"),
+])
+def test_impossible_pin_is_named_with_its_allowed_values(flags, field, allowed, capsys):
+    code = main(BASE + flags)
+    out, err = capsys.readouterr()
+    line = assert_user_error(code, out, err)
+    assert field in line and allowed in line, line
+
+
+def test_capacity_factor_on_a_dense_model_is_refused(capsys):
+    line = assert_user_error(main(BASE + ["--capacity-factor", "1.5"]), *capsys.readouterr())
+    assert "--capacity-factor=1.5" in line and "dense" in line
+
+
+def test_pinned_search_still_honours_a_valid_pin(capsys):
+    assert main(BASE + ["--tp", "2", "--json"]) == 0
+    import json
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert ranked and all(r["plan"]["tp"] == 2 for r in ranked)
+
+
+def test_batch_too_small_for_the_gpu_count_says_what_must_divide(capsys):
+    line = assert_user_error(main(["search", "--gpus", "16777216"]), *capsys.readouterr())
+    assert "must divide the batch" in line and "fewer GPUs" in line
+
+
+@pytest.mark.parametrize("n", [1, 2, 12, 36, 97, 1024, 1_000_000])
+def test_divisors_match_the_definition(n):
+    assert _divisors(n) == [x for x in range(1, n + 1) if n % x == 0]
+
+
+@pytest.mark.parametrize("flags", [["--tokens", "inf"], ["--price", "nan"], ["--tokens", "-1"]])
+def test_non_finite_numbers_are_refused(flags, capsys):
+    code, out, err = run(capsys, "estimate", *flags)
+    line = assert_user_error(code, out, err)
+    assert flags[0] in line and "finite number > 0" in line
