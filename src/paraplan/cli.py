@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import replace
 
@@ -183,6 +182,9 @@ def cmd_trace(args) -> int:
     from .cost.estimate import estimate
     from .report.timeline import chrome_trace
     from .sim.schedules import Phase
+    from .outfile import check_output, write_output
+    if args.output != "-":  # a path that cannot be written fails before the simulation
+        check_output(args.output, "trace", "--output")
     model, cluster, wl = _specs(args)
     plan = _plan_from_args(args, cluster)
     est = estimate(model, cluster, wl, plan)
@@ -217,10 +219,7 @@ def cmd_trace(args) -> int:
     if args.output == "-":
         print(text)
     else:
-        tmp = args.output + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, args.output)
+        write_output(args.output, text, "trace", "--output")
         if not args.json:
             print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
                   "(open in https://ui.perfetto.dev or chrome://tracing)")
@@ -300,6 +299,9 @@ def cmd_embeddings(args) -> int:
     from .report.table import grid
     from .specs.catalog import load_cluster
     from .units import fmt_bytes, fmt_count
+    from .outfile import check_output, write_output
+    if args.export_torchrec is not None:  # before planning
+        check_output(args.export_torchrec, "embeddings", "--export-torchrec")
     if not 0 <= args.hbm_reserve < 1:
         raise SpecError("--hbm-reserve", "value", args.hbm_reserve, "a fraction in [0, 1) is required")
     try:
@@ -321,10 +323,8 @@ def cmd_embeddings(args) -> int:
                    "torchrec_default": {"paraplan_step_s": evaluate(tr_plan, wl, cluster, hbm_reserve_fraction=args.hbm_reserve).step_time_s,
                                         "torchrec_max_rank_s": tr_rating.max_rank_s}}
     constraints = parameter_constraints(plan, wl)
-    if args.export_torchrec:
-        text = json.dumps(constraints, indent=1)
-        with open(args.export_torchrec, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+    if args.export_torchrec is not None:
+        write_output(args.export_torchrec, json.dumps(constraints, indent=1) + "\n", "embeddings", "--export-torchrec")
     if args.json:
         print(json.dumps({
             "workload": wl.name, "cluster": cluster.name, "world_size": plan.world_size,

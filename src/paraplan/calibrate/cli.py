@@ -6,7 +6,6 @@ compared with the GPU presets. torch is imported only when benchmarks run.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -32,15 +31,9 @@ def add_parser(subparsers) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _write(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def cmd_calibrate(args) -> int:
     from ..errors import SpecError
+    from ..outfile import check_output, write_output
     if args.vidur:
         from .vidur import compare_with_presets, render_comparison
         result = compare_with_presets(args.vidur)
@@ -48,15 +41,19 @@ def cmd_calibrate(args) -> int:
         return 0
     if args.ranks < 1:
         raise SpecError("calibrate", "ranks", args.ranks, "a positive integer is required")
+    # everything the user typed is checked before minutes of benchmarks
+    if args.name is not None:
+        check_name(args.name)
+    for option, path in (("--output", args.output), ("--raw", args.raw)):
+        if path is not None:
+            check_output(path, "calibrate", option)
+    from ..specs.catalog import load_cluster
+    load_cluster(args.base_cluster)
     from .measurements import Measurements
     from .profile import build_profile
     from ..specs.files import read_text
-    if args.from_raw:
-        try:
-            m = Measurements.from_json(read_text(Path(args.from_raw), args.from_raw))
-        except (ValueError, TypeError, KeyError) as e:
-            from ..errors import FileFormatError
-            raise FileFormatError(args.from_raw, f"not a paraplan calibrate measurements file ({e})") from None
+    if args.from_raw is not None:
+        m = Measurements.from_json(read_text(Path(args.from_raw), args.from_raw), args.from_raw)
     else:
         try:
             from .bench import measure
@@ -67,10 +64,10 @@ def cmd_calibrate(args) -> int:
     name = args.name or f"calibrated-{m.device_type}-{m.ranks}r"
     command = "paraplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] else ""
     prof = build_profile(m, name=name, command=command, base_cluster=args.base_cluster)
-    if args.raw:
-        _write(args.raw, m.to_json())
-    if args.output:
-        _write(args.output, prof.toml + "\n")
+    if args.raw is not None:
+        write_output(args.raw, m.to_json(), "calibrate", "--raw")
+    if args.output is not None:
+        write_output(args.output, prof.toml + "\n", "calibrate", "--output")
     summary = {"name": name, "device": m.device_name, "ranks": m.ranks, "threads_per_rank": m.threads_per_rank,
                "compute_dtype": m.compute_dtype, "peak_flops_per_s": prof.peak_flops_per_s,
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curve,
@@ -88,6 +85,14 @@ def cmd_calibrate(args) -> int:
     else:
         print(prof.toml)
     return 0
+
+
+def check_name(name: str) -> None:
+    """A profile name is one printable line (it names the cluster in every table)."""
+    from ..errors import SpecError
+    if not name or not name.isprintable():  # str.isprintable: no control character, no lone surrogate
+        raise SpecError("calibrate", "--name", name, "a non-empty name of printable characters is required "
+                                                     "(no newline, tab or other control character)")
 
 
 def render_summary(s: dict) -> str:

@@ -5,8 +5,12 @@ seconds; sizes in elements or bytes as named.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from dataclasses import asdict, dataclass, field
+
+from ..errors import FileFormatError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,12 +107,103 @@ class Measurements:
         return json.dumps(asdict(self), indent=1)
 
     @staticmethod
-    def from_json(text: str) -> "Measurements":
-        d = json.loads(text)
-        kinds = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample,
-                 "collectives": CollectiveSample}
-        for key, cls in kinds.items():
-            d[key] = tuple(cls(**x) for x in d.get(key, ()))
-        if d.get("overlap"):
-            d["overlap"] = OverlapSample(**d["overlap"])
-        return Measurements(**d)
+    def from_json(text: str, source: str = "measurements") -> "Measurements":
+        """The measurements in `text` (as `to_json` writes them), checked: a one-line
+        FileFormatError naming `source` and the field for anything a profile cannot use."""
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise FileFormatError(source, f"invalid JSON: {e.msg}", e.lineno) from None
+        except RecursionError:
+            raise FileFormatError(source, "invalid JSON: nested too deeply") from None
+        if not isinstance(d, dict):
+            raise FileFormatError(source, f"must be a JSON object of `paraplan calibrate --raw` measurements, "
+                                          f"not {_json_kind(d)}")
+        m = _build(Measurements, d, "", source)
+        _check_usable(m, source)
+        return m
+
+
+# --- reading a raw file back (`calibrate --from-raw`, and the ranks of `calibrate --ranks N`)
+
+_SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
+_NESTED = {"overlap": OverlapSample}
+_MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count"})
+_MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite
+
+
+def _json_kind(x) -> str:
+    if isinstance(x, bool):
+        return "a boolean"
+    if x is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string"}.get(type(x), "a number")
+
+
+def _number(source: str, shown: str, name: str, kind: str, raw):
+    zero_ok = name in _MAY_BE_ZERO
+    wanted = (f"{'a non-negative' if zero_ok else 'a positive'} {'integer' if kind == 'int' else 'number'} "
+              "(finite, at most 2**53) is required")
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or (kind == "int" and not isinstance(raw, int)):
+        raise FileFormatError(source, f"{shown}={raw!r} is not allowed; {wanted}")
+    try:
+        x = float(raw)
+    except OverflowError:
+        x = math.inf
+    if not (math.isfinite(x) and (x >= 0 if zero_ok else x > 0) and x <= _MAX_NUMBER):
+        raise FileFormatError(source, f"{shown}={raw!r} is not allowed; {wanted}")
+    return raw
+
+
+def _build(cls, d: dict, where: str, source: str):
+    """`cls(**d)` with every field checked against its annotation (int, float, str, samples)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    at = f"{where}." if where else ""
+    unknown = [k for k in d if k not in fields]
+    if unknown:
+        raise FileFormatError(source, f"{at}{unknown[0]} is not a field of {where or 'the measurements'}; "
+                                      f"allowed: {', '.join(fields)}")
+    for name, f in fields.items():
+        if name not in d and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise FileFormatError(source, f"{at}{name} is missing")
+    kwargs = {}
+    for name, raw in d.items():
+        shown, kind = at + name, fields[name].type  # annotations are strings here (postponed)
+        if name in _SAMPLES:
+            if not isinstance(raw, list):
+                raise FileFormatError(source, f"{shown} must be a list of samples, not {_json_kind(raw)}")
+            items = []
+            for i, x in enumerate(raw):
+                if not isinstance(x, dict):
+                    raise FileFormatError(source, f"{shown}[{i}] must be an object, not {_json_kind(x)}")
+                items.append(_build(_SAMPLES[name], x, f"{shown}[{i}]", source))
+            kwargs[name] = tuple(items)
+        elif name in _NESTED:
+            if raw is not None and not isinstance(raw, dict):
+                raise FileFormatError(source, f"{shown} must be an object or null, not {_json_kind(raw)}")
+            kwargs[name] = None if raw is None else _build(_NESTED[name], raw, shown, source)
+        elif kind == "str":
+            if not isinstance(raw, str):
+                raise FileFormatError(source, f"{shown} must be a string, not {_json_kind(raw)}")
+            kwargs[name] = raw
+        else:
+            assert kind in ("int", "float"), (cls, name, kind)
+            kwargs[name] = _number(source, shown, name, kind, raw)
+    return cls(**kwargs)
+
+
+def _check_usable(m: Measurements, source: str) -> None:
+    """What calibrate/profile.py needs beyond well-typed fields."""
+    if not any(g.dtype == m.compute_dtype for g in m.gemm):
+        raise FileFormatError(source, f"gemm has no sample in the compute dtype {m.compute_dtype!r} "
+                                      f"({len(m.gemm)} samples); the GEMM peak needs at least one")
+    if not any(c.kind == "device" for c in m.copies):
+        raise FileFormatError(source, "copies has no device-to-device copy (kind \"device\"); "
+                                      "the memory bandwidth needs at least one")
+    ar = [c for c in m.collectives if c.op == "all_reduce" and c.world > 1]
+    if len({c.world for c in ar}) > 1:
+        raise FileFormatError(source, "collectives: the all_reduce samples span several world sizes "
+                                      f"({sorted({c.world for c in ar})}); one is required")
+    if len(ar) > 1 and len({c.num_bytes for c in ar}) < 2:
+        raise FileFormatError(source, "collectives: the all_reduce samples all have the same num_bytes; "
+                                      "the link fit needs two different sizes")

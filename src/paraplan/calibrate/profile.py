@@ -30,6 +30,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from .. import units
+from ..errors import SpecError
 from ..specs.catalog import load_cluster
 from ..specs.hardware import ClusterSpec
 from .measurements import Measurements
@@ -98,6 +99,8 @@ def fit_link(m: Measurements) -> LinkFit | None:
         return None
     n = ar[0].world
     xs, ys = [c.num_bytes for c in ar], [c.time_s for c in ar]
+    if len(set(xs)) < 2:
+        raise ValueError("the all-reduce samples need two different sizes to fit a link")
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     b = max(b, 1e-15)
@@ -112,6 +115,40 @@ def fit_link(m: Measurements) -> LinkFit | None:
         merged.setdefault(x, []).append(e)
     return LinkFit(latency_s=a / (2.0 * (n - 1)), bw_unidir_bytes_per_s=bw,
                    curve=tuple((x, statistics.median(v)) for x, v in sorted(merged.items())))
+
+
+# TOML basic-string escapes (toml.io v1.0.0, "String"); other control characters as \uXXXX
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+
+
+def _toml_str(text: str) -> str:
+    """`text` as a TOML basic string that reads back as `text` (a lone surrogate, which TOML
+    cannot hold, becomes U+FFFD)."""
+    out = []
+    for c in text:
+        o = ord(c)
+        if c in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[c])
+        elif o < 0x20 or o == 0x7F:
+            out.append(f"\\u{o:04x}")
+        elif 0xD800 <= o <= 0xDFFF:
+            out.append("\ufffd")
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def _comment(text: str) -> str:
+    """`text` for a `# ...` line: a newline in a device name or a command-line argument must
+    not end the comment (control characters and lone surrogates shown as escapes)."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _finite(field: str, x: float) -> float:
+    if not (math.isfinite(x) and x > 0):
+        raise SpecError("calibrate", field, x, "the measurements must give a positive finite value "
+                                               "(times too short or sizes too large?)")
+    return x
 
 
 def _num(x: float) -> str:
@@ -140,24 +177,27 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     """The profile of the measured device; link tiers from the collectives when 2+ ranks
     were measured, else from `base_cluster` (said so in the file)."""
     peak, gemm_curve, att_curve = fit_compute(m)
+    _finite("peak_flops_per_s", peak)
     device = [c for c in m.copies if c.kind == "device"]
+    if not device:
+        raise ValueError("no device-to-device copy measured")
     largest = max(device, key=lambda c: c.num_bytes)
-    mem_bw = 2.0 * largest.num_bytes / largest.time_s
+    mem_bw = _finite("memory_bw_bytes_per_s", 2.0 * largest.num_bytes / largest.time_s)
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
-    host_bw = max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0)
+    host_bw = _finite("host_link_bytes_per_s", max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0))
     link = fit_link(m)
     base = None if link is not None else load_cluster(base_cluster)
     ranks = m.ranks if link is not None else (base.gpus_per_node if base else 1)
     cpu = m.device_type == "cpu"
     lines = [
-        f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
-        f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives",
-        f"# written by: {command}" if command else "# written by paraplan calibrate",
+        _comment(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
+                 f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives"),
+        _comment(f"# written by: {command}") if command else "# written by paraplan calibrate",
         "# Every number below is measured on this machine except where a comment says otherwise.",
         f"# load average {m.load_average:.1f} on {m.cpu_count} CPUs when measured: other jobs slow a shared machine"
         if m.cpu_count else "# load average not recorded",
-        f'name = "{name}"', f"num_gpus = {ranks}", f"gpus_per_node = {ranks}", "",
-        "[gpu]", f'name = "{m.device_name}"',
+        f"name = {_toml_str(name)}", f"num_gpus = {ranks}", f"gpus_per_node = {ranks}", "",
+        "[gpu]", f"name = {_toml_str(m.device_name)}",
         f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
         f'{len(m.copies)} copies, {len(m.collectives)} collectives"',
         f"# per rank: {'host memory / ranks' if cpu else 'device memory'}; reserved = the runtime before any tensor",
@@ -174,7 +214,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         "# not measured: energy figures from this profile mean nothing",
         f"tdp_watts = {100.0 if cpu else 700.0}", "",
         "[gpu.peak_tflops]",
-        f"# fastest {m.compute_dtype} GEMM measured" + (
+        _comment(f"# fastest {m.compute_dtype} GEMM measured") + (
             "; a 16-bit workload computes in fp32 on a CPU (paraplan run), so bf16/fp16 carry the fp32 rate"
             if cpu else ""),
         f"bf16 = {_num(peak / units.TERA)}", f"fp16 = {_num(peak / units.TERA)}", "",
@@ -185,7 +225,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         f"flops = {_arr(x for x, _ in att_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in att_curve)}", "",
     ]
     if link is not None:
-        note = (f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
+        note = _comment(f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
         lines += _tier_toml("nvlink", link, note)
         lines += _tier_toml("scaleout", link, "one machine measured: the same local transport")
     else:

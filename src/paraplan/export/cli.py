@@ -9,7 +9,6 @@ The config goes to stdout (the launch line to stderr), or to the file given with
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from .common import Engine
@@ -43,7 +42,10 @@ def add_parser(subparsers) -> None:
 def cmd_export(args) -> int:
     from ..cli import _plan_from_args, _specs
     from ..cost.estimate import estimate
+    from ..outfile import check_output, write_output
     from .common import best_exportable
+    if args.output is not None:  # a path that cannot be written fails before the search
+        check_output(args.output, "export", "--output")
     engine = Engine(args.format)
     mod = _exporter(engine)
     model, cluster, wl = _specs(args)
@@ -61,10 +63,7 @@ def cmd_export(args) -> int:
     res = mod.export(plan, model, cluster, wl, est)
     launcher = res.launcher if not args.output else res.launcher.replace(res.filename, args.output)
     if args.output:
-        tmp = args.output + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(res.text)
-        os.replace(tmp, args.output)
+        write_output(args.output, res.text, "export", "--output")
     if args.json:
         print(json.dumps({"format": str(engine), "plan": plan.describe(), "plan_source": "flags" if from_flags else "search",
                           "predicted_step_time_s": est.step_time_s, "filename": args.output or res.filename,

@@ -8,12 +8,13 @@ order, −1 reversed. matplotlib is imported only to draw the plot.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import FileFormatError, ParaplanError
+from ..errors import FileFormatError, ParaplanError, SpecError
 from ..specs.files import read_text
 
 REPORT_KIND = "paraplan-run"  # run/report.py writes it
@@ -71,6 +72,17 @@ def load_reports(paths: list[str], hardware: str | None = None) -> list[tuple[st
     return out
 
 
+def _described(report: dict, key: str, field: str, path: str) -> str:
+    """report[key][field] as text ("?" when absent); a one-line error when report[key] is no object."""
+    obj = report.get(key)
+    if obj is None:
+        return "?"
+    if not isinstance(obj, dict):
+        raise FileFormatError(path, f"{key} must be a JSON object (as `paraplan run` writes it), "
+                                    f"not {type(obj).__name__} {obj!r:.40}")
+    return str(obj.get(field, "?"))
+
+
 def compare_reports(reports: list[tuple[str, dict]], metric: str = "step_time") -> dict:
     """Rows and summary (mean / max |error|, Kendall tau) for one metric."""
     if metric not in METRICS:
@@ -81,8 +93,8 @@ def compare_reports(reports: list[tuple[str, dict]], metric: str = "step_time") 
         meas, pred = r["measured"].get(mkey), r["predicted"].get(pkey)
         if not isinstance(meas, (int, float)) or not isinstance(pred, (int, float)) or not meas > 0:
             raise FileFormatError(path, f"no positive measured.{mkey} and predicted.{pkey} to compare")
-        rows.append({"report": path, "model": r.get("model", {}).get("name", "?"),
-                     "plan": r.get("plan", {}).get("describe", "?"), "world_size": r.get("world_size"),
+        rows.append({"report": path, "model": _described(r, "model", "name", path),
+                     "plan": _described(r, "plan", "describe", path), "world_size": r.get("world_size"),
                      "device": r.get("device_name", r.get("device", "?")), "hardware": r["predicted"].get("hardware"),
                      "measured": float(meas), "predicted": float(pred), "command": r.get("command", "")})
     err = relative_errors([x["predicted"] for x in rows], [x["measured"] for x in rows])
@@ -108,8 +120,27 @@ def render_comparison(result: dict) -> str:
               f"{s['max_abs_pct_error']:.1f}%, Kendall tau (ranking) {tau}")
 
 
+# what --plot writes, by extension (matplotlib's own writers, none needing LaTeX or more);
+# no extension: PNG, at exactly the path given
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
+
+
+def plot_format(path: str) -> str:
+    """The image format `path` asks for, or a one-line error listing the allowed extensions."""
+    from ..outfile import check_output
+    check_output(path, "compare", "--plot")
+    ext = Path(path).suffix.lower().removeprefix(".")
+    if Path(path).suffix and ext not in PLOT_FORMATS:
+        raise SpecError("compare", "--plot", path, "allowed extensions: "
+                        + ", ".join(f".{f}" for f in PLOT_FORMATS) + " (none: PNG)")
+    return ext or "png"
+
+
 def plot_comparison(result: dict, path: str) -> None:
-    """Scatter of predicted vs measured with the y = x line, written as a PNG."""
+    """Scatter of predicted vs measured with the y = x line, written at `path` in the format
+    of its extension (PNG without one)."""
+    from ..outfile import write_output
+    fmt = plot_format(path)
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -138,9 +169,9 @@ def plot_comparison(result: dict, path: str) -> None:
                  f"max {s['max_abs_pct_error']:.1f}%, tau {tau}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
+    buf = io.BytesIO()
     try:
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise ParaplanError(f"compare: cannot write {path}: {e}") from None
+        fig.savefig(buf, format=fmt, dpi=120)  # format given: the file is `path`, never path + ".png"
     finally:
         plt.close(fig)
+    write_output(path, buf.getvalue(), "compare", "--plot")

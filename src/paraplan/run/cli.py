@@ -159,28 +159,33 @@ def _launch(cmd: list[str], stdout) -> int:
 
 
 def cmd_run(args) -> int:
+    from dataclasses import replace
+    from ..outfile import check_output
+    from .report import write_report
     cfg = config_from_args(args)
+    check_output(cfg.output, "run", "--output")  # before any process starts
     if importlib.util.find_spec("torch") is None:
         raise ParaplanError("paraplan run needs torch: pip install 'paraplan[run]' (pins torch==2.13.0)")
-    out_dir = os.path.dirname(os.path.abspath(cfg.output))
-    if not os.path.isdir(out_dir):
-        raise SpecError("run", "--output", cfg.output, "its directory must exist")
-    if os.path.exists(cfg.output):
-        os.remove(cfg.output)  # judge the run by a report it wrote, not by a stale one
     with tempfile.TemporaryDirectory(prefix="paraplan-run-") as tmp:
+        # rank 0 writes its report in here: a stale file at --output is never taken for this
+        # run's, a failed run leaves --output as it was, and --output may be /dev/stdout
+        report_path = os.path.join(tmp, "report.json")
         cfg_path = os.path.join(tmp, "config.json")
         with open(cfg_path, "w", encoding="utf-8") as fh:
-            fh.write(cfg.to_json())
+            fh.write(replace(cfg, output=report_path).to_json())
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.world_size}",
                "-m", "paraplan.run", "--config", cfg_path]
         rc = _launch(cmd, stdout=sys.stderr if args.json else None)
-    report = None
-    if os.path.exists(cfg.output):
-        with open(cfg.output, encoding="utf-8") as fh:
-            report = json.load(fh)
+        report = None
+        if os.path.exists(report_path):
+            with open(report_path, encoding="utf-8") as fh:
+                report = json.load(fh)
     if report is None or report.get("status") != "ok":
         sys.stderr.write(f"paraplan: error: the run wrote no report (torchrun exited with {rc}; its output is above)\n")
         return 1
+    # the workers saw the temporary path: the report says what the user ran
+    report = {**report, "command": cfg.command_line(), "config": json.loads(cfg.to_json())}
+    write_report(cfg.output, report)
     if rc != 0:  # torch 2.13 + gloo: a rank can abort at exit after a correct, complete run
         sys.stderr.write(f"paraplan: warning: torchrun exited with {rc} after the run completed and wrote its report\n")
     print(json.dumps(report, indent=1) if args.json else _summary(report) + f"\nwrote {cfg.output}")
@@ -191,7 +196,7 @@ def cmd_compare(args) -> int:
     from ..report.compare import compare_reports, load_reports, plot_comparison, render_comparison
     reports = load_reports(args.reports, hardware=args.hardware)
     result = compare_reports(reports, metric=args.metric)
-    if args.plot:
+    if args.plot is not None:  # --plot '' is a bad path, not "no plot"
         plot_comparison(result, args.plot)
     if args.json:
         print(json.dumps(result, indent=1))

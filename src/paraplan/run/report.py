@@ -17,7 +17,6 @@ Schema (SI units, keys carry them):
 from __future__ import annotations
 
 import json
-import os
 import statistics
 from dataclasses import asdict, replace
 
@@ -101,7 +100,6 @@ def build_report(cfg: RunConfig, records: list[dict], *, device: str, backend: s
 
 
 def write_report(path: str, report: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(report, indent=1) + "\n")
-    os.replace(tmp, path)
+    """The report as JSON at `path` (`run -o`), whole or not at all (outfile.py)."""
+    from ..outfile import write_output
+    write_output(path, json.dumps(report, indent=1) + "\n", "run", "--output")

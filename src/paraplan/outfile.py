@@ -1,0 +1,132 @@
+"""Files the user names (`-o`, `--raw`, `--plot`, `--export-torchrec`): checked before any
+work, then written whole or not at all.
+
+A regular file (new or existing) is written to a temporary file in its own directory and
+renamed over it, so that a failure leaves the old file, or nothing, and no temporary. A
+special file (/dev/stdout, /dev/null, a pipe, a terminal) is written in place: renaming
+over it would replace a device with a regular file. Every failure is one SpecError that
+names the command, the option and the path.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+import sys
+
+from .errors import SpecError
+
+# Names of a process's own descriptors: /dev/stdout can lead to a regular file (the shell's
+# redirection), which a rename would take away from under the shell.
+_DESCRIPTOR_NAMES = ("/dev/stdin", "/dev/stdout", "/dev/stderr")
+_DESCRIPTOR_DIRS = ("/dev/fd/", "/proc/")
+
+
+def _is_special(path: str, st: os.stat_result | None) -> bool:
+    """True when `path` must be written in place (it exists and is not a plain file)."""
+    if st is None:
+        return False
+    name = os.path.abspath(path)
+    return not stat.S_ISREG(st.st_mode) or name in _DESCRIPTOR_NAMES or name.startswith(_DESCRIPTOR_DIRS)
+
+
+def _stat(path: str) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:  # a parent is a file: "its directory must exist" below
+        return None
+
+
+def check_output(path: str, where: str, option: str) -> None:
+    """Raise a one-line SpecError unless `path` can be written as a file; writes nothing."""
+    def bad(allowed: str):
+        return SpecError(where, option, path, allowed)
+    if not path:
+        raise bad("a file path is required")
+    if "\0" in path:
+        raise bad("a file path without NUL characters is required")
+    st = _stat(path)
+    if (st is not None and stat.S_ISDIR(st.st_mode)) or path.endswith(os.sep):
+        raise bad("a file path is required, not a directory")
+    if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        raise bad("it exists and is not a regular file, a character device or a pipe")
+    if st is not None and not os.access(path, os.W_OK):
+        raise bad("it is not writable")
+    if _is_special(path, st):
+        return
+    directory = os.path.dirname(os.path.realpath(path))
+    if not os.path.isdir(directory):
+        raise bad("its directory must exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise bad("its directory must be writable")
+
+
+def write_output(path: str, data: str | bytes, where: str, option: str) -> None:
+    """Write `data` (str: UTF-8) to `path`: atomically for a regular file, in place for a
+    special one; on any failure nothing is left half-written and a one-line SpecError says why."""
+    check_output(path, where, option)
+    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    try:
+        st = _stat(path)
+        if _is_special(path, st):
+            _write_in_place(path, payload, st)
+        else:
+            _write_atomically(os.path.realpath(path), payload, st)
+    except OSError as e:
+        raise SpecError(where, option, path, f"writing it failed: {e.strerror or e}") from None
+
+
+def _write_in_place(path: str, payload: bytes, st: os.stat_result) -> None:
+    # our own stdout or stderr (/dev/stdout, or a file the shell redirected it to): write
+    # through the descriptor, after what was printed, rather than reopen and truncate it
+    for stream, fd in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            same = os.path.samestat(os.fstat(fd), st)
+        except OSError:
+            same = False
+        if same:
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+            _write_all(fd, payload)
+            return
+    with open(path, "wb", buffering=0) as fh:
+        view = memoryview(payload)
+        while view:
+            view = view[fh.write(view):]
+
+
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _write_atomically(target: str, payload: bytes, st: os.stat_result | None) -> None:
+    directory, base = os.path.split(target)
+    while True:
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as open()
+            break
+        except FileExistsError:
+            continue
+    try:
+        try:
+            if st is not None:  # an existing file keeps its permissions
+                os.fchmod(fd, stat.S_IMODE(st.st_mode))
+            _write_all(fd, payload)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
