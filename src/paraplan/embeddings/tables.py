@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FileFormatError, SpecError, UnknownPresetError
+from ..specs.catalog import _read_toml, _Table
 from ..specs.files import read_text
 
 
@@ -147,54 +148,122 @@ def _catalog_text(name: str) -> str:
     return resources.files(_CATALOG).joinpath("embeddings", name).read_text()
 
 
+PROFILE_FIELDS = ("bin_edges", "index_share", "num_indices", "num_unique_rows")
+PROFILE_OPTIONAL = ("name", "source", "batch_size", "num_tables")
+SHARE_SUM_TOLERANCE = 0.02  # published shares are rounded (DLRM 2022's 17 three-digit shares sum to 1.002)
+
+
 def load_profile(path_or_name: str = "dlrm-2022") -> AccessProfile:
-    """A locality profile: the built-in DLRM 2022 one, or a TOML file of the same schema."""
+    """A locality profile: the built-in DLRM 2022 one, or a TOML file of the same schema.
+    A bad field is one FileFormatError naming the file, its line, the field and the value."""
     if path_or_name == "dlrm-2022":
         text, shown = _catalog_text("dlrm-2022-locality.toml"), "dlrm-2022-locality.toml"
+        try:
+            d = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise FileFormatError(shown, f"invalid TOML: {exc}") from None
     else:
-        text, shown = read_text(Path(path_or_name), str(path_or_name)), str(path_or_name)
-    try:
-        d = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise FileFormatError(shown, f"invalid TOML: {exc}") from None
-    for key in ("bin_edges", "index_share", "num_indices", "num_unique_rows"):
-        if key not in d:
-            raise FileFormatError(shown, f"missing field {key!r}")
-    if len(d["bin_edges"]) != len(d["index_share"]):
-        raise FileFormatError(shown, f"bin_edges has {len(d['bin_edges'])} entries, index_share {len(d['index_share'])}; they must match")
-    return AccessProfile(name=d.get("name", shown), bin_edges=tuple(int(x) for x in d["bin_edges"]),
-                         index_share=tuple(float(x) for x in d["index_share"]),
-                         unique_share=float(d["num_unique_rows"]) / float(d["num_indices"]),
-                         ids_per_sample_per_table=(float(d["num_indices"]) / (d["batch_size"] * d["num_tables"])
-                                                   if "batch_size" in d and "num_tables" in d else 1.0),
-                         source=d.get("source", shown))
+        shown = str(path_or_name)
+        d, text = _read_toml(Path(path_or_name), shown)
+    t = _Table(d, shown, text)
+    t.check_keys(PROFILE_FIELDS, PROFILE_OPTIONAL)
+    edges = _profile_list(t, "bin_edges", lambda e: isinstance(e, int) and e >= 0, "whole access counts >= 0")
+    for i, (lo, hi) in enumerate(zip(edges, edges[1:]), start=1):
+        if lo >= hi:
+            t.fail("bin_edges", f"field 'bin_edges'[{i}] = {hi!r} is not allowed; the edges must increase strictly "
+                                "(bin i holds rows accessed (edge[i], edge[i+1]] times)")
+    share = _profile_list(t, "index_share", lambda x: isinstance(x, (int, float)) and 0 <= x <= 1, "shares in [0, 1]")
+    if len(share) != len(edges):
+        t.fail("index_share", f"field 'index_share' has {len(share)} entries, bin_edges {len(edges)}; "
+                              "one share per bin is required")
+    if abs(sum(share) - 1.0) > SHARE_SUM_TOLERANCE:
+        t.fail("index_share", f"field 'index_share' sums to {sum(share):.4g}; the shares of a batch's indices "
+                              f"must sum to 1 (within {SHARE_SUM_TOLERANCE} for rounding)")
+    num_indices, num_unique = t.int_("num_indices"), t.int_("num_unique_rows")
+    if num_unique > num_indices:
+        t._bad("num_unique_rows", num_unique, f"at most num_indices = {num_indices} (distinct rows of the batch's indices)")
+    batch, tables = t.int_("batch_size"), t.int_("num_tables")
+    if (batch is None) != (tables is None):
+        key = "batch_size" if tables is None else "num_tables"
+        t.fail(key, f"field {key!r} without {'num_tables' if tables is None else 'batch_size'}: give both "
+                    "(ids per sample per table = num_indices / (batch_size · num_tables)) or neither")
+    return AccessProfile(name=t.str_("name", shown) or shown, bin_edges=tuple(edges),
+                         index_share=tuple(float(x) for x in share), unique_share=num_unique / num_indices,
+                         ids_per_sample_per_table=num_indices / (batch * tables) if batch else 1.0,
+                         source=t.str_("source", shown) or shown)
+
+
+def _profile_list(t: _Table, key: str, ok, what: str) -> list:
+    """A non-empty list field whose entries pass `ok`; the error names the first bad entry."""
+    v = t.data[key]
+    if not isinstance(v, list) or not v:
+        t._bad(key, v, f"a non-empty list of {what}")
+    for i, e in enumerate(v):
+        if isinstance(e, bool) or not ok(e):
+            t.fail(key, f"field '{key}'[{i}] = {e!r} is not allowed; a list of {what} is required")
+    return v
+
+
+INT64_MAX = 2**63 - 1  # TBE indexes rows with int64 ids
 
 
 def _tables_from_csv(text: str, shown: str) -> tuple[EmbeddingTable, ...]:
-    lines = [ln for ln in text.splitlines() if not ln.lstrip().startswith("#")]
-    reader = csv.DictReader(io.StringIO("\n".join(lines)))
-    need = {"name", "num_rows", "dim"}
-    if reader.fieldnames is None or not need <= set(reader.fieldnames):
-        raise FileFormatError(shown, f"header must have columns {sorted(need)} (optional: pooling_factor, weight_bytes); got {reader.fieldnames}")
-    out = []
-    for i, row in enumerate(reader, start=2):
-        def num(key, kind, default=None, minimum=1):
-            raw = (row.get(key) or "").strip()
-            if not raw and default is not None:
-                return default
-            try:
-                v = kind(raw)
-            except ValueError:
-                raise FileFormatError(shown, f"field {key}={raw!r} is not a number", line=i) from None
-            if v < minimum:
-                raise FileFormatError(shown, f"field {key}={raw!r} must be >= {minimum}", line=i)
-            return v
-        out.append(EmbeddingTable(name=row["name"].strip(), num_rows=num("num_rows", int), dim=num("dim", int),
-                                  pooling_factor=num("pooling_factor", float, 1.0, minimum=0),
-                                  weight_bytes=num("weight_bytes", float, 4.0, minimum=0.5)))
+    """Tables from CSV text; `#` lines are comments. Errors name the line of the file."""
+    numbered = [(i, ln) for i, ln in enumerate(text.splitlines(), start=1) if not ln.lstrip().startswith("#")]
+    reader = csv.reader(io.StringIO("\n".join(ln for _, ln in numbered)))
+
+    def line_no() -> int:  # the file's line of the reader's last physical line
+        return numbered[reader.line_num - 1][0] if 0 < reader.line_num <= len(numbered) else reader.line_num
+
+    try:
+        header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
+        need = {"name", "num_rows", "dim"}
+        if not need <= set(header):
+            raise FileFormatError(shown, f"header must have columns {sorted(need)} (optional: pooling_factor, "
+                                  f"weight_bytes); got {header or None}", line=line_no() or None)
+        out = []
+        for cells in reader:
+            if not cells:
+                continue  # a blank line
+            i = line_no()
+            row = dict(zip(header, cells))
+            if len(cells) > len(header) or not need <= set(row):  # trailing optional cells may be left out
+                raise FileFormatError(shown, f"the row has {len(cells)} cells, the header {len(header)}; "
+                                      "every row needs one cell per column (optional ones may be left out at the end)",
+                                      line=i)
+            name = row["name"].strip()
+            if not name:
+                raise FileFormatError(shown, f"field name={row['name']!r} is not allowed; a non-empty table name "
+                                      "is required", line=i)
+            out.append(EmbeddingTable(name=name, num_rows=_cell(row, "num_rows", int, shown, i, maximum=INT64_MAX),
+                                      dim=_cell(row, "dim", int, shown, i),
+                                      pooling_factor=_cell(row, "pooling_factor", float, shown, i, 1.0, minimum=0),
+                                      weight_bytes=_cell(row, "weight_bytes", float, shown, i, 4.0, minimum=0.5)))
+    except csv.Error as exc:
+        raise FileFormatError(shown, f"not a valid CSV row: {exc}", line=line_no()) from None
     if not out:
         raise FileFormatError(shown, "no tables")
     return tuple(out)
+
+
+def _cell(row: dict, key: str, kind, shown: str, line: int, default=None, minimum=1, maximum=None):
+    """A number cell of a tables CSV: an integer (kind int) or a finite number in [minimum, maximum]."""
+    raw = (row.get(key) or "").strip()
+    if not raw and default is not None:
+        return default
+    what = "a whole number (in digits)" if kind is int else "a finite number"
+    allowed = f"{what} >= {minimum}" + (f" and <= {maximum}" if maximum is not None else "") + " is required"
+    try:
+        v = kind(raw)
+    except ValueError:
+        try:
+            float(raw)
+        except ValueError:
+            raise FileFormatError(shown, f"field {key}={raw!r} is not a number; {allowed}", line=line) from None
+        raise FileFormatError(shown, f"field {key}={raw!r} is not allowed; {allowed}", line=line) from None
+    if not math.isfinite(v) or v < minimum or (maximum is not None and v > maximum):
+        raise FileFormatError(shown, f"field {key}={raw!r} is not allowed; {allowed}", line=line)
+    return v
 
 
 def skewed_tables(profile: AccessProfile, num_tables: int = 96) -> tuple[EmbeddingTable, ...]:

@@ -111,26 +111,29 @@ def max_context_tokens(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, 
 
 
 def predict_pope_row(row: dict, metric: str, path: str, line: int) -> tuple[float, str]:
+    """One measurements row (../shared/validation inference_dev.csv) of Pope et al.'s static batches."""
+    from ..validate.rows import int_cell, required_int  # the CSV cell rules live with the reader
     base = load_model(re.sub(r"\s*\(.*\)\s*$", "", row["model"]))
     model, sharding = _variant(base, row.get("notes", ""))
-    n = int(row["num_gpus"])
+    n = required_int(row, "num_gpus", path, line, "a static-batch row")
     cluster = load_cluster("tpu-v4-pod", num_gpus=n)
     wd = StoreDtype.INT8 if "int8" in row["precision"].lower() else StoreDtype.BF16
     # the KV cache and weights spread over all n chips of the slice (plan.tp = n)
     plan = ServePlan(tp=n, weight_dtype=wd, kv_dtype=StoreDtype.BF16, attention_sharding=sharding)
     try:
-        batch = int(row["batch_or_concurrency"])
-    except ValueError:
+        float(row["batch_or_concurrency"])
+    except ValueError:  # a load (QPS=r, max load), not a batch
         raise SpecError("row", "batch_or_concurrency", row["batch_or_concurrency"], "an integer batch") from None
+    batch = int_cell(row, "batch_or_concurrency", path, line)  # a number: a whole one >= 1
     layout = _layout(row.get("notes", ""))
     text = f"{n} chips {layout.value} kv:{sharding.value} w:{wd.value} batch {batch}"
     if metric == "max_context_tokens":
         return float(max_context_tokens(model, cluster, plan, batch)), text
-    isl = int(row["input_len"])
+    isl = required_int(row, "input_len", path, line, f"a {metric} row")
     if metric.startswith("prefill"):
         p = forward_pass(model, cluster, n=n, layout=layout, plan=plan, batch=batch, tokens_per_seq=isl, context=0)
         return (p.time_s if metric == "prefill_latency_s" else 100.0 * p.mfu), text
-    osl = int(row["output_len"])
+    osl = required_int(row, "output_len", path, line, f"a {metric} row")
     steps = [forward_pass(model, cluster, n=n, layout=layout, plan=plan, batch=batch, tokens_per_seq=1,
                           context=isl + i) for i in range(osl)]
     total = sum(s.time_s for s in steps)

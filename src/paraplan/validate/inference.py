@@ -11,7 +11,7 @@ import csv
 import re
 from pathlib import Path
 
-from ..errors import SpecError
+from ..errors import FileFormatError, SpecError
 from ..specs.catalog import load_cluster
 from ..units import MILLI
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
@@ -40,8 +40,13 @@ def is_inference_file(path: str) -> bool:
     p = Path(path)
     if not p.is_file():
         return False
-    with p.open(newline="") as fh:
-        cols = next(csv.reader(fh), [])
+    try:
+        with p.open("rb") as fh:
+            first = fh.readline()
+    except OSError:
+        return False  # read_rows says why
+    # a file that is not UTF-8 is refused by read_rows, with the line of the bad byte
+    cols = next(csv.reader([first.decode("utf-8", errors="replace")]), [])
     return "input_len" in cols and "output_len" in cols
 
 
@@ -64,14 +69,24 @@ def _dtypes(precision: str):
     return StoreDtype.BF16, StoreDtype.BF16
 
 
-def _load(text: str) -> tuple[str, float | None]:
-    """('max', None) for maximum load, ('rate', r) for QPS=r, ('burst', None) for QPS=INF."""
+def _load(text: str, path: str, line: int) -> tuple[str, float | None]:
+    """('max', None) for maximum load, ('rate', r) for QPS=r, ('burst', None) for QPS=INF;
+    ('unknown', None) for another load (a static batch), which the serving simulation lacks."""
     t = text.strip().lower()
     if t.startswith("max load") or "infinite request rate" in t:
         return "max", None
-    m = re.fullmatch(r"qps\s*=\s*(inf|[0-9.]+)", t)
+    m = re.fullmatch(r"qps\s*=\s*(.*)", t)
     if m:
-        return ("burst", None) if m.group(1) == "inf" else ("rate", float(m.group(1)))
+        if m.group(1) == "inf":
+            return "burst", None
+        try:
+            rate = float(m.group(1))
+        except ValueError:
+            rate = float("nan")
+        if not 0 < rate < float("inf"):
+            raise FileFormatError(path, f"column 'batch_or_concurrency': {text.strip()!r} is not allowed; a request "
+                                  "rate is QPS=r with r a positive number, or QPS=INF", line)
+        return "rate", rate
     return "unknown", None
 
 
@@ -90,11 +105,13 @@ def _scenario(row: dict, path: str, line: int):
     gpus = int_cell(row, "num_gpus", path, line) or tp * pp
     isl = int_cell(row, "input_len", path, line)
     osl = int_cell(row, "output_len", path, line)
-    kind, rate = _load(row["batch_or_concurrency"])
+    kind, rate = _load(row["batch_or_concurrency"], path, line)
     if isl is None or osl is None or kind == "unknown":
         raise SpecError("row", "input_len/output_len/batch_or_concurrency",
                         f"{row['input_len']}/{row['output_len']}/{row['batch_or_concurrency']}",
                         "a serving row needs both lengths and a load (max load, QPS=r or QPS=INF)")
+    if gpus % (tp * pp):
+        raise SpecError("row", "num_gpus", gpus, f"a multiple of tp×pp = {tp * pp} (whole replicas) is required")
     key = (model.name, row["gpu"], tp, pp, gpus, row["precision"], kind, rate, isl, osl)
     if key in _CACHE:
         return _CACHE[key]
@@ -133,6 +150,10 @@ def _predict(metric: str, plan, res) -> float:
 
 def predict_row(row: dict, path: str, line: int) -> dict:
     out = row_result(row, path, line, METRICS)
+    # a malformed cell refuses the file even on a row that is skipped
+    for col in ("num_gpus", "tp", "pp", "input_len", "output_len"):
+        int_cell(row, col, path, line)
+    _load(row["batch_or_concurrency"], path, line)
     if out["skipped"]:
         return out
     metric = out["metric_id"]

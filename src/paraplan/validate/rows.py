@@ -1,49 +1,113 @@
 """What training and inference validation share: reading a measurements CSV, one row's
 result record (the `validate --json` contract of ../shared/validation/README.md), the loop
-that skips a row with its reason, and the error summary."""
+that skips a row with its reason, and the error summary.
+
+A malformed cell (a non-integer where a count is required, a count below its minimum, a
+measured value that is not a positive finite number, a row with the wrong number of cells,
+a file that is not UTF-8) is a FileFormatError naming the file, line, column and value: the
+whole file is refused, since a partial table would hide it. A row that lacks what a
+prediction needs (a blank sequence length, an unknown GPU or metric) is skipped with the
+reason (SpecError)."""
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import math
 import re
 from pathlib import Path
 
-from ..errors import FileFormatError, ParaplanError
+from ..errors import FileFormatError, ParaplanError, SpecError
+
+
+def _text(path: str) -> str:
+    """The file's text: UTF-8 (a leading byte-order mark is dropped); else the line of the first bad byte."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise FileFormatError(path, f"cannot read: {exc.strerror or exc}") from None
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise FileFormatError(path, f"byte 0x{data[exc.start]:02x} is not UTF-8 text; save the file as UTF-8",
+                              line) from None
 
 
 def read_rows(path: str, required: tuple[str, ...], kind: str) -> list[tuple[int, dict]]:
-    """(line number, row) of every data row; a missing column names the file and line 1."""
-    p = Path(path)
-    if not p.is_file():
+    """(line number, row) of every data row; a missing column names the file and line 1, a
+    row with more or fewer cells than the header its line."""
+    if not Path(path).is_file():
         raise FileFormatError(path, "no such file")
-    with p.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
+    reader = csv.DictReader(io.StringIO(_text(path), newline=""))
+    try:
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
         if missing:
             raise FileFormatError(path, f"missing column(s) {', '.join(missing)}; {kind} needs "
                                   f"{', '.join(required)}", 1)
-        return [(reader.line_num, row) for row in reader]
+        rows = []
+        for row in reader:
+            extra = row.get(None) or []
+            cells = len(header) + len(extra) - sum(v is None for k, v in row.items() if k is not None)
+            if cells != len(header):
+                raise FileFormatError(path, f"the row has {cells} cells, the header {len(header)}; every row "
+                                      "needs one cell per column (blank cells are allowed)", reader.line_num)
+            rows.append((reader.line_num, row))
+        return rows
+    except csv.Error as exc:
+        raise FileFormatError(path, f"not a valid CSV row: {exc}", reader.line_num) from None
 
 
-def int_cell(row: dict, key: str, path: str, line: int) -> int | None:
-    """An integer column (blank: None); a non-number names the file, line and column."""
+# Counts (GPUs, tokens, sequences, layers, degrees) above int32 are not a run anyone measured,
+# and the planner's integer arithmetic is not meant for them.
+MAX_COUNT = 2**31 - 1
+
+
+def int_cell(row: dict, key: str, path: str, line: int, minimum: int = 1) -> int | None:
+    """An integer column in [minimum, MAX_COUNT] (blank: None); anything else names the file,
+    line, column and value. "8.0" and "1e3" are integers; "2.5", "inf" and "nan" are not."""
     text = (row.get(key) or "").strip()
     if not text:
         return None
+    allowed = f"a whole number from {minimum} to {MAX_COUNT} is required"
     try:
-        return int(float(text))
+        value = int(text)
     except ValueError:
-        raise FileFormatError(path, f"column {key!r}: {text!r} is not a number", line) from None
+        try:
+            number = float(text)
+        except ValueError:
+            raise FileFormatError(path, f"column {key!r}: {text!r} is not a number; {allowed}", line) from None
+        if not number.is_integer():  # also false for inf and nan
+            raise FileFormatError(path, f"column {key!r}: {text!r} is not allowed; {allowed}", line) from None
+        value = int(number)
+    if not minimum <= value <= MAX_COUNT:
+        raise FileFormatError(path, f"column {key!r}: {text!r} is not allowed; {allowed}", line)
+    return value
+
+
+def required_int(row: dict, key: str, path: str, line: int, needed_for: str) -> int:
+    """An integer column the prediction needs: a blank cell skips the row with the reason."""
+    value = int_cell(row, key, path, line)
+    if value is None:
+        raise SpecError("row", key, "", f"{needed_for} needs it (a whole number >= 1)")
+    return value
 
 
 def row_result(row: dict, path: str, line: int, metrics: tuple[str, ...]) -> dict:
     """The row's record before prediction; `skipped` is set when its metric is unknown."""
     metric = row["metric_id"].strip()
+    text = row["value"].strip()
+    allowed = "a measured value is a positive finite number"
     try:
-        measured = float(row["value"])
+        measured = float(text)
     except ValueError:
-        raise FileFormatError(path, f"column 'value': {row['value']!r} is not a number", line) from None
+        raise FileFormatError(path, f"column 'value': {text!r} is not a number; {allowed}", line) from None
+    if not (math.isfinite(measured) and measured > 0):
+        raise FileFormatError(path, f"column 'value': {text!r} is not allowed; {allowed}", line)
     out = {"id": row["id"], "source": row["source"], "model": row["model"], "metric_id": metric,
            "measured": measured, "predicted": None, "error_pct": None, "skipped": None, "plan": None}
     if metric not in metrics:

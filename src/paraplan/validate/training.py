@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
-from ..errors import FileFormatError, NoPlanFitsError, ParaplanError
+from ..errors import FileFormatError, NoPlanFitsError, ParaplanError, SpecError
 from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from ..plan.space import SpaceLimits
 from ..search.planner import search
@@ -87,9 +87,13 @@ def _pytorch_fsdp_whole_group(row: dict) -> bool:
     return "full_shard" in z or "shard_grad_op" in z
 
 
-def _zero(row: dict) -> tuple[ZeroStage, ...]:
+ZERO_ALLOWED = ("0, 1, 2, 3, fsdp, PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, Megatron-FSDP, "
+                "distributed optimizer, or blank (not stated)")
+
+
+def _zero(row: dict, path: str, line: int) -> tuple[ZeroStage, ...]:
     z = (row.get("zero") or "").strip().lower()
-    if not z:
+    if not z or z == "fsdp":  # not stated, or FSDP without its sharding strategy: searched
         return tuple(ZeroStage)
     if "full_shard" in z or "hybrid_shard" in z or "megatron-fsdp" in z or z == "3":
         return (ZeroStage.PARAMETERS,)
@@ -99,7 +103,17 @@ def _zero(row: dict) -> tuple[ZeroStage, ...]:
         return (ZeroStage.OPTIMIZER,)
     if z == "0":
         return (ZeroStage.NONE,)
-    return tuple(ZeroStage)
+    raise FileFormatError(path, f"column 'zero': {row['zero'].strip()!r} is not allowed; allowed: {ZERO_ALLOWED}", line)
+
+
+def _yes_no(row: dict, key: str, path: str, line: int) -> bool | None:
+    """A yes/no column (blank: None, not stated)."""
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    if text.lower() not in ("yes", "no"):
+        raise FileFormatError(path, f"column {key!r}: {text!r} is not allowed; yes, no or blank (not stated)", line)
+    return text.lower() == "yes"
 
 
 def _preset(name: str) -> ModelSpec | None:
@@ -117,11 +131,27 @@ def _token_drop(row: dict) -> bool:
     return "tokendrop" in text or "token-drop" in text or "token drop" in text
 
 
+COUNT_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "top_k", "moe_ffn_hidden", "seq_len",
+                 "num_gpus", "gpus_per_node", "global_batch", "micro_batch", "tp", "pp", "vp", "cp", "ep", "dp")
+
+
+def row_cells(row: dict, path: str, line: int) -> dict:
+    """Every typed cell of a training row (blank: None); a malformed one is a FileFormatError
+    naming the file, line, column and value, whether or not the row can be predicted."""
+    cells = {k: int_cell(row, k, path, line) for k in COUNT_COLUMNS}
+    cells["num_experts"] = int_cell(row, "num_experts", path, line, minimum=0)  # 0: dense
+    cells["gated_mlp"] = _yes_no(row, "gated_mlp", path, line)
+    cells["sp"] = _yes_no(row, "sp", path, line)
+    cells["zero"] = _zero(row, path, line)
+    return cells
+
+
 def row_setup(row: dict, path: str, line: int) -> RowSetup:
+    c = row_cells(row, path, line)
     name = row["model"].strip()
-    shape = {k: int_cell(row, k, path, line) for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
+    shape = {k: c[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
     preset = _preset(name)
-    moe_row = (int_cell(row, "num_experts", path, line) or 0) > 0
+    moe_row = (c["num_experts"] or 0) > 0
     if moe_row and preset is None:
         raise FileFormatError(path, f"model {name!r}: an MoE row needs a preset with the model's published "
                               "configuration (shared experts, dense layers)", line)
@@ -130,21 +160,22 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
             raise FileFormatError(path, f"model {name!r}: architecture columns blank and no preset", line)
         model = preset
     else:
-        gated = (row.get("gated_mlp") or "").strip().lower() == "yes"
         model = ModelSpec(name=name, num_layers=shape["layers"], hidden_size=shape["hidden"],
                           ffn_hidden_size=shape["ffn_hidden"], num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
-                          head_dim=shape["hidden"] // shape["heads"], vocab_size=shape["vocab"], gated_mlp=gated,
+                          head_dim=shape["hidden"] // shape["heads"], vocab_size=shape["vocab"],
+                          gated_mlp=bool(c["gated_mlp"]),
                           tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
     legacy = _is_legacy_megatron(row)
     model = replace(model, dropout=legacy)
-    gbs = int_cell(row, "global_batch", path, line)
-    seq = int_cell(row, "seq_len", path, line)
+    for col in ("global_batch", "seq_len", "num_gpus"):
+        if c[col] is None:  # lacks what a prediction needs: skipped with the reason
+            raise SpecError("row", col, "", "a training row needs it (a whole number >= 1)")
+    gbs, seq = c["global_batch"], c["seq_len"]
     fixed = {}
     for col, key in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("ep", "ep"),
                      ("micro_batch", "micro_batch_size")):
-        v = int_cell(row, col, path, line)
-        if v is not None:
-            fixed[key] = v
+        if c[col] is not None:
+            fixed[key] = c[col]
     if "micro_batch_size" in fixed and "dp" in fixed:
         # llm-foundry: "micro-batches need not divide GBS"; the last one is partial. Throughput
         # per token is that of full micro-batches, so round the batch up to whole ones.
@@ -154,16 +185,14 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
     balanced = "force-balanced" in (row.get("notes") or "").lower()
     wl = Workload(global_batch_size=gbs, seq_len=seq, precision=parse_precision(row["precision"]),
                   **({"moe_imbalance": 1.0} if balanced else {}))
-    vp = int_cell(row, "vp", path, line)
-    if vp is not None and fixed.get("pp", 1) > 1:
-        fixed["vp"] = vp
+    if c["vp"] is not None and fixed.get("pp", 1) > 1:
+        fixed["vp"] = c["vp"]
     rc = (row.get("recompute") or "").strip().lower()
     recomputes = (Recompute.parse(rc, "recompute"),) if rc else tuple(Recompute)
-    sp = (row.get("sp") or "").strip().lower()
-    sps = (True,) if sp == "yes" else (False,) if sp == "no" else (False, True)
+    sps = (False, True) if c["sp"] is None else (c["sp"],)
     # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
-    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=_zero(row), allow_offload=False,
+    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
                          attention=_attention_kernels(row), sequence_parallel=sps,
                          # precision policy as the row states it: 2021–22 Megatron-LM all-reduces fp32
                          # main grads; Composer FSDP "DEFAULT" keeps fp32 parameter shards (gathered
@@ -178,7 +207,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row) else (None,))
-    return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=int_cell(row, "num_gpus", path, line),
+    return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits)
 
 
@@ -213,6 +242,7 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
     """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
     cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
     out = row_result(row, path, line, METRICS)
+    row_cells(row, path, line)  # a malformed cell refuses the file even on a row that is skipped
     if out["skipped"]:
         return out
     metric = out["metric_id"]
