@@ -458,3 +458,16 @@ def test_cli_unsupported_is_one_line_exit_2(capsys, tmp_path):
     assert err.count("\n") == 1 and "zero='1'" in err and "torchtitan allows" in err
     code, out, err = run(capsys, "export", "--format", "deepspeed", *SMALL, "--tp", "2")
     assert code == 2 and "sequence_parallel" in err and "--no-sp" in err
+
+
+def test_cli_exports_a_plan_that_does_not_fit_with_a_warning(capsys, tmp_path):
+    # the user's plan is exported as asked, and stderr says the memory model disagrees
+    out_file = tmp_path / "m.sh"
+    code, out, err = run(capsys, "export", "--format", "megatron", "--model", "llama3.1-405b", "--gpus", "8",
+                         "--tp", "8", "-o", str(out_file))
+    assert code == 0 and out_file.exists()
+    warning = [ln for ln in err.splitlines() if ln.startswith("paraplan: warning:")]
+    assert len(warning) == 1 and "GiB per GPU" in warning[0] and "h100" in warning[0]
+    # a plan that fits exports without one
+    code, out, err = run(capsys, "export", "--format", "megatron", *SMALL, "--tp", "8")
+    assert code == 0 and "warning" not in err

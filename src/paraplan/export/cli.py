@@ -61,6 +61,11 @@ def cmd_export(args) -> int:
         est = best_exportable(model, cluster, wl, mod.SUPPORT, mod.check)
         plan = est.plan
     res = mod.export(plan, model, cluster, wl, est)
+    if not est.fits:
+        # the user's plan: exported as asked (the memory model can be pessimistic), but said
+        from ..units import fmt_bytes
+        sys.stderr.write(f"paraplan: warning: {plan.describe()} needs {fmt_bytes(est.memory.total)} per GPU by "
+                         f"paraplan's memory model, more than the {fmt_bytes(est.hbm_bytes)} of {cluster.gpu.name}\n")
     launcher = res.launcher if not args.output else res.launcher.replace(res.filename, args.output)
     if args.output:
         write_output(args.output, res.text, "export", "--output")
