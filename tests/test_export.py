@@ -60,8 +60,6 @@ PLANS = {
     "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS),
                         {Engine.TORCHTITAN}),
     "ddp-mb8": (plan(micro_batch_size=4), {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
-    "tp2-modules-zero1": (plan(tp=2, dp=8, sequence_parallel=True, recompute=Recompute.MODULES,
-                               zero=ZeroStage.OPTIMIZER), {Engine.MEGATRON}),
 }
 CASES = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e in ok]
 REFUSED = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e not in ok]
@@ -208,6 +206,7 @@ MEGATRON_FLAGS = {
     "--micro-batch-size": int, "--global-batch-size": int,
     "--recompute-granularity": str, "--recompute-method": str, "--recompute-num-layers": int,
     "--recompute-modules": list,  # nargs="*"
+    "--fp8-recipe": str,
     "--use-distributed-optimizer": bool, "--use-megatron-fsdp": bool, "--data-parallel-sharding-strategy": str,
     "--num-distributed-optimizer-instances": int, "--overlap-grad-reduce": bool, "--overlap-param-gather": bool,
     "--optimizer-cpu-offload": bool, "--optimizer-offload-fraction": float,
@@ -248,8 +247,7 @@ def check_megatron(p, a: dict) -> None:
     assert rc == {Recompute.NONE: (None, None, None), Recompute.SELECTIVE: ("selective", None, None),
                   Recompute.MODULES: ("selective", None, None), Recompute.FULL: ("full", "uniform", 1),
                   Recompute.FIRST_K: ("full", "block", p.recompute_num_layers // p.vp)}[p.recompute]
-    # MODEL is dense without MLA: the attention core and the norms
-    assert a.get("recompute_modules") == (["core_attn", "layernorm"] if p.recompute is Recompute.MODULES else None)
+    assert "recompute_modules" not in a  # module recomputation: MoE/MLA models (test below)
     zero = {(False, None): ZeroStage.NONE, (True, None): ZeroStage.OPTIMIZER,
             (False, "optim_grads"): ZeroStage.GRADIENTS, (False, "optim_grads_params"): ZeroStage.PARAMETERS}
     assert zero[(a.get("use_distributed_optimizer", False), a.get("data_parallel_sharding_strategy"))] is p.zero
@@ -287,7 +285,7 @@ def test_megatron_core_accepts_the_arguments(name):
         a = megatron_args(megatron.export(p, model, cluster, WL).text)
         assert a["expert_model_parallel_size"] == 8 and a["num_experts"] == model.num_experts
         assert a["moe_expert_capacity_factor"] == 1.25
-        assert a["recompute_modules"] == ["core_attn", "layernorm", "moe_act"]
+        assert a["recompute_modules"] == ["layernorm", "moe_act"]  # fused attention: no core_attn
     else:
         model = MODEL
         p, res = exported(name, Engine.MEGATRON)
@@ -471,3 +469,19 @@ def test_cli_exports_a_plan_that_does_not_fit_with_a_warning(capsys, tmp_path):
     # a plan that fits exports without one
     code, out, err = run(capsys, "export", "--format", "megatron", *SMALL, "--tp", "8")
     assert code == 0 and "warning" not in err
+
+
+@pytest.mark.parametrize("attention, precision, modules, recipe", [
+    (AttentionKernel.FLASH3, Precision.FP8, ["layernorm", "moe_act", "mla_up_proj"], "tensorwise"),
+    (AttentionKernel.UNFUSED, Precision.BF16, ["core_attn", "layernorm", "moe_act", "mla_up_proj"], None),
+])
+def test_megatron_module_recomputation_flags(attention, precision, modules, recipe):
+    # DeepSeek-V3 (MoE + MLA): the modules Megatron-Core recomputes; under FP8 the current-
+    # scaling recipe, since Megatron-Core refuses moe_act/layernorm recomputation with delayed
+    model = load_model("deepseek-v3")
+    wl = Workload(global_batch_size=1024, seq_len=4096, precision=precision)
+    p = megatron.SUPPORT.adapt(plan(tp=8, pp=1, dp=128, ep=64, sequence_parallel=True,
+                                    zero=ZeroStage.OPTIMIZER, recompute=Recompute.MODULES, attention=attention))
+    a = megatron_args(megatron.export(p, model, load_cluster("dgx-h100", num_gpus=1024), wl).text)
+    assert a["recompute_granularity"] == "selective" and a["recompute_modules"] == modules
+    assert a.get("fp8_recipe") == recipe

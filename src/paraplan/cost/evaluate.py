@@ -211,15 +211,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
 
     # ---------------- recomputation per layer ----------------
-    # Module recomputation (Megatron-Core --recompute-modules core_attn layernorm moe_act
-    # mla_up_proj) re-runs the attention core, the two norms (read and write h each), the
-    # routed experts' activation function and MLA's up-projections from the latents.
+    # Module recomputation (Megatron-Core --recompute-modules [core_attn] layernorm moe_act
+    # mla_up_proj) re-runs the norms Megatron runs as separate modules (MLA's input norm, an
+    # MoE layer's pre-MLP norm: read and write h each), the routed experts' activation
+    # function, MLA's up-projections from the latents, and the attention core only when it
+    # is unfused (a fused kernel stores no scores; Megatron warns core_attn is then useless).
     d_nope = model.head_dim - model.qk_rope_head_dim
     mla_up = (gemm_time_s(gpu, T, qd / t, model.q_lora_rank, prec) if model.q_lora_rank else zeros) + (
         gemm_time_s(gpu, T, model.num_heads * (d_nope + (model.v_head_dim or model.head_dim)) / t,
                     model.kv_lora_rank, prec) if model.is_mla else zeros)
-    modules_fwd = (attn_fwd + memory_bound_time_s(gpu, ACT_BYTES * T * 4.0 * h / sp_div, 2) + mla_up
-                   + (w_moe * mc.act_fn_fwd_s if mc else zeros))
+    norms_recomputed = (1.0 if model.is_mla else 0.0) + w_moe
+    modules_fwd = (np.where(flash, 0.0, attn_fwd) + mla_up + (w_moe * mc.act_fn_fwd_s if mc else zeros)
+                   + memory_bound_time_s(gpu, ACT_BYTES * T * 2.0 * h * norms_recomputed / sp_div, norms_recomputed))
     # Full and first-k re-run whole layers (forward plus its exposed TP and CP); selective
     # re-runs the attention core only. PyTorch's non-reentrant checkpoint stops once every
     # tensor the backward needs exists again: the block's last GEMM (the MLP down-projection,
@@ -443,7 +446,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     rc_layer_flops = layer_flops - np.where(early, down_flops, 0.0)
     hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t
               + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
-              + np.where(rc == Recompute.MODULES.code, L_s * (lf.attn_core + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
+              + np.where(rc == Recompute.MODULES.code,
+                         L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
               + 3.0 * lm_head_forward_flops(model, T) / t / p)
 
     layer_detail = {

@@ -66,17 +66,24 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     h, f = model.hidden_size, model.ffn_hidden_size
     w = np.asarray(mlp_weight, dtype=float)
     gi = saved_gemm_input_bytes(precision)
-    # norm inputs 4h; QKV input; MLP input (an MoE layer's router/expert input is moe.py's)
-    replicated = 4.0 * h + gi * h + w * gi * h + (1.0 - w) * 2.0 * h + (2.0 * h if model.dropout else 0.0)
+    # norm inputs 4h; QKV input; MLP input (an MoE layer's router/expert input is moe.py's);
+    # MLA (DeepSeek-V2 Sec. 2.1): the pre-norm latents c_Q, c_KV and the shared RoPE key, and
+    # the normed latents the up-projections read
+    mla = (2.0 * model.mla_latent_width + gi * (model.q_lora_rank + model.kv_lora_rank)) if model.is_mla else 0.0
+    replicated = (4.0 * h + gi * h + w * gi * h + (1.0 - w) * 2.0 * h + (2.0 * h if model.dropout else 0.0)
+                  + mla)
     act_in = 2.0 * f * (2 if model.gated_mlp else 1)
     split = (2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.v_dim
              + w * (act_in + gi * f))
     scores = 5.0 * model.num_heads * np.asarray(seq_len, dtype=float)
-    norm_outputs = gi * h + w * gi * h + (1.0 - w) * 2.0 * h
-    mla_latents = 2.0 * model.mla_latent_width
+    # module recomputation drops the outputs of the norms Megatron-Core runs as separate
+    # modules: MLA's input norm and an MoE layer's pre-MLP norm. Transformer Engine fuses the
+    # other norms into the next linear layer (LayerNormLinear / LayerNormMLP), and a fused
+    # norm is not recomputed (Megatron-Core transformer_layer.py, gpt_layer_specs.py).
+    norm_outputs = (gi * h if model.is_mla else 0.0) + (1.0 - w) * 2.0 * h
     mla_qkv = 2.0 * (model.q_dim + 2 * model.kv_dim) if model.is_mla else 0.0
     return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h,
-                           modules_replicated=norm_outputs - mla_latents, modules_split=mla_qkv)
+                           modules_replicated=norm_outputs, modules_split=mla_qkv)
 
 
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,

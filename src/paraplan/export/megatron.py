@@ -11,7 +11,11 @@ Mapping (paraplan -> Megatron-LM):
   `--num-distributed-optimizer-instances` = DP / shard group.
 - Recompute: `selective` -> `--recompute-granularity selective` (the attention core,
   Korthikanti et al.); `full` -> `full`, `uniform`, 1 layer per checkpoint; `first_k` ->
-  `full`, `block`, k / VP layers per model chunk (Megatron counts per virtual stage).
+  `full`, `block`, k / VP layers per model chunk (Megatron counts per virtual stage);
+  `modules` -> `selective` with `--recompute-modules layernorm` (+ `moe_act` for MoE,
+  `mla_up_proj` for MLA, `core_attn` only for unfused attention), and under FP8
+  `--fp8-recipe tensorwise` (Megatron-Core refuses moe_act/layernorm recomputation with
+  delayed scaling).
 - Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
 """
 
@@ -115,7 +119,8 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     if plan.recompute is Recompute.SELECTIVE:
         a += ["--recompute-granularity", "selective"]
     elif plan.recompute is Recompute.MODULES:
-        a += ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm"]
+        a += ["--recompute-granularity", "selective", "--recompute-modules"]
+        a += (["core_attn"] if plan.attention is AttentionKernel.UNFUSED else []) + ["layernorm"]
         a += (["moe_act"] if model.is_moe else []) + (["mla_up_proj"] if model.is_mla else [])
     elif plan.recompute is Recompute.FULL:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
@@ -140,6 +145,8 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         a.append("--bf16")
         if workload.precision is Precision.FP8:
             a += ["--fp8-format", "hybrid"]
+            if plan.recompute is Recompute.MODULES:
+                a += ["--fp8-recipe", "tensorwise"]
     a += ["--attention-backend", ATTENTION[plan.attention]]
     return [str(x) for x in a]
 

@@ -146,6 +146,12 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("sp_tp", lambda B: B.sequence_parallel & (B.tp == 1), lambda P: "sequence parallelism needs TP>1"),
         ("tpov_sp", lambda B: B.tp_overlap & ~B.sequence_parallel,
          lambda P: "TP communication overlap needs sequence parallelism"),
+        # the modules Megatron-Core recomputes that Transformer Engine does not fuse away are
+        # MoE and MLA modules: on a dense, non-MLA model it would only re-run a fused
+        # attention core (selective does that) or nothing
+        ("modules", lambda B: (B.recompute_code == Recompute.MODULES.code)
+         & np.full(len(B.tp), not (model.is_moe or model.is_mla)),
+         lambda P: f"recompute=modules applies to MoE or MLA models; {model.name} is neither (use selective)"),
         ("first_k", lambda B: (B.recompute_code == Recompute.FIRST_K.code)
          & ((B.recompute_num_layers < 1) | (B.recompute_num_layers >= L // np.maximum(B.pp, 1))),
          lambda P: f"recompute_num_layers={P.recompute_num_layers} must be in 1..{L // P.pp - 1} "

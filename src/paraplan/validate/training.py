@@ -189,6 +189,10 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
         fixed["vp"] = c["vp"]
     rc = (row.get("recompute") or "").strip().lower()
     recomputes = (Recompute.parse(rc, "recompute"),) if rc else tuple(Recompute)
+    if "megatron-bridge" not in (row.get("framework") or "").lower():
+        # module recomputation (--recompute-modules) came with Megatron-Core 0.12 (2025):
+        # the NeMo 24.x, Megatron-LM and llm-foundry runs could not have used it
+        recomputes = tuple(r for r in recomputes if r is not Recompute.MODULES) or recomputes
     sps = (False, True) if c["sp"] is None else (c["sp"],)
     # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
