@@ -183,6 +183,14 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
     # samples with at least one cold id still need a partial sum from the owner
     out_scale = 1.0 - (1.0 - cold) ** max(t.pooling_factor, 1.0) if hot else 1.0
     per = {k: np.zeros(num_shards) for k in _FIELDS}
+    comm: dict = {}  # row-wise shards are alike: one collective time per distinct message
+
+    def coll(kind, num_bytes, group):
+        key = (kind, float(num_bytes), group)
+        if key not in comm:
+            comm[key] = collective_time_s(cluster, kind, num_bytes, group, 1)
+        return comm[key]
+
     for j, s in enumerate(_shards(t, sharding, num_shards, W, G)):
         rows_read = s.ids * cold * (u if dedup else 1.0)
         distinct = s.ids * cold * u
@@ -206,7 +214,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
         per["bwd"][j] = b_hbm / hbm_bw + b_host / host_bw + TBE_KERNELS_BWD * gpu.kernel_launch_overhead_s
         if sharding is ShardingType.DATA_PARALLEL:
             per["bwd"][j] += t.num_rows * 2.0 * (row_bytes + state) / hbm_bw  # optimizer over the whole table
-            per["ar"][j] = collective_time_s(cluster, Collective.ALL_REDUCE, t.num_rows * t.dim * 4.0, W, 1)
+            per["ar"][j] = coll(Collective.ALL_REDUCE, t.num_rows * t.dim * 4.0, W)
         elif sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
             per["ids_in"][j] = s.ids * id_scale * i
             per["out_a2a"][j] = outputs * s.dim * c
@@ -214,7 +222,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
         else:  # row-wise over all ranks, or table-row-wise inside one node
             buf = outputs * s.dim * c
             per["ids_in"][j] = s.ids * id_scale * i
-            per["rs"][j] = collective_time_s(cluster, Collective.REDUCE_SCATTER, buf, num_shards, 1)
+            per["rs"][j] = coll(Collective.REDUCE_SCATTER, buf, num_shards)
             per["a2a_total"][j] = (W - 1) / W * s.ids * id_scale * i
             if sharding is ShardingType.TABLE_ROW_WISE and W > num_shards:
                 per["out_a2a"][j] = buf / num_shards

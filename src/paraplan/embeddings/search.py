@@ -101,10 +101,11 @@ class _Planner:
         units.sort(key=lambda u: -u[0])
         for _, name, sh, k, kern, cache, hot, tv, mv in units:
             if sh is ShardingType.TABLE_ROW_WISE:
-                # a whole node: the node whose busiest rank is least loaded
-                nodes = [(load[n * self.g:(n + 1) * self.g].max(), n) for n in range(W // self.g)
-                         if (mem[n * self.g:(n + 1) * self.g] + mv).max() <= self.capacity]
-                n = min(nodes)[1] if nodes else int(np.argmin([load[n * self.g:(n + 1) * self.g].max() for n in range(W // self.g)]))
+                # a whole node: the node whose busiest rank is least loaded, among those with
+                # room (else among all); ties to the lowest node
+                node_load = load.reshape(-1, self.g).max(axis=1)
+                room = (mem.reshape(-1, self.g) + mv).max(axis=1) <= self.capacity
+                n = int(np.argmin(np.where(room, node_load, np.inf))) if room.any() else int(np.argmin(node_load))
                 ranks = tuple(range(n * self.g, (n + 1) * self.g))
                 load[list(ranks)] += tv
                 mem[list(ranks)] += mv
