@@ -243,7 +243,7 @@ def test_unknown_cluster(capsys):
     (["estimate", "--model", "llama3-8b", "--gpus", "64", "--pp", "3", "--dp", "21", "--batch", "63",
       "--seq", "2048"], "TP×PP×DP×CP"),
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--pp", "8", "--vp", "5", "--batch", "8", "--seq", "2048"],
-     "must not exceed layers=32"),
+     "must not exceed layers + 2 = 34"),
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--batch", "12", "--seq", "2048"], "not a multiple"),
     (["estimate", "--recompute", "sometimes"], "allowed: none, selective, full, first_k"),
     (["estimate", "--schedule", "2f2b"], "allowed: gpipe, 1f1b"),

@@ -126,9 +126,13 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         # Uneven splits are allowed: Megatron-Core places layers per stage freely
         # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo
         # gives the embedding and loss stages fewer layers). The cost model times the fullest
-        # stage, ceil(l/(p·v)) layers per chunk. The search proposes divisors only.
-        ("pp_layers", lambda B: B.pp * B.vp > L,
-         lambda P: f"PP×VP = {P.pp}×{P.vp} = {P.pp * P.vp} stages must not exceed layers={L}"),
+        # stage, ceil(l/(p·v)) layers per chunk. The search proposes divisors only. The
+        # embedding and the loss may take a chunk of their own (Megatron-Core
+        # --account-for-embedding/loss-in-pipeline-split; Llama 3 405B ran 126 layers as 16×8
+        # chunks with one layer fewer on the first and last stage, Dubey et al. 2024 Sec. 3.3.2).
+        ("pp_layers", lambda B: B.pp * B.vp > L + 2,
+         lambda P: f"PP×VP = {P.pp}×{P.vp} = {P.pp * P.vp} chunks must not exceed layers + 2 = {L + 2} "
+                   "(every chunk holds a layer, the embedding or the loss)"),
         ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, [Schedule.INTERLEAVED_1F1B.code,
                                                                            Schedule.BREADTH_FIRST.code]),
          lambda P: f"VP={P.vp} needs the interleaved or bfs schedule, not {P.schedule}"),
