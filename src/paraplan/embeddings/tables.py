@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FileFormatError, SpecError, UnknownPresetError
-from ..specs.catalog import _read_toml, _Table
+from ..specs.catalog import read_toml, TomlTable
 from ..specs.files import read_text
 
 
@@ -164,8 +164,8 @@ def load_profile(path_or_name: str = "dlrm-2022") -> AccessProfile:
             raise FileFormatError(shown, f"invalid TOML: {exc}") from None
     else:
         shown = str(path_or_name)
-        d, text = _read_toml(Path(path_or_name), shown)
-    t = _Table(d, shown, text)
+        d, text = read_toml(Path(path_or_name), shown)
+    t = TomlTable(d, shown, text)
     t.check_keys(PROFILE_FIELDS, PROFILE_OPTIONAL)
     edges = _profile_list(t, "bin_edges", lambda e: isinstance(e, int) and e >= 0, "whole access counts >= 0")
     for i, (lo, hi) in enumerate(zip(edges, edges[1:]), start=1):
@@ -193,7 +193,7 @@ def load_profile(path_or_name: str = "dlrm-2022") -> AccessProfile:
                          source=t.str_("source", shown) or shown)
 
 
-def _profile_list(t: _Table, key: str, ok, what: str) -> list:
+def _profile_list(t: TomlTable, key: str, ok, what: str) -> list:
     """A non-empty list field whose entries pass `ok`; the error names the first bad entry."""
     v = t.data[key]
     if not isinstance(v, list) or not v:

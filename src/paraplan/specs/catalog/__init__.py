@@ -63,7 +63,7 @@ def _norm(name: str) -> str:
 # Reading TOML with errors that name the file, the line and the field.
 # ---------------------------------------------------------------------------------------
 
-def _read_toml(path: Path, shown: str) -> tuple[dict, str]:
+def read_toml(path: Path, shown: str) -> tuple[dict, str]:
     text = read_text(path, shown)
     try:
         return tomllib.loads(text), text
@@ -91,7 +91,7 @@ def _line_of(text: str, section: str, key: str) -> int | None:
 
 
 @dataclass(frozen=True)
-class _Table:
+class TomlTable:
     """One TOML table of a file, with the helpers that check its fields."""
 
     data: dict
@@ -171,11 +171,11 @@ class _Table:
             self._bad(key, v, "a list of non-empty strings")
         return v
 
-    def sub(self, key: str) -> "_Table":
+    def sub(self, key: str) -> "TomlTable":
         v = self.data[key]
         if not isinstance(v, dict):
             self._bad(key, v, f"a table [{self.prefix}{key}]")
-        return _Table(v, self.shown, self.text, f"{self.prefix}{key}.")
+        return TomlTable(v, self.shown, self.text, f"{self.prefix}{key}.")
 
     def curve(self, key: str, x_key: str) -> EfficiencyCurve:
         """[key] with `x_key = [...]` and `efficiency = [...]`; or a constant `efficiency = 0.8`."""
@@ -203,7 +203,7 @@ class _Table:
 # Building the spec dataclasses from parsed TOML.
 # ---------------------------------------------------------------------------------------
 
-def _model_from_table(t: _Table) -> ModelSpec:
+def _model_from_table(t: TomlTable) -> ModelSpec:
     t.check_keys(_MODEL_REQUIRED, _MODEL_OPTIONAL)
     t.str_list("aliases")
     moe_mla = {k: t.int_(k) if k == "moe_layer_interval" else t.count(k)
@@ -220,7 +220,7 @@ def _model_from_table(t: _Table) -> ModelSpec:
         t.fail(e.field, str(e))
 
 
-def _attention_curves(t: _Table) -> dict:
+def _attention_curves(t: TomlTable) -> dict:
     """[attention_efficiency.flash2] (required) and [attention_efficiency.flash3] (Hopper+)."""
     att = t.sub("attention_efficiency")
     optional = tuple(str(k) for k in AttentionKernel if k not in (AttentionKernel.UNFUSED, AttentionKernel.FLASH2))
@@ -228,7 +228,7 @@ def _attention_curves(t: _Table) -> dict:
     return {AttentionKernel(k): att.curve(k, "flops") for k in att.data}
 
 
-def _gpu_from_table(t: _Table) -> GPUSpec:
+def _gpu_from_table(t: TomlTable) -> GPUSpec:
     t.check_keys(_GPU_REQUIRED, _GPU_OPTIONAL)
     t.str_list("aliases")
     peaks_t = t.sub("peak_tflops")
@@ -266,7 +266,7 @@ def _gpu_from_table(t: _Table) -> GPUSpec:
         source=t.str_("source"), **extra)
 
 
-def _tier_from_table(t: _Table, name: str) -> LinkTier:
+def _tier_from_table(t: TomlTable, name: str) -> LinkTier:
     t = t.sub(name)
     t.check_keys(_TIER_REQUIRED, _TIER_OPTIONAL)
     has_gb, has_gbit = "gb_per_s" in t.data, "gbit_per_s" in t.data
@@ -279,7 +279,7 @@ def _tier_from_table(t: _Table, name: str) -> LinkTier:
                     efficiency=t.curve("", "efficiency_bytes"))
 
 
-def _cluster_from_table(t: _Table, base_dir: Path | None) -> ClusterSpec:
+def _cluster_from_table(t: TomlTable, base_dir: Path | None) -> ClusterSpec:
     t.check_keys(_CLUSTER_REQUIRED, _CLUSTER_OPTIONAL)
     t.str_list("aliases")
     gpu_field = t.data["gpu"]
@@ -314,18 +314,18 @@ def _cluster_from_table(t: _Table, base_dir: Path | None) -> ClusterSpec:
 
 
 def _model_from_file(path: Path) -> ModelSpec:
-    data, text = _read_toml(path, str(path))
-    return _model_from_table(_Table(data, str(path), text))
+    data, text = read_toml(path, str(path))
+    return _model_from_table(TomlTable(data, str(path), text))
 
 
 def _gpu_from_file(path: Path) -> GPUSpec:
-    data, text = _read_toml(path, str(path))
-    return _gpu_from_table(_Table(data, str(path), text))
+    data, text = read_toml(path, str(path))
+    return _gpu_from_table(TomlTable(data, str(path), text))
 
 
 def _cluster_from_file(path: Path) -> ClusterSpec:
-    data, text = _read_toml(path, str(path))
-    return _cluster_from_table(_Table(data, str(path), text), path.parent)
+    data, text = read_toml(path, str(path))
+    return _cluster_from_table(TomlTable(data, str(path), text), path.parent)
 
 
 # ---------------------------------------------------------------------------------------
@@ -344,8 +344,8 @@ def _registry(kind: str) -> _Registry:
     files, keys, aliases = {}, {}, []
     for path in sorted((CATALOG_DIR / _DIRS[kind]).glob("*.toml")):
         shown = f"{_DIRS[kind]}/{path.name}"
-        data, text = _read_toml(path, shown)
-        t = _Table(data, shown, text)
+        data, text = read_toml(path, shown)
+        t = TomlTable(data, shown, text)
         name = t.str_("name")
         files[name] = path
         for alias in [name] + t.str_list("aliases"):
@@ -371,11 +371,11 @@ def _lookup(kind: str, name: str) -> str | None:
     return canonical
 
 
-def _preset_table(kind: str, canonical: str) -> _Table:
+def _preset_table(kind: str, canonical: str) -> TomlTable:
     path = _registry(kind).files[canonical]
     shown = f"{_DIRS[kind]}/{path.name}"
-    data, text = _read_toml(path, shown)
-    return _Table(data, shown, text)
+    data, text = read_toml(path, shown)
+    return TomlTable(data, shown, text)
 
 
 @functools.lru_cache(maxsize=None)
