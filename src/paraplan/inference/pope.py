@@ -13,6 +13,7 @@ import re
 from dataclasses import replace
 from dataclasses import dataclass
 
+from ..cost.memory import ACT_BYTES
 from ..errors import SpecError
 from ..specs.catalog import load_cluster, load_model
 from ..specs.hardware import ClusterSpec
@@ -20,7 +21,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Precision
 from .deploy import AttentionSharding, Layout, ServePlan, StoreDtype
 from .layouts import comm_bytes_per_layer, ws2d_best_x
-from .step import ACT_BYTES, body_params_per_layer, kv_bytes_per_token_per_layer, kv_share_per_gpu
+from .step import body_params_per_layer, kv_bytes_per_token_per_layer, kv_share_per_gpu
 
 # Pope et al. Table 1 reserves 30% of HBM for the KV cache (the rest: weights, activations).
 POPE_KV_HBM_FRACTION = 0.3

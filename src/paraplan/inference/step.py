@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..cost.comm import Collective, collective_time_s, p2p_time_s
+from ..cost.memory import ACT_BYTES  # activations and all-reduces in 16 bits (FP8 engines too)
 from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
 from .deploy import AttentionSharding, EngineLimits, ServePlan
 
-ACT_BYTES = 2.0     # activations and all-reduces in 16 bits (FP8 engines too)
 LOGIT_BYTES = 4.0   # fp32 logits for sampling
 # Kernels per transformer layer in a fused serving engine: 2 norms, QKV, rope/KV write,
 # attention, output projection, MLP in (gate+up), activation, MLP out, 2 residual adds.

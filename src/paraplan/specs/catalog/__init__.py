@@ -248,9 +248,10 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         if key in t.data:
             extra[key] = t.fraction(key)
     if "reserved_gb" in t.data:
-        extra["reserved_bytes"] = units.gbytes(t.num("reserved_gb"))
-        if t.num("reserved_gb") >= t.num("hbm_gb"):
-            t._bad("reserved_gb", t.num("reserved_gb"), f"less than hbm_gb={t.num('hbm_gb')}")
+        reserved_gb, hbm_gb = t.num("reserved_gb"), t.num("hbm_gb")
+        if reserved_gb >= hbm_gb:
+            t._bad("reserved_gb", reserved_gb, f"less than hbm_gb={hbm_gb}")
+        extra["reserved_bytes"] = units.gbytes(reserved_gb)
     if "host_adam_params_per_s" in t.data:
         extra["host_adam_params_per_s"] = t.num("host_adam_params_per_s")
     return GPUSpec(
