@@ -26,7 +26,7 @@ from support import run
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
 from paraplan.export.common import Engine
-from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from paraplan.plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
@@ -57,8 +57,10 @@ PLANS = {
     "pp4-1f1b-first-k": (plan(tp=4, pp=4, dp=1, sequence_parallel=True, recompute=Recompute.FIRST_K,
                               recompute_num_layers=4), {Engine.MEGATRON}),
     "pp2-gpipe-ddp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE), {Engine.TORCHTITAN}),
-    "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS),
-                        {Engine.TORCHTITAN}),
+    "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS,
+                             cp_comm_type=CPCommType.ALL_GATHER), {Engine.TORCHTITAN}),
+    "tp2-cp4-ring": (plan(tp=2, cp=4, dp=2, sequence_parallel=True), {Engine.TORCHTITAN, Engine.MEGATRON}),
+    "cp2-ulysses": (plan(cp=2, dp=8, cp_comm_type=CPCommType.A2A), {Engine.MEGATRON}),
     "ddp-mb8": (plan(micro_batch_size=4), {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
 }
 CASES = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e in ok]
@@ -91,7 +93,7 @@ TORCHTITAN_SCHEMA = {
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
                     "pipeline_parallel_last_stage_less_layers", "context_parallel_degree", "expert_parallel_degree",
-                    "expert_tensor_parallel_degree"},
+                    "expert_tensor_parallel_degree", "context_parallel_rotate_method"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "compile": {"enable"},
 }
@@ -102,6 +104,9 @@ def check_torchtitan(p, cfg: dict) -> None:
     par, tr, ac = cfg["parallelism"], cfg["training"], cfg["activation_checkpoint"]
     assert par["tensor_parallel_degree"] == p.tp and par["pipeline_parallel_degree"] == p.pp
     assert par["context_parallel_degree"] == p.cp and par["expert_parallel_degree"] == p.ep
+    if p.cp > 1:  # torchtitan's default (and 0.3's only) rotation is the all-gather
+        rotate = {CPCommType.P2P: "alltoall", CPCommType.ALL_GATHER: "allgather"}[p.cp_comm_type]
+        assert par.get("context_parallel_rotate_method", "allgather") == rotate
     assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == p.dp
     if p.zero is ZeroStage.NONE:
         assert par["data_parallel_shard_degree"] == 1
@@ -160,7 +165,8 @@ def test_torchtitan_02_reads_the_toml(name, tmp_path):
 
 
 @pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() < (0, 3), reason="torchtitan>=0.3 not installed")
-@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN
+                                  and not (PLANS[n][0].cp > 1 and PLANS[n][0].cp_comm_type is CPCommType.P2P)])
 def test_torchtitan_03_parses_the_overrides(name):
     from torchtitan.config.manager import ConfigManager
     from torchtitan.distributed import ParallelDims
@@ -238,6 +244,7 @@ def megatron_args(text: str) -> dict:
 def check_megatron(p, a: dict) -> None:
     assert a["tensor_model_parallel_size"] == p.tp and a["pipeline_model_parallel_size"] == p.pp
     assert a["context_parallel_size"] == p.cp
+    assert a.get("cp_comm_type", "p2p") == str(p.cp_comm_type)
     assert a.get("sequence_parallel", False) == p.sequence_parallel
     assert a.get("tp_comm_overlap", False) == p.tp_overlap
     assert a["micro_batch_size"] == p.micro_batch_size and a["global_batch_size"] == WL.global_batch_size
@@ -387,6 +394,25 @@ def test_unsupported_plan_features_are_one_line_errors(name, engine):
         mod.export(mod.SUPPORT.adapt(p), MODEL, CLUSTER, WL)
     msg = str(e.value)
     assert "\n" not in msg and f"export --format {engine}" in msg and f"{engine} allows" in msg
+
+
+def test_cp_exchange_per_engine():
+    """Megatron names the exchange itself; torchtitan 0.2 has ring (alltoall rotation) and
+    all-gather but no Ulysses, and 0.3 the all-gather only; DeepSpeed's JSON has no CP."""
+    ring, _ = PLANS["tp2-cp4-ring"]
+    cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(ring), MODEL, WL)
+    assert cfg["parallelism"]["context_parallel_rotate_method"] == "alltoall"
+    assert torchtitan.cli_overrides_v03(cfg, MODEL) is None  # 0.3 cannot rotate by all-to-all
+    gather = replace(ring, cp_comm_type=CPCommType.ALL_GATHER)
+    cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(gather), MODEL, WL)
+    assert cfg["parallelism"]["context_parallel_rotate_method"] == "allgather"
+    assert "--parallelism.context_parallel_degree" in torchtitan.cli_overrides_v03(cfg, MODEL)
+    assert "context_parallel_rotate_method" not in torchtitan.job_config(
+        torchtitan.SUPPORT.adapt(PLANS["ddp-mb8"][0]), MODEL, WL)["parallelism"]
+    with pytest.raises(SpecError, match="cp_comm_type"):
+        torchtitan.job_config(torchtitan.SUPPORT.adapt(replace(ring, cp_comm_type=CPCommType.A2A)), MODEL, WL)
+    text = megatron.export(megatron.SUPPORT.adapt(PLANS["cp2-ulysses"][0]), MODEL, CLUSTER, WL).text
+    assert "--cp-comm-type a2a" in text
 
 
 def test_precision_limits():

@@ -68,6 +68,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
         g.add_argument("--attention", default=None,
                        help="unfused, flash2 or flash3 (default: the fastest the GPU runs)")
+        g.add_argument("--cp-comm", default=None,
+                       help="with --cp > 1: p2p (ring attention, default), allgather (Llama 3) or a2a (Ulysses)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: drop tokens beyond this capacity factor and pad to it (default: dropless)")
         g.add_argument("--a2a-hierarchical", action="store_true",
@@ -75,6 +77,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--ep-overlap", action="store_true",
                        help="MoE: run each micro-batch's all-to-alls under another micro-batch's compute")
     else:
+        g.add_argument("--cp-comm", default=None,
+                       help="context parallel K/V exchange to search: p2p, allgather or a2a (default: all three)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
@@ -97,7 +101,7 @@ def _specs(args):
 
 
 def _plan_from_args(args, cluster):
-    from .plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+    from .plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
     from .plan.plan import make_plan
     tp, pp, cp, vp = args.tp or 1, args.pp or 1, args.cp or 1, args.vp or 1
     if args.dp is None:
@@ -110,7 +114,8 @@ def _plan_from_args(args, cluster):
         Schedule.INTERLEAVED_1F1B if vp > 1 else Schedule.ONE_F_ONE_B)
     zero = ZeroStage.parse(str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
-    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=args.ep or 1, etp=args.etp or 1,
+    cp_comm = CPCommType.parse(args.cp_comm, "cp_comm") if args.cp_comm else CPCommType.P2P
+    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, ep=args.ep or 1, etp=args.etp or 1,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
                      recompute=Recompute.parse(args.recompute, "recompute"),
@@ -147,7 +152,9 @@ def cmd_search(args) -> int:
              if getattr(args, k1) is not None}
     show = (not args.json) and sys.stderr.isatty()
     from .plan.space import SpaceLimits
-    limits = SpaceLimits(capacity_factors=(args.capacity_factor,))
+    from .plan.axes import CPCommType
+    cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm"),) if args.cp_comm else tuple(CPCommType)
+    limits = SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms)
     res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top,
                  progress=_progress if show else None)
     if args.json:

@@ -8,7 +8,8 @@ the ZeRO shard group (Megatron shards the optimizer over DP×CP), R = dp/dp_shar
 Overlap model (docs/model.md, "What overlaps"):
   * TP collectives are exposed, unless TP overlap (TE userbuffers) hides them behind the
     layer's GEMMs; the first of t chunks is never hidden.
-  * CP ring exchange of K/V overlaps the attention kernel of the previous ring step.
+  * CP ring exchange of K/V overlaps the attention kernel of the previous ring step; the
+    all-gather variant only the local chunk's; Ulysses all-to-alls are exposed.
   * ZeRO-3/FSDP gathers and reduce-scatters overlap the neighbouring layer as it runs
     (compute plus its exposed TP/CP; prefetch); the first gather of each pass is exposed.
   * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward; its last
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -39,6 +40,9 @@ from .roofline import attention_time_s, gemm_time_s, memory_bound_time_s
 # (12 B) and the 16-bit copy (2 B).
 ADAM_BYTES_PER_PARAM = 30.0
 ADAM_KERNELS = 4  # multi-tensor-apply launches per step (fused Adam over buckets)
+# the exposed CP exchange as the breakdown names it, by CPCommType code
+_CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.code: "CP K/V all-gather",
+             CPCommType.A2A.code: "CP all-to-all (Ulysses)"}
 # Cross-entropy over the T×V/t logits, HBM bytes per logit element, as PyTorch autocast (and
 # Megatron's vocab-parallel kernel) run it in fp32 on 16-bit logits. Forward: upcast (read 2,
 # write 4), log-softmax (two reads for max and sum-exp, one write: 12). Backward: the NLL
@@ -175,13 +179,35 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
                           np.where(tp_async, np.where(sp, async_rs, async_ar), tp_bwd))
 
-    # ---------------- CP ring exchange per layer ----------------
+    # ---------------- CP K/V exchange per layer (CP ranks sit t apart) ----------------
+    # this rank's K and V: T tokens × 2·kvd/t; MLA exchanges its up-projected K/V as well
     kv_bytes = ACT_BYTES * T * 2.0 * kvd / t
-    cp_step = p2p_time_s(cluster, kv_bytes, t)
-    cp_fwd = np.where(c > 1, (c - 1.0) * cp_step, 0.0)
-    cp_bwd = 2.0 * cp_fwd  # K/V forward and dK/dV back
-    cp_fwd_exp = np.maximum(cp_fwd - attn_fwd * (c - 1.0) / c, 0.0)
-    cp_bwd_exp = np.maximum(cp_bwd - attn_bwd * (c - 1.0) / c, 0.0)
+    cpc = np.asarray(plan.cp_comm_type_code)
+    # p2p ring (Liu et al. 2023; Megatron-Core's default): c−1 steps, each K/V chunk sent
+    # under the previous step's attention kernel; backward passes K/V and returns dK/dV
+    ring_fwd = (c - 1.0) * p2p_time_s(cluster, kv_bytes, t)
+    ring_fwd_exp = np.maximum(ring_fwd - attn_fwd * (c - 1.0) / c, 0.0)
+    ring_bwd_exp = np.maximum(2.0 * ring_fwd - attn_bwd * (c - 1.0) / c, 0.0)
+    # all-gather (Llama 3, Dubey et al. 2024 Sec. 3.3.2): gather every rank's K/V, issued
+    # beside the local chunk's attention (1/c of it; PyTorch's allgather rotation, Megatron
+    # AttnFuncWithCPAndKVAllGather); backward gathers again and reduce-scatters dK/dV, exposed
+    kv_ag = collective_time_s(cluster, Collective.ALL_GATHER, c * kv_bytes, c, t)
+    kv_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, c * kv_bytes, c, t)
+    ag_fwd_exp = np.maximum(kv_ag - attn_fwd / c, 0.0)
+    ag_bwd_exp = np.maximum(kv_ag - attn_bwd / c, 0.0) + kv_rs
+    # all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023 Sec. 3): Q, K, V from sequence shards
+    # to head shards before the kernel, the output back after it; backward the same volumes
+    # in reverse. Nothing to hide behind: all exposed. One rank's buffer per all-to-all.
+    a2a_qkv = collective_time_s(cluster, Collective.ALL_TO_ALL, ACT_BYTES * T * (qd + 2.0 * kvd) / t, c, t)
+    a2a_out = collective_time_s(cluster, Collective.ALL_TO_ALL, ACT_BYTES * T * qd / t, c, t)
+    uly = a2a_qkv + a2a_out
+    is_ag = cpc == CPCommType.ALL_GATHER.code
+    is_a2a = cpc == CPCommType.A2A.code
+    on = c > 1
+    cp_fwd = np.where(on, np.where(is_ag, kv_ag, np.where(is_a2a, uly, ring_fwd)), 0.0)
+    cp_bwd = np.where(on, np.where(is_ag, kv_ag + kv_rs, np.where(is_a2a, uly, 2.0 * ring_fwd)), 0.0)
+    cp_fwd_exp = np.where(on, np.where(is_ag, ag_fwd_exp, np.where(is_a2a, uly, ring_fwd_exp)), 0.0)
+    cp_bwd_exp = np.where(on, np.where(is_ag, ag_bwd_exp, np.where(is_a2a, uly, ring_bwd_exp)), 0.0)
 
     # ---------------- ZeRO-3 / FSDP per-layer traffic ----------------
     S = _f(plan.dp_shard) * c
@@ -383,7 +409,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     )
     comm_detail = {
         "TP " + ("all-gather+reduce-scatter" if np.all(sp) else "all-reduce" if not np.any(sp) else "collectives"): time.tp_comm_s,
-        "CP ring send/recv": time.cp_comm_s,
+        _CP_LABEL.get(int(np.ravel(cpc)[0]) if np.unique(cpc).size == 1 else -1, "CP K/V exchange"): time.cp_comm_s,
         "EP all-to-all" + (" (hierarchical)" if np.all(np.asarray(plan.a2a_hierarchical)) and mc else ""): time.ep_comm_s,
         "PP send/recv": time.pp_comm_s,
         "DP/ZeRO collectives": time.dp_comm_s,
@@ -453,9 +479,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     layer_detail = {
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,
                 "MLP down GEMM": w_dense * g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
-                "CP ring": cp_fwd_exp, "FSDP gather": z3_fwd_exp},
+                "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp},
         "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
-                "TP collectives": tp_bwd_exp, "CP ring": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp},
+                "TP collectives": tp_bwd_exp, "CP K/V exchange": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp},
     }
     if mc:
         # MoE layers, averaged over the stage's layers like every entry here

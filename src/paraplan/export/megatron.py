@@ -17,6 +17,7 @@ Mapping (paraplan -> Megatron-LM):
   `--fp8-recipe tensorwise` (Megatron-Core refuses moe_act/layernorm recomputation with
   delayed scaling).
 - Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
+- CP: `--cp-comm-type` p2p (ring), allgather or a2a (Ulysses), paraplan's own names.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     if plan.vp > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", layers_per_chunk(model, plan, ENGINE)]
     if plan.cp > 1:
-        a += ["--cp-comm-type", "p2p"]  # ring attention, as paraplan costs CP
+        a += ["--cp-comm-type", str(plan.cp_comm_type)]  # Megatron-Core's names: p2p, allgather, a2a
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
     if plan.tp_overlap:

@@ -16,6 +16,9 @@ Mapping (paraplan -> torchtitan):
 - Batch: with PP the local batch (global / DP) is split into micro-batches of
   `pipeline_parallel_microbatch_size`; without PP the local batch is one micro-batch and
   torchtitan accumulates global / (DP × micro-batch) of them.
+- CP: ring (p2p) -> `context_parallel_rotate_method = "alltoall"` (PyTorch passes each K/V
+  shard on with an all-to-all per ring step); allgather -> `"allgather"`. torchtitan has no
+  Ulysses (a2a). torchtitan 0.3 has no rotate knob: PyTorch's default, all-gather.
 - Recompute: `full` -> FullAC; `selective` -> torchtitan's per-op SAC (`"op"`: keeps matmul
   and attention outputs, recomputes element-wise ops), the nearest torchtitan policy to
   Korthikanti's attention-core recomputation.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import shlex
 
-from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.axes import CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -50,12 +53,14 @@ MODELS = {
     "deepseek-v3": ("deepseek_v3", "671B", "deepseek_v3_671b"),
 }
 PRECISIONS = {Precision.BF16: "bfloat16"}
+# parallelism.context_parallel_rotate_method (torchtitan 0.2)
+CP_ROTATE = {CPCommType.P2P: "alltoall", CPCommType.ALL_GATHER: "allgather"}
 
 SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
-                       allow_offload=False, sequence_parallel=(True,)),
+                       allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE)),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False)      # DTensor TP does not overlap the backward reductions
@@ -79,6 +84,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           "no optimizer-only offload (training.enable_cpu_offload also moves parameters and gradients)")
     if not plan.dp_overlap:
         raise unsupported(ENGINE, "dp_overlap", False, "only overlapped data-parallel communication (FSDP2 prefetch)")
+    if plan.cp > 1 and plan.cp_comm_type not in CP_ROTATE:
+        raise unsupported(ENGINE, "cp_comm_type", str(plan.cp_comm_type), ", ".join(map(str, CP_ROTATE))
+                          + " (context_parallel_rotate_method alltoall / allgather)")
     if plan.capacity_factor is not None:
         raise unsupported(ENGINE, "capacity_factor", plan.capacity_factor, "dropless MoE only")
     if plan.a2a_hierarchical:
@@ -107,6 +115,8 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
                  "enable_async_tensor_parallel": plan.tp_overlap,
                  "pipeline_parallel_degree": plan.pp, "context_parallel_degree": plan.cp,
                  "expert_parallel_degree": plan.ep, "expert_tensor_parallel_degree": plan.etp}
+    if plan.cp > 1:
+        par["context_parallel_rotate_method"] = CP_ROTATE[plan.cp_comm_type]
     if plan.pp > 1:
         par.update(pipeline_parallel_schedule=SCHEDULES[plan.schedule],
                    pipeline_parallel_microbatch_size=plan.micro_batch_size,
@@ -129,11 +139,14 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
 
 def cli_overrides_v03(cfg: dict, model: ModelSpec) -> list[str] | None:
     """The same config as torchtitan 0.3 `--module/--config` plus overrides; None where 0.3
-    cannot say it (expert tensor parallelism, FP8 converters, models without a registry)."""
+    cannot say it (expert tensor parallelism, FP8 converters, a ring CP rotation, models
+    without a registry)."""
     par = dict(cfg["parallelism"])
     registry = MODELS.get(model.name)
     if registry is None or par.pop("expert_tensor_parallel_degree") != 1 or "converters" in cfg["model"]:
         return None
+    if par.pop("context_parallel_rotate_method", "allgather") != "allgather":
+        return None  # 0.3 has no rotate knob: PyTorch's default all-gather only
     args = ["--module", registry[0], "--config", registry[2]]
     async_tp = par.pop("enable_async_tensor_parallel")
     for section, values in (("training", cfg["training"]), ("parallelism", par)):

@@ -26,6 +26,16 @@ class Recompute(_Coded):
     MODULES = "modules"
 
 
+class CPCommType(_Coded):
+    """How context-parallel ranks exchange keys and values (Megatron-Core --cp-comm-type)."""
+
+    P2P = "p2p"              # ring attention (Liu et al. 2023): K/V chunks passed around a ring,
+                             # each step under the previous step's attention kernel
+    ALL_GATHER = "allgather"  # Llama 3 (Dubey et al. 2024 Sec. 3.3.2): all-gather K/V, then attend
+    A2A = "a2a"              # DeepSpeed-Ulysses (Jacobs et al. 2023): all-to-all from sequence
+                             # shards to head shards and back around the attention kernel
+
+
 class ZeroStage(_Coded):
     """Sharding over the data-parallel shard group (Rajbhandari et al. ZeRO)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..specs.workload import Workload
-from .axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -14,6 +14,7 @@ class Plan:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    cp_comm_type: CPCommType = CPCommType.P2P  # with CP>1: how K/V cross the CP group
     # Expert parallelism (MoE models; Megatron-Core "parallel folding"): the expert layers
     # re-slice the same TP×CP×DP ranks of a pipeline stage as ETP×EP×EDP, EDP = t·c·d/(ep·etp).
     ep: int = 1
@@ -72,6 +73,10 @@ class Plan:
         return self.attention.code
 
     @property
+    def cp_comm_type_code(self) -> int:
+        return self.cp_comm_type.code
+
+    @property
     def capacity_factor_value(self) -> float:
         """Capacity factor as the vectorized cost model reads it (0.0: dropless)."""
         return 0.0 if self.capacity_factor is None else float(self.capacity_factor)
@@ -86,7 +91,7 @@ class Plan:
     def describe(self) -> str:
         parts = [f"TP{self.tp}", f"PP{self.pp}", f"DP{self.dp}"]
         if self.cp > 1:
-            parts.append(f"CP{self.cp}")
+            parts.append(f"CP{self.cp}" + ("" if self.cp_comm_type is CPCommType.P2P else f"/{self.cp_comm_type}"))
         if self.ep > 1:
             parts.append(f"EP{self.ep}")
         if self.etp > 1:

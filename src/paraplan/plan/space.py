@@ -16,11 +16,11 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from .plan import Plan, Rejected
 
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
-               "schedule_code", "recompute_code", "zero_code", "attention_code")
+               "schedule_code", "recompute_code", "zero_code", "attention_code", "cp_comm_type_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
                 "checkpoint_early_stop", "tp_async_backward", "a2a_hierarchical",
                 "ep_overlap")
@@ -35,6 +35,7 @@ class PlanBatch:
     pp: np.ndarray
     dp: np.ndarray
     cp: np.ndarray
+    cp_comm_type_code: np.ndarray
     ep: np.ndarray
     etp: np.ndarray
     vp: np.ndarray
@@ -66,6 +67,7 @@ class PlanBatch:
     def plan(self, i: int) -> Plan:
         return Plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
+            cp_comm_type=CPCommType.from_code(self.cp_comm_type_code[i]),
             ep=int(self.ep[i]), etp=int(self.etp[i]), vp=int(self.vp[i]), micro_batch_size=int(self.micro_batch_size[i]),
             schedule=Schedule.from_code(self.schedule_code[i]),
             recompute=Recompute.from_code(self.recompute_code[i]),
@@ -147,6 +149,12 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
                    f"to be a multiple of PP={P.pp}"),
         ("cp_seq", lambda B: (B.cp > 1) & (s % (2 * B.cp) != 0),
          lambda P: f"CP={P.cp} needs seq_len={s} divisible by 2×CP (load-balanced causal chunks)"),
+        ("cp_comm", lambda B: (B.cp == 1) & (B.cp_comm_type_code != CPCommType.P2P.code),
+         lambda P: f"cp_comm_type={P.cp_comm_type} needs CP>1"),
+        # Ulysses gives each CP rank whole heads: a TP rank's query and K/V heads split over CP
+        ("cp_a2a_heads", lambda B: (B.cp_comm_type_code == CPCommType.A2A.code)
+         & ((a % (B.tp * B.cp) != 0) | (k % (B.tp * B.cp) != 0)),
+         lambda P: f"cp_comm_type=a2a (Ulysses) needs TP×CP = {P.tp * P.cp} to divide heads={a} and kv_heads={k}"),
         ("sp_tp", lambda B: B.sequence_parallel & (B.tp == 1), lambda P: "sequence parallelism needs TP>1"),
         ("tpov_sp", lambda B: B.tp_overlap & ~B.sequence_parallel,
          lambda P: "TP communication overlap needs sequence parallelism"),
@@ -222,6 +230,8 @@ class SpaceLimits:
     # factor). Dropping tokens changes the model, so the default searches dropless only.
     capacity_factors: tuple[float | None, ...] = (None,)
     max_ep: int = 0          # 0: up to the number of experts
+    # context parallelism: the K/V exchanges tried when CP>1 (plan/axes.py CPCommType)
+    cp_comm_types: tuple[CPCommType, ...] = tuple(CPCommType)
 
 
 def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed: dict,
@@ -297,6 +307,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         shards = [dp]
         if limits.hybrid_shard:
             shards += [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
+        cpcs = [x.code for x in limits.cp_comm_types] if cp > 1 else [CPCommType.P2P.code]
         for vp in vps:
             if pp == 1:
                 scheds = [Schedule.ONE_F_ONE_B]
@@ -314,8 +325,9 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                                 for shard in zshards:
                                     for off in ((False, True) if limits.allow_offload and zero is not ZeroStage.PARAMETERS else (False,)):
                                         for tpov in (limits.tp_overlap if sp else (False,)):
-                                            rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
-                                                         zero.code, shard, off, tpov))
+                                            for cpc in cpcs:
+                                                rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
+                                                             zero.code, shard, off, tpov, cpc))
         if not rows:
             continue
         arr = np.array(rows, dtype=np.int64)
@@ -329,7 +341,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         ex = np.repeat(ex, nm, axis=0)
         arr = np.repeat(arr, nm, axis=0)
         batch = PlanBatch(
-            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], vp=arr[:, 4], micro_batch_size=mb_col,
+            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], cp_comm_type_code=arr[:, 13], vp=arr[:, 4],
+            micro_batch_size=mb_col,
             schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
             sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
             offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(len(arr), dtype=bool),

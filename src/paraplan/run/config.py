@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
@@ -68,10 +68,9 @@ class RunConfig:
         try:
             d = json.loads(text)
             plan = d["plan"]
-            for key, enum in (("schedule", Schedule), ("recompute", Recompute), ("zero", ZeroStage)):
-                plan[key] = enum(plan[key])
-            from ..plan.axes import AttentionKernel
-            plan["attention"] = AttentionKernel(plan["attention"])
+            for f in fields(Plan):  # every enum-valued plan field back from its string
+                if isinstance(f.default, StrEnum) and f.name in plan:
+                    plan[f.name] = type(f.default)(plan[f.name])
             wl = d["workload"]
             wl["precision"] = Precision(wl["precision"])
             from ..specs.workload import Optimizer

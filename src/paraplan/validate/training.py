@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
 from ..errors import FileFormatError, NoPlanFitsError, ParaplanError, SpecError
-from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model
@@ -194,6 +194,10 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
         # the NeMo 24.x, Megatron-LM and llm-foundry runs could not have used it
         recomputes = tuple(r for r in recomputes if r is not Recompute.MODULES) or recomputes
     sps = (False, True) if c["sp"] is None else (c["sp"],)
+    # how CP exchanges K/V: the row's optional cp_comm_type column, else Megatron-Core's
+    # default ring (p2p), which every Megatron/NeMo CP run in ../shared/validation used
+    cpc = (row.get("cp_comm_type") or "").strip()
+    cp_comms = (CPCommType.parse(cpc, "cp_comm_type"),) if cpc else (CPCommType.P2P,)
     # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
@@ -210,7 +214,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
-                         capacity_factors=(1.0,) if _token_drop(row) else (None,))
+                         capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms)
     return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits)
 
