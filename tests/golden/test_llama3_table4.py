@@ -34,3 +34,27 @@ def test_chunks_beyond_layers_plus_two_are_refused(capsys):
                  "--vp", "9", "--dp", "128", "--seq", "8192", "--batch", "2048"])
     err = capsys.readouterr().err
     assert code == 2 and "must not exceed layers + 2 = 128" in err
+
+
+def test_search_proposes_meta_layout_without_pins():
+    """126 layers do not divide by 16 (nor 126/16 by 8): the search proposes PP 16 × VP 8
+    anyway, because the embedding and the loss take the two spare chunk slots."""
+    from paraplan.plan.space import SpaceLimits, enumerate_space
+    from paraplan.specs.catalog import load_cluster, load_model
+    from paraplan.specs.workload import Workload
+    model = load_model("llama3.1-405b")
+    cluster = load_cluster("dgx-h100", num_gpus=16384)
+    layouts = set()
+    for batch, _ in enumerate_space(model, cluster, Workload(global_batch_size=2048, seq_len=8192), SpaceLimits(),
+                                    fixed={"tp": 8, "cp": 1, "micro_batch_size": 1}):
+        layouts |= set(zip(batch.pp.tolist(), batch.vp.tolist()))
+    assert (16, 8) in layouts and (2, 1) in layouts
+    assert all(pp * vp <= 128 for pp, vp in layouts)
+    # 5 stages cannot even out 126 layers (+ embedding + loss): proposed only when pinned
+    small = load_cluster("dgx-h100", num_gpus=40)
+    wl = Workload(global_batch_size=80, seq_len=8192)
+    pps = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8}) for p in b.pp.tolist()}
+    assert pps == {1}
+    pinned = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8, "pp": 5})
+              for p in b.pp.tolist()}
+    assert pinned == {5}

@@ -36,7 +36,7 @@ class TimeBreakdown(_Parts):
     compute_s: float
     recompute_s: float
     tp_comm_s: float       # exposed tensor-parallel collectives
-    cp_comm_s: float       # exposed context-parallel ring exchange
+    cp_comm_s: float       # exposed context-parallel K/V exchange (ring, all-gather or all-to-all)
     ep_comm_s: float       # exposed expert-parallel all-to-all (MoE dispatch and combine)
     pp_comm_s: float       # exposed pipeline send/recv (fill and drain)
     dp_comm_s: float       # exposed data-parallel / ZeRO / FSDP collectives

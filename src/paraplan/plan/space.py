@@ -128,7 +128,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         # Uneven splits are allowed: Megatron-Core places layers per stage freely
         # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo
         # gives the embedding and loss stages fewer layers). The cost model times the fullest
-        # stage, ceil(l/(p·v)) layers per chunk. The search proposes divisors only. The
+        # stage, ceil(l/(p·v)) layers per chunk. The search proposes PP dividing l, l+1 or l+2
+        # (and VP also dividing l/p, or chunks that count so; `_balanced`). The
         # embedding and the loss may take a chunk of their own (Megatron-Core
         # --account-for-embedding/loss-in-pipeline-split; Llama 3 405B ran 126 layers as 16×8
         # chunks with one layer fewer on the first and last stage, Dubey et al. 2024 Sec. 3.3.2).
@@ -198,6 +199,13 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Wor
 
 
 # ---------------------------------------------------------------- enumeration
+def _balanced(layers: int, chunks: int) -> bool:
+    """Equal chunks of layers, counting the embedding and the loss as a layer's slot each
+    where that evens them (Megatron-Core --account-for-embedding/loss-in-pipeline-split;
+    Llama 3 405B: 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2)."""
+    return any((layers + slack) % chunks == 0 for slack in (0, 1, 2))
+
+
 def _divisors(n: int) -> list[int]:
     """Divisors of n in increasing order (O(√n))."""
     small = [x for x in range(1, math.isqrt(n) + 1) if n % x == 0]
@@ -287,7 +295,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             if cp > limits.max_cp or fixed.get("cp", cp) != cp:
                 continue
             for pp in _divisors(N // (tp * cp)):
-                if (L % pp and "pp" not in fixed) or fixed.get("pp", pp) != pp:
+                if (not _balanced(L, pp) and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
                 dp = N // (tp * cp * pp)
                 if gbs % dp or fixed.get("dp", dp) != dp:
@@ -299,7 +307,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         mbs = [x for x in _divisors(per_dp) if x <= limits.max_micro_batch]
         if "micro_batch_size" in fixed:
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
-        vps = [x for x in _divisors(L // pp) if x <= limits.max_vp] if pp > 1 else [1]
+        vps = sorted(x for x in set(_divisors(L // pp)) | {v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)}
+                     if x <= limits.max_vp) if pp > 1 else [1]
         if "vp" in fixed:  # virtual stages need pipeline stages: vp > 1 pins out PP = 1
             vps = [fixed["vp"]] if pp > 1 else ([1] if fixed["vp"] == 1 else [])
         L_s = -(-L // pp)

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from enum import StrEnum
 
 from ..cost.estimate import Estimate
 
 
 def plan_dict(plan) -> dict:
-    d = asdict(plan)
-    for k in ("schedule", "recompute", "zero", "attention"):
-        d[k] = str(d[k])
+    d = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(plan).items()}
     d["describe"] = plan.describe()
     return d
 
