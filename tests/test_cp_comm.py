@@ -8,6 +8,9 @@ Sec. 3.2), while an all-gather's grows with the group.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from paraplan.cli import main
@@ -91,3 +94,40 @@ def test_cli_cp_comm_flag(capsys):
     assert main(["search", "--model", "llama3-8b", "--gpus", "8", "--seq", "32768", "--batch", "8", "--cp", "4",
                  "--cp-comm", "a2a", "--top", "1", "--json"]) == 0
     assert "CP4/a2a" in capsys.readouterr().out
+
+
+def test_a_ring_that_leaves_the_node_runs_at_network_speed():
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=1, seq_len=131072)
+    plan = make_plan(tp=8, cp=2, dp=1, sequence_parallel=True)  # 16 GPUs: the CP pair spans two nodes
+    two_nodes = load_cluster("dgx-h100", num_gpus=16)
+    one_domain = replace(two_nodes, gpus_per_node=16)  # the same links, one 16-GPU NVLink domain
+    ring = [estimate(model, c, wl, plan) for c in (two_nodes, one_domain)]
+    total = [e.time.cp_comm_s + e.overlapped.cp_comm_s for e in ring]
+    assert total[0] > 4.0 * total[1]  # 50 GB/s per GPU over InfiniBand against 450 GB/s NVLink
+
+
+def test_recomputing_attention_repeats_its_cp_exchange():
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=1, seq_len=65536)
+    cp = {rc: estimate(model, cluster, wl, make_plan(cp=8, dp=1, cp_comm_type=CPCommType.A2A, recompute=rc)).time.cp_comm_s
+          for rc in (Recompute.NONE, Recompute.SELECTIVE)}
+    # Ulysses moves the same all-to-alls forward and backward: one more forward is +50%
+    assert cp[Recompute.SELECTIVE] / cp[Recompute.NONE] == pytest.approx(1.5, rel=0.05)
+
+
+def test_search_restricted_to_an_impossible_exchange_says_why(capsys):
+    base = ["search", "--model", "llama3-8b", "--gpus", "16", "--seq", "32768", "--batch", "16", "--top", "1"]
+    assert main(base + ["--cp", "16", "--cp-comm", "a2a"]) == 2
+    err = capsys.readouterr().err
+    assert "--cp-comm='a2a'" in err and "kv_heads=8" in err and err.count("\n") == 1
+    assert main(base + ["--cp", "1", "--cp-comm", "allgather"]) == 2
+    assert "needs CP>1" in capsys.readouterr().err
+
+
+def test_malformed_cp_comm_cell_refuses_the_file(tmp_path, capsys):
+    src = Path(__file__).resolve().parents[1] / "validation" / "llama3_herd_table4.csv"
+    bad = tmp_path / "bad.csv"
+    bad.write_text(src.read_text().replace(",allgather\n", ",ringx\n"))
+    assert main(["validate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "cp_comm_type" in err and "'ringx'" in err and "bad.csv:4" in err and "Traceback" not in err

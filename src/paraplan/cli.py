@@ -114,7 +114,7 @@ def _plan_from_args(args, cluster):
         Schedule.INTERLEAVED_1F1B if vp > 1 else Schedule.ONE_F_ONE_B)
     zero = ZeroStage.parse(str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
-    cp_comm = CPCommType.parse(args.cp_comm, "cp_comm") if args.cp_comm else CPCommType.P2P
+    cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, ep=args.ep or 1, etp=args.etp or 1,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
@@ -153,7 +153,7 @@ def cmd_search(args) -> int:
     show = (not args.json) and sys.stderr.isatty()
     from .plan.space import SpaceLimits
     from .plan.axes import CPCommType
-    cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm"),) if args.cp_comm else tuple(CPCommType)
+    cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm_type"),) if args.cp_comm is not None else tuple(CPCommType)
     limits = SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms)
     res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top,
                  progress=_progress if show else None)

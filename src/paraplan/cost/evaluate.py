@@ -9,7 +9,7 @@ Overlap model (docs/model.md, "What overlaps"):
   * TP collectives are exposed, unless TP overlap (TE userbuffers) hides them behind the
     layer's GEMMs; the first of t chunks is never hidden.
   * CP ring exchange of K/V overlaps the attention kernel of the previous ring step; the
-    all-gather variant only the local chunk's; Ulysses all-to-alls are exposed.
+    K/V all-gather and Ulysses all-to-alls are exposed.
   * ZeRO-3/FSDP gathers and reduce-scatters overlap the neighbouring layer as it runs
     (compute plus its exposed TP/CP; prefetch); the first gather of each pass is exposed.
   * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward; its last
@@ -184,17 +184,24 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     kv_bytes = ACT_BYTES * T * 2.0 * kvd / t
     cpc = np.asarray(plan.cp_comm_type_code)
     # p2p ring (Liu et al. 2023; Megatron-Core's default): c−1 steps, each K/V chunk sent
-    # under the previous step's attention kernel; backward passes K/V and returns dK/dV
-    ring_fwd = (c - 1.0) * p2p_time_s(cluster, kv_bytes, t)
+    # under the previous step's attention kernel; backward passes K/V and returns dK/dV.
+    # Every step waits for the ring's slowest hop: the network once the group leaves the node
+    # (t·c GPUs > one node), the data-center tier once it leaves the island.
+    span = t * c
+    ring_stride = np.where(span > cluster.gpus_per_node, cluster.gpus_per_node, t)
+    if cluster.gpus_per_island and cluster.dcn is not None:
+        ring_stride = np.where(span > cluster.gpus_per_island, cluster.gpus_per_island, ring_stride)
+    ring_fwd = (c - 1.0) * p2p_time_s(cluster, kv_bytes, ring_stride)
     ring_fwd_exp = np.maximum(ring_fwd - attn_fwd * (c - 1.0) / c, 0.0)
     ring_bwd_exp = np.maximum(2.0 * ring_fwd - attn_bwd * (c - 1.0) / c, 0.0)
-    # all-gather (Llama 3, Dubey et al. 2024 Sec. 3.3.2): gather every rank's K/V, issued
-    # beside the local chunk's attention (1/c of it; PyTorch's allgather rotation, Megatron
-    # AttnFuncWithCPAndKVAllGather); backward gathers again and reduce-scatters dK/dV, exposed
+    # all-gather (Llama 3, Dubey et al. 2024 Sec. 3.3.2: "the all-gather communication latency
+    # is exposed in the critical path"): gather every rank's K/V before attention (Transformer
+    # Engine's AttnFuncWithCPAndKVAllGather, Megatron --cp-comm-type allgather); backward
+    # gathers again and reduce-scatters dK/dV. All exposed.
     kv_ag = collective_time_s(cluster, Collective.ALL_GATHER, c * kv_bytes, c, t)
     kv_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, c * kv_bytes, c, t)
-    ag_fwd_exp = np.maximum(kv_ag - attn_fwd / c, 0.0)
-    ag_bwd_exp = np.maximum(kv_ag - attn_bwd / c, 0.0) + kv_rs
+    ag_fwd_exp = kv_ag
+    ag_bwd_exp = kv_ag + kv_rs
     # all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023 Sec. 3): Q, K, V from sequence shards
     # to head shards before the kernel, the output back after it; backward the same volumes
     # in reverse. Nothing to hide behind: all exposed. One rank's buffer per all-to-all.
@@ -262,7 +269,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0)
                         + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0))
     rc_tp_stage = rc_layers * np.where(early, 0.5, 1.0) * tp_fwd_exp
-    rc_cp_stage = rc_layers * cp_fwd_exp
+    # the attention core recomputed alone still holds the CP exchange (Transformer Engine's
+    # context-parallel attention does its K/V traffic inside the checkpointed kernel)
+    rc_attn = np.where(rc == Recompute.SELECTIVE.code, 1.0,
+                       np.where((rc == Recompute.MODULES.code) & ~flash, 1.0, 0.0))
+    rc_cp_stage = (rc_layers + L_s * rc_attn) * cp_fwd_exp
     # the recomputed dispatch runs inside the backward pass, not under another micro-batch's
     # compute: it stays exposed even with EP overlap. Early stop skips the combine.
     rc_ep_stage = rc_layers * np.where(early, 0.5, 1.0) * a2a_fwd_exp

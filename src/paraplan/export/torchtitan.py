@@ -172,8 +172,12 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         "torchtitan 0.2.x reads this file:", f"  {launcher}"]
     v03 = cli_overrides_v03(cfg, model)
     head.append("torchtitan 0.3 reads no TOML; the same settings as overrides:")
+    ring = cfg["parallelism"].get("context_parallel_rotate_method") == "alltoall"
     head.append(f"  {run} {shlex.join(v03)}" if v03 else
-                "  (not expressible in 0.3: expert tensor parallelism, FP8 converters or a model without a registry entry)")
+                "  (not expressible in 0.3: " + ("ring context parallelism; 0.3 rotates K/V by all-gather only "
+                                                 "(--cp-comm allgather)" if ring else
+                                                 "expert tensor parallelism, FP8 converters or a model without a "
+                                                 "registry entry") + ")")
     notes = []
     if model.name not in MODELS:
         notes.append(f"model {model.name!r} has no torchtitan flavor: register one with its dimensions "

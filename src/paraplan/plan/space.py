@@ -316,7 +316,9 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         shards = [dp]
         if limits.hybrid_shard:
             shards += [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
-        cpcs = [x.code for x in limits.cp_comm_types] if cp > 1 else [CPCommType.P2P.code]
+        # CP = 1 exchanges nothing (counted as the ring); a search for another exchange only
+        cpcs = ([x.code for x in limits.cp_comm_types] if cp > 1
+                else [CPCommType.P2P.code] if CPCommType.P2P in limits.cp_comm_types else [])
         for vp in vps:
             if pp == 1:
                 scheds = [Schedule.ONE_F_ONE_B]

@@ -5,14 +5,15 @@ the simulated pipeline, so the top of the ranking is stable; see docs/model.md).
 from __future__ import annotations
 
 import time as _time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..cost.estimate import Estimate, finish
 from ..cost.evaluate import evaluate
 from ..errors import NoPlanFitsError, SpecError
-from ..plan.space import PlanBatch, SpaceLimits, enumerate_space
+from ..plan.axes import CPCommType
+from ..plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -128,6 +129,16 @@ PIN_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "cp": "--cp", "ep": "--ep
 def _explain_pins(model, cluster, workload, limits, fixed) -> None:
     """No valid plan with these pins: name the pin that rules out every plan, with the values
     that axis can take once the pin is lifted (a SpecError, one line)."""
+    if set(limits.cp_comm_types) != set(CPCommType):
+        # a restricted CP exchange (--cp-comm) that the pins leave no plan for: say its rule
+        for batch, _ in enumerate_space(model, cluster, workload, replace(limits, cp_comm_types=tuple(CPCommType)),
+                                        fixed):
+            if len(batch):
+                base = batch.plan(0)
+                wanted = ", ".join(map(str, limits.cp_comm_types))
+                rej = [check_plan(replace(base, cp_comm_type=k), model, cluster, workload) for k in limits.cp_comm_types]
+                reason = next((r.reason for r in rej if r is not None), "")
+                raise SpecError("search", "--cp-comm", wanted, f"no valid plan with the pins uses it: {reason}")
     for key, value in fixed.items():
         rest = {k: v for k, v in fixed.items() if k != key}
         seen: set[int] = set()

@@ -143,6 +143,12 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     cells["gated_mlp"] = _yes_no(row, "gated_mlp", path, line)
     cells["sp"] = _yes_no(row, "sp", path, line)
     cells["zero"] = _zero(row, path, line)
+    cpc = (row.get("cp_comm_type") or "").strip()
+    try:
+        cells["cp_comm_type"] = CPCommType(cpc.lower()) if cpc else None
+    except ValueError:
+        raise FileFormatError(path, f"column 'cp_comm_type': {cpc!r} is not allowed; allowed: "
+                              + ", ".join(k.value for k in CPCommType) + " or blank (ring, p2p)", line) from None
     return cells
 
 
@@ -196,8 +202,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
     sps = (False, True) if c["sp"] is None else (c["sp"],)
     # how CP exchanges K/V: the row's optional cp_comm_type column, else Megatron-Core's
     # default ring (p2p), which every Megatron/NeMo CP run in ../shared/validation used
-    cpc = (row.get("cp_comm_type") or "").strip()
-    cp_comms = (CPCommType.parse(cpc, "cp_comm_type"),) if cpc else (CPCommType.P2P,)
+    cp_comms = (c["cp_comm_type"] or CPCommType.P2P,)
     # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
