@@ -19,6 +19,7 @@ from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .evaluate import PlanCosts, evaluate
 from .flops import model_flops_per_token
+from .memory import fits
 
 
 class PlanRejectedError(ParaplanError):
@@ -46,8 +47,10 @@ class Estimate:
     time: TimeBreakdown
     overlapped: OverlappedComm
     memory: MemoryBreakdown
-    fits: bool
+    fits: bool                 # on the GPU and, when the cluster states it, in host DRAM
     hbm_bytes: float
+    host_bytes: float          # host DRAM per GPU the plan keeps (offloaded optimizer states)
+    host_capacity_bytes: float  # the GPU's share of its node's host DRAM (0: not stated)
     tokens_per_s: float
     tokens_per_s_per_gpu: float
     mfu: float  # model FLOPs (PaLM convention: 6N + full-s² attention, no recompute) / peak
@@ -57,6 +60,17 @@ class Estimate:
     comm_detail: dict
     layer_detail: dict
     sim: SimResult | None = None
+
+    def misfit(self, gpu_name: str) -> str:
+        """Why the plan does not fit, in one clause ("" when it fits)."""
+        from ..units import fmt_bytes
+        if self.memory.total > self.hbm_bytes:
+            return (f"needs {fmt_bytes(self.memory.total)} per GPU by paraplan's memory model, more than the "
+                    f"{fmt_bytes(self.hbm_bytes)} of {gpu_name}")
+        if not self.fits:
+            return (f"keeps {fmt_bytes(self.host_bytes)} of offloaded optimizer state per GPU in host DRAM, more "
+                    f"than the GPU's {fmt_bytes(self.host_capacity_bytes)} share of its node's")
+        return ""
 
 
 def _batch_index(costs_field, i=0):
@@ -99,6 +113,7 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
         time = replace(time, bubble_s=max(rest, 0.0))
     step = float(time.total)
     mem = costs.memory.scalar(0)
+    host = _batch_index(costs.host_bytes)
     n = plan.num_gpus
     tokens_per_step = workload.tokens_per_step
     tps = tokens_per_step / step
@@ -118,7 +133,8 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     comm["PP send/recv"] = time.pp_comm_s
     detail = {ph: {k: _batch_index(v) for k, v in d.items()} for ph, d in costs.layer_detail.items()}
     return Estimate(plan=plan, num_gpus=n, num_microbatches=m, step_time_s=step, time=time, overlapped=overl,
-                    memory=mem, fits=bool(mem.total <= gpu.hbm_bytes), hbm_bytes=gpu.hbm_bytes,
+                    memory=mem, fits=bool(fits(cluster, mem.total, host)), hbm_bytes=gpu.hbm_bytes,
+                    host_bytes=host, host_capacity_bytes=cluster.host_memory_bytes_per_gpu,
                     tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=mfu, hfu=hfu,
                     model_tflops_per_gpu=mfu * peak / 1e12, budget=budget, comm_detail=comm,
                     layer_detail=detail, sim=sim)

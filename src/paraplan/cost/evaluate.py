@@ -77,6 +77,7 @@ class PlanCosts:
     time: TimeBreakdown           # closed-form step (search); estimate() re-times the pipeline
     overlapped: OverlappedComm
     memory: MemoryBreakdown
+    host_bytes: object            # host DRAM per GPU (offloaded optimizer), worst stage
     dp_step_s: object             # exposed DP comm + optimizer, added after the pipeline
     critical_stage_s: object      # m × the slowest stage's per-micro-batch time (no bubble)
     comm_detail: dict             # per-collective totals per step (exposed, seconds)
@@ -453,10 +454,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
         g = mem.GRAD_BYTES * (params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
                               + expert_stage / np.where(zc >= ZeroStage.GRADIENTS.code, edp, 1.0))
         o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
-        return w, g, o
+        # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
+        host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
+        return w, g, o, host
 
-    w1, g1, o1 = states(params_stage_first)
-    wl, gl, ol = states(params_stage_last)
+    w1, g1, o1, host1 = states(params_stage_first)
+    wl, gl, ol, hostl = states(params_stage_last)
+    host_bytes = np.maximum(host1, hostl)
     lo1 = np.where(only, logits, 0.0)
     tot1 = w1 + g1 + o1 + acts_first + lo1
     totl = wl + gl + ol + acts_last + logits
@@ -502,6 +506,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
                                     "EP all-to-all": a2a_fwd_exp})
         layer_detail["bwd"].update({"MoE (experts, router, permute, shared)": moe_bwd, "EP all-to-all": a2a_bwd_exp})
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
+                     host_bytes=host_bytes,
                      overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer,
                      critical_stage_s=m * t_max,
                      comm_detail=comm_detail, hardware_flops_per_step=hw, layer_detail=layer_detail)

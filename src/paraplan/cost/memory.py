@@ -130,3 +130,12 @@ def inflight_microbatches(plan, num_microbatches):
     out = np.where((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1), interleaved, one_f_one_b)
     out = np.where((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code), all_m, out)
     return np.where(p > 1, out, 1.0)
+
+
+def fits(cluster, device_bytes, host_bytes):
+    """Whether a plan fits: its worst stage in the GPU's usable memory and what it keeps in
+    host DRAM (offloaded optimizer states) in the GPU's share of the node's host memory, when
+    the cluster states it. Vectorized."""
+    ok = np.asarray(device_bytes) <= cluster.gpu.hbm_bytes
+    cap = cluster.host_memory_bytes_per_gpu
+    return ok & (np.asarray(host_bytes) <= cap) if cap > 0 else ok

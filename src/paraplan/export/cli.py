@@ -63,9 +63,7 @@ def cmd_export(args) -> int:
     res = mod.export(plan, model, cluster, wl, est)
     if not est.fits:
         # the user's plan: exported as asked (the memory model can be pessimistic), but said
-        from ..units import fmt_bytes
-        sys.stderr.write(f"paraplan: warning: {plan.describe()} needs {fmt_bytes(est.memory.total)} per GPU by "
-                         f"paraplan's memory model, more than the {fmt_bytes(est.hbm_bytes)} of {cluster.gpu.name}\n")
+        sys.stderr.write(f"paraplan: warning: {plan.describe()} {est.misfit(cluster.gpu.name)}\n")
     launcher = res.launcher if not args.output else res.launcher.replace(res.filename, args.output)
     if args.output:
         write_output(args.output, res.text, "export", "--output")

@@ -30,6 +30,8 @@ def estimate_dict(est: Estimate) -> dict:
         "exposed_comm_by_collective_s": est.comm_detail,
         "memory_bytes": {**est.memory.parts(), "total_bytes": est.memory.total},
         "hbm_bytes": est.hbm_bytes,
+        "host_bytes": est.host_bytes,
+        "host_capacity_bytes": est.host_capacity_bytes,
         "fits": est.fits,
         "budget": asdict(est.budget),
     }

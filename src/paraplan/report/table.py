@@ -47,6 +47,9 @@ def memory_table(est: Estimate) -> str:
     total = est.memory.total
     rows = [[names[k], fmt_bytes(v), _pct(v, total)] for k, v in parts.items()]
     rows.append(["total per GPU (worst stage)", fmt_bytes(total), f"of {fmt_bytes(est.hbm_bytes)}"])
+    if est.host_bytes > 0:
+        cap = f"of {fmt_bytes(est.host_capacity_bytes)}" if est.host_capacity_bytes > 0 else "(host DRAM not stated)"
+        rows.append(["host DRAM per GPU (offloaded)", fmt_bytes(est.host_bytes), cap])
     return grid(["memory per GPU", "bytes", "share"], rows)
 
 
@@ -60,6 +63,9 @@ def summary_lines(est: Estimate) -> list[str]:
         f"MFU / HFU       {100 * est.mfu:.1f}% / {100 * est.hfu:.1f}%  (MFU: 6N + full-s² attention FLOPs; "
         f"HFU: executed FLOPs incl. recompute)",
         f"memory          {fmt_bytes(est.memory.total)} of {fmt_bytes(est.hbm_bytes)}"
+        + (f", host {fmt_bytes(est.host_bytes)}" + (f" of {fmt_bytes(est.host_capacity_bytes)}"
+                                                    if est.host_capacity_bytes > 0 else "")
+           if est.host_bytes > 0 else "")
         + ("" if est.fits else "  — DOES NOT FIT"),
         f"token budget    {fmt_count(b.tokens)} tokens: {fmt_time(b.time_s)}, {fmt_count(b.gpu_hours)} GPU-hours, "
         f"{fmt_usd(b.usd)}, {fmt_energy_j(b.energy_j)} at TDP",

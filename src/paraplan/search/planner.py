@@ -11,6 +11,7 @@ import numpy as np
 
 from ..cost.estimate import Estimate, finish
 from ..cost.evaluate import evaluate
+from ..cost.memory import fits as plan_fits
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType
 from ..plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space
@@ -47,7 +48,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
         raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
                         f"applies to mixture-of-experts models only; {model.name} is dense")
-    n_cand = n_valid = n_fit = 0
+    n_cand = n_valid = n_fit = n_device_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
     chunks = list(enumerate_space(model, cluster, workload, limits, fixed))
@@ -56,12 +57,13 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     pending: list[PlanBatch] = []
 
     def flush(batches):
-        nonlocal n_fit, best_mem
+        nonlocal n_fit, n_device_fit, best_mem
         batch = PlanBatch.concat(batches)
         costs = evaluate(model, cluster, workload, batch)
         mem_total = np.asarray(costs.memory.total)
-        fits = mem_total <= cluster.gpu.hbm_bytes
+        fits = plan_fits(cluster, mem_total, costs.host_bytes)
         n_fit += int(fits.sum())
+        n_device_fit += int((mem_total <= cluster.gpu.hbm_bytes).sum())
         if not require_fit:
             fits = np.ones_like(fits)
         i_min = int(np.argmin(mem_total))
@@ -93,6 +95,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if not keep_batches:
         if n_valid == 0 and fixed:
             _explain_pins(model, cluster, workload, limits, fixed)
+        if n_valid and n_device_fit:
+            raise NoPlanFitsError(
+                f"every plan that fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU offloads more optimizer state "
+                f"than the GPU's {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of host DRAM; try more GPUs "
+                "(a smaller shard per GPU), ZeRO-3 or full recomputation instead of offload")
         raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits))
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)

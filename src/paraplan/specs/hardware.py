@@ -97,6 +97,9 @@ class ClusterSpec:
     gpus_per_island: int = 0  # 0: one island (no data-center tier)
     dcn: LinkTier | None = None
     usd_per_gpu_hour: float = 2.0
+    # host DRAM of one node (NVLink domain): where offloaded optimizer states and UVM embedding
+    # rows live. 0: not stated (not checked).
+    host_memory_bytes_per_node: float = 0.0
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +111,11 @@ class ClusterSpec:
         if self.gpus_per_island and (self.gpus_per_island % self.gpus_per_node or self.dcn is None):
             raise SpecError(where, "gpus_per_island", self.gpus_per_island,
                             "must be a multiple of gpus_per_node and come with a [dcn] tier")
+
+    @property
+    def host_memory_bytes_per_gpu(self) -> float:
+        """A GPU's share of its node's host DRAM (0: not stated)."""
+        return self.host_memory_bytes_per_node / self.gpus_per_node
 
     @property
     def tiers(self) -> tuple[LinkTier, ...]:
