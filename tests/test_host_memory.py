@@ -81,3 +81,20 @@ def test_cluster_file_host_memory_is_checked(tmp_path, capsys):
     assert main(["estimate", "--cluster", str(bad), "--gpus", "8"]) == 2
     err = capsys.readouterr().err
     assert "host_memory_gb_per_node" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_embedding_rows_in_host_memory_must_fit_the_nodes_host_dram(tmp_path, capsys):
+    # one 6-billion-row, 128-dim fp32 table (2.8 TiB): too big for the HBM of 8 or 16 H100s,
+    # so its rows live in host memory behind an HBM cache (UVM caching)
+    tables = tmp_path / "t.csv"
+    tables.write_text("name,num_rows,dim,pooling_factor\nhuge,6000000000,128,10\nsmall,1000000,64,5\n")
+    assert main(["embeddings", "--tables", str(tables), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "host memory (UVM)" in err and "host DRAM" in err and err.count("\n") == 1
+    assert main(["embeddings", "--tables", str(tables), "--gpus", "16", "--json"]) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    per_node, cap = out["max_node_host_bytes"], out["node_host_memory_bytes"]
+    table_bytes = 6e9 * 128 * 4
+    # half the rows per node, less what the node's 8 HBM caches hold
+    assert table_bytes / 2 - 8 * 80 * 2**30 <= per_node <= cap

@@ -338,6 +338,7 @@ def cmd_embeddings(args) -> int:
             "batch_size_per_rank": wl.batch_size_per_rank, "hot_rows": args.hot_rows, "dedup": args.dedup,
             "step_time_s": cost.step_time_s, "phases_s": cost.phase_s, "all_to_all_bytes": cost.a2a_bytes,
             "max_rank_hbm_bytes": float(cost.hbm_bytes.max()), "usable_hbm_bytes": cost.capacity_bytes,
+            "max_node_host_bytes": float(cost.host_bytes_per_node.max()), "node_host_memory_bytes": cost.host_capacity_bytes,
             "plans_priced": res.candidates, "tables": constraints, "compare_torchrec": compare}, indent=1))
         return 0
     print(f"{wl.name}: {len(wl.tables)} tables, {fmt_bytes(wl.total_weight_bytes)} of weights, batch {wl.batch_size_per_rank:,}/rank "
@@ -345,7 +346,10 @@ def cmd_embeddings(args) -> int:
           + ("; hot-row replication" if args.hot_rows else "") + ("; in-batch dedup" if args.dedup else ""))
     print(f"step (embeddings only) {cost.step_time_s * 1e3:.3f} ms; all-to-all {fmt_bytes(cost.a2a_bytes)}/step; "
           f"fullest rank {fmt_bytes(float(cost.hbm_bytes.max()))} of {fmt_bytes(cost.capacity_bytes)} usable HBM; "
-          f"{res.candidates} plans priced")
+          + (f"host memory (UVM) {fmt_bytes(float(cost.host_bytes_per_node.max()))} per node"
+             + (f" of {fmt_bytes(cost.host_capacity_bytes)}; " if cost.host_capacity_bytes > 0 else "; ")
+             if float(cost.host_bytes_per_node.max()) > 0 else "")
+          + f"{res.candidates} plans priced")
     print()
     total = cost.step_time_s
     print(grid(["phase (slowest rank)", "ms", "share"],

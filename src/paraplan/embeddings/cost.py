@@ -104,6 +104,8 @@ class EmbeddingCost:
     hbm_bytes: np.ndarray
     host_bytes: np.ndarray
     capacity_bytes: float
+    host_bytes_per_node: np.ndarray   # UVM rows and their optimizer state, summed per node
+    host_capacity_bytes: float        # the node's host DRAM (0: not stated, not checked)
     a2a_bytes: float             # bytes all ranks send in all-to-alls (input + output + gradients)
     table_s: dict = field(default_factory=dict)  # table -> lookup seconds (fwd + bwd) on its busiest rank
 
@@ -123,8 +125,16 @@ class EmbeddingCost:
         return self.fwd_lookup_s + self.bwd_lookup_s + sum(self.comm_s.values())
 
     @property
-    def fits(self) -> bool:
+    def fits_hbm(self) -> bool:
         return bool(self.hbm_bytes.max() <= self.capacity_bytes)
+
+    @property
+    def fits_host(self) -> bool:
+        return self.host_capacity_bytes <= 0 or bool(self.host_bytes_per_node.max() <= self.host_capacity_bytes)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_hbm and self.fits_host
 
 
 def _hit_rate(table: EmbeddingTable, cache_rows: float, num_ids: float) -> float:
@@ -279,6 +289,10 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
     # buffers: ids in, pooled outputs out (forward) and their gradients (backward)
     hbm = acc["hbm"] + acc["ids_in"] + 2.0 * acc["out_a2a"]
     capacity = cluster.gpu.hbm_bytes * (1.0 - hbm_reserve_fraction)
+    # ranks fill nodes in order: rank r sits on node r // gpus_per_node
+    host_node = np.bincount(np.arange(W) // cluster.gpus_per_node, weights=acc["host"])
     return EmbeddingCost(fwd_lookup_s=acc["fwd"], bwd_lookup_s=acc["bwd"], comm_s=comm, hbm_bytes=hbm,
-                         host_bytes=acc["host"], capacity_bytes=capacity, a2a_bytes=float(acc["a2a_total"].sum()),
+                         host_bytes=acc["host"], capacity_bytes=capacity, host_bytes_per_node=host_node,
+                         host_capacity_bytes=cluster.host_memory_bytes_per_node,
+                         a2a_bytes=float(acc["a2a_total"].sum()),
                          table_s={k: float(v.max()) for k, v in table_rank.items()})
