@@ -98,3 +98,13 @@ def test_embedding_rows_in_host_memory_must_fit_the_nodes_host_dram(tmp_path, ca
     table_bytes = 6e9 * 128 * 4
     # half the rows per node, less what the node's 8 HBM caches hold
     assert table_bytes / 2 - 8 * 80 * 2**30 <= per_node <= cap
+
+
+def test_expert_buffering_needs_host_dram_for_the_rest(capsys):
+    # DeepSeek-V3 in bf16 with a tenth of its experts in HBM: ~137 GiB of experts per GPU in
+    # host memory; a DGX A100 (320GB) node has 1 TB for 8 GPUs, a DGX H100 2 TB
+    base = ["serve", "--model", "deepseek-v3", "--tp", "8", "--expert-cache", "0.1", "--weights", "bf16"]
+    assert main(base + ["--cluster", "dgx-a100-40gb"]) == 2
+    err = capsys.readouterr().err
+    assert "experts kept in host memory" in err and "host DRAM" in err
+    assert main(base + ["--cluster", "dgx-h100", "--json"]) == 0

@@ -20,7 +20,7 @@ from ..errors import NoPlanFitsError, ParaplanError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
-from ..units import SECONDS_PER_HOUR
+from ..units import SECONDS_PER_HOUR, fmt_bytes
 from .batching import ServingResult, simulate
 from .deploy import EngineLimits, ServePlan, StoreDtype, Traffic
 from .step import IterationModel, ServeMemory, serve_memory
@@ -103,6 +103,11 @@ def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_r
 def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traffic: Traffic,
                   limits: EngineLimits) -> ServeEstimate:
     mem = serve_memory(model, cluster, plan, limits)
+    host_cap = cluster.host_memory_bytes_per_gpu
+    if host_cap > 0 and mem.host_bytes > host_cap:
+        raise ParaplanError(
+            f"{plan.describe()}: the experts kept in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
+            f"its {fmt_bytes(host_cap)} share of the node's host DRAM")
     need = traffic.context_tokens
     if mem.kv_capacity_tokens < need:
         raise ParaplanError(

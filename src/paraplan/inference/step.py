@@ -48,6 +48,7 @@ class ServeMemory:
     hbm_bytes: float
     kv_bytes_per_token: float      # per GPU, for one token of one sequence (all its layers)
     kv_capacity_tokens: int        # tokens of KV cache one replica holds
+    host_bytes: float = 0.0        # expert weights kept in host memory (expert buffering), per GPU
 
     @property
     def fits(self) -> bool:
@@ -93,8 +94,10 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     body = body_params_per_layer(model)
     ends = max(model.embedding_params + (model.lm_head_params if p == 1 else 0), model.lm_head_params)
     weights = (body * layers_per_stage + ends) / t * wb
+    host = 0.0
     if model.is_moe and plan.expert_cache_fraction < 1.0:  # expert buffering: the rest in host memory
-        weights -= model.expert_params / model.num_layers * layers_per_stage / t * wb * (1.0 - plan.expert_cache_fraction)
+        host = model.expert_params / model.num_layers * layers_per_stage / t * wb * (1.0 - plan.expert_cache_fraction)
+        weights -= host
     # Activation workspace sized for max_num_tokens (the engine allocates it up front) and
     # fp32 logits for max_batch rows (TensorRT-LLM sizes both at engine build).
     f_local = (model.num_mlp_matrices - 1) * max(model.ffn_hidden_size, model.moe_ffn_hidden_size * max(model.top_k, 1)) / t
@@ -108,7 +111,7 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     capacity = int(kv_cache // per_token) if kv_cache > 0 else 0
     return ServeMemory(weights_bytes=weights, workspace_bytes=workspace, reserved_bytes=gpu.reserved_bytes,
                        kv_cache_bytes=kv_cache, hbm_bytes=gpu.hbm_bytes, kv_bytes_per_token=per_token,
-                       kv_capacity_tokens=capacity)
+                       kv_capacity_tokens=capacity, host_bytes=host)
 
 
 class IterationModel:
