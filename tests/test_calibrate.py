@@ -126,6 +126,28 @@ def test_fitted_link_reproduces_every_measured_all_reduce(tmp_path):
         assert t == pytest.approx(s.time_s, rel=2e-3)
 
 
+def test_gather_and_scatter_measured_apart_get_curves_of_their_own(tmp_path):
+    # gloo-like: the all-gather at the all-reduce's pace, the reduce-scatter 3× slower than
+    # one ring phase of it; each collective's own curve reproduces its samples
+    from paraplan.cost.comm import Collective, collective_time_s
+    m = synthetic()
+    n = 2
+    phase = {B: ALPHA * (n - 1) + (n - 1) / n * B / BW for B in (65536, 1 << 20, 1 << 24)}
+    extra = tuple(CollectiveSample(op=op, world=n, num_bytes=B, time_s=f * t)
+                  for B, t in phase.items() for op, f in (("all_gather", 1.0), ("reduce_scatter", 3.0)))
+    m = replace(m, collectives=m.collectives + extra)
+    c = load_cluster(str(write_profile(tmp_path, m)))
+    for s in extra:
+        kind = Collective.ALL_GATHER if s.op == "all_gather" else Collective.REDUCE_SCATTER
+        assert collective_time_s(c, kind, s.num_bytes, 2, 1) == pytest.approx(s.time_s, rel=0.02)
+    for s in m.collectives:  # the all-reduce keeps its own fit
+        if s.op == "all_reduce":
+            assert collective_time_s(c, Collective.ALL_REDUCE, s.num_bytes, 2, 1) == pytest.approx(s.time_s, rel=2e-3)
+    # a preset without them: all three on the all-reduce's curve
+    h = load_cluster("dgx-h100")
+    assert h.nvlink.curve("reduce_scatter") is h.nvlink.efficiency
+
+
 SMALL_TOML = """name = "small"
 num_layers = 4
 hidden_size = 512
@@ -230,7 +252,7 @@ def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
     m = Measurements.from_json(raw.read_text())
     c = load_cluster(str(out), num_gpus=2)
     assert m.ranks == 2 and m.backend == "gloo" and m.compute_dtype == "float32"
-    assert {s.op for s in m.collectives} == {"all_reduce", "all_gather", "send_recv"}
+    assert {s.op for s in m.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
     assert m.overlap is not None and 0.0 <= c.gpu.overlap_slowdown <= 0.99
     fastest = max(g.flops / g.time_s for g in m.gemm)  # the peak removes at most half of each time
     assert fastest <= c.gpu.peak(Precision.BF16) * (1 + 1e-5) and c.gpu.peak(Precision.BF16) <= 2 * fastest * (1 + 1e-5)

@@ -131,10 +131,16 @@ def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]
         buf = torch.ones(n, dtype=torch.float32, device=device)
         t = _median_time(lambda: dist.all_reduce(buf), device, min_repeats=reps, min_time_s=0.0)
         out.append(CollectiveSample(op="all_reduce", world=world, num_bytes=4 * n, time_s=t))
+        # the tensor forms FSDP2 and DTensor call, each on a full buffer of the same bytes
         part = torch.ones(n // world, dtype=torch.float32, device=device)
-        parts = [torch.empty_like(part) for _ in range(world)]
-        t = _median_time(lambda: dist.all_gather(parts, part), device, min_repeats=reps, min_time_s=0.0)
-        out.append(CollectiveSample(op="all_gather", world=world, num_bytes=4 * (n // world) * world, time_s=t))
+        full = torch.empty(n // world * world, dtype=torch.float32, device=device)
+        # (torch 2.13 names them *_single and deprecates the *_tensor names)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        t = _median_time(lambda: gather(full, part), device, min_repeats=reps, min_time_s=0.0)
+        out.append(CollectiveSample(op="all_gather", world=world, num_bytes=4 * full.numel(), time_s=t))
+        t = _median_time(lambda: scatter(part, full), device, min_repeats=reps, min_time_s=0.0)
+        out.append(CollectiveSample(op="reduce_scatter", world=world, num_bytes=4 * full.numel(), time_s=t))
 
         def ping():  # rank 0 <-> rank 1, one message each way; half the round trip
             if rank == 0:

@@ -74,7 +74,8 @@ def cmd_calibrate(args) -> int:
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
-                                                       "efficiency": prof.link.curve},
+                                                       "efficiency": prof.link.curve,
+                                                       "op_efficiency": dict(prof.link.op_curves)},
                "overlap_slowdown": m.overlap.slowdown if m.overlap else None,
                "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
     if args.json:
@@ -107,6 +108,8 @@ def render_summary(s: dict) -> str:
         lk = s["link"]
         lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "
                      "per hop; efficiency by bytes: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in lk["efficiency"]))
+        for op, curve in (lk.get("op_efficiency") or {}).items():
+            lines.append(f"{op.replace('_', '-'):<16} on that link: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in curve))
     if s.get("overlap_slowdown") is not None:
         lines.append(f"overlap slowdown {s['overlap_slowdown']:.2f} (share of an overlapped all-reduce's time "
                      "that concurrent GEMMs lose)")

@@ -58,7 +58,7 @@ class CollectiveSample:
     """One collective over `world` local ranks; `num_bytes` is the full buffer (all-reduce
     input, all-gather output) or the message (send/recv)."""
 
-    op: str             # all_reduce | all_gather | send_recv
+    op: str             # all_reduce | all_gather | reduce_scatter | send_recv
     world: int
     num_bytes: float
     time_s: float

@@ -44,7 +44,9 @@ BINS_PER_DECADE = 4
 class LinkFit:
     latency_s: float
     bw_unidir_bytes_per_s: float
-    curve: tuple[tuple[float, float], ...]  # (message bytes, efficiency)
+    curve: tuple[tuple[float, float], ...]  # (message bytes, efficiency), of the all-reduce
+    # all-gather / reduce-scatter measured apart: their own (bytes, efficiency) on this link
+    op_curves: tuple[tuple[str, tuple[tuple[float, float], ...]], ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,11 +112,25 @@ def fit_link(m: Measurements) -> LinkFit | None:
     room = min(y - 2.0 * (n - 1) / n * x / bw for x, y in zip(xs, ys))
     a = max(min(my - b * mx, room), min(ys) * 0.05)
     curve = tuple((x, min(max(2.0 * (n - 1) / n * x / (bw * (y - a)), MIN_EFFICIENCY), 1.0)) for x, y in zip(xs, ys))
-    merged = {}
-    for x, e in curve:
+    hop = a / (2.0 * (n - 1))
+    # all-gather and reduce-scatter on the same α and bandwidth: one ring phase, (n−1)/n·B,
+    # the efficiency that reproduces each measured time (cost/comm.py `_step`)
+    ops = []
+    for op in ("all_gather", "reduce_scatter"):
+        samples = [c for c in m.collectives if c.op == op and c.world == n and c.num_bytes > 0]
+        if len({c.num_bytes for c in samples}) >= 2:
+            ops.append((op, _median_by_size(
+                (c.num_bytes, min(max((n - 1) / n * c.num_bytes / (bw * max(c.time_s - hop * (n - 1), 1e-12)),
+                                      MIN_EFFICIENCY), 1.0)) for c in samples)))
+    return LinkFit(latency_s=hop, bw_unidir_bytes_per_s=bw, curve=_median_by_size(curve), op_curves=tuple(ops))
+
+
+def _median_by_size(points) -> tuple[tuple[float, float], ...]:
+    """(size, value) points with one median value per size, ascending."""
+    merged: dict = {}
+    for x, e in points:
         merged.setdefault(x, []).append(e)
-    return LinkFit(latency_s=a / (2.0 * (n - 1)), bw_unidir_bytes_per_s=bw,
-                   curve=tuple((x, statistics.median(v)) for x, v in sorted(merged.items())))
+    return tuple((x, statistics.median(v)) for x, v in sorted(merged.items()))
 
 
 # TOML basic-string escapes (toml.io v1.0.0, "String"); other control characters as \uXXXX
@@ -160,10 +176,15 @@ def _arr(xs) -> str:
 
 
 def _tier_toml(name: str, link: LinkFit, note: str) -> list[str]:
-    return [f"[{name}]", f"# {note}", f"gb_per_s = {_num(link.bw_unidir_bytes_per_s / units.GIGA)}",
-            f"latency_us = {_num(link.latency_s * 1e6)}",
-            f"efficiency_bytes = {_arr(x for x, _ in link.curve)}",
-            f"efficiency = {_arr(round(y, 4) for _, y in link.curve)}", ""]
+    lines = [f"[{name}]", f"# {note}", f"gb_per_s = {_num(link.bw_unidir_bytes_per_s / units.GIGA)}",
+             f"latency_us = {_num(link.latency_s * 1e6)}",
+             f"efficiency_bytes = {_arr(x for x, _ in link.curve)}",
+             f"efficiency = {_arr(round(y, 4) for _, y in link.curve)}", ""]
+    for op, curve in link.op_curves:
+        lines += [f"[{name}.{op}]", f"# {op.replace('_', '-')} measured on its own, same bandwidth and latency",
+                  f"efficiency_bytes = {_arr(x for x, _ in curve)}",
+                  f"efficiency = {_arr(max(round(y, 4), MIN_EFFICIENCY) for _, y in curve)}", ""]
+    return lines
 
 
 def _base_tier_toml(name: str, base: ClusterSpec) -> list[str]:

@@ -7,7 +7,8 @@ NCCL): reduce-scatter and all-gather move (n−1)/n·B per rank, all-reduce 2(n�
 Hierarchical (NCCL's tree/ring over rails; Tutel's 2D scheme for all-to-all): the NVLink
 step moves (g−1)/g·B, the network step (N−1)/N·B/g per GPU over its own NIC, the
 data-center step (I−1)/I·B/(g·N). Each step adds latency α per ring hop and runs at the
-tier's bus bandwidth × efficiency(message bytes) (curves from calibration).
+tier's bus bandwidth × efficiency(message bytes) (curves from calibration; all-gather and
+reduce-scatter have curves of their own where a calibration measured them apart).
 
 Group layout follows Megatron's rank order (TP fastest, then CP, then DP, then PP): a group
 is described by its size and its stride in global rank space.
@@ -52,10 +53,11 @@ def group_span(cluster: ClusterSpec, group_size, stride):
     return g, nodes, islands
 
 
-def _step(tier: LinkTier, members, bytes_moved_per_rank, msg_bytes):
-    """One ring phase over `members` ranks of a tier: latency per hop + bytes / bus bw."""
+def _step(tier: LinkTier, members, bytes_moved_per_rank, msg_bytes, op: str = ""):
+    """One ring phase over `members` ranks of a tier: latency per hop + bytes / bus bw (at
+    collective `op`'s efficiency where the tier has it apart)."""
     members = np.asarray(members, dtype=float)
-    bw = tier.bw_unidir_bytes_per_s * tier.efficiency.at(msg_bytes)
+    bw = tier.bw_unidir_bytes_per_s * tier.curve(op).at(msg_bytes)
     t = tier.latency_s * (members - 1.0) + bytes_moved_per_rank / bw
     return np.where(members > 1.0, t, 0.0)
 
@@ -67,14 +69,15 @@ def _hop(tier: LinkTier, members, bytes_moved_per_rank, msg_bytes):
     return np.where(members > 1.0, tier.latency_s + bytes_moved_per_rank / bw, 0.0)
 
 
-def _gather_or_scatter_s(cluster: ClusterSpec, num_bytes, group_size, stride):
-    """Hierarchical reduce-scatter (or, symmetric, all-gather) time of a B-byte buffer."""
+def _gather_or_scatter_s(cluster: ClusterSpec, num_bytes, group_size, stride, op: str = ""):
+    """Hierarchical reduce-scatter (or, symmetric, all-gather) time of a B-byte buffer; `op`
+    picks a per-collective efficiency curve ("all_gather", "reduce_scatter"; "" the all-reduce's)."""
     B = np.asarray(num_bytes, dtype=float)
     g, N, I = group_span(cluster, group_size, stride)
-    t = _step(cluster.nvlink, g, (g - 1.0) / g * B, B)
-    t = t + _step(cluster.scaleout, N, (N - 1.0) / N * B / g, B / g)
+    t = _step(cluster.nvlink, g, (g - 1.0) / g * B, B, op)
+    t = t + _step(cluster.scaleout, N, (N - 1.0) / N * B / g, B / g, op)
     if cluster.dcn is not None:
-        t = t + _step(cluster.dcn, I, (I - 1.0) / I * B / (g * N), B / (g * N))
+        t = t + _step(cluster.dcn, I, (I - 1.0) / I * B / (g * N), B / (g * N), op)
     return t
 
 
@@ -83,7 +86,7 @@ def collective_time_s(cluster: ClusterSpec, kind: Collective, num_bytes, group_s
     n = np.asarray(group_size)
     B = np.asarray(num_bytes, dtype=float)
     if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
-        t = _gather_or_scatter_s(cluster, B, n, stride)
+        t = _gather_or_scatter_s(cluster, B, n, stride, "all_gather" if kind is Collective.ALL_GATHER else "reduce_scatter")
     elif kind is Collective.ALL_REDUCE:
         # all-reduce = reduce-scatter + all-gather: the 2·(n−1)/n lives here, once.
         t = 2.0 * _gather_or_scatter_s(cluster, B, n, stride)

@@ -82,8 +82,19 @@ class LinkTier:
     name: str
     bw_unidir_bytes_per_s: float  # per GPU, one direction
     latency_s: float
-    # NCCL bus-bandwidth efficiency vs message bytes (fraction of bw_unidir achieved).
+    # NCCL bus-bandwidth efficiency vs message bytes (fraction of bw_unidir achieved), as the
+    # all-reduce measures it.
     efficiency: EfficiencyCurve
+    # the same for one collective where it was measured apart ("all_gather", "reduce_scatter"):
+    # gloo's reduce-scatter, for one, runs well below its all-reduce (paraplan calibrate)
+    op_efficiency: tuple[tuple[str, EfficiencyCurve], ...] = ()
+
+    def curve(self, op: str = "") -> EfficiencyCurve:
+        """The efficiency curve of collective `op` (the all-reduce's unless measured apart)."""
+        for name, c in self.op_efficiency:
+            if name == op:
+                return c
+        return self.efficiency
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -52,7 +52,7 @@ _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
                      "host_memory_gb_per_node")
 _TIER_REQUIRED = ("latency_us", "efficiency")
-_TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes")
+_TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes", "all_gather", "reduce_scatter")
 
 
 def _norm(name: str) -> str:
@@ -277,8 +277,10 @@ def _tier_from_table(t: TomlTable, name: str) -> LinkTier:
                                        f"direction) or 'gbit_per_s' (network line rate per GPU, Gb/s)",
                               t.line_of("gb_per_s") or t.line_of("gbit_per_s"))
     bw = units.gbytes_per_s(t.num("gb_per_s")) if has_gb else units.gbits_per_s(t.num("gbit_per_s"))
+    # [tier.all_gather] / [tier.reduce_scatter]: that collective's own efficiency curve
+    ops = tuple((op, t.curve(op, "efficiency_bytes")) for op in ("all_gather", "reduce_scatter") if op in t.data)
     return LinkTier(name=name, bw_unidir_bytes_per_s=bw, latency_s=units.us(t.num("latency_us")),
-                    efficiency=t.curve("", "efficiency_bytes"))
+                    efficiency=t.curve("", "efficiency_bytes"), op_efficiency=ops)
 
 
 def _cluster_from_table(t: TomlTable, base_dir: Path | None) -> ClusterSpec:
