@@ -284,9 +284,11 @@ def cmd_presets(args) -> int:
                  f"{g.peak_flops_per_s.get(Precision.FP8, 0) / TERA:.0f}", f"{g.hbm_bytes / GIGA:.0f}",
                  f"{g.hbm_bw_bytes_per_s / TERA:.2f}", f"{g.tdp_watts:.0f}"] for g in gpus]))
     print()
-    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "$/GPU-h"],
+    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "host GB/node", "$/GPU-h"],
                [[c.name, c.gpu.name, str(c.num_gpus), str(c.gpus_per_node), f"{c.nvlink.bw_unidir_bytes_per_s / GIGA:.0f}",
-                 f"{c.scaleout.bw_unidir_bytes_per_s / GIGA:.0f}", f"{c.usd_per_gpu_hour:.2f}"] for c in clusters]))
+                 f"{c.scaleout.bw_unidir_bytes_per_s / GIGA:.0f}",
+                 f"{c.host_memory_bytes_per_node / GIGA:,.0f}" if c.host_memory_bytes_per_node else "-",
+                 f"{c.usd_per_gpu_hour:.2f}"] for c in clusters]))
     return 0
 
 
