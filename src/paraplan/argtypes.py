@@ -27,11 +27,22 @@ def non_negative_int(text: str) -> int:
     return v
 
 
-def positive_float(text: str) -> float:
+def _float(text: str) -> float:
     try:
-        v = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+
+
+def positive_float(text: str) -> float:
+    v = _float(text)
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"{v} must be a finite number > 0")
+    return v
+
+
+def non_negative_float(text: str) -> float:
+    v = _float(text)
+    if not (v >= 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"{v} must be a finite number >= 0")
     return v

@@ -65,15 +65,17 @@ def to_ms(seconds: float) -> float:
 
 
 def fmt_time(seconds: float) -> str:
-    """Human time: us / ms / s / h / days."""
+    """Human time: us / ms / s / min / h / days."""
     if seconds != seconds:  # NaN
         return "nan"
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} us"
     if seconds < 1.0:
         return f"{seconds * 1e3:.1f} ms"
-    if seconds < 3 * SECONDS_PER_HOUR:
+    if seconds < 600.0:
         return f"{seconds:.2f} s"
+    if seconds < 3 * SECONDS_PER_HOUR:
+        return f"{seconds / 60.0:.1f} min"
     if seconds < 3 * SECONDS_PER_DAY:
         return f"{seconds / SECONDS_PER_HOUR:.1f} h"
     return f"{seconds / SECONDS_PER_DAY:.1f} days"

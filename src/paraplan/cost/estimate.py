@@ -20,6 +20,7 @@ from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .evaluate import PlanCosts, evaluate
 from .flops import model_flops_per_token
 from .memory import fits
+from .reliability import Reliability, reliability
 
 
 class PlanRejectedError(ParaplanError):
@@ -36,6 +37,8 @@ class Budget:
     gpu_hours: float
     usd: float
     energy_j: float  # at the GPUs' TDP (an upper bound; excludes host, network and PUE)
+    # the same budget through interruptions and checkpoints (cost/reliability.py)
+    with_failures: Reliability
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,8 +128,13 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     train_s = steps * step
     gpu_hours = train_s / SECONDS_PER_HOUR * n
     price = workload.usd_per_gpu_hour if workload.usd_per_gpu_hour is not None else cluster.usd_per_gpu_hour
+    # an async checkpoint stalls each GPU while it copies its weights and optimizer shard to host
+    checkpoint_s = (mem.weights_bytes + mem.optimizer_bytes) / gpu.host_link_bw_unidir_bytes_per_s
+    failures = reliability(num_gpus=n, step_s=step, work_s=train_s, checkpoint_s=checkpoint_s,
+                           interruptions_per_gpu_day=workload.interruptions_per_gpu_day,
+                           restart_s=workload.restart_s, usd_per_gpu_hour=price)
     budget = Budget(tokens=workload.token_budget, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
-                    usd=gpu_hours * price, energy_j=n * gpu.tdp_watts * train_s)
+                    usd=gpu_hours * price, energy_j=n * gpu.tdp_watts * train_s, with_failures=failures)
     overl = costs.overlapped.scalar(0)
     comm = {k: _batch_index(v) for k, v in costs.comm_detail.items()}
     comm["DP/ZeRO collectives"] = time.dp_comm_s

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from enum import StrEnum
 
@@ -12,6 +13,12 @@ def plan_dict(plan) -> dict:
     d = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(plan).items()}
     d["describe"] = plan.describe()
     return d
+
+
+def _no_inf(d: dict) -> dict:
+    """JSON has no infinity: an unbounded quantity (no failures: MTBF) becomes null."""
+    return {k: _no_inf(v) if isinstance(v, dict) else (None if isinstance(v, float) and math.isinf(v) else v)
+            for k, v in d.items()}
 
 
 def estimate_dict(est: Estimate) -> dict:
@@ -33,5 +40,5 @@ def estimate_dict(est: Estimate) -> dict:
         "host_bytes": est.host_bytes,
         "host_capacity_bytes": est.host_capacity_bytes,
         "fits": est.fits,
-        "budget": asdict(est.budget),
+        "budget": _no_inf(asdict(est.budget)),
     }

@@ -69,7 +69,20 @@ def summary_lines(est: Estimate) -> list[str]:
         + ("" if est.fits else "  — DOES NOT FIT"),
         f"token budget    {fmt_count(b.tokens)} tokens: {fmt_time(b.time_s)}, {fmt_count(b.gpu_hours)} GPU-hours, "
         f"{fmt_usd(b.usd)}, {fmt_energy_j(b.energy_j)} at TDP",
+        failures_line(b.with_failures),
     ]
+
+
+def failures_line(r) -> str:
+    """The budget through interruptions, in one line (cost/reliability.py)."""
+    if r.mtbf_s == float("inf"):
+        return "with failures   none assumed (--interruptions-per-gpu-day 0)"
+    if r.goodput == 0.0:
+        return (f"with failures   no progress: an interruption every {fmt_time(r.mtbf_s)}, shorter than a restart "
+                "plus half a checkpoint interval; fewer GPUs or faster restarts")
+    return (f"with failures   an interruption every {fmt_time(r.mtbf_s)}, checkpoint every "
+            f"{fmt_time(r.checkpoint_interval_s)} ({fmt_time(r.checkpoint_s)} stall): goodput {100 * r.goodput:.1f}%, "
+            f"{fmt_time(r.wall_time_s)}, {fmt_usd(r.wall_usd)}, {r.interruptions:,.0f} interruptions")
 
 
 def estimate_report(est: Estimate) -> str:
