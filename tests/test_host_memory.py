@@ -1,6 +1,6 @@
-"""Host DRAM: offloaded optimizer states must fit in the node's host memory too.
+"""Host DRAM: offloaded optimizer states must fit in the host's memory too.
 
-Presets state each node's host DRAM from its datasheet; a plan that offloads more than a
+Presets state each host's DRAM from its datasheet; a plan that offloads more than a
 GPU's share of it does not fit, and the search says so.
 """
 
@@ -27,7 +27,8 @@ WL = Workload(global_batch_size=64, seq_len=4096)
 def test_presets_state_host_dram_from_datasheets():
     assert load_cluster("dgx-h100").host_memory_bytes_per_gpu == pytest.approx(2000 * GIGA / 8)
     assert load_cluster("dgx-a100-40gb").host_memory_bytes_per_gpu == pytest.approx(1000 * GIGA / 8)
-    assert load_cluster("gb200-nvl72").host_memory_bytes_per_gpu == pytest.approx(240 * GIGA)
+    gb = load_cluster("gb200-nvl72")  # one Grace (480 GB) per two GPUs, not the rack's 17 TB pooled
+    assert gb.host_memory_bytes_per_gpu == pytest.approx(240 * GIGA) and gb.host_gpus == 2
     assert load_cluster("mi300x-8").host_memory_bytes_per_gpu == 0.0  # platform-dependent: not stated
 
 
@@ -49,7 +50,7 @@ def test_a_plan_that_overflows_host_dram_does_not_fit(capsys):
     # Llama 3 70B on 16 H100 as TP 8 × DP 2: without offload the ZeRO-1 optimizer shard does
     # not fit in HBM; offloaded it needs ~70 GB of host DRAM per GPU
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=16)
-    small_host = replace(cluster, host_memory_bytes_per_node=8 * 50 * GIGA)
+    small_host = replace(cluster, host_memory_bytes_per_host=8 * 50 * GIGA)
     plan = make_plan(tp=8, pp=1, dp=2, zero=ZeroStage.OPTIMIZER, offload_optimizer=True, sequence_parallel=True,
                      recompute=Recompute.FULL)
     assert estimate(model, cluster, WL, plan).fits
@@ -77,34 +78,39 @@ def test_cluster_file_host_memory_is_checked(tmp_path, capsys):
     from paraplan.specs.catalog import CATALOG_DIR
     text = (CATALOG_DIR / "clusters" / "dgx-h100.toml").read_text()
     bad = tmp_path / "c.toml"
-    bad.write_text(text.replace("host_memory_gb_per_node = 2000.0", "host_memory_gb_per_node = -1"))
+    bad.write_text(text.replace("host_memory_gb_per_host = 2000.0", "host_memory_gb_per_host = -1"))
     assert main(["estimate", "--cluster", str(bad), "--gpus", "8"]) == 2
     err = capsys.readouterr().err
-    assert "host_memory_gb_per_node" in err and "Traceback" not in err and err.count("\n") == 1
+    assert "host_memory_gb_per_host" in err and "Traceback" not in err and err.count("\n") == 1
 
 
-def test_embedding_rows_in_host_memory_must_fit_the_nodes_host_dram(tmp_path, capsys):
+def test_embedding_rows_in_host_memory_must_fit_the_hosts_dram(tmp_path, capsys):
     # one 6-billion-row, 128-dim fp32 table (2.8 TiB): too big for the HBM of 8 or 16 H100s,
     # so its rows live in host memory behind an HBM cache (UVM caching)
     tables = tmp_path / "t.csv"
     tables.write_text("name,num_rows,dim,pooling_factor\nhuge,6000000000,128,10\nsmall,1000000,64,5\n")
     assert main(["embeddings", "--tables", str(tables), "--gpus", "8"]) == 2
     err = capsys.readouterr().err
-    assert "host memory (UVM)" in err and "host DRAM" in err and err.count("\n") == 1
+    assert "host memory (UVM)" in err and "fullest host" in err and err.count("\n") == 1
     assert main(["embeddings", "--tables", str(tables), "--gpus", "16", "--json"]) == 0
     import json
     out = json.loads(capsys.readouterr().out)
-    per_node, cap = out["max_node_host_bytes"], out["node_host_memory_bytes"]
+    per_host, cap = out["max_host_bytes"], out["host_memory_bytes"]
     table_bytes = 6e9 * 128 * 4
-    # half the rows per node, less what the node's 8 HBM caches hold
-    assert table_bytes / 2 - 8 * 80 * 2**30 <= per_node <= cap
+    # the whole table lives in host memory (the HBM caches hold copies): half of it per host
+    assert table_bytes / 2 <= per_host <= cap
+    # GB200: each Grace holds its two GPUs' share, 480 GB; 8 billion rows (4.1 TB) over 8
+    # Graces overflow them, though the rack's 17 TB pooled would not
+    tables.write_text("name,num_rows,dim,pooling_factor\nhuge,8000000000,128,10\n")
+    assert main(["embeddings", "--tables", str(tables), "--gpus", "16", "--cluster", "gb200-nvl72"]) == 2
+    assert "fullest host" in capsys.readouterr().err
 
 
 def test_expert_buffering_needs_host_dram_for_the_rest(capsys):
-    # DeepSeek-V3 in bf16 with a tenth of its experts in HBM: ~137 GiB of experts per GPU in
-    # host memory; a DGX A100 (320GB) node has 1 TB for 8 GPUs, a DGX H100 2 TB
+    # DeepSeek-V3 in bf16, a tenth of its experts cached in HBM: every expert in host memory,
+    # ~152 GiB per GPU; a DGX A100 (320GB) node has 1 TB for 8 GPUs, a DGX H100 2 TB
     base = ["serve", "--model", "deepseek-v3", "--tp", "8", "--expert-cache", "0.1", "--weights", "bf16"]
     assert main(base + ["--cluster", "dgx-a100-40gb"]) == 2
     err = capsys.readouterr().err
-    assert "experts kept in host memory" in err and "host DRAM" in err
+    assert "experts held in host memory" in err and "host's DRAM" in err
     assert main(base + ["--cluster", "dgx-h100", "--json"]) == 0

@@ -1,4 +1,5 @@
-"""Training through interruptions: Young's checkpoint interval and first-order goodput."""
+"""Training through interruptions: Daly's wall time, its optimal checkpoint interval (Young's
+in the limit) and goodput."""
 
 from __future__ import annotations
 
@@ -18,20 +19,20 @@ from paraplan.specs.workload import LLAMA3_INTERRUPTIONS_PER_GPU_DAY, Workload
 DAY = 86400.0
 
 
-def _run(gpus, rate=LLAMA3_INTERRUPTIONS_PER_GPU_DAY, restart=600.0, ckpt=0.1, step=5.0):
+def _run(gpus, rate=LLAMA3_INTERRUPTIONS_PER_GPU_DAY, restart=600.0, ckpt=0.1, step=5.0, floor=0.0):
     return reliability(num_gpus=gpus, step_s=step, work_s=30 * DAY, checkpoint_s=ckpt,
-                       interruptions_per_gpu_day=rate, restart_s=restart, usd_per_gpu_hour=2.0)
+                       interruptions_per_gpu_day=rate, restart_s=restart, usd_per_gpu_hour=2.0, min_interval_s=floor)
 
 
-def test_the_interval_minimizes_the_wall_time_and_approaches_young():
-    # the wall time per unit of work (1 + d/t) / (1 - (R + t/2)/M), searched on a grid
+def test_the_interval_minimizes_dalys_wall_time_and_approaches_young():
+    # Daly (2006) Eq. 13: T_w / T_s = M e^{R/M} (e^{(t+d)/M} - 1) / t, searched on a grid
     r = _run(16384, ckpt=20.0)
     d, M, R = r.checkpoint_s, r.mtbf_s, 600.0
     taus = np.geomspace(r.checkpoint_interval_s / 8, r.checkpoint_interval_s * 8, 4001)
-    ratio = (1 + d / taus) / (1 - (R + taus / 2) / M)
+    ratio = M * np.exp(R / M) * np.expm1((taus + d) / M) / taus
     assert r.checkpoint_interval_s == pytest.approx(taus[np.argmin(ratio)], rel=2e-3)
     assert 1.0 / r.goodput == pytest.approx(ratio.min(), rel=1e-6)
-    # Young (1974): sqrt(2 d M) once the stall and the restart are small against M
+    # Young (1974): sqrt(2 d M) once the stall is small against M
     small = _run(16384, ckpt=0.5, restart=1.0)
     assert small.checkpoint_interval_s == pytest.approx(math.sqrt(2 * 0.5 * small.mtbf_s), rel=0.01)
 
@@ -44,13 +45,16 @@ def test_more_gpus_fail_more_often():
     assert b.interruptions > 2 * a.interruptions * 0.99
 
 
-def test_no_failures_and_no_progress():
+def test_no_failures_long_restarts_and_the_storage_floor():
     r = _run(16384, rate=0.0)
     assert r.goodput == 1.0 and r.wall_time_s == 30 * DAY and r.interruptions == 0.0 and math.isinf(r.mtbf_s)
-    stuck = _run(1_000_000, restart=3600.0)  # an interruption every ~3 min, an hour to restart
-    assert stuck.goodput == 0.0 and math.isinf(stuck.wall_time_s)
-    # a checkpoint cannot come more often than once a step
+    # an interruption every ~3 minutes and an hour to restart: almost nothing gets done, smoothly
+    slow = _run(1_000_000, restart=3600.0)
+    assert 0.0 < slow.goodput < 1e-6
+    assert _run(1_000_000, rate=1e6).goodput == 0.0  # beyond the float range: none at all
+    # a checkpoint cannot come more often than once a step, nor faster than storage writes it
     assert _run(16384, ckpt=1e-6, step=30.0).checkpoint_interval_s == 30.0
+    assert _run(16384, ckpt=1e-6, step=1.0, floor=45.0).checkpoint_interval_s == 45.0
 
 
 def test_llama3_405b_at_16k_gpus_is_consistent_with_the_paper():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -51,6 +52,8 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
                         "16,384 H100; 0: no failures)")
     g.add_argument("--restart-min", type=_non_negative_float, default=10.0,
                    help="minutes from an interruption to training again (default 10, an assumption)")
+    g.add_argument("--storage-gb-per-s", type=_positive_float, default=2000.0,
+                   help="checkpoint storage write bandwidth for the job (default 2000: Llama 3's Tectonic)")
     g.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -89,6 +92,13 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
 
+def _finite_flag(flag: str, value: float) -> float:
+    """A flag's value in SI units; one past the float range is the flag's error."""
+    if not math.isfinite(value):
+        raise SpecError("workload", flag, value, "too large")
+    return value
+
+
 def _specs(args):
     from .specs.catalog import load_cluster, load_model
     from .specs.workload import Workload, parse_precision
@@ -103,7 +113,8 @@ def _specs(args):
         gbs = tokens // args.seq
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
                   token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
-                  restart_s=60.0 * args.restart_min,
+                  restart_s=_finite_flag("--restart-min", 60.0 * args.restart_min),
+                  storage_bytes_per_s=_finite_flag("--storage-gb-per-s", 1e9 * args.storage_gb_per_s),
                   **({} if args.interruptions_per_gpu_day is None
                      else {"interruptions_per_gpu_day": args.interruptions_per_gpu_day}))
     return model, cluster, wl
@@ -293,10 +304,10 @@ def cmd_presets(args) -> int:
                  f"{g.peak_flops_per_s.get(Precision.FP8, 0) / TERA:.0f}", f"{g.hbm_bytes / GIGA:.0f}",
                  f"{g.hbm_bw_bytes_per_s / TERA:.2f}", f"{g.tdp_watts:.0f}"] for g in gpus]))
     print()
-    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "host GB/node", "$/GPU-h"],
+    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "host GB (GPUs)", "$/GPU-h"],
                [[c.name, c.gpu.name, str(c.num_gpus), str(c.gpus_per_node), f"{c.nvlink.bw_unidir_bytes_per_s / GIGA:.0f}",
                  f"{c.scaleout.bw_unidir_bytes_per_s / GIGA:.0f}",
-                 f"{c.host_memory_bytes_per_node / GIGA:,.0f}" if c.host_memory_bytes_per_node else "-",
+                 f"{c.host_memory_bytes_per_host / GIGA:,.0f} ({c.host_gpus})" if c.host_memory_bytes_per_host else "-",
                  f"{c.usd_per_gpu_hour:.2f}"] for c in clusters]))
     return 0
 
@@ -349,7 +360,7 @@ def cmd_embeddings(args) -> int:
             "batch_size_per_rank": wl.batch_size_per_rank, "hot_rows": args.hot_rows, "dedup": args.dedup,
             "step_time_s": cost.step_time_s, "phases_s": cost.phase_s, "all_to_all_bytes": cost.a2a_bytes,
             "max_rank_hbm_bytes": float(cost.hbm_bytes.max()), "usable_hbm_bytes": cost.capacity_bytes,
-            "max_node_host_bytes": float(cost.host_bytes_per_node.max()), "node_host_memory_bytes": cost.host_capacity_bytes,
+            "max_host_bytes": float(cost.host_bytes_per_host.max()), "host_memory_bytes": cost.host_capacity_bytes,
             "plans_priced": res.candidates, "tables": constraints, "compare_torchrec": compare}, indent=1))
         return 0
     print(f"{wl.name}: {len(wl.tables)} tables, {fmt_bytes(wl.total_weight_bytes)} of weights, batch {wl.batch_size_per_rank:,}/rank "
@@ -357,9 +368,9 @@ def cmd_embeddings(args) -> int:
           + ("; hot-row replication" if args.hot_rows else "") + ("; in-batch dedup" if args.dedup else ""))
     print(f"step (embeddings only) {cost.step_time_s * 1e3:.3f} ms; all-to-all {fmt_bytes(cost.a2a_bytes)}/step; "
           f"fullest rank {fmt_bytes(float(cost.hbm_bytes.max()))} of {fmt_bytes(cost.capacity_bytes)} usable HBM; "
-          + (f"host memory (UVM) {fmt_bytes(float(cost.host_bytes_per_node.max()))} per node"
+          + (f"host memory (UVM) {fmt_bytes(float(cost.host_bytes_per_host.max()))} per host"
              + (f" of {fmt_bytes(cost.host_capacity_bytes)}; " if cost.host_capacity_bytes > 0 else "; ")
-             if float(cost.host_bytes_per_node.max()) > 0 else "")
+             if float(cost.host_bytes_per_host.max()) > 0 else "")
           + f"{res.candidates} plans priced")
     print()
     total = cost.step_time_s

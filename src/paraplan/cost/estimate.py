@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import ParaplanError
-from ..plan.axes import Schedule
+from ..plan.axes import Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, check_plan
 from ..sim.engine import SimResult, StageCosts, simulate
@@ -19,7 +19,7 @@ from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .evaluate import PlanCosts, evaluate
 from .flops import model_flops_per_token
-from .memory import fits
+from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES, fits
 from .reliability import Reliability, reliability
 
 
@@ -53,7 +53,7 @@ class Estimate:
     fits: bool                 # on the GPU and, when the cluster states it, in host DRAM
     hbm_bytes: float
     host_bytes: float          # host DRAM per GPU the plan keeps (offloaded optimizer states)
-    host_capacity_bytes: float  # the GPU's share of its node's host DRAM (0: not stated)
+    host_capacity_bytes: float  # the GPU's share of its host's DRAM (0: not stated)
     tokens_per_s: float
     tokens_per_s_per_gpu: float
     mfu: float  # model FLOPs (PaLM convention: 6N + full-s² attention, no recompute) / peak
@@ -72,7 +72,7 @@ class Estimate:
                     f"{fmt_bytes(self.hbm_bytes)} of {gpu_name}")
         if not self.fits:
             return (f"keeps {fmt_bytes(self.host_bytes)} of offloaded optimizer state per GPU in host DRAM, more "
-                    f"than the GPU's {fmt_bytes(self.host_capacity_bytes)} share of its node's")
+                    f"than the GPU's {fmt_bytes(self.host_capacity_bytes)} share of its host's")
         return ""
 
 
@@ -128,11 +128,20 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     train_s = steps * step
     gpu_hours = train_s / SECONDS_PER_HOUR * n
     price = workload.usd_per_gpu_hour if workload.usd_per_gpu_hour is not None else cluster.usd_per_gpu_hour
-    # an async checkpoint stalls each GPU while it copies its weights and optimizer shard to host
-    checkpoint_s = (mem.weights_bytes + mem.optimizer_bytes) / gpu.host_link_bw_unidir_bytes_per_s
+    # an async checkpoint stalls each GPU while it copies its share of the model states to host:
+    # replicated tensors are written once over their replicas (DCP dedup, Megatron fully-
+    # parallel save); the storage must take a whole checkpoint (16-bit weights + fp32 master
+    # and moments) between two of them
+    zero3 = plan.zero is ZeroStage.PARAMETERS
+    w_replicas = plan.dp // plan.dp_shard if zero3 else plan.dp * plan.cp
+    o_replicas = plan.dp * plan.cp if plan.zero is ZeroStage.NONE else plan.dp // plan.dp_shard
+    checkpoint_s = ((mem.weights_bytes / max(w_replicas, 1) + mem.optimizer_bytes / max(o_replicas, 1))
+                    / gpu.host_link_bw_unidir_bytes_per_s)
+    ckpt_bytes = model.num_params * (WEIGHT_BYTES + OPTIMIZER_BYTES)
     failures = reliability(num_gpus=n, step_s=step, work_s=train_s, checkpoint_s=checkpoint_s,
                            interruptions_per_gpu_day=workload.interruptions_per_gpu_day,
-                           restart_s=workload.restart_s, usd_per_gpu_hour=price)
+                           restart_s=workload.restart_s, usd_per_gpu_hour=price,
+                           min_interval_s=ckpt_bytes / workload.storage_bytes_per_s)
     budget = Budget(tokens=workload.token_budget, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
                     usd=gpu_hours * price, energy_j=n * gpu.tdp_watts * train_s, with_failures=failures)
     overl = costs.overlapped.scalar(0)

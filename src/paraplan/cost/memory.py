@@ -134,7 +134,7 @@ def inflight_microbatches(plan, num_microbatches):
 
 def fits(cluster, device_bytes, host_bytes):
     """Whether a plan fits: its worst stage in the GPU's usable memory and what it keeps in
-    host DRAM (offloaded optimizer states) in the GPU's share of the node's host memory, when
+    host DRAM (offloaded optimizer states) in the GPU's share of its host's memory, when
     the cluster states it. Vectorized."""
     ok = np.asarray(device_bytes) <= cluster.gpu.hbm_bytes
     cap = cluster.host_memory_bytes_per_gpu

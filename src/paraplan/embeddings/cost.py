@@ -104,8 +104,8 @@ class EmbeddingCost:
     hbm_bytes: np.ndarray
     host_bytes: np.ndarray
     capacity_bytes: float
-    host_bytes_per_node: np.ndarray   # UVM rows and their optimizer state, summed per node
-    host_capacity_bytes: float        # the node's host DRAM (0: not stated, not checked)
+    host_bytes_per_host: np.ndarray   # UVM rows and their optimizer state, summed per host
+    host_capacity_bytes: float        # one host's DRAM (0: not stated, not checked)
     a2a_bytes: float             # bytes all ranks send in all-to-alls (input + output + gradients)
     table_s: dict = field(default_factory=dict)  # table -> lookup seconds (fwd + bwd) on its busiest rank
 
@@ -130,7 +130,7 @@ class EmbeddingCost:
 
     @property
     def fits_host(self) -> bool:
-        return self.host_capacity_bytes <= 0 or bool(self.host_bytes_per_node.max() <= self.host_capacity_bytes)
+        return self.host_capacity_bytes <= 0 or bool(self.host_bytes_per_host.max() <= self.host_capacity_bytes)
 
     @property
     def fits(self) -> bool:
@@ -213,7 +213,9 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
             cache_rows = cache_ratio * s.rows if kernel is ComputeKernel.UVM_CACHING else 0.0
             h = _hit_rate(t, cache_rows, s.ids)
             per["hbm"][j] = cache_rows * (row_bytes + state)
-            per["host"][j] = (s.rows - cache_rows) * (row_bytes + state)
+            # the whole shard lives in host memory (FBGEMM's managed UVM); the HBM cache holds
+            # copies of its hottest rows (TorchRec's storage estimate counts both)
+            per["host"][j] = s.rows * (row_bytes + state)
         outputs = s.outputs * (out_scale if sharding is not ShardingType.DATA_PARALLEL else 1.0)
         f_hbm = s.ids * id_scale * i + h * rows_read * row_bytes + outputs * s.dim * POOLED_OUTPUT_BYTES
         b_hbm = (outputs * s.dim * POOLED_OUTPUT_BYTES + 2.0 * s.ids * id_scale * i
@@ -289,10 +291,10 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
     # buffers: ids in, pooled outputs out (forward) and their gradients (backward)
     hbm = acc["hbm"] + acc["ids_in"] + 2.0 * acc["out_a2a"]
     capacity = cluster.gpu.hbm_bytes * (1.0 - hbm_reserve_fraction)
-    # ranks fill nodes in order: rank r sits on node r // gpus_per_node
-    host_node = np.bincount(np.arange(W) // cluster.gpus_per_node, weights=acc["host"])
+    # ranks fill hosts in order: rank r sits on host r // (GPUs per host)
+    host_node = np.bincount(np.arange(W) // cluster.host_gpus, weights=acc["host"])
     return EmbeddingCost(fwd_lookup_s=acc["fwd"], bwd_lookup_s=acc["bwd"], comm_s=comm, hbm_bytes=hbm,
-                         host_bytes=acc["host"], capacity_bytes=capacity, host_bytes_per_node=host_node,
-                         host_capacity_bytes=cluster.host_memory_bytes_per_node,
+                         host_bytes=acc["host"], capacity_bytes=capacity, host_bytes_per_host=host_node,
+                         host_capacity_bytes=cluster.host_memory_bytes_per_host,
                          a2a_bytes=float(acc["a2a_total"].sum()),
                          table_s={k: float(v.max()) for k, v in table_rank.items()})

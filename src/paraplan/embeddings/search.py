@@ -130,7 +130,7 @@ class _Planner:
         self.evaluated += 1
         penalty = 0.0 if cost.fits_hbm else 1e6 * float(cost.hbm_bytes.max() - cost.capacity_bytes) / self.capacity
         if not cost.fits_host:
-            penalty += 1e6 * float(cost.host_bytes_per_node.max() / cost.host_capacity_bytes - 1.0)
+            penalty += 1e6 * float(cost.host_bytes_per_host.max() / cost.host_capacity_bytes - 1.0)
         return cost.step_time_s + penalty, plan, cost
 
 
@@ -236,8 +236,8 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
     _, plan, cost = best
     if cost.fits_hbm and not cost.fits_host:
         raise ParaplanError(
-            f"no embedding plan fits: the rows kept in host memory (UVM) need {fmt_bytes(float(cost.host_bytes_per_node.max()))} "
-            f"on the fullest node, which has {fmt_bytes(cost.host_capacity_bytes)} of host DRAM "
+            f"no embedding plan fits: the rows kept in host memory (UVM) need {fmt_bytes(float(cost.host_bytes_per_host.max()))} "
+            f"on the fullest host, which has {fmt_bytes(cost.host_capacity_bytes)} of DRAM "
             f"({fmt_bytes(wl.total_weight_bytes)} of tables on {W} GPUs); use more GPUs or fp16 weights")
     if not cost.fits:
         need = float(cost.hbm_bytes.max())

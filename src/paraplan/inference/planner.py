@@ -106,8 +106,8 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
     host_cap = cluster.host_memory_bytes_per_gpu
     if host_cap > 0 and mem.host_bytes > host_cap:
         raise ParaplanError(
-            f"{plan.describe()}: the experts kept in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
-            f"its {fmt_bytes(host_cap)} share of the node's host DRAM")
+            f"{plan.describe()}: the experts held in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
+            f"its {fmt_bytes(host_cap)} share of its host's DRAM")
     need = traffic.context_tokens
     if mem.kv_capacity_tokens < need:
         raise ParaplanError(

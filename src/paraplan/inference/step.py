@@ -95,9 +95,10 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     ends = max(model.embedding_params + (model.lm_head_params if p == 1 else 0), model.lm_head_params)
     weights = (body * layers_per_stage + ends) / t * wb
     host = 0.0
-    if model.is_moe and plan.expert_cache_fraction < 1.0:  # expert buffering: the rest in host memory
-        host = model.expert_params / model.num_layers * layers_per_stage / t * wb * (1.0 - plan.expert_cache_fraction)
-        weights -= host
+    if model.is_moe and plan.expert_cache_fraction < 1.0:
+        # expert buffering (Huang et al. 2023): every expert in host memory, a share c cached in HBM
+        host = model.expert_params / model.num_layers * layers_per_stage / t * wb
+        weights -= host * (1.0 - plan.expert_cache_fraction)
     # Activation workspace sized for max_num_tokens (the engine allocates it up front) and
     # fp32 logits for max_batch rows (TensorRT-LLM sizes both at engine build).
     f_local = (model.num_mlp_matrices - 1) * max(model.ffn_hidden_size, model.moe_ffn_hidden_size * max(model.top_k, 1)) / t

@@ -78,8 +78,8 @@ def failures_line(r) -> str:
     if r.mtbf_s == float("inf"):
         return "with failures   none assumed (--interruptions-per-gpu-day 0)"
     if r.goodput == 0.0:
-        return (f"with failures   no progress: an interruption every {fmt_time(r.mtbf_s)}, shorter than a restart "
-                "plus half a checkpoint interval; fewer GPUs or faster restarts")
+        return (f"with failures   no progress: an interruption every {fmt_time(r.mtbf_s)}, far shorter than a "
+                "restart; fewer GPUs or faster restarts")
     return (f"with failures   an interruption every {fmt_time(r.mtbf_s)}, checkpoint every "
             f"{fmt_time(r.checkpoint_interval_s)} ({fmt_time(r.checkpoint_s)} stall): goodput {100 * r.goodput:.1f}%, "
             f"{fmt_time(r.wall_time_s)}, {fmt_usd(r.wall_usd)}, {r.interruptions:,.0f} interruptions")

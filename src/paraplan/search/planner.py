@@ -13,7 +13,7 @@ from ..cost.estimate import Estimate, finish
 from ..cost.evaluate import evaluate
 from ..cost.memory import fits as plan_fits
 from ..errors import NoPlanFitsError, SpecError
-from ..plan.axes import CPCommType
+from ..plan.axes import CPCommType, Recompute, ZeroStage
 from ..plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -99,7 +99,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
             raise NoPlanFitsError(
                 f"every plan that fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU offloads more optimizer state "
                 f"than the GPU's {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of host DRAM; try more GPUs "
-                "(a smaller shard per GPU), ZeRO-3 or full recomputation instead of offload")
+                "(a smaller shard per GPU)"
+                + ("" if ZeroStage.PARAMETERS in limits.zero_stages and Recompute.FULL in limits.recomputes
+                   else ", or allow ZeRO-3 and full recomputation instead of offload"))
         raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits))
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)

@@ -6,6 +6,8 @@ datasheet numbers carry their source in the catalog TOML files.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from ..enums import CodedEnum
@@ -108,9 +110,11 @@ class ClusterSpec:
     gpus_per_island: int = 0  # 0: one island (no data-center tier)
     dcn: LinkTier | None = None
     usd_per_gpu_hour: float = 2.0
-    # host DRAM of one node (NVLink domain): where offloaded optimizer states and UVM embedding
-    # rows live. 0: not stated (not checked).
-    host_memory_bytes_per_node: float = 0.0
+    # host DRAM of one host (CPU memory domain): where offloaded optimizer states, UVM embedding
+    # rows and buffered experts live. 0: not stated (not checked). A host serves gpus_per_host
+    # GPUs (0: the node's, as in a DGX; GB200: one Grace per two GPUs).
+    host_memory_bytes_per_host: float = 0.0
+    gpus_per_host: int = 0
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -119,14 +123,25 @@ class ClusterSpec:
             raise SpecError(where, "num_gpus", self.num_gpus, "a positive integer is required")
         if self.gpus_per_node <= 0:
             raise SpecError(where, "gpus_per_node", self.gpus_per_node, "a positive integer is required")
+        if not 0 <= self.host_memory_bytes_per_host < math.inf:
+            raise SpecError(where, "host_memory_bytes_per_host", self.host_memory_bytes_per_host,
+                            "a finite number >= 0 is required (0: not stated)")
+        if self.gpus_per_host < 0 or (self.gpus_per_host and self.gpus_per_node % self.gpus_per_host):
+            raise SpecError(where, "gpus_per_host", self.gpus_per_host,
+                            f"must divide gpus_per_node={self.gpus_per_node} (0: one host per node)")
         if self.gpus_per_island and (self.gpus_per_island % self.gpus_per_node or self.dcn is None):
             raise SpecError(where, "gpus_per_island", self.gpus_per_island,
                             "must be a multiple of gpus_per_node and come with a [dcn] tier")
 
     @property
+    def host_gpus(self) -> int:
+        """GPUs sharing one host's DRAM."""
+        return self.gpus_per_host or self.gpus_per_node
+
+    @property
     def host_memory_bytes_per_gpu(self) -> float:
-        """A GPU's share of its node's host DRAM (0: not stated)."""
-        return self.host_memory_bytes_per_node / self.gpus_per_node
+        """A GPU's share of its host's DRAM (0: not stated)."""
+        return self.host_memory_bytes_per_host / self.host_gpus
 
     @property
     def tiers(self) -> tuple[LinkTier, ...]:

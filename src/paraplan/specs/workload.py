@@ -42,6 +42,10 @@ class Workload:
     # Seconds from an interruption to training again (detect, reschedule, re-initialize the
     # process groups, load the checkpoint). 600 s is an ASSUMPTION, not a measurement.
     restart_s: float = 600.0
+    # Sustained write bandwidth of the checkpoint storage to the job: a checkpoint cannot be
+    # taken faster than it is written. 2 TB/s is Llama 3's Tectonic fabric ("a sustainable
+    # throughput of 2 TB/s", Dubey et al. 2024, Sec. 3.3.1).
+    storage_bytes_per_s: float = 2e12
 
     def __post_init__(self) -> None:
         if self.global_batch_size <= 0:
@@ -56,6 +60,8 @@ class Workload:
         if not 0 <= self.interruptions_per_gpu_day < math.inf:
             raise SpecError("workload", "interruptions_per_gpu_day", self.interruptions_per_gpu_day,
                             "must be a finite number >= 0 (0: no interruptions)")
+        if not 0 < self.storage_bytes_per_s < math.inf:
+            raise SpecError("workload", "storage_bytes_per_s", self.storage_bytes_per_s, "must be a finite number > 0")
         if not 0 <= self.restart_s < math.inf:
             raise SpecError("workload", "restart_s", self.restart_s, "must be a finite number >= 0 seconds")
         if self.usd_per_gpu_hour is not None and not 0 <= self.usd_per_gpu_hour < math.inf:

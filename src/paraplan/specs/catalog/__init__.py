@@ -50,7 +50,7 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "memory_bw_effic
                  "source", "aliases")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
-                     "host_memory_gb_per_node")
+                     "host_memory_gb_per_host", "gpus_per_host")
 _TIER_REQUIRED = ("latency_us", "efficiency")
 _TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes", "all_gather", "reduce_scatter")
 
@@ -307,8 +307,10 @@ def _cluster_from_table(t: TomlTable, base_dir: Path | None) -> ClusterSpec:
     extra = {}
     if "usd_per_gpu_hour" in t.data:
         extra["usd_per_gpu_hour"] = t.num("usd_per_gpu_hour")
-    if "host_memory_gb_per_node" in t.data:
-        extra["host_memory_bytes_per_node"] = units.gbytes(t.num("host_memory_gb_per_node"))
+    if "host_memory_gb_per_host" in t.data:
+        extra["host_memory_bytes_per_host"] = units.gbytes(t.num("host_memory_gb_per_host"))
+    if "gpus_per_host" in t.data:
+        extra["gpus_per_host"] = t.int_("gpus_per_host")
     try:
         return ClusterSpec(
             name=t.str_("name"), gpu=gpu, num_gpus=t.int_("num_gpus", gpus_per_node),
