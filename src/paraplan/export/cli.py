@@ -69,7 +69,8 @@ def cmd_export(args) -> int:
         write_output(args.output, res.text, "export", "--output")
     if args.json:
         print(json.dumps({"format": str(engine), "plan": plan.describe(), "plan_source": "flags" if from_flags else "search",
-                          "predicted_step_time_s": est.step_time_s, "filename": args.output or res.filename,
+                          "predicted_step_time_s": est.step_time_s, "fits": est.fits,
+                          "misfit": est.misfit(cluster.gpu.name) or None, "filename": args.output or res.filename,
                           "text": res.text, "launcher": launcher, "notes": list(res.notes)}, indent=1))
     elif args.output:
         print(f"wrote {args.output}: {engine} config for {plan.describe()} "

@@ -168,7 +168,7 @@ def _json(res, top: int, tt: float | None, tp: float | None) -> dict:
         d = {"plan": e.plan.describe(), "tp": e.plan.tp, "pp": e.plan.pp, "ep": e.plan.ep,
              "weight_dtype": e.plan.weight_dtype.value, "kv_dtype": e.plan.kv_dtype.value,
              "gpus_per_replica": e.plan.gpus_per_replica, "memory_bytes": e.memory.parts(),
-             "kv_capacity_tokens": e.memory.kv_capacity_tokens,
+             "kv_capacity_tokens": e.memory.kv_capacity_tokens, "host_bytes_per_gpu": e.memory.host_bytes,
              "max_concurrent_requests": e.max_concurrency, "ttft_floor_s": e.ttft_floor_s,
              "tpot_floor_s": e.tpot_floor_s, "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
              "slo_rate_rps_per_replica": e.slo_rate_rps, "replicas_needed": e.replicas_needed,
