@@ -4,16 +4,28 @@ choices in numpy arrays (plan/space.py)."""
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cache
+
+
+@cache
+def _members(cls) -> tuple:
+    """An enum's members in definition order (cached: the plan-space loops ask millions of times)."""
+    return tuple(cls)
+
+
+@cache
+def _code(member) -> int:
+    return _members(type(member)).index(member)
 
 
 class CodedEnum(StrEnum):
     @property
     def code(self) -> int:
-        return list(type(self)).index(self)
+        return _code(self)
 
     @classmethod
     def from_code(cls, code: int):
-        return list(cls)[int(code)]
+        return _members(cls)[int(code)]
 
     @classmethod
     def parse(cls, text: str, field: str):
