@@ -140,6 +140,22 @@ def test_trace_writes_chrome_trace_json(capsys, tmp_path):
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
 
 
+def test_trace_of_a_long_step_shows_fewer_microbatches(capsys, tmp_path):
+    path = tmp_path / "few.json"
+    code, out, err = run(capsys, "trace", *SMALL_PP, "--max-microbatches", "5", "-o", str(path))
+    assert code == 0, err
+    trace = json.loads(path.read_text())
+    # 8 micro-batches in the step; 5 asked, rounded down to a multiple of PP=4, at least 2·PP
+    assert trace["otherData"]["microbatches"] == 8 and trace["otherData"]["microbatches_shown"] == 8
+    code, out, err = run(capsys, "trace", *SMALL_PP, "--batch", "64", "--max-microbatches", "9", "-o", str(path))
+    trace = json.loads(path.read_text())
+    tasks = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("tid") == 0 and e["name"] != "bubble"]
+    assert trace["otherData"]["microbatches"] == 32 and trace["otherData"]["microbatches_shown"] == 8
+    assert len(tasks) == 4 * 2 * 8 and "8 of the step's 32 micro-batches shown" in out
+    # the step time stays the full step's: the shown part ends well before it
+    assert max(e["ts"] + e["dur"] for e in tasks) < 0.5 * trace["otherData"]["step_time_s"] * 1e6
+
+
 def test_trace_to_stdout(capsys):
     code, out, _ = run(capsys, "trace", *SMALL_PP, "-o", "-")
     assert code == 0

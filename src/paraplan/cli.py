@@ -205,28 +205,35 @@ def cmd_estimate(args) -> int:
     return 0
 
 
+TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
+
+
 def cmd_trace(args) -> int:
-    from .cost.estimate import estimate
-    from .report.timeline import chrome_trace
-    from .sim.schedules import Phase
+    from .cost.estimate import estimate, stage_costs
+    from .cost.evaluate import evaluate
     from .outfile import check_output, write_output
+    from .plan.axes import Schedule
+    from .plan.space import PlanBatch
+    from .report.timeline import chrome_trace
+    from .sim.engine import simulate
+    from .sim.schedules import Phase, build_schedule
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
     model, cluster, wl = _specs(args)
     plan = _plan_from_args(args, cluster)
-    est = estimate(model, cluster, wl, plan)
-    if est.sim is None:
-        from .sim.engine import simulate
-        from .sim.schedules import build_schedule
-        from .cost.estimate import stage_costs
-        from .cost.evaluate import evaluate
-        from .plan.space import PlanBatch
-        costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
-        from .plan.axes import Schedule
-        single = replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
-        sim = simulate(build_schedule(Schedule.ONE_F_ONE_B, 1, est.num_microbatches, 1), stage_costs(costs, single))
+    est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
+    m = est.num_microbatches
+    # a trace of every micro-batch of a long step is gigabytes no viewer opens: show the
+    # schedule on fewer (a multiple of PP, at least 2·PP) with the same per-micro-batch costs
+    cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
+    shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
+    costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
+    if plan.pp > 1:
+        sim = est.sim if shown == m else simulate(build_schedule(plan.schedule, plan.pp, shown, plan.vp),
+                                                  stage_costs(costs, plan))
     else:
-        sim = est.sim
+        single = replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
+        sim = simulate(build_schedule(Schedule.ONE_F_ONE_B, 1, shown, 1), stage_costs(costs, single))
     layers_per_chunk = model.num_layers // (plan.pp * plan.vp)
 
     def detail(rank, chunk, phase):
@@ -241,7 +248,8 @@ def cmd_trace(args) -> int:
         return out
 
     trace = chrome_trace(sim, task_detail=detail, metadata={"plan": plan.describe(), "model": model.name,
-                                                            "cluster": cluster.name, "step_time_s": est.step_time_s})
+                                                            "cluster": cluster.name, "step_time_s": est.step_time_s,
+                                                            "microbatches": m, "microbatches_shown": shown})
     text = json.dumps(trace)
     if args.output == "-":
         print(text)
@@ -249,9 +257,11 @@ def cmd_trace(args) -> int:
         write_output(args.output, text, "trace", "--output")
         if not args.json:
             print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
-                  "(open in https://ui.perfetto.dev or chrome://tracing)")
+                  "(open in https://ui.perfetto.dev or chrome://tracing)"
+                  + (f"; {shown} of the step's {m} micro-batches shown (--max-microbatches)" if shown < m else ""))
         else:
-            print(json.dumps({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s}))
+            print(json.dumps({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
+                              "microbatches": m, "microbatches_shown": shown}))
     return 0
 
 
@@ -420,6 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_specs(t)
     _add_plan(t, required=True)
     t.add_argument("-o", "--output", default="paraplan-trace.json", help="output file, or - for stdout")
+    t.add_argument("--max-microbatches", type=_positive_int, default=None,
+                   help="trace at most this many micro-batches of the step (default: as many as keep the "
+                        f"trace near {TRACE_LAYER_EVENTS:,} layer events); the step time stays the full step's")
     t.set_defaults(func=cmd_trace)
     v = sub.add_parser("validate", help="predict every row of a published-measurements CSV")
     v.add_argument("file")
