@@ -237,7 +237,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
-                        overlap=overlap)
+                        overlap=overlap, host_memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
 
 
 def _worker(rank: int, device_type: str, ranks: int, quick: bool, store_path: str, out_path: str) -> None:

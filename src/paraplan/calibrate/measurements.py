@@ -102,6 +102,7 @@ class Measurements:
     load_average: float = 0.0      # 1-minute load average when the benchmarks ended (os.getloadavg)
     cpu_count: int = 0
     overlap: OverlapSample | None = None  # compute slowed by a concurrent collective (2+ ranks)
+    host_memory_bytes: float = 0.0  # the machine's DRAM (0: not recorded)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -128,7 +129,7 @@ class Measurements:
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
 _NESTED = {"overlap": OverlapSample}
-_MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count"})
+_MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite
 
 

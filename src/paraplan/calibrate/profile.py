@@ -217,7 +217,11 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         "# Every number below is measured on this machine except where a comment says otherwise.",
         f"# load average {m.load_average:.1f} on {m.cpu_count} CPUs when measured: other jobs slow a shared machine"
         if m.cpu_count else "# load average not recorded",
-        f"name = {_toml_str(name)}", f"num_gpus = {ranks}", f"gpus_per_node = {ranks}", "",
+        f"name = {_toml_str(name)}", f"num_gpus = {ranks}", f"gpus_per_node = {ranks}",
+        # a GPU machine's DRAM holds offloaded optimizer states; on a CPU it is the device memory
+        *([f"# this machine's DRAM (for offloaded optimizer states, UVM tables, buffered experts)",
+           f"host_memory_gb_per_host = {_num(m.host_memory_bytes / units.GIGA)}"]
+          if not cpu and m.host_memory_bytes > 0 else []), "",
         "[gpu]", f"name = {_toml_str(m.device_name)}",
         f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
         f'{len(m.copies)} copies, {len(m.collectives)} collectives"',
