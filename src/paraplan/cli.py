@@ -234,13 +234,14 @@ def cmd_trace(args) -> int:
     else:
         single = replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
         sim = simulate(build_schedule(Schedule.ONE_F_ONE_B, 1, shown, 1), stage_costs(costs, single))
-    layers_per_chunk = model.num_layers // (plan.pp * plan.vp)
+    # the fullest chunk's layers (uneven splits leave the last chunks short: no events past l)
+    layers_per_chunk = -(-model.num_layers // (plan.pp * plan.vp))
 
     def detail(rank, chunk, phase):
         d = est.layer_detail["fwd" if phase == Phase.FORWARD else "bwd"]
         out = []
         first_layer = (chunk * plan.pp + rank) * layers_per_chunk
-        for li in range(layers_per_chunk):
+        for li in range(min(layers_per_chunk, model.num_layers - first_layer)):
             for name, dur in d.items():
                 if dur > 0:
                     cat = "comm" if any(x in name for x in ("TP", "CP", "FSDP")) else "compute"

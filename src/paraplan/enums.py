@@ -14,14 +14,15 @@ def _members(cls) -> tuple:
 
 
 @cache
-def _code(member) -> int:
-    return _members(type(member)).index(member)
+def _code(cls, name: str) -> int:
+    # keyed by (class, name): StrEnum members of different enums with equal values compare equal
+    return [m.name for m in _members(cls)].index(name)
 
 
 class CodedEnum(StrEnum):
     @property
     def code(self) -> int:
-        return _code(self)
+        return _code(type(self), self.name)
 
     @classmethod
     def from_code(cls, code: int):

@@ -317,22 +317,34 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 
-    def stage(extra_fwd, extra_bwd):
-        fwd = L_s * layer_fwd_total + extra_fwd + z3_first
-        bwd = L_s * layer_bwd_total + extra_bwd + rc_stage + z3_first
-        return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=L_s * wgrad)
-
+    # Chunk slots left over by ceil(l/(p·v)) go to the embedding and the loss: the last stage
+    # holds one layer fewer when the split leaves a slot, the first one fewer when it leaves
+    # two (Megatron-Core --account-for-embedding/loss-in-pipeline-split; Llama 3 405B's
+    # 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2). Further slack stays on the
+    # middle stages' count (conservative).
     only = p == 1
-    first = stage(emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_fwd + np.where(only, lm_bwd, 0.0))
-    middle = stage(0.0, 0.0)
-    last = stage(np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd, 0.0))
+    slack = np.where(only, 0.0, p * v * np.ceil(model.num_layers / (p * v)) - model.num_layers)
+    L_last = L_s - np.minimum(slack, 1.0)
+    L_first = L_s - np.clip(slack - 1.0, 0.0, 1.0)
+    # recomputation scales with the stage's layers, except first-k's fixed k per stage
+    rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
+
+    def stage(layers, extra_fwd, extra_bwd):
+        fwd = layers * layer_fwd_total + extra_fwd + z3_first
+        bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
+        return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=layers * wgrad)
+
+    first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_fwd + np.where(only, lm_bwd, 0.0))
+    middle = stage(L_s, 0.0, 0.0)
+    last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd, 0.0))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ACT_BYTES * T * h / sp_div
     pp_stride = t * c * d
     p2p = np.where(p > 1, p2p_time_s(cluster, p2p_bytes, pp_stride), 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
-    t_max = np.maximum(np.maximum(per_mb[0], per_mb[1]), per_mb[2])
+    # a middle stage exists from p = 3
+    t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
     t_avg = np.where(only, per_mb[0], (per_mb[0] + per_mb[2] + (p - 2.0) * per_mb[1]) / np.maximum(p, 1.0))
     bubble_1f1b = (p - 1.0) / v * t_avg
     wg_avg = L_s * wgrad
@@ -342,9 +354,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     pp_exposed = np.where(only, 0.0, 2.0 * (p * v - 1.0) * p2p)
 
     # ---------------- data-parallel gradient sync and optimizer ----------------
-    params_stage_first = (L_s * dense_layer_params + model.embedding_params
+    params_stage_first = (L_first * dense_layer_params + model.embedding_params
                           + np.where(only, model.lm_head_params + h, 0.0)) / t
-    params_stage_last = (L_s * dense_layer_params + model.lm_head_params + h
+    params_stage_last = (L_last * dense_layer_params + model.lm_head_params + h
                          + np.where(only, model.embedding_params, 0.0)) / t
     expert_stage = L_s * expert_params  # the same on every stage (0 for a dense model)
     params_stage = np.maximum(params_stage_first, params_stage_last)
@@ -437,8 +449,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
                                 (k_rc * ACT_BYTES * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
-    acts_first = inflight * L_s * per_layer_stored + recompute_working + inflight * ACT_BYTES * T * h / sp_div
-    acts_last = np.minimum(m, 1.0) * L_s * per_layer_stored + recompute_working
+    acts_first = inflight * L_first * per_layer_stored + recompute_working + inflight * ACT_BYTES * T * h / sp_div
+    acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + recompute_working
     logits = mem.LOGITS_BYTES_PER_ELEMENT * logits_el
 
     shard_e = np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
@@ -460,16 +472,22 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     w1, g1, o1, host1 = states(params_stage_first)
     wl, gl, ol, hostl = states(params_stage_last)
-    host_bytes = np.maximum(host1, hostl)
+    # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
+    # outgrows the first when the embedding took one of the first stage's layer slots
+    wm, gm, om, hostm = states(L_s * dense_layer_params / t)
+    acts_mid = np.maximum(inflight - 1.0, 1.0) * L_s * per_layer_stored + recompute_working
+    has_mid = p > 2
+    host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
     lo1 = np.where(only, logits, 0.0)
     tot1 = w1 + g1 + o1 + acts_first + lo1
     totl = wl + gl + ol + acts_last + logits
-    use_first = tot1 >= totl
+    totm = np.where(has_mid, wm + gm + om + acts_mid, 0.0)
+    worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
     buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * np.asarray(plan.fp32_params)
                                                        + mem.GRAD_BYTES), 0.0)
-    pick = lambda a, b_: np.where(use_first, a, b_)  # noqa: E731
-    weights, grads, opt = pick(w1, wl), pick(g1, gl), pick(o1, ol)
-    acts, lg = pick(acts_first, acts_last), pick(lo1, logits)
+    pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
+    weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)
+    acts, lg = pick(acts_first, acts_last, acts_mid), pick(lo1, logits, 0.0)
     alloc = weights + grads + opt + acts + lg + buffers
     memory = MemoryBreakdown(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=acts,

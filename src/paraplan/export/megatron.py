@@ -40,7 +40,9 @@ FSDP_STRATEGY = {ZeroStage.GRADIENTS: "optim_grads", ZeroStage.PARAMETERS: "opti
 
 SUPPORT = EngineSupport(
     engine=ENGINE,
-    limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)),
+    # the export writes PP×VP equal chunks (layers_per_chunk): even splits only
+    limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), even_pipeline=True,
+                       hierarchical_a2a=False),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
     tp_async_backward=True)       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs

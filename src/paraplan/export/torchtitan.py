@@ -60,7 +60,8 @@ SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
-                       allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE)),
+                       allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
+                       even_pipeline=True, hierarchical_a2a=False, ep_overlap=False),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False)      # DTensor TP does not overlap the backward reductions

@@ -240,6 +240,11 @@ class SpaceLimits:
     max_ep: int = 0          # 0: up to the number of experts
     # context parallelism: the K/V exchanges tried when CP>1 (plan/axes.py CPCommType)
     cp_comm_types: tuple[CPCommType, ...] = tuple(CPCommType)
+    # only PP dividing the layers and VP dividing layers/PP (engines that split evenly)
+    even_pipeline: bool = False
+    # MoE: whether the two-dimensional all-to-all and the EP overlap may be tried (engines lack them)
+    hierarchical_a2a: bool = True
+    ep_overlap: bool = True
 
 
 def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed: dict,
@@ -263,8 +268,8 @@ def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits,
             # the two all-to-all algorithms differ only when the EP group leaves the node
             spans_nodes = ep * etp > cluster.gpus_per_node
             for cf in limits.capacity_factors:
-                for hier in ((0, 1) if spans_nodes else (0,)):
-                    for ov in ((0, 1) if ep > 1 else (0,)):
+                for hier in ((0, 1) if spans_nodes and limits.hierarchical_a2a else (0,)):
+                    for ov in ((0, 1) if ep > 1 and limits.ep_overlap else (0,)):
                         out.append((ep, etp, 0.0 if cf is None else float(cf), hier, ov))
     return out
 
@@ -295,7 +300,8 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             if cp > limits.max_cp or fixed.get("cp", cp) != cp:
                 continue
             for pp in _divisors(N // (tp * cp)):
-                if (not _balanced(L, pp) and "pp" not in fixed) or fixed.get("pp", pp) != pp:
+                splits = L % pp == 0 if limits.even_pipeline else _balanced(L, pp)
+                if (not splits and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
                 dp = N // (tp * cp * pp)
                 if gbs % dp or fixed.get("dp", dp) != dp:
@@ -307,8 +313,14 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         mbs = [x for x in _divisors(per_dp) if x <= limits.max_micro_batch]
         if "micro_batch_size" in fixed:
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
-        vps = sorted(x for x in set(_divisors(L // pp)) | {v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)}
-                     if x <= limits.max_vp) if pp > 1 else [1]
+        if pp > 1:
+            # equal chunks of layers, or (unless the engine needs even splits) equal counting the
+            # embedding and the loss as a slot each; a pinned PP keeps every divisor of l/PP
+            even = _divisors(L // pp) if L % pp == 0 or "pp" in fixed else [1]
+            slots = [] if limits.even_pipeline else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)]
+            vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp)
+        else:
+            vps = [1]
         if "vp" in fixed:  # virtual stages need pipeline stages: vp > 1 pins out PP = 1
             vps = [fixed["vp"]] if pp > 1 else ([1] if fixed["vp"] == 1 else [])
         L_s = -(-L // pp)
