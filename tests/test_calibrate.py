@@ -149,9 +149,9 @@ def test_gather_and_scatter_measured_apart_get_curves_of_their_own(tmp_path):
 
 
 def test_a_gpu_profile_states_the_hosts_dram(tmp_path):
-    gpu = replace(synthetic(), device_type="cuda", compute_dtype="float32", host_memory_bytes=2e12)
+    gpu = replace(synthetic(), device_type="cuda", compute_dtype="float32", host_memory_bytes=2e12, device_count=8)
     c = load_cluster(str(write_profile(tmp_path, gpu, name="gpu")))
-    assert c.host_memory_bytes_per_gpu == pytest.approx(2e12 / 2)  # two GPUs measured share it
+    assert c.host_memory_bytes_per_gpu == pytest.approx(2e12 / 8)  # 2 of the machine's 8 GPUs measured
     # on a CPU the host memory is the device's: not stated twice
     cpu = load_cluster(str(write_profile(tmp_path, replace(synthetic(), host_memory_bytes=2e12), name="cpu")))
     assert cpu.host_memory_bytes_per_gpu == 0.0

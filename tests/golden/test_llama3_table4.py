@@ -58,3 +58,36 @@ def test_search_proposes_meta_layout_without_pins():
     pinned = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8, "pp": 5})
               for p in b.pp.tolist()}
     assert pinned == {5}
+
+
+def test_end_stages_give_a_layer_slot_to_the_embedding_and_the_loss():
+    """126 layers in 16 × 8 chunks: the first and last stages hold 7 layers, not 8. Against the
+    same model with 128 layers (no slack), each end stage is one layer's time lighter."""
+    from dataclasses import replace
+
+    from paraplan.cost.evaluate import evaluate
+    from paraplan.plan.axes import Schedule
+    from paraplan.plan.plan import make_plan
+    from paraplan.plan.space import PlanBatch
+    from paraplan.specs.catalog import load_cluster, load_model
+    from paraplan.specs.workload import Workload
+    m126 = load_model("llama3.1-405b")
+    m128 = replace(m126, num_layers=128)
+    cluster = load_cluster("dgx-h100", num_gpus=16384)
+    plan = make_plan(tp=8, pp=16, vp=8, dp=128, sequence_parallel=True, schedule=Schedule.INTERLEAVED_1F1B)
+    wl = Workload(global_batch_size=2048, seq_len=8192)
+    a, b = (evaluate(m, cluster, wl, PlanBatch.from_plans([plan])) for m in (m126, m128))
+    layer_fwd = float(b.middle.forward_s[0]) / 8
+    for stage in ("first", "last"):
+        lighter = float(getattr(b, stage).forward_s[0]) - float(getattr(a, stage).forward_s[0])
+        assert lighter == pytest.approx(layer_fwd, rel=0.01)
+    assert float(a.middle.forward_s[0]) == pytest.approx(float(b.middle.forward_s[0]))
+
+
+def test_engines_that_need_equal_chunks_export_the_best_plan_they_can_run(capsys):
+    # the plain search prefers 126 layers in slot-counted chunks; Megatron's export writes
+    # equal chunks, so it searches those only (and still finds a plan)
+    assert main(["export", "--format", "megatron", "--model", "llama3.1-405b", "--gpus", "2048", "--seq", "8192",
+                 "--batch", "1024", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan_source"] == "search" and out["fits"]

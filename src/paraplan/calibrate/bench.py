@@ -198,6 +198,19 @@ def _memory(device, ranks: int) -> tuple[float, float]:
     return float(total) / ranks, rss
 
 
+def _host_memory_bytes() -> float:
+    """The machine's DRAM, or the container's memory limit (cgroup v2 memory.max) if lower."""
+    total = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+        if limit.isdigit():
+            total = min(total, float(limit))
+    except OSError:
+        pass
+    return total
+
+
 def _device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -237,7 +250,8 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
-                        overlap=overlap, host_memory_bytes=float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")))
+                        overlap=overlap, host_memory_bytes=_host_memory_bytes(),
+                        device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 
 def _worker(rank: int, device_type: str, ranks: int, quick: bool, store_path: str, out_path: str) -> None:

@@ -102,7 +102,8 @@ class Measurements:
     load_average: float = 0.0      # 1-minute load average when the benchmarks ended (os.getloadavg)
     cpu_count: int = 0
     overlap: OverlapSample | None = None  # compute slowed by a concurrent collective (2+ ranks)
-    host_memory_bytes: float = 0.0  # the machine's DRAM (0: not recorded)
+    host_memory_bytes: float = 0.0  # the machine's DRAM, within the container's limit (0: not recorded)
+    device_count: int = 0           # GPUs the machine has (0: not recorded; the ranks measured)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -129,7 +130,8 @@ class Measurements:
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
 _NESTED = {"overlap": OverlapSample}
-_MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes"})
+_MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
+                          "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite
 
 

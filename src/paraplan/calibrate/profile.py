@@ -219,8 +219,10 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         if m.cpu_count else "# load average not recorded",
         f"name = {_toml_str(name)}", f"num_gpus = {ranks}", f"gpus_per_node = {ranks}",
         # a GPU machine's DRAM holds offloaded optimizer states; on a CPU it is the device memory
-        *([f"# this machine's DRAM (for offloaded optimizer states, UVM tables, buffered experts)",
-           f"host_memory_gb_per_host = {_num(m.host_memory_bytes / units.GIGA)}"]
+        *([f"# the measured GPUs' share of this machine's DRAM ({m.ranks} of {max(m.device_count, m.ranks)} GPUs; "
+           "for offloaded optimizer states, UVM tables, buffered experts)",
+           f"host_memory_gb_per_host = "
+           f"{_num(m.host_memory_bytes * m.ranks / max(m.device_count, m.ranks) / units.GIGA)}"]
           if not cpu and m.host_memory_bytes > 0 else []), "",
         "[gpu]", f"name = {_toml_str(m.device_name)}",
         f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
