@@ -432,8 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(t, required=True)
     t.add_argument("-o", "--output", default="paraplan-trace.json", help="output file, or - for stdout")
     t.add_argument("--max-microbatches", type=_positive_int, default=None,
-                   help="trace at most this many micro-batches of the step (default: as many as keep the "
-                        f"trace near {TRACE_LAYER_EVENTS:,} layer events); the step time stays the full step's")
+                   help="trace about this many micro-batches of the step (rounded down to a multiple of PP, "
+                        f"at least 2·PP; default: as many as keep the trace near {TRACE_LAYER_EVENTS:,} layer "
+                        "events); the step time stays the full step's")
     t.set_defaults(func=cmd_trace)
     v = sub.add_parser("validate", help="predict every row of a published-measurements CSV")
     v.add_argument("file")
