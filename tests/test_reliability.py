@@ -52,6 +52,7 @@ def test_no_failures_long_restarts_and_the_storage_floor():
     slow = _run(1_000_000, restart=3600.0)
     assert 0.0 < slow.goodput < 1e-6
     assert _run(1_000_000, rate=1e6).goodput == 0.0  # beyond the float range: none at all
+    assert _run(1_000_000, rate=1e308).goodput == 0.0  # a job rate that overflows
     # a checkpoint cannot come more often than once a step, nor faster than storage writes it
     assert _run(16384, ckpt=1e-6, step=30.0).checkpoint_interval_s == 30.0
     assert _run(16384, ckpt=1e-6, step=1.0, floor=45.0).checkpoint_interval_s == 45.0

@@ -54,6 +54,10 @@ def reliability(*, num_gpus: int, step_s: float, work_s: float, checkpoint_s: fl
                            wall_time_s=wall, interruptions=0.0, wall_gpu_hours=wall / SECONDS_PER_HOUR * num_gpus,
                            wall_usd=wall / SECONDS_PER_HOUR * num_gpus * usd_per_gpu_hour)
     mtbf = 1.0 / rate
+    if not mtbf > 0.0:  # a rate past the float range: interrupted all the time
+        return Reliability(mtbf_s=0.0, checkpoint_s=checkpoint_s, checkpoint_interval_s=max(step_s, min_interval_s),
+                           goodput=0.0, wall_time_s=math.inf, interruptions=math.inf, wall_gpu_hours=math.inf,
+                           wall_usd=math.inf)
     d = checkpoint_s / mtbf
     lo, hi = 0.0, 1.0  # e^{x+d}(1 − x) − 1 falls from e^d − 1 > 0 at x = 0 to −1 at x = 1
     for _ in range(200):
