@@ -104,12 +104,16 @@ def _refuse_rename(monkeypatch):
     monkeypatch.setattr(os, "rename", refuse)
 
 
+def _write_to_device(capsys, tmp_path, monkeypatch, command, device):
+    """Run a writing command with its output on `device`, renames refused."""
+    argv, _, _ = WRITERS[command]
+    _refuse_rename(monkeypatch)
+    return run(capsys, *argv(tmp_path), device)
+
+
 @pytest.mark.parametrize("command", [c for c in WRITERS if c != "run"])
 def test_dev_null_is_written_in_place(capsys, tmp_path, monkeypatch, command):
-    argv, option, where = WRITERS[command]
-    args = argv(tmp_path)
-    _refuse_rename(monkeypatch)
-    code, out, err = run(capsys, *args, "/dev/null")
+    code, out, err = _write_to_device(capsys, tmp_path, monkeypatch, command, "/dev/null")
     assert code == 0, err
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
     assert not any(p.endswith(".tmp") for p in os.listdir("/dev"))
@@ -118,11 +122,8 @@ def test_dev_null_is_written_in_place(capsys, tmp_path, monkeypatch, command):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 @pytest.mark.parametrize("command", [c for c in WRITERS if c != "run"])
 def test_a_full_device_is_one_line_and_stays_a_device(capsys, tmp_path, monkeypatch, command):
-    argv, option, where = WRITERS[command]
-    args = argv(tmp_path)
-    _refuse_rename(monkeypatch)
-    code, out, err = run(capsys, *args, "/dev/full")
-    line = assert_user_error(code, out, err)
+    _, option, where = WRITERS[command]
+    line = assert_user_error(*_write_to_device(capsys, tmp_path, monkeypatch, command, "/dev/full"))
     assert f"{where}: {option}='/dev/full'" in line and "No space left on device" in line
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
     assert not any(p.endswith(".tmp") for p in os.listdir("/dev"))

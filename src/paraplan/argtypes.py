@@ -6,11 +6,15 @@ import argparse
 import math
 
 
-def _int(text: str) -> int:
+def _parse(text: str, kind, what: str):
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+
+
+def _int(text: str) -> int:
+    return _parse(text, int, "an integer")
 
 
 def positive_int(text: str) -> int:
@@ -28,10 +32,7 @@ def non_negative_int(text: str) -> int:
 
 
 def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    return _parse(text, float, "a number")
 
 
 def positive_float(text: str) -> float:
