@@ -46,7 +46,7 @@ def test_offloaded_optimizer_lives_in_host_dram():
     assert on_gpu.host_bytes == 0.0
 
 
-def test_a_plan_that_overflows_host_dram_does_not_fit(capsys):
+def test_a_plan_that_overflows_host_dram_does_not_fit():
     # Llama 3 70B on 16 H100 as TP 8 × DP 2: without offload the ZeRO-1 optimizer shard does
     # not fit in HBM; offloaded it needs ~70 GB of host DRAM per GPU
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=16)

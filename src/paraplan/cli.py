@@ -17,6 +17,7 @@ from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import positive_int as _positive_int
 from .errors import ParaplanError, SpecError
+from .specs.workload import LLAMA3_INTERRUPTIONS_PER_GPU_DAY
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
@@ -47,9 +48,9 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-imbalance", type=float, default=1.1,
                    help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
                         "(default 1.1, an assumption; 1.0 = perfectly balanced)")
-    g.add_argument("--interruptions-per-gpu-day", type=_non_negative_float, default=None,
-                   help="job interruptions per GPU per day (default 4.7e-4: Llama 3's 419 in 54 days on "
-                        "16,384 H100; 0: no failures)")
+    g.add_argument("--interruptions-per-gpu-day", type=_non_negative_float, default=LLAMA3_INTERRUPTIONS_PER_GPU_DAY,
+                   help=f"job interruptions per GPU per day (default {LLAMA3_INTERRUPTIONS_PER_GPU_DAY:.2g}: Llama 3's "
+                        "419 in 54 days on 16,384 H100; 0: no failures)")
     g.add_argument("--restart-min", type=_non_negative_float, default=10.0,
                    help="minutes from an interruption to training again (default 10, an assumption)")
     g.add_argument("--storage-gb-per-s", type=_positive_float, default=2000.0,
@@ -115,8 +116,7 @@ def _specs(args):
                   token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
                   restart_s=_finite_flag("--restart-min", 60.0 * args.restart_min),
                   storage_bytes_per_s=_finite_flag("--storage-gb-per-s", 1e9 * args.storage_gb_per_s),
-                  **({} if args.interruptions_per_gpu_day is None
-                     else {"interruptions_per_gpu_day": args.interruptions_per_gpu_day}))
+                  interruptions_per_gpu_day=args.interruptions_per_gpu_day)
     return model, cluster, wl
 
 
@@ -227,13 +227,12 @@ def cmd_trace(args) -> int:
     # schedule on fewer (a multiple of PP, at least 2·PP) with the same per-micro-batch costs
     cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
     shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
-    costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
-    if plan.pp > 1:
-        sim = est.sim if shown == m else simulate(build_schedule(plan.schedule, plan.pp, shown, plan.vp),
-                                                  stage_costs(costs, plan))
-    else:
-        single = replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
-        sim = simulate(build_schedule(Schedule.ONE_F_ONE_B, 1, shown, 1), stage_costs(costs, single))
+    if plan.pp > 1 and shown == m:
+        sim = est.sim
+    else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate
+        staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
+        costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
+        sim = simulate(build_schedule(staged.schedule, staged.pp, shown, staged.vp), stage_costs(costs, staged))
     # the fullest chunk's layers (uneven splits leave the last chunks short: no events past l)
     layers_per_chunk = -(-model.num_layers // (plan.pp * plan.vp))
 

@@ -433,7 +433,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     )
     comm_detail = {
         "TP " + ("all-gather+reduce-scatter" if np.all(sp) else "all-reduce" if not np.any(sp) else "collectives"): time.tp_comm_s,
-        _CP_LABEL.get(int(np.ravel(cpc)[0]) if np.unique(cpc).size == 1 else -1, "CP K/V exchange"): time.cp_comm_s,
+        # one exchange for the whole batch (an estimate): its own name
+        _CP_LABEL.get(int(np.min(cpc)) if np.min(cpc) == np.max(cpc) else -1, "CP K/V exchange"): time.cp_comm_s,
         "EP all-to-all" + (" (hierarchical)" if np.all(np.asarray(plan.a2a_hierarchical)) and mc else ""): time.ep_comm_s,
         "PP send/recv": time.pp_comm_s,
         "DP/ZeRO collectives": time.dp_comm_s,

@@ -136,6 +136,4 @@ def fits(cluster, device_bytes, host_bytes):
     """Whether a plan fits: its worst stage in the GPU's usable memory and what it keeps in
     host DRAM (offloaded optimizer states) in the GPU's share of its host's memory, when
     the cluster states it. Vectorized."""
-    ok = np.asarray(device_bytes) <= cluster.gpu.hbm_bytes
-    cap = cluster.host_memory_bytes_per_gpu
-    return ok & (np.asarray(host_bytes) <= cap) if cap > 0 else ok
+    return (np.asarray(device_bytes) <= cluster.gpu.hbm_bytes) & cluster.host_memory_holds(np.asarray(host_bytes))

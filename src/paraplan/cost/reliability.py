@@ -48,30 +48,27 @@ def reliability(*, num_gpus: int, step_s: float, work_s: float, checkpoint_s: fl
     """The optimal checkpoint interval and the goodput for `work_s` of failure-free training;
     `min_interval_s` is the time storage needs to take one checkpoint."""
     rate = interruptions_per_gpu_day * num_gpus / SECONDS_PER_DAY
-    if rate <= 0.0:
-        wall = work_s
-        return Reliability(mtbf_s=math.inf, checkpoint_s=checkpoint_s, checkpoint_interval_s=math.inf, goodput=1.0,
-                           wall_time_s=wall, interruptions=0.0, wall_gpu_hours=wall / SECONDS_PER_HOUR * num_gpus,
-                           wall_usd=wall / SECONDS_PER_HOUR * num_gpus * usd_per_gpu_hour)
-    mtbf = 1.0 / rate
-    if not mtbf > 0.0:  # a rate past the float range: interrupted all the time
-        return Reliability(mtbf_s=0.0, checkpoint_s=checkpoint_s, checkpoint_interval_s=max(step_s, min_interval_s),
-                           goodput=0.0, wall_time_s=math.inf, interruptions=math.inf, wall_gpu_hours=math.inf,
-                           wall_usd=math.inf)
-    d = checkpoint_s / mtbf
-    lo, hi = 0.0, 1.0  # e^{x+d}(1 − x) − 1 falls from e^d − 1 > 0 at x = 0 to −1 at x = 1
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if mid < 1.0 and mid + d + math.log1p(-mid) > 0.0:  # in logs: no overflow when d is huge
-            lo = mid
-        else:
-            hi = mid
-    interval = max(lo * mtbf, step_s, min_interval_s)
-    try:
-        ratio = mtbf * math.exp(restart_s / mtbf) * math.expm1((interval + checkpoint_s) / mtbf) / interval
-    except OverflowError:  # interruptions far more often than a restart or an interval: no progress
-        ratio = math.inf
+    if rate <= 0.0:  # no interruptions assumed
+        mtbf, interval, ratio = math.inf, math.inf, 1.0
+    elif not 1.0 / rate > 0.0:  # a rate past the float range: interrupted all the time
+        mtbf, interval, ratio = 0.0, max(step_s, min_interval_s), math.inf
+    else:
+        mtbf = 1.0 / rate
+        d = checkpoint_s / mtbf
+        lo, hi = 0.0, 1.0  # e^{x+d}(1 − x) − 1 falls from e^d − 1 > 0 at x = 0 to −1 at x = 1
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if mid < 1.0 and mid + d + math.log1p(-mid) > 0.0:  # in logs: no overflow when d is huge
+                lo = mid
+            else:
+                hi = mid
+        interval = max(lo * mtbf, step_s, min_interval_s)
+        try:
+            ratio = mtbf * math.exp(restart_s / mtbf) * math.expm1((interval + checkpoint_s) / mtbf) / interval
+        except OverflowError:  # interruptions far more often than a restart or an interval: no progress
+            ratio = math.inf
     wall = work_s * ratio
+    gpu_hours = wall / SECONDS_PER_HOUR * num_gpus
     return Reliability(mtbf_s=mtbf, checkpoint_s=checkpoint_s, checkpoint_interval_s=interval, goodput=1.0 / ratio,
-                       wall_time_s=wall, interruptions=wall / mtbf, wall_gpu_hours=wall / SECONDS_PER_HOUR * num_gpus,
-                       wall_usd=wall / SECONDS_PER_HOUR * num_gpus * usd_per_gpu_hour)
+                       wall_time_s=wall, interruptions=wall * rate, wall_gpu_hours=gpu_hours,
+                       wall_usd=gpu_hours * usd_per_gpu_hour)

@@ -103,11 +103,10 @@ def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_r
 def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traffic: Traffic,
                   limits: EngineLimits) -> ServeEstimate:
     mem = serve_memory(model, cluster, plan, limits)
-    host_cap = cluster.host_memory_bytes_per_gpu
-    if host_cap > 0 and mem.host_bytes > host_cap:
+    if not cluster.host_memory_holds(mem.host_bytes):
         raise ParaplanError(
             f"{plan.describe()}: the experts held in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
-            f"its {fmt_bytes(host_cap)} share of its host's DRAM")
+            f"its {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of its host's DRAM")
     need = traffic.context_tokens
     if mem.kv_capacity_tokens < need:
         raise ParaplanError(

@@ -143,6 +143,12 @@ class ClusterSpec:
         """A GPU's share of its host's DRAM (0: not stated)."""
         return self.host_memory_bytes_per_host / self.host_gpus
 
+    def host_memory_holds(self, bytes_per_gpu):
+        """Whether `bytes_per_gpu` (scalar or array) fit in a GPU's share of its host's DRAM;
+        always where the cluster does not state it."""
+        cap = self.host_memory_bytes_per_gpu
+        return True if cap <= 0 else bytes_per_gpu <= cap
+
     @property
     def tiers(self) -> tuple[LinkTier, ...]:
         return (self.nvlink, self.scaleout) + ((self.dcn,) if self.dcn is not None else ())
