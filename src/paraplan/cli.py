@@ -17,7 +17,8 @@ from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import positive_int as _positive_int
 from .errors import ParaplanError, SpecError
-from .specs.workload import LLAMA3_INTERRUPTIONS_PER_GPU_DAY
+from .specs.workload import ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S
+from .units import GIGA as _GIGA
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
@@ -51,10 +52,12 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--interruptions-per-gpu-day", type=_non_negative_float, default=LLAMA3_INTERRUPTIONS_PER_GPU_DAY,
                    help=f"job interruptions per GPU per day (default {LLAMA3_INTERRUPTIONS_PER_GPU_DAY:.2g}: Llama 3's "
                         "419 in 54 days on 16,384 H100; 0: no failures)")
-    g.add_argument("--restart-min", type=_non_negative_float, default=10.0,
-                   help="minutes from an interruption to training again (default 10, an assumption)")
-    g.add_argument("--storage-gb-per-s", type=_positive_float, default=2000.0,
-                   help="checkpoint storage write bandwidth for the job (default 2000: Llama 3's Tectonic)")
+    g.add_argument("--restart-min", type=_non_negative_float, default=ASSUMED_RESTART_S / 60.0,
+                   help=f"minutes from an interruption to training again (default {ASSUMED_RESTART_S / 60.0:g}, "
+                        "an assumption)")
+    g.add_argument("--storage-gb-per-s", type=_positive_float, default=LLAMA3_STORAGE_BYTES_PER_S / _GIGA,
+                   help="checkpoint storage write bandwidth for the job "
+                        f"(default {LLAMA3_STORAGE_BYTES_PER_S / _GIGA:g}: Llama 3's Tectonic)")
     g.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -115,7 +118,7 @@ def _specs(args):
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
                   token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
                   restart_s=_finite_flag("--restart-min", 60.0 * args.restart_min),
-                  storage_bytes_per_s=_finite_flag("--storage-gb-per-s", 1e9 * args.storage_gb_per_s),
+                  storage_bytes_per_s=_finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
                   interruptions_per_gpu_day=args.interruptions_per_gpu_day)
     return model, cluster, wl
 

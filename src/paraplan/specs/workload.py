@@ -21,6 +21,8 @@ class Optimizer(StrEnum):
 
 
 LLAMA3_INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16384)
+ASSUMED_RESTART_S = 600.0  # ASSUMPTION (see Workload.restart_s)
+LLAMA3_STORAGE_BYTES_PER_S = 2e12  # Dubey et al. 2024 Sec. 3.3.1 (see Workload.storage_bytes_per_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,11 +43,11 @@ class Workload:
     interruptions_per_gpu_day: float = LLAMA3_INTERRUPTIONS_PER_GPU_DAY
     # Seconds from an interruption to training again (detect, reschedule, re-initialize the
     # process groups, load the checkpoint). 600 s is an ASSUMPTION, not a measurement.
-    restart_s: float = 600.0
+    restart_s: float = ASSUMED_RESTART_S
     # Sustained write bandwidth of the checkpoint storage to the job: a checkpoint cannot be
     # taken faster than it is written. 2 TB/s is Llama 3's Tectonic fabric ("a sustainable
     # throughput of 2 TB/s", Dubey et al. 2024, Sec. 3.3.1).
-    storage_bytes_per_s: float = 2e12
+    storage_bytes_per_s: float = LLAMA3_STORAGE_BYTES_PER_S
 
     def __post_init__(self) -> None:
         if self.global_batch_size <= 0:
