@@ -1,4 +1,4 @@
-"""paraplan command line: search, estimate, trace, validate, embeddings, presets.
+"""paraplan command line: search, scale, estimate, trace, validate, embeddings, presets.
 
 User mistakes print one line on stderr and exit 2; nothing is written on failure.
 """
@@ -169,15 +169,8 @@ def cmd_search(args) -> int:
     from .report.table import estimate_report, ranking_table
     from .search.planner import search
     model, cluster, wl = _specs(args)
-    fixed = {k2: getattr(args, k1) for k1, k2 in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
-                                                    ("ep", "ep"), ("etp", "etp"), ("vp", "vp"),
-                                                    ("mb", "micro_batch_size"))
-             if getattr(args, k1) is not None}
+    fixed, limits = _search_pins(args)
     show = (not args.json) and sys.stderr.isatty()
-    from .plan.space import SpaceLimits
-    from .plan.axes import CPCommType
-    cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm_type"),) if args.cp_comm is not None else tuple(CPCommType)
-    limits = SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms)
     res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top,
                  progress=_progress if show else None)
     if args.json:
@@ -191,6 +184,75 @@ def cmd_search(args) -> int:
     print(ranking_table(res.ranked))
     print("\nbest plan:\n")
     print(estimate_report(res.ranked[0]))
+    return 0
+
+
+def _search_pins(args):
+    """The plan axes pinned by flags, and the search limits the flags set."""
+    from .plan.axes import CPCommType
+    from .plan.space import SpaceLimits
+    fixed = {k2: getattr(args, k1) for k1, k2 in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
+                                                    ("ep", "ep"), ("etp", "etp"), ("vp", "vp"),
+                                                    ("mb", "micro_batch_size"))
+             if getattr(args, k1) is not None}
+    cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm_type"),) if args.cp_comm is not None else tuple(CPCommType)
+    return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms)
+
+
+DEFAULT_SCALE_COUNTS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _gpu_counts(text: str) -> tuple[int, ...]:
+    """--counts: GPU counts separated by commas, each a whole number >= 1."""
+    try:
+        counts = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or any(n < 1 for n in counts):
+        raise SpecError("scale", "--counts", text, "GPU counts separated by commas, each a whole number >= 1 "
+                        "(e.g. 1024,2048,4096)")
+    return tuple(sorted(set(counts)))
+
+
+def cmd_scale(args) -> int:
+    from .report.jsonout import estimate_dict
+    from .report.table import scaling_table
+    from .search.scaling import scale
+    from .specs.catalog import load_cluster
+    from .units import fmt_count
+    counts = _gpu_counts(args.counts)
+    if args.plot is not None:  # a path that cannot be written fails before the searches
+        from .report.plots import plot_format
+        plot_format(args.plot, "scale")
+    model, cluster, wl = _specs(args)
+    clusters = [load_cluster(args.hardware or args.cluster, num_gpus=n) for n in counts]
+    fixed, limits = _search_pins(args)
+    show = (not args.json) and sys.stderr.isatty()
+
+    def progress(i, n, gpus):
+        if show:
+            sys.stderr.write(f"\rsearching {gpus:,} GPUs ({i + 1} of {n})   " if i < n else "\r" + " " * 40 + "\r")
+            sys.stderr.flush()
+
+    result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress)
+    title = (f"{model.name} on {cluster.gpu.name} ({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} "
+             f"tokens, {wl.precision}")
+    if args.plot is not None:
+        from .report.plots import plot_scaling
+        plot_scaling(result, args.plot, title)
+    if args.json:
+        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch_size": wl.global_batch_size,
+                          "seq_len": wl.seq_len, "points": [
+                              {"num_gpus": p.num_gpus, "why_not": p.why_not or None, "scaling_efficiency": p.efficiency,
+                               "num_candidates": p.num_candidates, "search_s": p.elapsed_s,
+                               "best": estimate_dict(p.best) if p.best is not None else None} for p in result.points],
+                          "fastest_num_gpus": result.fastest.num_gpus if result.fastest else None,
+                          "cheapest_num_gpus": result.cheapest.num_gpus if result.cheapest else None}, indent=1))
+        return 0
+    print(title + f"; {fmt_count(wl.token_budget)} tokens to train\n")
+    print(scaling_table(result))
+    if args.plot:
+        print(f"wrote {args.plot}")
     return 0
 
 
@@ -425,6 +487,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(s, required=False)
     s.add_argument("--top", type=_positive_int, default=10, help="plans to show (default 10)")
     s.set_defaults(func=cmd_search)
+    c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
+                                     "time and cost to train the budget (fixed global batch)")
+    _add_specs(c)
+    _add_plan(c, required=False)
+    c.add_argument("--counts", default=",".join(map(str, DEFAULT_SCALE_COUNTS)),
+                   help="GPU counts to search, comma-separated (default "
+                        + ",".join(map(str, DEFAULT_SCALE_COUNTS)) + "; --gpus is ignored)")
+    c.add_argument("--plot", default=None, help="also draw the sweep (PNG, or the format of the extension)")
+    c.set_defaults(func=cmd_scale)
     e = sub.add_parser("estimate", help="predict one plan with a full breakdown")
     _add_specs(e)
     _add_plan(e, required=True)

@@ -346,7 +346,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
     t_avg = np.where(only, per_mb[0], (per_mb[0] + per_mb[2] + (p - 2.0) * per_mb[1]) / np.maximum(p, 1.0))
-    bubble_1f1b = (p - 1.0) / v * t_avg
+    # (p−1)/v of a micro-batch's time (SC'21 §2.2); a breadth-first loop with fewer
+    # micro-batches than stages also waits p−m chunk slots in each of its v−1 later loops,
+    # (v(p−m)+m−1)/v (docs/model.md, derived; the simulator reproduces it). Interleaved
+    # 1F1B needs m a multiple of p and GPipe/1F1B have v = 1, so only looping BFS gains it.
+    m_f = _f(m)
+    bubble_1f1b = ((p - 1.0) + np.maximum(p - m_f, 0.0) * (v - 1.0)) / v * t_avg
     wg_avg = L_s * wgrad
     bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg), 0.0)
     bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, bubble_1f1b)

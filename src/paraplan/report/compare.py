@@ -8,13 +8,12 @@ order, −1 reversed. matplotlib is imported only to draw the plot.
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import FileFormatError, ParaplanError, SpecError
+from ..errors import FileFormatError, ParaplanError
 from ..specs.files import read_text
 
 REPORT_KIND = "paraplan-run"  # run/report.py writes it
@@ -120,33 +119,12 @@ def render_comparison(result: dict) -> str:
               f"{s['max_abs_pct_error']:.1f}%, Kendall tau (ranking) {tau}")
 
 
-# what --plot writes, by extension (matplotlib's own writers, none needing LaTeX or more);
-# no extension: PNG, at exactly the path given
-PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
-
-
-def plot_format(path: str) -> str:
-    """The image format `path` asks for, or a one-line error listing the allowed extensions."""
-    from ..outfile import check_output
-    check_output(path, "compare", "--plot")
-    ext = Path(path).suffix.lower().removeprefix(".")
-    if Path(path).suffix and ext not in PLOT_FORMATS:
-        raise SpecError("compare", "--plot", path, "allowed extensions: "
-                        + ", ".join(f".{f}" for f in PLOT_FORMATS) + " (none: PNG)")
-    return ext or "png"
-
-
 def plot_comparison(result: dict, path: str) -> None:
     """Scatter of predicted vs measured with the y = x line, written at `path` in the format
     of its extension (PNG without one)."""
-    from ..outfile import write_output
-    fmt = plot_format(path)
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ParaplanError("compare: --plot needs matplotlib (pip install 'paraplan[plot]')") from None
+    from .plots import plot_format, pyplot, save_figure
+    plot_format(path, "compare")  # a bad path fails before matplotlib is imported
+    plt = pyplot("compare")
     scale = 1e3 if result["unit"] == "s" else 1 / 2**20
     unit = "ms" if result["unit"] == "s" else "MiB"
     meas = np.array([x["measured"] for x in result["rows"]]) * scale
@@ -169,9 +147,4 @@ def plot_comparison(result: dict, path: str) -> None:
                  f"max {s['max_abs_pct_error']:.1f}%, tau {tau}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format=fmt, dpi=120)  # format given: the file is `path`, never path + ".png"
-    finally:
-        plt.close(fig)
-    write_output(path, buf.getvalue(), "compare", "--plot")
+    save_figure(fig, path, "compare")

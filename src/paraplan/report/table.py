@@ -100,3 +100,35 @@ def ranking_table(ests) -> str:
                      fmt_bytes(e.memory.total)])
     return grid(["#", "plan", "step", "tok/s/GPU", "MFU", "bubble", "exp.comm", "recomp", "mem/GPU"], rows,
                 align="llrrrrrrr")
+
+
+def scaling_table(result) -> str:
+    """One row per GPU count of a sweep (search/scaling.py): the best plan and what the token
+    budget takes through interruptions."""
+    rows = []
+    for pt in result.points:
+        if pt.best is None:
+            rows.append([f"{pt.num_gpus:,}", "no plan: " + pt.why_not.removeprefix("no plan fits").strip(" :"),
+                         "", "", "", "", "", "", ""])
+            continue
+        e, r = pt.best, pt.best.budget.with_failures
+        rows.append([f"{pt.num_gpus:,}", e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
+                     f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%", fmt_time(r.wall_time_s),
+                     f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd)])
+    table = grid(["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling", "time to train", "goodput", "cost"],
+                 rows, align="llrrrrrrr")
+    fast, cheap = result.fastest, result.cheapest
+    if fast is None:
+        return table
+    lines = [table, ""]
+    tokens = fmt_count(fast.best.budget.tokens)
+    if fast is cheap:
+        lines.append(f"{fast.num_gpus:,} GPUs train the {tokens} tokens both soonest and for the fewest GPU-hours")
+    else:
+        f, c = fast.best.budget.with_failures, cheap.best.budget.with_failures
+        lines.append(f"soonest: {fast.num_gpus:,} GPUs, {fmt_time(f.wall_time_s)} for {fmt_usd(f.wall_usd)}; "
+                     f"cheapest: {cheap.num_gpus:,} GPUs, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
+                     f"(the soonest takes {100 * (f.wall_gpu_hours / c.wall_gpu_hours - 1):.1f}% more GPU-hours)")
+    lines.append("scaling: tokens/s/GPU over the smallest count's; time and cost through interruptions "
+                 "(--interruptions-per-gpu-day; 0 for none)")
+    return "\n".join(lines)
