@@ -169,3 +169,21 @@ def test_module_recomputation_drops_norm_and_expert_activation_outputs():
     from paraplan.plan.space import check_plan
     rej = check_plan(replace(base, ep=1, recompute=Recompute.MODULES), DENSE, c, WL)
     assert rej is not None and "MoE or MLA" in rej.reason
+
+
+def test_ep_overlap_hides_each_all_to_all_only_behind_its_partner_block():
+    # Megatron-Core's merged forward/backward layer (DeepSeek-V3 Sec. 3.2.1): the backward
+    # combine runs under the forward attention block alone, so what exceeds that block stays
+    # exposed even when the whole layer's compute would cover every all-to-all
+    c = _cluster()
+    plain = estimate(MOE, c, WL, _plan())
+    over = estimate(MOE, c, WL, _plan(ep_overlap=True))
+    fwd, bwd = plain.layer_detail["fwd"], plain.layer_detail["bwd"]
+    attn_fwd = fwd["QKV GEMM"] + fwd["attention"] + fwd["out-proj GEMM"] + fwd["element-wise"]
+    combine_bwd = bwd["EP all-to-all"] / 2  # dispatch and combine move the same tokens
+    layer_compute = sum(v for k, v in fwd.items() if k != "EP all-to-all") + sum(
+        v for k, v in bwd.items() if k != "EP all-to-all")
+    assert combine_bwd > attn_fwd
+    assert fwd["EP all-to-all"] + bwd["EP all-to-all"] < layer_compute  # a whole-layer window would hide all
+    floor = over.num_microbatches * MOE.num_layers * (combine_bwd - attn_fwd)
+    assert over.time.ep_comm_s >= floor * (1 - 1e-9) > 0

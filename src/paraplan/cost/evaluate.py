@@ -286,14 +286,22 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     bwd_comp = layer_bwd
     # ZeRO traffic hides behind the whole layer as it runs (compute + its exposed TP/CP), so
     # faster compute can never expose more time than it saves.
-    # EP overlap: the layer's all-to-alls (forward and backward) run under the other
-    # micro-batch's compute of the same layer, split back over the passes pro rata
+    # EP overlap (Megatron-Core --overlap-moe-expert-parallel-comm, after DeepSeek-V3's
+    # DualPipe, Sec. 3.2.1): a forward and a backward micro-batch run merged layer by layer,
+    # each layer split into attention, dispatch, MLP and combine, and each all-to-all of one
+    # runs under a compute block of the other: backward combine under forward attention,
+    # forward dispatch under backward MLP, backward dispatch under forward MLP, forward
+    # combine under backward attention. Each pair takes the longer of the two, so an
+    # all-to-all hides only behind its partner, not behind the whole layer.
     epov = np.asarray(plan.ep_overlap, dtype=bool)
-    a2a_all = a2a_fwd_exp + a2a_bwd_exp
-    a2a_left = np.divide(np.maximum(a2a_all - (fwd_comp + bwd_comp), 0.0), a2a_all,
-                         out=np.zeros_like(a2a_all), where=a2a_all > 0)
-    a2a_fwd_exp = np.where(epov, a2a_fwd_exp * a2a_left, a2a_fwd_exp)
-    a2a_bwd_exp = np.where(epov, a2a_bwd_exp * a2a_left, a2a_bwd_exp)
+    if mc:
+        attn_f = g_qkv + g_out + attn_fwd + ew_fwd
+        attn_b = 2.0 * (g_qkv + g_out) + attn_bwd + ew_bwd
+        half_f, half_b = 0.5 * mc.a2a_fwd_exposed_s, 0.5 * mc.a2a_bwd_exposed_s  # dispatch = combine
+        ov_fwd = np.maximum(half_f - mc.bwd_compute_s, 0.0) + np.maximum(half_f - attn_b, 0.0)
+        ov_bwd = np.maximum(half_b - attn_f, 0.0) + np.maximum(half_b - mc.fwd_compute_s, 0.0)
+        a2a_fwd_exp = np.where(epov, w_moe * ov_fwd, a2a_fwd_exp)
+        a2a_bwd_exp = np.where(epov, w_moe * ov_bwd, a2a_bwd_exp)
     z3_fwd_exp = np.maximum(z3_fwd - (fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp), 0.0)
     z3_bwd_exp = np.maximum(z3_bwd - (bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp), 0.0)
     overlapped_per_layer_fwd = ((tp_fwd - tp_fwd_exp) + (cp_fwd - cp_fwd_exp) + (z3_fwd - z3_fwd_exp)

@@ -23,7 +23,8 @@ The dispatch/combine all-to-all is exposed, except behind the shared experts' GE
 (Megatron-Core --moe-shared-expert-overlap), or, with EP overlap (plan.ep_overlap), behind
 the other micro-batch's compute: Megatron-Core's --overlap-moe-expert-parallel-comm merges
 the forward of one micro-batch with the backward of another so that each one's all-to-all
-runs under the other's compute (DeepSeek-V3 report Sec. 3.2.1, DualPipe's overlap).
+runs under the other's compute (DeepSeek-V3 report Sec. 3.2.1, DualPipe's overlap), each
+all-to-all under one partner block (evaluate.py pairs them).
 """
 
 from __future__ import annotations
