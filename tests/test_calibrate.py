@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraplan.calibrate.measurements import (AttentionSample, CollectiveSample, CopySample, GemmSample,
-                                             Measurements, OverlapSample)
+from paraplan.calibrate.measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample,
+                                             GemmSample, Measurements, OverlapSample)
 from paraplan.calibrate.profile import build_profile, fit_link
 from paraplan.cli import main
 from paraplan.cost.estimate import estimate
@@ -87,6 +87,43 @@ def test_memory_bandwidth_is_the_largest_copy_not_a_cached_one(tmp_path):
     m = replace(m, copies=(CopySample(kind="device", num_bytes=1 << 22, time_s=2 * (1 << 22) / 30e9),) + m.copies)
     gpu = load_cluster(str(write_profile(tmp_path, m))).gpu
     assert gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency == pytest.approx(10e9, rel=1e-4)
+
+
+def test_measured_elementwise_kernels_are_priced_as_measured(tmp_path):
+    # a layer's element-wise kernels measured at 8 ms: the profile's efficiency makes the
+    # cost model's element-wise time for the same layer and tokens exactly that
+    from paraplan.cost.evaluate import EW_FWD_KERNELS, elementwise_bytes_per_token
+    from paraplan.cost.roofline import elementwise_time_s, memory_bound_time_s
+    from paraplan.specs.model import ModelSpec
+    sample = ElementwiseSample(tokens=1024, hidden=1024, ffn=3584, q_dim=1024, kv_dim=256, time_s=8e-3)
+    gpu = load_cluster(str(write_profile(tmp_path, replace(synthetic(), elementwise=sample)))).gpu
+    layer = ModelSpec(name="l", num_layers=1, hidden_size=1024, ffn_hidden_size=3584, num_heads=8, num_kv_heads=2,
+                      head_dim=128, vocab_size=1)
+    counted = 1024 * elementwise_bytes_per_token(layer)
+    assert float(elementwise_time_s(gpu, counted, EW_FWD_KERNELS)) == pytest.approx(8e-3, rel=1e-3)
+    assert gpu.elementwise_bw_efficiency < 1.0
+    # streaming kernels (copies, the optimizer) keep the copy rate
+    assert float(memory_bound_time_s(gpu, 1e9, 0)) == pytest.approx(1e9 / 10e9, rel=1e-4)
+
+
+def test_profile_without_an_elementwise_sample_prices_them_at_the_copy_rate(tmp_path):
+    m = synthetic()
+    assert m.elementwise is None  # raw files written before the sample existed
+    gpu = load_cluster(str(write_profile(tmp_path, m))).gpu
+    assert gpu.elementwise_efficiency is None and gpu.elementwise_bw_efficiency == gpu.memory_bw_efficiency
+
+
+def test_slower_elementwise_kernels_slow_the_step_not_the_gemms(tmp_path):
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=16, seq_len=1024)
+    plan = make_plan(tp=1, pp=1, dp=2, micro_batch_size=1)
+    sample = ElementwiseSample(tokens=1024, hidden=1024, ffn=3584, q_dim=1024, kv_dim=256, time_s=5e-3)
+    fast = load_cluster(str(write_profile(tmp_path, replace(synthetic(), elementwise=sample), "fast")))
+    slow = load_cluster(str(write_profile(tmp_path, replace(synthetic(), elementwise=replace(sample, time_s=50e-3)),
+                                          "slow")))
+    e_fast, e_slow = estimate(model, fast, wl, plan), estimate(model, slow, wl, plan)
+    assert e_slow.layer_detail["fwd"]["element-wise"] > 5 * e_fast.layer_detail["fwd"]["element-wise"]
+    assert e_slow.layer_detail["fwd"]["MLP up GEMM"] == e_fast.layer_detail["fwd"]["MLP up GEMM"]
+    assert e_slow.step_time_s > e_fast.step_time_s
 
 
 @pytest.mark.parametrize("both, expected", [(10e-3, 0.0), (12e-3, 0.5), (14e-3, 0.99), (9e-3, 0.0)])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,6 +106,18 @@ def test_config_round_trips_through_json():
     assert RunConfig.from_json(cfg.to_json()) == cfg
     assert cfg.world_size == 4 and cfg.local_batch_size == 2 and cfg.num_microbatches == 2
     assert cfg.plan.checkpoint_early_stop and not cfg.plan.tp_async_backward
+
+
+def test_run_is_predicted_with_the_optimizer_the_worker_steps_with():
+    # run/worker.py steps torch.optim.AdamW without fused=True: its prediction prices the
+    # unfused element-wise passes, not Megatron's fused kernel
+    from paraplan.run.config import RunConfig
+    from paraplan.specs.workload import Optimizer
+    cfg = _cfg([*TINY, "--dp", "2"])
+    assert cfg.workload.optimizer is Optimizer.ADAM_UNFUSED
+    assert RunConfig.from_json(cfg.to_json()).workload.optimizer is Optimizer.ADAM_UNFUSED
+    src = (Path(__file__).parents[1] / "src/paraplan/run/worker.py").read_text()
+    assert "torch.optim.AdamW(" in src and "fused=True" not in src
 
 
 def test_scaled_model_keeps_ratios():

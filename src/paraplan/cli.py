@@ -44,6 +44,9 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     b.add_argument("--batch", type=_positive_int, help="global batch in sequences")
     b.add_argument("--batch-tokens", type=_positive_int, help=f"global batch in tokens (default {DEFAULT_BATCH_TOKENS})")
     g.add_argument("--precision", default="bf16", help="bf16, fp16 or fp8 (default bf16)")
+    g.add_argument("--optimizer", default="adam",
+                   help="adam (one fused kernel: Megatron, DeepSpeed, torchtitan) or adam-unfused "
+                        "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
     g.add_argument("--tokens", type=_positive_float, default=1e12, help="token budget to train (default 1e12)")
     g.add_argument("--price", type=_positive_float, default=None, help="$ per GPU-hour (default: the cluster's)")
     g.add_argument("--moe-imbalance", type=float, default=1.1,
@@ -105,7 +108,12 @@ def _finite_flag(flag: str, value: float) -> float:
 
 def _specs(args):
     from .specs.catalog import load_cluster, load_model
-    from .specs.workload import Workload, parse_precision
+    from .specs.workload import Optimizer, Workload, parse_precision
+    try:
+        optimizer = Optimizer(args.optimizer)
+    except ValueError:
+        raise SpecError("workload", "--optimizer", args.optimizer,
+                        "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
     cluster = load_cluster(args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
@@ -116,7 +124,7 @@ def _specs(args):
             raise SpecError("workload", "batch_tokens", tokens, f"must be a multiple of --seq {args.seq}")
         gbs = tokens // args.seq
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
-                  token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
+                  optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
                   restart_s=_finite_flag("--restart-min", 60.0 * args.restart_min),
                   storage_bytes_per_s=_finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
                   interruptions_per_gpu_day=args.interruptions_per_gpu_day)

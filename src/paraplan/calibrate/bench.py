@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .measurements import AttentionSample, CollectiveSample, CopySample, GemmSample, Measurements, OverlapSample
+from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, Measurements,
+                           OverlapSample)
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -43,8 +44,10 @@ def _sizes(device: str, quick: bool) -> dict:
         att = [(b, 32, s, 128) for b, s in ((4, 512), (2, 1024), (1, 2048), (1, 4096), (1, 8192))[: 3 if quick else 5]]
         copies = (64 * MIB, 512 * MIB) if quick else (16 * MIB, 64 * MIB, 256 * MIB, 1024 * MIB)
         coll = [4 * KIB * 4 ** i for i in range(8 if quick else 11)]
+    # a layer's element-wise kernels: (tokens, hidden), past the caches on a CPU
+    ew = ((512, 512) if quick else (1024, 1024)) if device == "cpu" else ((4096, 4096) if quick else (8192, 4096))
     return {"gemm": [(n, n, n) for n in squares] + list(rects), "attention": att, "copies": copies,
-            "collectives": coll, "overlap_bytes": 4 * MIB if device == "cpu" else 256 * MIB}
+            "collectives": coll, "overlap_bytes": 4 * MIB if device == "cpu" else 256 * MIB, "elementwise": ew}
 
 
 def _sync(device: torch.device) -> None:
@@ -120,6 +123,32 @@ def _copies(device, sizes) -> list[CopySample]:
             out.append(CopySample(kind="d2h", num_bytes=nbytes,
                                   time_s=_median_time(lambda: host.copy_(src, non_blocking=True), device)))
     return out
+
+
+def _elementwise(device, dtype, tokens: int, hidden: int) -> ElementwiseSample:
+    """A Llama layer's forward element-wise kernels (the ones cost/evaluate.py counts), as
+    eager PyTorch runs them: RMS norm, RoPE on q and k, residual add, RMS norm, SiLU(gate)·up,
+    residual add. GQA with a quarter of the heads for K/V, the MLP 3.5× wide (Llama 3)."""
+    d = 128
+    heads, kv_heads, ffn = hidden // d, max(hidden // d // 4, 1), 7 * hidden // 2
+    w = torch.ones(hidden, device=device, dtype=dtype)
+    x, r = (torch.randn(tokens, hidden, device=device, dtype=dtype) for _ in range(2))
+    q = torch.randn(tokens, heads, d, device=device, dtype=dtype)
+    k = torch.randn(tokens, kv_heads, d, device=device, dtype=dtype)
+    cos, sin = (torch.randn(tokens, 1, d, device=device, dtype=dtype) for _ in range(2))
+    gate, up = (torch.randn(tokens, ffn, device=device, dtype=dtype) for _ in range(2))
+
+    def rope(t):
+        a, b = t.chunk(2, dim=-1)
+        return t * cos + torch.cat((-b, a), dim=-1) * sin
+
+    def layer():
+        z = r + F.rms_norm(x, (hidden,), w)
+        rope(q), rope(k)
+        F.silu(gate) * up
+        return z + F.rms_norm(z, (hidden,), w)
+    t = _median_time(layer, device)
+    return ElementwiseSample(tokens=tokens, hidden=hidden, ffn=ffn, q_dim=heads * d, kv_dim=kv_heads * d, time_s=t)
 
 
 def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]:
@@ -240,6 +269,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     gemm = _gemms(device, dtype, sizes["gemm"], quick)
     att = _attention(device, dtype, sizes["attention"], quick)
     copies = _copies(device, sizes["copies"])
+    elementwise = _elementwise(device, dtype, *sizes["elementwise"])
     coll, overlap = [], None
     if ranks > 1:
         dist.barrier()
@@ -250,7 +280,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
-                        overlap=overlap, host_memory_bytes=_host_memory_bytes(),
+                        overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

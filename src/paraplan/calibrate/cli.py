@@ -72,6 +72,7 @@ def cmd_calibrate(args) -> int:
                "compute_dtype": m.compute_dtype, "peak_flops_per_s": prof.peak_flops_per_s,
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curve,
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
+               "elementwise_efficiency": prof.elementwise_efficiency,
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
                                                        "efficiency": prof.link.curve,
@@ -103,7 +104,9 @@ def render_summary(s: dict) -> str:
              + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["gemm_efficiency"]),
              "attention        efficiency by FLOPs: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["attention_efficiency"]),
              f"memory copy      {s['memory_bw_bytes_per_s'] / 1e9:,.2f} GB/s; launch overhead "
-             f"{s['launch_overhead_s'] * 1e6:.1f} us"]
+             f"{s['launch_overhead_s'] * 1e6:.1f} us"
+             + (f"; a layer's element-wise kernels at {s['elementwise_efficiency']:.3f} of it"
+                if s.get("elementwise_efficiency") is not None else "")]
     if s["link"]:
         lk = s["link"]
         lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "

@@ -84,6 +84,20 @@ class OverlapSample:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ElementwiseSample:
+    """One forward of a Llama layer's element-wise kernels over `tokens` tokens: two RMS
+    norms and two residual adds of [tokens, hidden], RoPE on q and k ([tokens, q_dim] and
+    [tokens, kv_dim]), and SiLU(gate)·up over [tokens, ffn], in the compute dtype."""
+
+    tokens: int
+    hidden: int
+    ffn: int
+    q_dim: int
+    kv_dim: int
+    time_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurements:
     device_type: str               # cpu | cuda
     device_name: str
@@ -104,6 +118,7 @@ class Measurements:
     overlap: OverlapSample | None = None  # compute slowed by a concurrent collective (2+ ranks)
     host_memory_bytes: float = 0.0  # the machine's DRAM, within the container's limit (0: not recorded)
     device_count: int = 0           # GPUs the machine has (0: not recorded; the ranks measured)
+    elementwise: ElementwiseSample | None = None  # a layer's element-wise kernels (None: not measured)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -129,7 +144,7 @@ class Measurements:
 # --- reading a raw file back (`calibrate --from-raw`, and the ranks of `calibrate --ranks N`)
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
-_NESTED = {"overlap": OverlapSample}
+_NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
                           "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite

@@ -61,6 +61,7 @@ class Profile:
     launch_overhead_s: float
     link: LinkFit | None
     toml: str
+    elementwise_efficiency: float | None = None
 
 
 def _binned(points) -> tuple[tuple[float, float], ...]:
@@ -194,6 +195,23 @@ def _base_tier_toml(name: str, base: ClusterSpec) -> list[str]:
             f"efficiency_bytes = {_arr(t.efficiency.x)}", f"efficiency = {_arr(t.efficiency.y)}", ""]
 
 
+def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
+    """The share of the copy bandwidth a layer's element-wise kernels reach on the bytes the
+    cost model counts for them (cost/evaluate.py), so that the model reproduces the measured
+    time: bytes / ((t − launches·τ) · bandwidth), within [MIN_EFFICIENCY, 1]."""
+    e = m.elementwise
+    if e is None:
+        return None
+    from ..cost.evaluate import EW_FWD_KERNELS, elementwise_bytes_per_token
+    from ..specs.model import ModelSpec
+    d = 128
+    layer = ModelSpec(name="calibrate-layer", num_layers=1, hidden_size=e.hidden, ffn_hidden_size=e.ffn,
+                      num_heads=e.q_dim // d, num_kv_heads=e.kv_dim // d, head_dim=d, vocab_size=1, gated_mlp=True)
+    counted = e.tokens * elementwise_bytes_per_token(layer)
+    busy = max(e.time_s - EW_FWD_KERNELS * m.launch_overhead_s, e.time_s / 2.0)
+    return min(max(float(counted / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
+
+
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
     """The profile of the measured device; link tiers from the collectives when 2+ ranks
     were measured, else from `base_cluster` (said so in the file)."""
@@ -204,6 +222,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         raise ValueError("no device-to-device copy measured")
     largest = max(device, key=lambda c: c.num_bytes)
     mem_bw = _finite("memory_bw_bytes_per_s", 2.0 * largest.num_bytes / largest.time_s)
+    ew_eff = elementwise_efficiency(m, mem_bw)
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
     host_bw = _finite("host_link_bytes_per_s", max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0))
     link = fit_link(m)
@@ -232,6 +251,9 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         f"# largest device-to-device copy ({largest.num_bytes / units.MIB:.0f} MiB, past the caches), "
         "2 x bytes / time (achieved, hence memory_bw_efficiency = 1)",
         f"hbm_tb_per_s = {_num(mem_bw / units.TERA)}", "memory_bw_efficiency = 1.0",
+        *([f"# a layer's element-wise kernels ({m.elementwise.tokens} tokens, hidden {m.elementwise.hidden}, "
+           f"{m.compute_dtype}): {m.elementwise.time_s * 1e3:.2f} ms for the bytes the cost model counts",
+           f"elementwise_efficiency = {_num(round(ew_eff, 4))}"] if ew_eff is not None else []),
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
         "sustained_compute_ratio = 1.0",
@@ -259,4 +281,5 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         lines += _base_tier_toml("nvlink", base) + _base_tier_toml("scaleout", base)
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curve=att_curve,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
-                   launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines))
+                   launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
+                   elementwise_efficiency=ew_eff)

@@ -26,7 +26,7 @@ import numpy as np
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.workload import Precision, Workload
+from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
 from .memory import ACT_BYTES
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
@@ -34,12 +34,16 @@ from .comm import Collective, collective_time_s, p2p_time_s
 from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops, \
     moe_down_proj_flops
 from .moe import moe_layer_costs, moe_layers_on_stage
-from .roofline import attention_time_s, gemm_time_s, memory_bound_time_s
+from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s
 
-# Adam step traffic per parameter: read fp32 param, m, v, grad (16 B), write param, m, v
-# (12 B) and the 16-bit copy (2 B).
-ADAM_BYTES_PER_PARAM = 30.0
-ADAM_KERNELS = 4  # multi-tensor-apply launches per step (fused Adam over buckets)
+# Adam step traffic per parameter (bytes) and launches, by implementation. Fused: read fp32
+# param, m, v, grad (16 B), write param, m, v (12 B) and the 16-bit copy (2 B), in a few
+# multi-tensor launches. torch.optim.AdamW unfused (torch/optim/adamw.py, _single_tensor /
+# _multi_tensor paths, no weight decay): m.lerp_(g) r m,g w m 12; v.mul_ 8; v.addcmul_(g, g)
+# 12; sqrt(v) 8; ÷ bias correction 8; + eps 8; p.addcdiv_(m, denom) r p,m,d w p 16 = 72 B in
+# 7 passes (the 16-bit copy is made at the next all-gather or autocast, not here).
+ADAM_STEP = {Optimizer.ADAM: (30.0, 4), Optimizer.ADAM_UNFUSED: (72.0, 7)}
+EW_FWD_KERNELS = 10  # a layer's forward element-wise launches (2 norms, RoPE, 2 residual adds, activation, ...)
 # the exposed CP exchange as the breakdown names it, by CPCommType code
 _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.code: "CP K/V all-gather",
              CPCommType.A2A.code: "CP all-to-all (Ulysses)"}
@@ -50,6 +54,16 @@ _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.cod
 # writes one: 16), downcast to 16 bits (read 4, write 2).
 LOSS_FWD_BYTES_PER_LOGIT = 18.0
 LOSS_BWD_BYTES_PER_LOGIT = 26.0
+
+
+def elementwise_bytes_per_token(model: ModelSpec, *, sp_div=1.0, t=1.0, w_dense=1.0):
+    """A layer's forward element-wise bytes per token: norms r+w 4h, residual adds 6h,
+    dropout 5h, RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f of a dense MLP;
+    16-bit elements. The h terms split over SP, the rest over TP."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    ew_h = (10.0 + (5.0 if model.dropout else 0.0)) * h / sp_div
+    ew_t = (2.0 * (model.q_dim + model.kv_dim) + w_dense * (3.0 if model.gated_mlp else 2.0) * f) / t
+    return ACT_BYTES * (ew_h + ew_t)
 
 
 def _f(x):
@@ -137,20 +151,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
     attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.sustained_compute_ratio
                                            * gpu.gemm_efficiency.at(attn_flops_full))
-                        + memory_bound_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
+                        + elementwise_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
                         2.0 * attn_unfused_fwd)
-    # Element-wise bytes per token (forward): norms r+w 4h, residual adds 6h, dropout 5h,
-    # RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f; 16-bit elements.
-    ew_h = (10.0 + (5.0 if model.dropout else 0.0)) * h / sp_div
-    ew_t = (2.0 * (qd + kvd) + w_dense * (3.0 if model.gated_mlp else 2.0) * f) / t
-    ew_bytes = ACT_BYTES * T * (ew_h + ew_t)
+    ew_bytes = T * elementwise_bytes_per_token(model, sp_div=sp_div, t=t, w_dense=w_dense)
     if prec is Precision.FP8:
         # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B).
         ew_bytes = ew_bytes + 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
-    ew_fwd = memory_bound_time_s(gpu, ew_bytes, 10)
-    ew_bwd = memory_bound_time_s(gpu, 2.0 * ew_bytes, 14)
+    ew_fwd = elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS)
+    ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, 14)
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
@@ -256,7 +266,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
                     model.kv_lora_rank, prec) if model.is_mla else zeros)
     norms_recomputed = (1.0 if model.is_mla else 0.0) + w_moe
     modules_fwd = (np.where(flash, 0.0, attn_fwd) + mla_up + (w_moe * mc.act_fn_fwd_s if mc else zeros)
-                   + memory_bound_time_s(gpu, ACT_BYTES * T * 2.0 * h * norms_recomputed / sp_div, norms_recomputed))
+                   + elementwise_time_s(gpu, ACT_BYTES * T * 2.0 * h * norms_recomputed / sp_div, norms_recomputed))
     # Full and first-k re-run whole layers (forward plus its exposed TP and CP); selective
     # re-runs the attention core only. PyTorch's non-reentrant checkpoint stops once every
     # tensor the backward needs exists again: the block's last GEMM (the MLP down-projection,
@@ -318,10 +328,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     emb_tp = np.where(sp, rs, ar)  # vocab-parallel embedding reduces over TP
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
     logits_el = T * V / t
-    loss_fwd = memory_bound_time_s(gpu, logits_el * LOSS_FWD_BYTES_PER_LOGIT, 3)
+    loss_fwd = elementwise_time_s(gpu, logits_el * LOSS_FWD_BYTES_PER_LOGIT, 3)
     lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag, 0.0)
     # backward kernels: gradient fill, NLL scatter, log-softmax backward, downcast
-    lm_bwd = 2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * LOSS_BWD_BYTES_PER_LOGIT, 4) + np.where(sp, rs, 0.0)
+    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * LOSS_BWD_BYTES_PER_LOGIT, 4) + np.where(sp, rs, 0.0)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 
@@ -417,7 +427,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     shard = np.where(zc >= ZeroStage.OPTIMIZER.code, S, 1.0)
     opt_params = params_stage / shard + expert_stage / np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
     offload = np.asarray(plan.offload_optimizer, dtype=bool)
-    opt_gpu = memory_bound_time_s(gpu, ADAM_BYTES_PER_PARAM * opt_params, ADAM_KERNELS)
+    adam_bytes, adam_kernels = ADAM_STEP[workload.optimizer]
+    opt_gpu = memory_bound_time_s(gpu, adam_bytes * opt_params, adam_kernels)
     opt_host = (opt_params * (mem.GRAD_BYTES + mem.WEIGHT_BYTES) / gpu.host_link_bw_unidir_bytes_per_s
                 + opt_params / gpu.host_adam_params_per_s)
     optimizer = np.where(offload, opt_host, opt_gpu)

@@ -38,7 +38,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from .comm import Collective, collective_time_s
 from .memory import ACT_BYTES, saved_gemm_input_bytes
-from .roofline import gemm_time_s, memory_bound_time_s
+from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s
 
 ROUTER_KERNELS = 6    # router GEMM, softmax, top-k, gather of the probabilities, aux loss, histogram
 PERMUTE_KERNELS = 6   # index sort and the gather (permute); scatter-add and the weighting (unpermute)
@@ -96,7 +96,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     copies = T_r * k  # routed token copies a rank sends (mean)
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
-    router_ew = memory_bound_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
+    router_ew = elementwise_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
     # permute reads and writes each copy once (2 × 2 B per element), unpermute the same
     permute = memory_bound_time_s(gpu, 2.0 * 2.0 * ACT_BYTES * lam * copies * h, PERMUTE_KERNELS)
 
@@ -111,12 +111,12 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     m_1 = etp * ep * copies / E
     experts_1 = local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) + gemm_time_s(gpu, m_1, h, fe / etp, prec))
     act_rows = lam * etp * copies  # token rows through this rank's expert shards
-    act_ew = memory_bound_time_s(gpu, ACT_BYTES * act_rows * (n_up + 1) * fe / etp, 1)
+    act_ew = elementwise_time_s(gpu, ACT_BYTES * act_rows * (n_up + 1) * fe / etp, 1)
 
     if fsh:
         sh_up = gemm_time_s(gpu, _f(tokens), n_up * fsh / t, h, prec)
         sh_down = gemm_time_s(gpu, _f(tokens), h, fsh / t, prec)
-        sh_ew = memory_bound_time_s(gpu, ACT_BYTES * _f(tokens) * (n_up + 1) * fsh / t, 1)
+        sh_ew = elementwise_time_s(gpu, ACT_BYTES * _f(tokens) * (n_up + 1) * fsh / t, 1)
     else:
         sh_up = sh_down = sh_ew = 0.0
     # Transformer Engine casts each expert and shared-expert GEMM input to FP8 (read 2 B,

@@ -52,6 +52,14 @@ def attention_time_s(gpu: GPUSpec, flops, precision: Precision, kernel_code):
 
 
 def memory_bound_time_s(gpu: GPUSpec, num_bytes, num_kernels=1):
-    """Element-wise / norm kernels: bytes at achieved HBM bandwidth, plus launches."""
+    """Streaming kernels (copies, casts, gathers, the optimizer): bytes at achieved HBM
+    bandwidth, plus launches."""
     return (np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
+            + num_kernels * gpu.kernel_launch_overhead_s)
+
+
+def elementwise_time_s(gpu: GPUSpec, num_bytes, num_kernels=1):
+    """A layer's element-wise kernels (norms, RoPE, activation, residual, softmax, loss): the
+    bytes the model counts at the bandwidth such kernels achieve, plus launches."""
+    return (np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.elementwise_bw_efficiency)
             + num_kernels * gpu.kernel_launch_overhead_s)

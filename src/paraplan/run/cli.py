@@ -70,7 +70,7 @@ def config_from_args(args) -> "RunConfig":
     from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
     from ..plan.plan import make_plan
     from ..specs.catalog import load_model
-    from ..specs.workload import Workload, parse_precision
+    from ..specs.workload import Optimizer, Workload, parse_precision
     from .config import Device, RunConfig, check_runnable, scale_model
     scaled = {k: v for k, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads),
                                 ("kv-heads", args.kv_heads), ("ffn", args.ffn), ("vocab", args.vocab)) if v is not None}
@@ -96,7 +96,9 @@ def config_from_args(args) -> "RunConfig":
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
-    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision))
+    # torch.optim.AdamW without fused=True, as run/worker.py builds it
+    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
+                  optimizer=Optimizer.ADAM_UNFUSED)
     cfg = RunConfig(model=model, model_name=args.model, plan=plan, workload=wl, steps=args.steps,
                     warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,
                     output=args.output, scaled=scaled or None)

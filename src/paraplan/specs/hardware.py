@@ -39,8 +39,13 @@ class GPUSpec:
     attention_efficiency: dict
     # Achieved FP8 GEMM efficiency relative to the BF16 one at the same shape.
     fp8_gemm_efficiency_ratio: float = 0.75
-    # Fraction of HBM bandwidth reached by element-wise / norm kernels.
+    # Fraction of HBM bandwidth reached by streaming kernels (copies, casts, the optimizer).
     memory_bw_efficiency: float = 0.8
+    # The same for a layer's element-wise kernels (norms, RoPE, activation, residual, softmax
+    # and loss), on the bytes the cost model counts; None: memory_bw_efficiency. A GPU streams
+    # them at about the copy rate; a CPU core computes exp/rsqrt far slower than it copies
+    # (paraplan calibrate measures a layer's mix).
+    elementwise_efficiency: float | None = None
     kernel_launch_overhead_s: float = 4e-6
     # End-to-end fraction of microbenchmark compute throughput sustained in training: clock
     # under the power cap over hours of dense load, SM/L2 contention with concurrent kernels.
@@ -56,6 +61,10 @@ class GPUSpec:
     # Host CPU Adam throughput per GPU (parameters/s), for optimizer offload (ZeRO-Offload).
     host_adam_params_per_s: float = 2.0e9
     source: str = field(default="", compare=False)
+
+    @property
+    def elementwise_bw_efficiency(self) -> float:
+        return self.memory_bw_efficiency if self.elementwise_efficiency is None else self.elementwise_efficiency
 
     @property
     def attention_kernels(self) -> tuple[AttentionKernel, ...]:

@@ -17,7 +17,14 @@ class Precision(StrEnum):
 
 
 class Optimizer(StrEnum):
-    ADAM = "adam"  # mixed-precision Adam: fp32 master + 2 moments (Rajbhandari et al.)
+    """Mixed-precision Adam (fp32 master weights + 2 moments, Rajbhandari et al.) by how its
+    step runs: one fused multi-tensor kernel (Apex/Transformer Engine FusedAdam in Megatron
+    and DeepSpeed, torch's fused=True in torchtitan), or torch.optim.AdamW's default
+    element-wise passes (foreach on GPUs, one tensor at a time on a CPU), which
+    `paraplan run` steps with. Memory is the same; the step's traffic is not."""
+
+    ADAM = "adam"
+    ADAM_UNFUSED = "adam-unfused"
 
 
 LLAMA3_INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16384)

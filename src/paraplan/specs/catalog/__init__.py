@@ -44,7 +44,8 @@ _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_
 _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
-_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "memory_bw_efficiency", "fp8_gemm_efficiency_ratio",
+_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "memory_bw_efficiency", "elementwise_efficiency",
+                 "fp8_gemm_efficiency_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio",
                  "source", "aliases")
@@ -242,7 +243,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     extra = {}
     if launch_us is not None:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
-    for key in ("memory_bw_efficiency", "fp8_gemm_efficiency_ratio", "sustained_compute_ratio"):
+    for key in ("memory_bw_efficiency", "elementwise_efficiency", "fp8_gemm_efficiency_ratio", "sustained_compute_ratio"):
         if key in t.data:
             extra[key] = t.num(key, at_most_one=True)
     for key in ("allocator_fragmentation", "overlap_slowdown"):
