@@ -113,6 +113,17 @@ def test_profile_without_an_elementwise_sample_prices_them_at_the_copy_rate(tmp_
     assert gpu.elementwise_efficiency is None and gpu.elementwise_bw_efficiency == gpu.memory_bw_efficiency
 
 
+def test_raw_elementwise_sample_with_impossible_heads_is_one_line(tmp_path, capsys):
+    raw = json.loads(replace(synthetic(), elementwise=ElementwiseSample(
+        tokens=8, hidden=64, ffn=224, q_dim=64, kv_dim=16, time_s=1e-3)).to_json())
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    code = main(["calibrate", "--from-raw", str(path), "-o", str(tmp_path / "p.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "elementwise: q_dim=64" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.toml").exists()
+
+
 def test_slower_elementwise_kernels_slow_the_step_not_the_gemms(tmp_path):
     model, wl = load_model("llama3-8b"), Workload(global_batch_size=16, seq_len=1024)
     plan = make_plan(tp=1, pp=1, dp=2, micro_batch_size=1)

@@ -396,6 +396,17 @@ def test_unsupported_plan_features_are_one_line_errors(name, engine):
     assert "\n" not in msg and f"export --format {engine}" in msg and f"{engine} allows" in msg
 
 
+@pytest.mark.parametrize("engine", ["torchtitan", "megatron", "deepspeed"])
+def test_unfused_adam_is_refused_since_every_config_steps_fused_adam(engine, capsys, tmp_path):
+    from paraplan.cli import main
+    out_file = tmp_path / "cfg"
+    code = main(["export", "--format", engine, "--model", "llama3-8b", "--gpus", "16", "--batch", "64", "--seq", "4096",
+                 "--tp", "2", "--optimizer", "adam-unfused", "-o", str(out_file)])
+    err = capsys.readouterr().err
+    assert code == 2 and "--optimizer='adam-unfused'" in err and len(err.strip().splitlines()) == 1
+    assert not out_file.exists()
+
+
 def test_cp_exchange_per_engine():
     """Megatron names the exchange itself; torchtitan 0.2 has ring (alltoall rotation) and
     all-gather but no Ulysses, and 0.3 the all-gather only; DeepSpeed's JSON has no CP."""

@@ -114,3 +114,18 @@ def test_closed_form_step_tracks_the_simulated_breadth_first_step(p, m, v):
     closed = float(evaluate(model, cluster, wl, PlanBatch.from_plans([plan])).time.total[0])
     assert simulated.time.bubble_s > 0
     assert math.isclose(closed, simulated.step_time_s, rel_tol=0.10), (closed, simulated.step_time_s)
+
+
+def test_no_count_with_a_plan_is_a_one_line_error(capsys):
+    code, out, err = run(capsys, "scale", "--model", "llama3-70b", "--counts", "1,2", "--batch", "64", "--seq", "4096")
+    assert_user_error(code, out, err)
+    assert "no plan at any of 1, 2 GPUs" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_count_without_a_plan_is_a_short_row_and_a_note(capsys):
+    code, out, err = run(capsys, "scale", "--model", "llama3-70b", "--counts", "1,64", "--batch", "64", "--seq", "4096",
+                         "--tokens", "1e11")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("1 "))
+    assert "no plan (note 1)" in row and len(row) < 200
+    assert any(line.startswith("note 1: 1 GPUs: no plan fits") for line in out.splitlines())

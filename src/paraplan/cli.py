@@ -250,7 +250,9 @@ def cmd_scale(args) -> int:
         plot_scaling(result, args.plot, title)
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch_size": wl.global_batch_size,
-                          "seq_len": wl.seq_len, "points": [
+                          "seq_len": wl.seq_len, "precision": str(wl.precision), "optimizer": str(wl.optimizer),
+                          "token_budget": wl.token_budget, "interruptions_per_gpu_day": wl.interruptions_per_gpu_day,
+                          "points": [
                               {"num_gpus": p.num_gpus, "why_not": p.why_not or None, "scaling_efficiency": p.efficiency,
                                "num_candidates": p.num_candidates, "search_s": p.elapsed_s,
                                "best": estimate_dict(p.best) if p.best is not None else None} for p in result.points],

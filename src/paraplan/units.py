@@ -78,7 +78,9 @@ def fmt_time(seconds: float) -> str:
         return f"{seconds / 60.0:.1f} min"
     if seconds < 3 * SECONDS_PER_DAY:
         return f"{seconds / SECONDS_PER_HOUR:.1f} h"
-    return f"{seconds / SECONDS_PER_DAY:.1f} days"
+    if seconds < 1e4 * SECONDS_PER_DAY:
+        return f"{seconds / SECONDS_PER_DAY:.1f} days"
+    return f"{seconds / (365.25 * SECONDS_PER_DAY):.3g} years"
 
 
 def fmt_bytes(num_bytes: float) -> str:
@@ -104,6 +106,10 @@ def fmt_flops_rate(flops_per_s: float) -> str:
 
 
 def fmt_usd(x: float) -> str:
+    if x >= 1e12:
+        return f"${x:.3g}"
+    if x >= 1e9:
+        return f"${x / 1e9:.2f}B"
     if x >= 1e6:
         return f"${x / 1e6:.2f}M"
     if x >= 1e3:

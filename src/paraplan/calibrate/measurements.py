@@ -218,6 +218,10 @@ def _check_usable(m: Measurements, source: str) -> None:
     if not any(c.kind == "device" for c in m.copies):
         raise FileFormatError(source, "copies has no device-to-device copy (kind \"device\"); "
                                       "the memory bandwidth needs at least one")
+    e = m.elementwise
+    if e is not None and (e.q_dim % 128 or e.kv_dim % 128 or e.q_dim % e.kv_dim):
+        raise FileFormatError(source, f"elementwise: q_dim={e.q_dim} and kv_dim={e.kv_dim} must be multiples of the "
+                                      "128-wide heads the benchmark uses, kv_dim dividing q_dim")
     ar = [c for c in m.collectives if c.op == "all_reduce" and c.world > 1]
     if len({c.world for c in ar}) > 1:
         raise FileFormatError(source, "collectives: the all_reduce samples span several world sizes "

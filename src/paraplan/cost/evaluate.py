@@ -156,11 +156,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
                         2.0 * attn_unfused_fwd)
     ew_bytes = T * elementwise_bytes_per_token(model, sp_div=sp_div, t=t, w_dense=w_dense)
-    if prec is Precision.FP8:
-        # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B).
-        ew_bytes = ew_bytes + 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
-    ew_fwd = elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS)
-    ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, 14)
+    # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B): streaming kernels
+    cast_bytes = 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t) if prec is Precision.FP8 else 0.0
+    cast = memory_bound_time_s(gpu, cast_bytes, 0)
+    ew_fwd = elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
+    ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, 14) + 2.0 * cast
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
@@ -307,7 +307,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     if mc:
         attn_f = g_qkv + g_out + attn_fwd + ew_fwd
         attn_b = 2.0 * (g_qkv + g_out) + attn_bwd + ew_bwd
-        half_f, half_b = 0.5 * mc.a2a_fwd_exposed_s, 0.5 * mc.a2a_bwd_exposed_s  # dispatch = combine
+        # dispatch = combine; the MoE blocks hold the shared experts, so the all-to-alls pair
+        # whole (not net of the shared-expert overlap, which would count those GEMMs twice)
+        half_f, half_b = 0.5 * mc.a2a_fwd_s, 0.5 * mc.a2a_bwd_s
         ov_fwd = np.maximum(half_f - mc.bwd_compute_s, 0.0) + np.maximum(half_f - attn_b, 0.0)
         ov_bwd = np.maximum(half_b - attn_f, 0.0) + np.maximum(half_b - mc.fwd_compute_s, 0.0)
         a2a_fwd_exp = np.where(epov, w_moe * ov_fwd, a2a_fwd_exp)

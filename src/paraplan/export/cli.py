@@ -43,12 +43,17 @@ def cmd_export(args) -> int:
     from ..cli import _plan_from_args, _specs
     from ..cost.estimate import estimate
     from ..outfile import check_output, write_output
-    from .common import best_exportable
+    from ..specs.workload import Optimizer
+    from .common import best_exportable, unsupported
     if args.output is not None:  # a path that cannot be written fails before the search
         check_output(args.output, "export", "--output")
     engine = Engine(args.format)
     mod = _exporter(engine)
     model, cluster, wl = _specs(args)
+    if wl.optimizer is not Optimizer.ADAM:
+        # the configs written here step the engine's fused Adam (Megatron/DeepSpeed FusedAdam,
+        # torchtitan's default fused implementation): a prediction for another would not match
+        raise unsupported(engine, "--optimizer", wl.optimizer.value, "adam (its fused Adam kernel)")
     from_flags = any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
                      for k in PLAN_FLAGS)
     if from_flags:

@@ -134,6 +134,7 @@ class IterationModel:
         self.wbytes = plan.weight_dtype.bytes_per_element
         self.kvbytes = plan.kv_dtype.bytes_per_element
         self.mem_bw = gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency
+        self.ew_bw = gpu.hbm_bw_bytes_per_s * gpu.elementwise_bw_efficiency  # norms, RoPE, activation
         self.peak16 = gpu.peak(Precision.BF16)
         if self.precision is Precision.FP8:
             self.peak = gpu.peak(Precision.FP8)
@@ -202,7 +203,7 @@ class IterationModel:
         m, gpu = self.model, self.gpu
         h = m.hidden_size
         per_layer = sum(self._gemm_s(T, n, k) for n, k in self.dense_gemms)
-        per_layer += ELEMENTWISE_PASSES * T * h * ACT_BYTES / self.mem_bw
+        per_layer += ELEMENTWISE_PASSES * T * h * ACT_BYTES / self.ew_bw
         per_layer += KERNELS_PER_LAYER * gpu.kernel_launch_overhead_s
         if self.plan.tp > 1:
             per_layer += 2 * float(collective_time_s(self.cluster, Collective.ALL_REDUCE, T * h * ACT_BYTES,

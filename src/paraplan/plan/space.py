@@ -7,6 +7,7 @@ the cost model reads both. Validity rules live once, vectorized, in `RULES`; the
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -206,10 +207,11 @@ def _balanced(layers: int, chunks: int) -> bool:
     return any((layers + slack) % chunks == 0 for slack in (0, 1, 2))
 
 
-def _divisors(n: int) -> list[int]:
-    """Divisors of n in increasing order (O(√n))."""
+@functools.lru_cache(maxsize=256)
+def _divisors(n: int) -> tuple[int, ...]:
+    """Divisors of n in increasing order (O(√n), once per n)."""
     small = [x for x in range(1, math.isqrt(n) + 1) if n % x == 0]
-    return small + [n // x for x in reversed(small) if x * x != n]
+    return tuple(small + [n // x for x in reversed(small) if x * x != n])
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -105,11 +105,11 @@ def ranking_table(ests) -> str:
 def scaling_table(result) -> str:
     """One row per GPU count of a sweep (search/scaling.py): the best plan and what the token
     budget takes through interruptions."""
-    rows = []
+    rows, notes = [], []
     for pt in result.points:
         if pt.best is None:
-            rows.append([f"{pt.num_gpus:,}", "no plan: " + pt.why_not.removeprefix("no plan fits").strip(" :"),
-                         "", "", "", "", "", "", ""])
+            notes.append(f"{pt.num_gpus:,} GPUs: {pt.why_not}")
+            rows.append([f"{pt.num_gpus:,}", f"no plan (note {len(notes)})", "", "", "", "", "", "", ""])
             continue
         e, r = pt.best, pt.best.budget.with_failures
         rows.append([f"{pt.num_gpus:,}", e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
@@ -117,10 +117,11 @@ def scaling_table(result) -> str:
                      f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd)])
     table = grid(["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling", "time to train", "goodput", "cost"],
                  rows, align="llrrrrrrr")
+    lines = [table, ""] + [f"note {i}: {n}" for i, n in enumerate(notes, 1)] + ([""] if notes else [])
     fast, cheap = result.fastest, result.cheapest
     if fast is None:
-        return table
-    lines = [table, ""]
+        return "\n".join(lines + ["no GPU count finishes the token budget through interruptions at this rate "
+                                   "(--interruptions-per-gpu-day)"])
     tokens = fmt_count(fast.best.budget.tokens)
     if fast is cheap:
         lines.append(f"{fast.num_gpus:,} GPUs train the {tokens} tokens both soonest and for the fewest GPU-hours")

@@ -13,6 +13,7 @@ plan (1.0: perfectly linear).
 
 from __future__ import annotations
 
+import math
 import time as _time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -47,14 +48,19 @@ class ScalingResult:
         return tuple(p for p in self.points if p.best is not None)
 
     @property
+    def finishing(self) -> tuple[ScalePoint, ...]:
+        """Planned counts that finish the budget through interruptions (a finite wall time)."""
+        return tuple(p for p in self.planned if math.isfinite(p.best.budget.with_failures.wall_time_s))
+
+    @property
     def fastest(self) -> ScalePoint | None:
         """The count that finishes the token budget soonest, interruptions included."""
-        return min(self.planned, key=lambda p: p.best.budget.with_failures.wall_time_s, default=None)
+        return min(self.finishing, key=lambda p: p.best.budget.with_failures.wall_time_s, default=None)
 
     @property
     def cheapest(self) -> ScalePoint | None:
         """The count that trains the budget for the fewest GPU-hours, interruptions included."""
-        return min(self.planned, key=lambda p: p.best.budget.with_failures.wall_gpu_hours, default=None)
+        return min(self.finishing, key=lambda p: p.best.budget.with_failures.wall_gpu_hours, default=None)
 
 
 def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload, *,
@@ -63,7 +69,8 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
     """Search each cluster (one per GPU count, ascending) for its best plan.
 
     A count with no valid or fitting plan is a point with its reason; when no count has a
-    plan because of the pins (a SpecError at every count), the first error is raised.
+    plan, the error of the largest count is raised (a SpecError when the pins allow no plan
+    anywhere, else NoPlanFitsError naming every count).
     `progress(i, n, num_gpus)` is called before each count is searched.
     """
     points: list[ScalePoint] = []
@@ -89,4 +96,7 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
         progress(len(clusters), len(clusters), 0)
     if pin_errors and len(pin_errors) == len(points):
         raise pin_errors[0]
+    if points and all(p.best is None for p in points):
+        counts = ", ".join(f"{p.num_gpus:,}" for p in points)
+        raise NoPlanFitsError(f"no plan at any of {counts} GPUs; at {points[-1].num_gpus:,}: {points[-1].why_not}")
     return ScalingResult(points=tuple(points))

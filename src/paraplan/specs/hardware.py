@@ -108,6 +108,9 @@ class LinkTier:
         return self.efficiency
 
 
+MAX_GPUS = 100_000_000  # a hundred times the largest clusters announced; bounds the search
+
+
 @dataclass(frozen=True, kw_only=True)
 class ClusterSpec:
     name: str
@@ -130,6 +133,8 @@ class ClusterSpec:
         where = f"cluster {self.name!r}"
         if self.num_gpus <= 0:
             raise SpecError(where, "num_gpus", self.num_gpus, "a positive integer is required")
+        if self.num_gpus > MAX_GPUS:  # the plan space enumerates divisors of the count
+            raise SpecError(where, "num_gpus", self.num_gpus, f"at most {MAX_GPUS:,} GPUs")
         if self.gpus_per_node <= 0:
             raise SpecError(where, "gpus_per_node", self.gpus_per_node, "a positive integer is required")
         if not 0 <= self.host_memory_bytes_per_host < math.inf:
