@@ -48,7 +48,7 @@ def test_batch_too_small_for_the_gpu_count_says_what_must_divide(capsys):
 
 @pytest.mark.parametrize("n", [1, 2, 12, 36, 97, 1024, 1_000_000])
 def test_divisors_match_the_definition(n):
-    assert _divisors(n) == [x for x in range(1, n + 1) if n % x == 0]
+    assert list(_divisors(n)) == [x for x in range(1, n + 1) if n % x == 0]
 
 
 @pytest.mark.parametrize("flags", [["--tokens", "inf"], ["--price", "nan"], ["--tokens", "-1"]])
@@ -56,3 +56,9 @@ def test_non_finite_numbers_are_refused(flags, capsys):
     code, out, err = run(capsys, "estimate", *flags)
     line = assert_user_error(code, out, err)
     assert flags[0] in line and "finite number > 0" in line
+
+
+def test_a_count_past_the_limit_is_a_one_line_error(capsys):
+    # the plan space enumerates divisors of the count: 10^19 GPUs once hung the search
+    code, out, err = run(capsys, "search", "--gpus", "10000000000000000000")
+    assert code == 2 and "num_gpus" in err and "at most 100,000,000" in err and len(err.strip().splitlines()) == 1
