@@ -47,7 +47,7 @@ def _sizes(device: str, quick: bool) -> dict:
     # a layer's element-wise kernels: (tokens, hidden), past the caches on a CPU
     ew = ((512, 512) if quick else (1024, 1024)) if device == "cpu" else ((4096, 4096) if quick else (8192, 4096))
     return {"gemm": [(n, n, n) for n in squares] + list(rects), "attention": att, "copies": copies,
-            "collectives": coll, "overlap_bytes": 4 * MIB if device == "cpu" else 256 * MIB, "elementwise": ew}
+            "collectives": coll, "overlap_bytes": 16 * MIB if device == "cpu" else 256 * MIB, "elementwise": ew}
 
 
 def _sync(device: torch.device) -> None:
@@ -187,14 +187,16 @@ def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]
 def _overlap(device, dtype, nbytes: int) -> OverlapSample:
     """How much a collective in flight slows compute: on a GPU NCCL takes some SMs; on a CPU
     gloo's threads take the cores the GEMMs run on. Every rank runs the same sequence."""
-    reps = 7
+    reps = 11
     buf = torch.ones(max(nbytes // 4, 1), dtype=torch.float32, device=device)
     comm = _median_time(lambda: dist.all_reduce(buf), device, min_repeats=reps, min_time_s=0.0)
-    n = 1024 if device.type == "cpu" else 8192
+    # GEMMs small enough that the loop's length is set finely: one 1024³ GEMM on a CPU core
+    # outlasted the collective five times over, and its own jitter swamped the difference
+    n = 256 if device.type == "cpu" else 8192
     a = torch.randn(n, n, device=device, dtype=dtype)
     one = _median_time(lambda: torch.matmul(a, a), device, min_repeats=reps, min_time_s=0.0)
-    # the GEMM loop lasts about twice the collective (rank 0's count, so all ranks agree)
-    count = torch.tensor([max(1, round(2.0 * comm / one))], device=device)
+    # the GEMM loop lasts about 1.5× the collective (rank 0's count, so all ranks agree)
+    count = torch.tensor([max(1, round(1.5 * comm / one))], device=device)
     dist.broadcast(count, 0)
     k = int(count.item())
 
