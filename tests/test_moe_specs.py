@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from paraplan.errors import FileFormatError
+from paraplan.errors import FileFormatError, SpecError
 from paraplan.specs.catalog import load_model
 from paraplan.specs.hf import _moe_layout, model_from_hf_config
 from paraplan.specs.model import make_model
@@ -152,8 +153,10 @@ HF_CONFIGS = {
     "kimi-k2": dict(_DEEPSEEK_V3, model_type="kimi_k2", num_attention_heads=64, num_key_value_heads=64,
                     n_routed_experts=384, first_k_dense_replace=1, vocab_size=163840,
                     max_position_embeddings=131072, num_nextn_predict_layers=0),
-    "gpt-oss-120b": dict(_GPT_OSS, num_hidden_layers=36),
-    "gpt-oss-20b": dict(_GPT_OSS, num_hidden_layers=24, num_local_experts=32),
+    # the published configs alternate banded and full attention, starting banded
+    "gpt-oss-120b": dict(_GPT_OSS, num_hidden_layers=36, layer_types=["sliding_attention", "full_attention"] * 18),
+    "gpt-oss-20b": dict(_GPT_OSS, num_hidden_layers=24, num_local_experts=32,
+                        layer_types=["sliding_attention", "full_attention"] * 12),
     "llama4-maverick": dict(architectures=["Llama4ForConditionalGeneration"], model_type="llama4",
                             vision_config=_LLAMA4_VISION, tie_word_embeddings=False,
                             text_config=dict(_LLAMA4_TEXT, num_local_experts=128, interleave_moe_layer_step=2,
@@ -316,3 +319,53 @@ def test_hf_unsupported_moe_family(tmp_path):
         model_from_hf_config(p)
     msg = str(e.value)
     assert msg.startswith(f"{p}:{_line(p, 'num_experts')}:") and "not supported" in msg and "mixtral" in msg
+
+
+# ---- sliding-window attention ---------------------------------------------------------
+
+def test_windowed_attention_span_counts_the_keys_each_query_sees():
+    # brute force: the query at position i (1-based) attends to min(i, w) keys; a full causal
+    # layer to i. GPT-OSS at 4k: half its layers on a 128-token band.
+    m = load_model("gpt-oss-120b")
+    s, w = 4096, m.sliding_window
+    windowed = sum(min(i, w) for i in range(1, s + 1)) / sum(range(1, s + 1))
+    expected = (m.num_layers - m.num_sliding_window_layers + m.num_sliding_window_layers * windowed) / m.num_layers
+    assert m.causal_attention_span(s) == pytest.approx(expected, rel=1e-3)
+    assert m.causal_attention_span(w) == 1.0  # a sequence inside the band sees everything
+    # Mistral's 4,096-token window is never reached at 4k, only beyond
+    mistral = load_model("mistral-7b")
+    assert mistral.causal_attention_span(4096) == 1.0 and mistral.causal_attention_span(32768) < 0.25
+
+
+def test_windowed_layers_cut_attention_flops_and_time_only():
+    from paraplan.cost.flops import layer_forward_flops
+    m = load_model("gpt-oss-120b")
+    full = replace(m, sliding_window=0, num_sliding_window_layers=0)
+    a, b = layer_forward_flops(m, 4096, 4096), layer_forward_flops(full, 4096, 4096)
+    assert a.attn_core < 0.6 * b.attn_core and a.linear == b.linear
+
+
+def test_hf_sliding_window_fields(tmp_path):
+    mistral = dict(architectures=["MistralForCausalLM"], model_type="mistral", hidden_act="silu", hidden_size=4096,
+                   intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                   vocab_size=32000, max_position_embeddings=32768, sliding_window=4096, tie_word_embeddings=False)
+    m = model_from_hf_config(_config(tmp_path, mistral))
+    assert (m.sliding_window, m.num_sliding_window_layers) == (4096, 32)
+    m = model_from_hf_config(_config(tmp_path, dict(mistral, sliding_window=None)))
+    assert (m.sliding_window, m.num_sliding_window_layers) == (0, 0)
+    # Qwen configs carry sliding_window even when use_sliding_window is false
+    qwen = dict(_QWEN3_MOE, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                num_hidden_layers=48, num_attention_heads=32, sliding_window=32768, use_sliding_window=False,
+                max_window_layers=28)
+    assert model_from_hf_config(_config(tmp_path, qwen)).num_sliding_window_layers == 0
+    assert model_from_hf_config(_config(tmp_path, dict(qwen, use_sliding_window=True))).num_sliding_window_layers == 20
+    with pytest.raises(FileFormatError, match="layer_types"):
+        model_from_hf_config(_config(tmp_path, dict(HF_CONFIGS["gpt-oss-20b"], layer_types=["sliding_attention"])))
+
+
+def test_sliding_window_needs_its_layer_count():
+    m = load_model("gpt-oss-20b")
+    with pytest.raises(SpecError, match="sliding_window"):
+        replace(m, num_sliding_window_layers=0)
+    with pytest.raises(SpecError, match="num_sliding_window_layers"):
+        replace(m, num_sliding_window_layers=25)

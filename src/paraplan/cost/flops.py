@@ -41,13 +41,15 @@ class LayerFlops:
 def layer_forward_flops(model: ModelSpec, tokens, seq_len, *, causal: bool = True) -> LayerFlops:
     """Forward FLOPs of one transformer layer over `tokens` tokens of sequences of `seq_len`.
 
-    QKV 2·t·h·(a·d + 2·k·d); scores+AV 4·t·s·a·d (×1/2 causal); out 2·t·a·d·h;
-    MLP 2·t·h·f·(3 gated | 2). Narayanan et al. SC'21 Sec. 5.1 for the MHA/4h case.
+    QKV 2·t·h·(a·d + 2·k·d); scores+AV 4·t·s·a·d (×1/2 causal, × the layers' mean span
+    under sliding windows); out 2·t·a·d·h; MLP 2·t·h·f·(3 gated | 2). Narayanan et al.
+    SC'21 Sec. 5.1 for the MHA/4h case.
     """
     h, f = model.hidden_size, model.ffn_hidden_size
     qkv = 2.0 * tokens * model.qkv_params_per_layer
     # QK^T over a·d plus AV over a·d_v (equal unless MLA)
-    core = 2.0 * tokens * seq_len * (model.q_dim + model.v_dim) * (CAUSAL_FRACTION if causal else 1.0)
+    core = 2.0 * tokens * seq_len * (model.q_dim + model.v_dim) * (
+        CAUSAL_FRACTION * model.causal_attention_span(seq_len) if causal else 1.0)
     out = 2.0 * tokens * model.v_dim * h
     mlp = 2.0 * tokens * h * f * model.num_mlp_matrices
     return LayerFlops(qkv=qkv, attn_core=core, out_proj=out, mlp=mlp)

@@ -203,6 +203,26 @@ def _moe_mla_fields(c: _Config, family: str, num_layers: int) -> dict:
     raise AssertionError(family)
 
 
+def _sliding_window_fields(c: _Config, num_layers: int) -> dict:
+    """sliding_window and how many layers use it: `layer_types` ("sliding_attention" per
+    layer: GPT-OSS, Gemma 2/3, recent configs) when given; else Mistral's `sliding_window` on
+    every layer; else Qwen2's `use_sliding_window` above `max_window_layers`. None: no field."""
+    types = c.data.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != num_layers or not all(isinstance(x, str) for x in types):
+            c.fail("layer_types", f"field 'layer_types' is not allowed; a list of {num_layers} strings is required")
+        n = sum(1 for x in types if x == "sliding_attention")
+    elif c.model_type == "mistral":
+        n = num_layers if c.data.get("sliding_window") is not None else 0
+    elif c.model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and c.data.get("use_sliding_window") is True:
+        n = num_layers - min(c.count("max_window_layers"), num_layers)
+    else:
+        n = 0
+    if not n:
+        return {}
+    return {"sliding_window": c.int_(("sliding_window",)), "num_sliding_window_layers": n}
+
+
 def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     """ModelSpec from a Hugging Face config.json (or a model directory that holds one)."""
     path = Path(path).expanduser()
@@ -271,7 +291,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         tied_at.fail("tie_word_embeddings", f"field 'tie_word_embeddings' = {tied!r} is not allowed; "
                                             f"true or false is required")
 
-    extra = {"head_dim": c.int_(("head_dim",), required=False)}
+    extra = {"head_dim": c.int_(("head_dim",), required=False), **_sliding_window_fields(c, num_layers)}
     if moe:
         # MLA configs may carry head_dim = qk_rope_head_dim (for RoPE); the MLA fields win.
         extra.update(_moe_mla_fields(c, model_type, num_layers))

@@ -45,6 +45,9 @@ class ModelSpec:
     kv_lora_rank: int = 0           # r_kv
     qk_rope_head_dim: int = 0       # d_r, part of head_dim
     v_head_dim: int = 0             # value width per head (0: head_dim)
+    # ---- sliding-window (banded) attention (0: every layer attends to the whole prefix) ----
+    sliding_window: int = 0         # w: a windowed layer's query attends to the last w tokens
+    num_sliding_window_layers: int = 0  # how many layers use it (GPT-OSS: every other one)
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -58,10 +61,17 @@ class ModelSpec:
             raise SpecError(where, "num_kv_heads", self.num_kv_heads,
                             f"must divide num_heads={self.num_heads} (MHA: equal; GQA: a divisor; MQA: 1)")
         for f in ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
-                  "num_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                  "num_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
+                  "sliding_window", "num_sliding_window_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise SpecError(where, f, v, "a non-negative integer is required (0: not used)")
+        if self.num_sliding_window_layers > self.num_layers:
+            raise SpecError(where, "num_sliding_window_layers", self.num_sliding_window_layers,
+                            f"at most num_layers={self.num_layers}")
+        if bool(self.sliding_window) != bool(self.num_sliding_window_layers):
+            raise SpecError(where, "sliding_window", self.sliding_window,
+                            "sliding_window and num_sliding_window_layers are given together (both 0: none)")
         if not isinstance(self.moe_layer_interval, int) or self.moe_layer_interval < 1:
             raise SpecError(where, "moe_layer_interval", self.moe_layer_interval, "a positive integer is required")
         if self.num_experts:
@@ -91,6 +101,19 @@ class ModelSpec:
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    def causal_attention_span(self, seq_len) -> float:
+        """Keys a query attends to, averaged over positions and layers, over a full causal
+        layer's (s/2): 1 without sliding windows. A windowed layer's query at position i sees
+        min(i, w) keys, Σ = s·w − w²/2 for s > w (Beltagy et al. 2020, Longformer Sec. 3.1;
+        GPT-OSS model card: a 128-token band on every other layer)."""
+        w, n = self.sliding_window, self.num_sliding_window_layers
+        if not w:
+            return 1.0
+        import numpy as np
+        s = np.asarray(seq_len, dtype=float)
+        windowed = np.where(s > w, (s * w - w * w / 2.0) / (s * s / 2.0), 1.0)
+        return ((self.num_layers - n) + n * windowed) / self.num_layers
 
     @property
     def q_dim(self) -> int:
