@@ -253,3 +253,14 @@ def test_cuda_without_a_gpu_is_refused_before_launch(tmp_path, capfd):
     err = capfd.readouterr().err
     assert err.count("\n") == 1 and "--device='cuda'" in err and "no GPU" in err
     assert not out.exists()
+
+
+def test_a_cpu_run_is_predicted_with_fp32_parameters():
+    # no mixed-precision policy on a CPU: FSDP keeps and gathers fp32 weights (4 B, not 2)
+    from dataclasses import replace as _replace
+    from paraplan.run.report import predict
+    cfg = _replace(_cfg([*TINY, "--dp", "2", "--zero", "3"]), hardware="dgx-h100")
+    cpu, _ = predict(cfg, "cpu", "cpu")
+    gpu, _ = predict(cfg, "cuda", "NVIDIA H100 80GB HBM3")
+    assert cpu["memory_parts_bytes"]["weights_bytes"] == pytest.approx(2 * gpu["memory_parts_bytes"]["weights_bytes"])
+    assert cpu["step_time_s"] > gpu["step_time_s"]  # twice the bytes gathered

@@ -42,9 +42,12 @@ def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None,
             return None, f"no cluster preset has a {gpu.name}; pass --hardware"
     if hardware is None:
         return None, "no hardware profile for this CPU; pass --hardware (a `paraplan calibrate` profile)"
+    # a CPU run keeps and gathers fp32 parameters (no FSDP2 mixed-precision policy there):
+    # what the fp32_params knob prices (4-byte weights and all-gathers, no master copy)
+    plan = replace(cfg.plan, fp32_params=True) if device == "cpu" else cfg.plan
     try:
         cluster = load_cluster(hardware, num_gpus=cfg.world_size)
-        est = estimate(cfg.model, cluster, cfg.workload, cfg.plan)
+        est = estimate(cfg.model, cluster, cfg.workload, plan)
     except ParaplanError as exc:
         return None, f"no prediction: {exc}"
     return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
