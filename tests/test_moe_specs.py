@@ -324,17 +324,18 @@ def test_hf_unsupported_moe_family(tmp_path):
 # ---- sliding-window attention ---------------------------------------------------------
 
 def test_windowed_attention_span_counts_the_keys_each_query_sees():
+    from paraplan.cost.flops import causal_attention_span
     # brute force: the query at position i (1-based) attends to min(i, w) keys; a full causal
     # layer to i. GPT-OSS at 4k: half its layers on a 128-token band.
     m = load_model("gpt-oss-120b")
     s, w = 4096, m.sliding_window
     windowed = sum(min(i, w) for i in range(1, s + 1)) / sum(range(1, s + 1))
     expected = (m.num_layers - m.num_sliding_window_layers + m.num_sliding_window_layers * windowed) / m.num_layers
-    assert m.causal_attention_span(s) == pytest.approx(expected, rel=1e-3)
-    assert m.causal_attention_span(w) == 1.0  # a sequence inside the band sees everything
+    assert causal_attention_span(m, s) == pytest.approx(expected, rel=1e-3)
+    assert causal_attention_span(m, w) == 1.0  # a sequence inside the band sees everything
     # Mistral's 4,096-token window is never reached at 4k, only beyond
     mistral = load_model("mistral-7b")
-    assert mistral.causal_attention_span(4096) == 1.0 and mistral.causal_attention_span(32768) < 0.25
+    assert causal_attention_span(mistral, 4096) == 1.0 and causal_attention_span(mistral, 32768) < 0.25
 
 
 def test_windowed_layers_cut_attention_flops_and_time_only():

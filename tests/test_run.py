@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -113,13 +112,19 @@ def test_config_round_trips_through_json():
 def test_run_is_predicted_with_the_optimizer_the_worker_steps_with():
     # run/worker.py steps torch.optim.AdamW without fused=True: its prediction prices the
     # unfused element-wise passes, not Megatron's fused kernel
+    from dataclasses import replace as _replace
     from paraplan.run.config import RunConfig
+    from paraplan.run.report import predict, repredict
     from paraplan.specs.workload import Optimizer
     cfg = _cfg([*TINY, "--dp", "2"])
     assert cfg.workload.optimizer is Optimizer.ADAM_UNFUSED
     assert RunConfig.from_json(cfg.to_json()).workload.optimizer is Optimizer.ADAM_UNFUSED
-    src = (Path(__file__).parents[1] / "src/paraplan/run/worker.py").read_text()
-    assert "torch.optim.AdamW(" in src and "fused=True" not in src
+    # a report written before the workload said so stores "adam": it is re-predicted unfused
+    old = json.loads(cfg.to_json())
+    old["workload"]["optimizer"] = "adam"
+    again = repredict({"config": old, "device": "cpu", "device_name": "cpu"}, "dgx-h100", "old.json")["predicted"]
+    now, _ = predict(_replace(cfg, hardware="dgx-h100"), "cpu", "cpu")
+    assert again["time_breakdown_s"]["optimizer_s"] == pytest.approx(now["time_breakdown_s"]["optimizer_s"])
 
 
 def test_scaled_model_keeps_ratios():

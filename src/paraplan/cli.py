@@ -238,11 +238,14 @@ def cmd_scale(args) -> int:
     show = (not args.json) and sys.stderr.isatty()
 
     def progress(i, n, gpus):
-        if show:
-            sys.stderr.write(f"\rsearching {gpus:,} GPUs ({i + 1} of {n})   " if i < n else "\r" + " " * 40 + "\r")
-            sys.stderr.flush()
+        sys.stderr.write(f"\rsearching {gpus:,} GPUs ({i + 1} of {n})   ")
+        sys.stderr.flush()
 
-    result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress)
+    try:
+        result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress if show else None)
+    finally:
+        if show:
+            sys.stderr.write("\r" + " " * 40 + "\r")
     title = (f"{model.name} on {cluster.gpu.name} ({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} "
              f"tokens, {wl.precision}")
     if args.plot is not None:

@@ -20,6 +20,7 @@ TIB = 1024**4
 BITS_PER_BYTE = 8
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
+SECONDS_PER_YEAR = 365.25 * SECONDS_PER_DAY  # Julian year
 
 
 def tflops(x: float) -> float:
@@ -78,9 +79,9 @@ def fmt_time(seconds: float) -> str:
         return f"{seconds / 60.0:.1f} min"
     if seconds < 3 * SECONDS_PER_DAY:
         return f"{seconds / SECONDS_PER_HOUR:.1f} h"
-    if seconds < 1e4 * SECONDS_PER_DAY:
+    if seconds < 10 * SECONDS_PER_YEAR:
         return f"{seconds / SECONDS_PER_DAY:.1f} days"
-    return f"{seconds / (365.25 * SECONDS_PER_DAY):.3g} years"
+    return f"{seconds / SECONDS_PER_YEAR:.3g} years"
 
 
 def fmt_bytes(num_bytes: float) -> str:

@@ -148,7 +148,8 @@ def _elementwise(device, dtype, tokens: int, hidden: int) -> ElementwiseSample:
         F.silu(gate) * up
         return z + F.rms_norm(z, (hidden,), w)
     t = _median_time(layer, device, min_repeats=9, min_time_s=0.0)  # the same count on every rank
-    return ElementwiseSample(tokens=tokens, hidden=hidden, ffn=ffn, q_dim=heads * d, kv_dim=kv_heads * d, time_s=t)
+    return ElementwiseSample(tokens=tokens, hidden=hidden, ffn=ffn, q_dim=heads * d, kv_dim=kv_heads * d, head_dim=d,
+                             time_s=t)
 
 
 def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]:

@@ -95,6 +95,7 @@ class ElementwiseSample:
     q_dim: int
     kv_dim: int
     time_s: float
+    head_dim: int = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,9 +220,9 @@ def _check_usable(m: Measurements, source: str) -> None:
         raise FileFormatError(source, "copies has no device-to-device copy (kind \"device\"); "
                                       "the memory bandwidth needs at least one")
     e = m.elementwise
-    if e is not None and (e.q_dim % 128 or e.kv_dim % 128 or e.q_dim % e.kv_dim):
-        raise FileFormatError(source, f"elementwise: q_dim={e.q_dim} and kv_dim={e.kv_dim} must be multiples of the "
-                                      "128-wide heads the benchmark uses, kv_dim dividing q_dim")
+    if e is not None and (e.q_dim % e.head_dim or e.kv_dim % e.head_dim or e.q_dim % e.kv_dim):
+        raise FileFormatError(source, f"elementwise: q_dim={e.q_dim} and kv_dim={e.kv_dim} must be multiples of "
+                                      f"head_dim={e.head_dim}, kv_dim dividing q_dim")
     ar = [c for c in m.collectives if c.op == "all_reduce" and c.world > 1]
     if len({c.world for c in ar}) > 1:
         raise FileFormatError(source, "collectives: the all_reduce samples span several world sizes "

@@ -204,11 +204,13 @@ def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
         return None
     from ..cost.evaluate import EW_FWD_KERNELS, elementwise_bytes_per_token
     from ..specs.model import ModelSpec
-    d = 128
     layer = ModelSpec(name="calibrate-layer", num_layers=1, hidden_size=e.hidden, ffn_hidden_size=e.ffn,
-                      num_heads=e.q_dim // d, num_kv_heads=e.kv_dim // d, head_dim=d, vocab_size=1, gated_mlp=True)
+                      num_heads=e.q_dim // e.head_dim, num_kv_heads=e.kv_dim // e.head_dim, head_dim=e.head_dim,
+                      vocab_size=1, gated_mlp=True)
     counted = e.tokens * elementwise_bytes_per_token(layer)
-    busy = max(e.time_s - EW_FWD_KERNELS * m.launch_overhead_s, e.time_s / 2.0)
+    busy = e.time_s - EW_FWD_KERNELS * m.launch_overhead_s
+    if busy <= 0.0:  # the launches alone take the time: the bytes cost nothing more
+        return 1.0
     return min(max(float(counted / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
 
 

@@ -44,6 +44,7 @@ from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_
 # 7 passes (the 16-bit copy is made at the next all-gather or autocast, not here).
 ADAM_STEP = {Optimizer.ADAM: (30.0, 4), Optimizer.ADAM_UNFUSED: (72.0, 7)}
 EW_FWD_KERNELS = 10  # a layer's forward element-wise launches (2 norms, RoPE, 2 residual adds, activation, ...)
+EW_BWD_KERNELS = 14  # and backward's (each forward kernel's gradient, plus the residual-gradient adds)
 # the exposed CP exchange as the breakdown names it, by CPCommType code
 _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.code: "CP K/V all-gather",
              CPCommType.A2A.code: "CP all-to-all (Ulysses)"}
@@ -160,7 +161,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     cast_bytes = 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t) if prec is Precision.FP8 else 0.0
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
     ew_fwd = elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
-    ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, 14) + 2.0 * cast
+    ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS) + 2.0 * cast
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
@@ -370,8 +371,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # micro-batches than stages also waits p−m chunk slots in each of its v−1 later loops,
     # (v(p−m)+m−1)/v (docs/model.md, derived; the simulator reproduces it). Interleaved
     # 1F1B needs m a multiple of p and GPipe/1F1B have v = 1, so only looping BFS gains it.
-    m_f = _f(m)
-    bubble_1f1b = ((p - 1.0) + np.maximum(p - m_f, 0.0) * (v - 1.0)) / v * t_avg
+    bubble_1f1b = ((p - 1.0) + np.maximum(p - m, 0.0) * (v - 1.0)) / v * t_avg
     wg_avg = L_s * wgrad
     bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg), 0.0)
     bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, bubble_1f1b)

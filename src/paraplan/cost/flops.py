@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..specs.model import ModelSpec
 
 # FlashAttention-2's backward runs 5 matmuls against the forward's 2 (Dao 2023, Sec. 3.1),
@@ -38,6 +40,19 @@ class LayerFlops:
         return self.linear + self.attn_core
 
 
+def causal_attention_span(model: ModelSpec, seq_len):
+    """Keys a query attends to, averaged over positions and layers, over a full causal
+    layer's (s/2): 1 without sliding windows. A windowed layer's query at position i sees
+    min(i, w) keys, Σ = s·w − w²/2 for s > w (Beltagy et al. 2020, Longformer Sec. 3.1;
+    GPT-OSS model card: a 128-token band on every other layer)."""
+    w, n = model.sliding_window, model.num_sliding_window_layers
+    if not w:
+        return 1.0
+    s = np.asarray(seq_len, dtype=float)
+    windowed = np.where(s > w, (s * w - w * w / 2.0) / (s * s / 2.0), 1.0)
+    return ((model.num_layers - n) + n * windowed) / model.num_layers
+
+
 def layer_forward_flops(model: ModelSpec, tokens, seq_len, *, causal: bool = True) -> LayerFlops:
     """Forward FLOPs of one transformer layer over `tokens` tokens of sequences of `seq_len`.
 
@@ -49,7 +64,7 @@ def layer_forward_flops(model: ModelSpec, tokens, seq_len, *, causal: bool = Tru
     qkv = 2.0 * tokens * model.qkv_params_per_layer
     # QK^T over a·d plus AV over a·d_v (equal unless MLA)
     core = 2.0 * tokens * seq_len * (model.q_dim + model.v_dim) * (
-        CAUSAL_FRACTION * model.causal_attention_span(seq_len) if causal else 1.0)
+        CAUSAL_FRACTION * causal_attention_span(model, seq_len) if causal else 1.0)
     out = 2.0 * tokens * model.v_dim * h
     mlp = 2.0 * tokens * h * f * model.num_mlp_matrices
     return LayerFlops(qkv=qkv, attn_core=core, out_proj=out, mlp=mlp)

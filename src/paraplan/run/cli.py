@@ -70,8 +70,8 @@ def config_from_args(args) -> "RunConfig":
     from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
     from ..plan.plan import make_plan
     from ..specs.catalog import load_model
-    from ..specs.workload import Optimizer, Workload, parse_precision
-    from .config import Device, RunConfig, check_runnable, scale_model
+    from ..specs.workload import Workload, parse_precision
+    from .config import RUN_OPTIMIZER, Device, RunConfig, check_runnable, scale_model
     scaled = {k: v for k, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads),
                                 ("kv-heads", args.kv_heads), ("ffn", args.ffn), ("vocab", args.vocab)) if v is not None}
     model = scale_model(load_model(args.model), **{k.replace("-", "_"): v for k, v in scaled.items()})
@@ -96,9 +96,8 @@ def config_from_args(args) -> "RunConfig":
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
-    # torch.optim.AdamW without fused=True, as run/worker.py builds it
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
-                  optimizer=Optimizer.ADAM_UNFUSED)
+                  optimizer=RUN_OPTIMIZER)
     cfg = RunConfig(model=model, model_name=args.model, plan=plan, workload=wl, steps=args.steps,
                     warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,
                     output=args.output, scaled=scaled or None)

@@ -16,10 +16,14 @@ from ..errors import FileFormatError, SpecError
 from ..plan.axes import Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..specs.model import ModelSpec
-from ..specs.workload import Precision, Workload
+from ..specs.workload import Optimizer, Precision, Workload
 
 # Schedules torch.distributed.pipelining runs for each paraplan schedule (pipeline.py).
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE)
+
+
+# run/worker.py steps torch.optim.AdamW without fused=True: every run is predicted with it
+RUN_OPTIMIZER = Optimizer.ADAM_UNFUSED
 
 
 class Device(StrEnum):

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import asdict, replace
 
 from ..errors import ParaplanError
-from .config import RunConfig
+from .config import RUN_OPTIMIZER, RunConfig
 
 REPORT_KIND = "paraplan-run"
 
@@ -60,11 +60,9 @@ def repredict(report: dict, hardware: str, shown: str) -> dict:
     from ..errors import FileFormatError
     if not isinstance(report.get("config"), dict):
         raise FileFormatError(shown, "has no run config to predict again (written by an older paraplan run)")
-    from ..specs.workload import Optimizer
     cfg = replace(RunConfig.from_json(json.dumps(report["config"]), shown), hardware=hardware)
-    # every paraplan run stepped torch's unfused AdamW; reports written before the workload
-    # said so (2026-11-22) store "adam"
-    cfg = replace(cfg, workload=replace(cfg.workload, optimizer=Optimizer.ADAM_UNFUSED))
+    # reports written before the workload named the run's optimizer (2026-11-22) store "adam"
+    cfg = replace(cfg, workload=replace(cfg.workload, optimizer=RUN_OPTIMIZER))
     prediction, note = predict(cfg, report.get("device", "cpu"), report.get("device_name", "cpu"))
     if prediction is None:
         raise FileFormatError(shown, note)

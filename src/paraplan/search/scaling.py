@@ -92,8 +92,6 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
         base = base if base is not None else best.tokens_per_s_per_gpu
         points.append(ScalePoint(num_gpus=cluster.num_gpus, best=best, why_not="", num_candidates=res.num_candidates,
                                  elapsed_s=res.elapsed_s, efficiency=best.tokens_per_s_per_gpu / base))
-    if progress:
-        progress(len(clusters), len(clusters), 0)
     if pin_errors and len(pin_errors) == len(points):
         raise pin_errors[0]
     if points and all(p.best is None for p in points):

@@ -102,19 +102,6 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
-    def causal_attention_span(self, seq_len) -> float:
-        """Keys a query attends to, averaged over positions and layers, over a full causal
-        layer's (s/2): 1 without sliding windows. A windowed layer's query at position i sees
-        min(i, w) keys, Σ = s·w − w²/2 for s > w (Beltagy et al. 2020, Longformer Sec. 3.1;
-        GPT-OSS model card: a 128-token band on every other layer)."""
-        w, n = self.sliding_window, self.num_sliding_window_layers
-        if not w:
-            return 1.0
-        import numpy as np
-        s = np.asarray(seq_len, dtype=float)
-        windowed = np.where(s > w, (s * w - w * w / 2.0) / (s * s / 2.0), 1.0)
-        return ((self.num_layers - n) + n * windowed) / self.num_layers
-
     @property
     def q_dim(self) -> int:
         """Query (and key) width a·d."""
