@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import ParaplanError
 from .deploy import EngineLimits, Traffic
-from .step import IterationModel
+from .step import AttentionWindow, IterationModel
 
 KV_PAGE_TOKENS = 64  # tokens per KV-cache page (TensorRT-LLM tokens_per_block default: 64)
 
@@ -86,19 +86,16 @@ def arrival_times_s(traffic: Traffic, seed: int = 0) -> np.ndarray:
     return np.sort(rng.uniform(0.0, n / traffic.rate_rps, size=n))
 
 
-def _pages(tokens: int) -> int:
-    return math.ceil(tokens / KV_PAGE_TOKENS) * KV_PAGE_TOKENS
-
-
 def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_capacity_tokens: int,
              seed: int = 0) -> ServingResult:
     """Serve `traffic` on one replica; returns per-request latencies and throughput."""
     n = traffic.num_requests
     isl, osl = traffic.prompt_tokens, traffic.output_tokens
-    need = _pages(isl + osl)
+    window = AttentionWindow.of(step.model, limits.sliding_window_kv)
+    need = window.held_paged(isl + osl, KV_PAGE_TOKENS)
     if need > kv_capacity_tokens:
         raise ParaplanError(
-            f"one request needs {need} tokens of KV cache but a replica holds {kv_capacity_tokens}; "
+            f"one request needs {math.ceil(need)} tokens of KV cache but a replica holds {kv_capacity_tokens}; "
             "use more GPUs per replica (tp/pp), an fp8/int8 KV cache or shorter requests")
     closed = traffic.concurrency is not None
     if closed:
@@ -117,7 +114,17 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
     decode_start_ctx: dict[int, int] = {}
     num_decoding = 0
     ctx_sum = 0                  # KV tokens the decoding sequences read this iteration
-    kv_reserved = 0
+    kv_reserved = 0.0
+    # sliding-window layers read min(context, w) of a decoding sequence's tokens: their sum,
+    # how many sequences are still below the window, and when each reaches it (every
+    # sequence starts decoding at isl + 1 and lives osl − 1 iterations, so either all of
+    # them reach the window before finishing or none does, in the order they started)
+    w = window.window or (isl + osl + 1)
+    win_sum = 0
+    growing = 0
+    iterations_to_window = w - isl - 1
+    caps_while_decoding = 0 < iterations_to_window < osl - 1
+    reaching: deque[int] = deque()   # iteration at which a growing sequence reaches w
     it = 0
     now = 0.0
     max_conc = 0
@@ -164,7 +171,7 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
             if c <= 0:
                 continue
             P += c
-            pairs += c * (d + c / 2.0)
+            pairs += window.prefill_pairs(d, c)
             left -= c
             entry[1] = d + c
             if entry[1] >= isl:
@@ -174,16 +181,24 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
             # nothing fits this iteration (cannot happen: a prompt > budget is chunked)
             raise AssertionError("serving simulation made no progress")
         max_conc = max(max_conc, len(prefilling) + D)
-        dt = step.time_s(P, pairs, D, ctx_sum + D, D + len(completing))
+        read = (1.0 - window.share) * (ctx_sum + D) + window.share * (win_sum + growing)
+        dt = step.time_s(P, pairs, D, read, D + len(completing))
         now += dt
         it += 1
         # decoding sequences each produced a token
         ctx_sum += D
+        win_sum += growing
+        while reaching and reaching[0] <= it:
+            reaching.popleft()
+            growing -= 1
         while decoding_finish and decoding_finish[0][0] <= it:
             _, r = heapq.heappop(decoding_finish)
             finish[r] = now
             num_decoding -= 1
             ctx_sum -= decode_start_ctx.pop(r) + (osl - 1)
+            win_sum -= min(isl + osl, w)
+            if isl + 1 < w and not caps_while_decoding:
+                growing -= 1
             kv_reserved -= need
             done += 1
             if closed and released < n:
@@ -205,6 +220,11 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
                     heapq.heappush(decoding_finish, (it + osl - 1, r))
                     decode_start_ctx[r] = isl + 1
                     ctx_sum += isl + 1
+                    win_sum += min(isl + 1, w)
+                    if isl + 1 < w:
+                        growing += 1
+                        if caps_while_decoding:
+                            reaching.append(it + iterations_to_window)
                     num_decoding += 1
     start = float(arrivals.min())
     ttft = first - arrivals

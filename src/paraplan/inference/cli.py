@@ -41,6 +41,9 @@ def add_parser(sub) -> None:
     e.add_argument("--max-batch", type=positive_int, default=2048, help="sequences per iteration (default 2048)")
     e.add_argument("--max-num-tokens", type=positive_int, default=8192, help="tokens per iteration (default 8192)")
     e.add_argument("--chunked-prefill", action="store_true", help="split prompts to fill every iteration (Sarathi)")
+    e.add_argument("--sliding-window-kv", action="store_true",
+                   help="the engine honours the model's sliding windows: a windowed layer attends to and keeps only "
+                        "its last w tokens (vLLM's default; TensorRT-LLM with max_attention_window_size)")
     s.add_argument("--top", type=positive_int, default=10, help="plans to show (default 10)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_serve)
@@ -99,14 +102,14 @@ def cmd_serve(args) -> int:
     from ..specs.catalog import load_cluster, load_model
     from ..units import GIB, fmt_count
     from .deploy import EngineLimits, Traffic
-    from .planner import plan_serving
+    from .planner import max_sequences, plan_serving
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, num_gpus=args.gpus)
     traffic = Traffic(prompt_tokens=args.prompt, output_tokens=args.output,
                       rate_rps=None if args.max_load else args.rate, num_requests=args.requests,
                       ttft_target_s=args.ttft_ms / 1e3, tpot_target_s=args.tpot_ms / 1e3)
     limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=args.max_num_tokens,
-                          chunked_prefill=args.chunked_prefill)
+                          chunked_prefill=args.chunked_prefill, sliding_window_kv=args.sliding_window_kv)
     if not args.chunked_prefill and args.max_num_tokens < args.prompt:
         from ..errors import SpecError
         raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
@@ -133,7 +136,7 @@ def cmd_serve(args) -> int:
     for e in res.ranked[:args.top]:
         rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
                      fmt_count(e.memory.kv_capacity_tokens),
-                     str(min(limits.max_batch, e.memory.kv_capacity_tokens // traffic.context_tokens)),
+                     str(max_sequences(model, e.memory, traffic, limits)),
                      _ms(e.ttft_floor_s), _ms(e.tpot_floor_s),
                      f"{e.max_tokens_per_s_per_gpu:,.0f}", f"{e.slo_rate_rps:.2f}" if e.slo_rate_rps else "misses",
                      "-" if e.gpus_needed is None else str(e.gpus_needed), f"{e.usd_per_m_output_tokens:.2f}"])

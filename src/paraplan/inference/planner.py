@@ -23,7 +23,7 @@ from ..specs.workload import Precision
 from ..units import SECONDS_PER_HOUR, fmt_bytes
 from .batching import ServingResult, simulate
 from .deploy import EngineLimits, ServePlan, StoreDtype, Traffic
-from .step import IterationModel, ServeMemory, serve_memory
+from .step import AttentionWindow, IterationModel, ServeMemory, serve_memory
 
 SLO_PERCENTILE = 90     # TTFT target is checked at this percentile; TPOT at the mean
 PROBE_REQUESTS = 200    # requests per probe simulation in the rate bisection
@@ -100,6 +100,12 @@ def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_r
     return lo
 
 
+def max_sequences(model: ModelSpec, mem: ServeMemory, traffic: Traffic, limits: EngineLimits) -> int:
+    """Sequences one replica's KV cache holds at once (at least 1), at most the engine's batch."""
+    need = AttentionWindow.of(model, limits.sliding_window_kv).held(traffic.context_tokens)
+    return max(1, min(limits.max_batch, int(mem.kv_capacity_tokens // need)))
+
+
 def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traffic: Traffic,
                   limits: EngineLimits) -> ServeEstimate:
     mem = serve_memory(model, cluster, plan, limits)
@@ -107,14 +113,14 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
         raise ParaplanError(
             f"{plan.describe()}: the experts held in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
             f"its {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of its host's DRAM")
-    need = traffic.context_tokens
+    need = AttentionWindow.of(model, limits.sliding_window_kv).held(traffic.context_tokens)  # KV one request keeps
     if mem.kv_capacity_tokens < need:
         raise ParaplanError(
-            f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {need}")
+            f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {math.ceil(need)}")
     step = IterationModel(model, cluster, plan)
     alone = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=1), limits,
                      mem.kv_capacity_tokens)
-    conc = max(1, min(limits.max_batch, mem.kv_capacity_tokens // need))
+    conc = max_sequences(model, mem, traffic, limits)
     full = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=max(2 * conc, 64)),
                     limits, mem.kv_capacity_tokens)
     per_gpu = full.output_tokens_per_s / plan.gpus_per_replica

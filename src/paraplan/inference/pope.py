@@ -9,19 +9,20 @@ parameters, as Pope et al. and PaLM do for inference).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from dataclasses import dataclass
 
 from ..cost.memory import ACT_BYTES
-from ..errors import SpecError
+from ..errors import ParaplanError, SpecError
 from ..specs.catalog import load_cluster, load_model
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
 from .deploy import AttentionSharding, Layout, ServePlan, StoreDtype
 from .layouts import comm_bytes_per_layer, ws2d_best_x
-from .step import body_params_per_layer, kv_bytes_per_token_per_layer, kv_share_per_gpu
+from .step import AttentionWindow, body_params_per_layer, kv_bytes_per_token_per_layer, kv_share_per_gpu
 
 # Pope et al. Table 1 reserves 30% of HBM for the KV cache (the rest: weights, activations).
 POPE_KV_HBM_FRACTION = 0.3
@@ -46,7 +47,7 @@ def forward_pass(model: ModelSpec, cluster: ClusterSpec, *, n: int, layout: Layo
     N = model.num_params - model.embedding_params  # matmul parameters (tied head counted once)
     flops_layer = 2.0 * (N / L) * tokens / n
     # causal attention over the new tokens plus the cached context
-    flops_layer += 4.0 * batch * tokens_per_seq * (context + tokens_per_seq / 2) * model.q_dim / n
+    flops_layer += 4.0 * batch * AttentionWindow.of(model).prefill_pairs(context, tokens_per_seq) * model.q_dim / n
     eff = gpu.gemm_efficiency.at(flops_layer)
     compute = flops_layer / (gpu.peak(Precision.BF16) * eff)
     wbytes = plan.weight_dtype.bytes_per_element
@@ -55,7 +56,7 @@ def forward_pass(model: ModelSpec, cluster: ClusterSpec, *, n: int, layout: Layo
         weights_read = layer_w  # the gathered copy is read whole on every chip
     else:
         weights_read = layer_w / n
-    kv = batch * (context + tokens_per_seq) * kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) \
+    kv = batch * AttentionWindow.of(model).held(context + tokens_per_seq) * kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) \
         * kv_share_per_gpu(model, plan)
     memory = (weights_read + kv) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
     comm_bytes = comm_bytes_per_layer(layout, tokens=tokens, d_model=model.hidden_size, d_ff=model.ffn_hidden_size,
@@ -108,7 +109,12 @@ def max_context_tokens(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, 
     """Longest context whose KV cache for `batch` sequences fits in kv_fraction of each chip's HBM."""
     per_token = kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) * model.num_layers \
         * kv_share_per_gpu(model, plan)
-    return int(cluster.gpu.hbm_bytes * kv_fraction / per_token / batch)
+    window = AttentionWindow.of(model)
+    longest = window.max_context(cluster.gpu.hbm_bytes * kv_fraction / per_token / batch)
+    if math.isinf(longest):
+        raise ParaplanError(f"every layer of {model.name} attends to a {window.window}-token window: its KV cache "
+                            "stops growing there, so memory sets no longest context")
+    return int(longest)
 
 
 def predict_pope_row(row: dict, metric: str, path: str, line: int) -> tuple[float, str]:

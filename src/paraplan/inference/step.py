@@ -59,6 +59,62 @@ class ServeMemory:
                 "reserved_bytes": self.reserved_bytes, "kv_cache_bytes": self.kv_cache_bytes}
 
 
+@dataclass(frozen=True)
+class AttentionWindow:
+    """How much of its context a sequence's layers attend to and keep in the KV cache.
+
+    A sliding-window layer (Mistral, GPT-OSS) attends to, and keeps, only its last w tokens
+    (Beltagy et al. 2020; the GPT-OSS model card): engines size its KV cache to the window
+    (vLLM's hybrid KV-cache manager, TensorRT-LLM's per-layer attention window). Quantities
+    here are in full-attention-layer equivalents: `share` of the layers count min(c, w)
+    where a full layer counts c, so a model without windows gets its plain token counts.
+    """
+
+    window: int = 0      # tokens (0: every layer attends to the whole context)
+    share: float = 0.0   # fraction of the layers that are windowed
+
+    @classmethod
+    def of(cls, model: ModelSpec, honoured: bool = True) -> AttentionWindow:
+        """The model's windows; none where the engine runs every layer as full attention."""
+        if not honoured or not model.sliding_window or not model.num_sliding_window_layers:
+            return cls()
+        return cls(model.sliding_window, model.num_sliding_window_layers / model.num_layers)
+
+    def held(self, context: float) -> float:
+        """KV tokens a sequence of `context` tokens keeps (full-layer equivalents)."""
+        if not self.window:
+            return float(context)
+        return (1.0 - self.share) * context + self.share * min(context, self.window)
+
+    def held_paged(self, context: int, page_tokens: int) -> float:
+        """The same in whole KV pages per layer group."""
+        def pages(n: float) -> float:
+            return math.ceil(n / page_tokens) * page_tokens
+        if not self.window:
+            return pages(context)
+        return (1.0 - self.share) * pages(context) + self.share * pages(min(context, self.window))
+
+    def prefill_pairs(self, done: int, chunk: int) -> float:
+        """(query, key) pairs of prefilling `chunk` prompt tokens after `done`: c·(d + c/2)
+        causal (continuous form), a windowed layer's query at position i seeing min(i, w) keys."""
+        full = chunk * (done + chunk / 2.0)
+        if not self.window:
+            return full
+        w = self.window
+        below = min(max(w - done, 0), chunk)   # queries before the window fills
+        windowed = below * (done + below / 2.0) + (chunk - below) * w
+        return (1.0 - self.share) * full + self.share * windowed
+
+    def max_context(self, held_tokens: float) -> float:
+        """The longest context whose KV is `held_tokens` (the inverse of `held`)."""
+        if not self.window or held_tokens <= self.window:
+            return held_tokens
+        # past the window only the full layers grow
+        if self.share >= 1.0:
+            return math.inf  # every layer windowed: the cache stops growing at w
+        return self.window + (held_tokens - self.window) / (1.0 - self.share)
+
+
 def kv_bytes_per_token_per_layer(model: ModelSpec, kv_bytes: float) -> float:
     """K and V of one token in one layer (all heads): 2·k·d elements (MLA: r_kv + d_r latent)."""
     if model.is_mla:
