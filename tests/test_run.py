@@ -76,15 +76,17 @@ def test_parallel_run_matches_single_process(name, reference, tmp_path, capfd):
         from paraplan.specs.catalog import load_cluster
         cfg = _cfg([*TINY, *flags])
         from dataclasses import replace as _replace
+        from paraplan.specs.workload import Precision
         plan = _replace(cfg.plan, fp32_params=True)  # a CPU run keeps fp32 parameters
-        est = estimate(cfg.model, load_cluster("dgx-h100", num_gpus=world), cfg.workload, plan)
+        wl = _replace(cfg.workload, precision=Precision.FP32)  # and computes in fp32
+        est = estimate(cfg.model, load_cluster("dgx-h100", num_gpus=world), wl, plan)
         assert report["predicted"]["step_time_s"] == pytest.approx(est.step_time_s)
         assert report["predicted"]["memory_bytes"] == pytest.approx(est.memory.total)
         assert report["predicted"]["hardware"] == "dgx-h100"
         # compare --hardware predicts the same run again on other hardware, from the report alone
         assert main(["compare", str(out), "--hardware", "dgx-a100-80gb", "--json"]) == 0
         row = json.loads(capfd.readouterr().out)["rows"][0]
-        a100 = estimate(cfg.model, load_cluster("dgx-a100-80gb", num_gpus=world), cfg.workload, plan)
+        a100 = estimate(cfg.model, load_cluster("dgx-a100-80gb", num_gpus=world), wl, plan)
         assert row["hardware"] == "dgx-a100-80gb" and row["predicted"] == pytest.approx(a100.step_time_s)
         assert row["measured"] == m["step_time_s"] and a100.step_time_s != pytest.approx(est.step_time_s)
     else:

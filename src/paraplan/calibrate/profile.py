@@ -33,6 +33,7 @@ from .. import units
 from ..errors import SpecError
 from ..specs.catalog import load_cluster
 from ..specs.hardware import ClusterSpec
+from ..specs.workload import Precision
 from .measurements import Measurements
 
 FLASH_BWD_OVER_FWD = 2.5   # FlashAttention-2 backward FLOPs over forward (Dao 2023 Sec. 3.1; cost/flops.py)
@@ -195,6 +196,15 @@ def _base_tier_toml(name: str, base: ClusterSpec) -> list[str]:
             f"efficiency_bytes = {_arr(t.efficiency.x)}", f"efficiency = {_arr(t.efficiency.y)}", ""]
 
 
+# the torch dtype a calibration computed in, as the workload precision that computes in it
+_DTYPE_PRECISION = {"float32": Precision.FP32, "bfloat16": Precision.BF16, "float16": Precision.FP16}
+
+
+def compute_precision(m: Measurements) -> Precision:
+    """The precision whose workloads compute in the measured dtype (fp32 on a CPU)."""
+    return _DTYPE_PRECISION.get(m.compute_dtype, Precision.BF16)
+
+
 def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
     """The share of the copy bandwidth a layer's element-wise kernels reach on the bytes the
     cost model counts for them (cost/evaluate.py), so that the model reproduces the measured
@@ -207,7 +217,7 @@ def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
     layer = ModelSpec(name="calibrate-layer", num_layers=1, hidden_size=e.hidden, ffn_hidden_size=e.ffn,
                       num_heads=e.q_dim // e.head_dim, num_kv_heads=e.kv_dim // e.head_dim, head_dim=e.head_dim,
                       vocab_size=1, gated_mlp=True)
-    counted = e.tokens * elementwise_bytes_per_token(layer)
+    counted = e.tokens * elementwise_bytes_per_token(layer, act_bytes=compute_precision(m).activation_bytes)
     busy = e.time_s - EW_FWD_KERNELS * m.launch_overhead_s
     if busy <= 0.0:  # the launches alone take the time: the bytes cost nothing more
         return 1.0
@@ -268,7 +278,8 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         _comment(f"# fastest {m.compute_dtype} GEMM measured") + (
             "; a 16-bit workload computes in fp32 on a CPU (paraplan run), so bf16/fp16 carry the fp32 rate"
             if cpu else ""),
-        f"bf16 = {_num(peak / units.TERA)}", f"fp16 = {_num(peak / units.TERA)}", "",
+        f"bf16 = {_num(peak / units.TERA)}", f"fp16 = {_num(peak / units.TERA)}",
+        *([f"fp32 = {_num(peak / units.TERA)}"] if compute_precision(m) is Precision.FP32 else []), "",
         "[gpu.gemm_efficiency]", "# median achieved / peak per quarter-decade of GEMM FLOPs",
         f"flops = {_arr(x for x, _ in gemm_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in gemm_curve)}", "",
         "[gpu.attention_efficiency.flash2]",

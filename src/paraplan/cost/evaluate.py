@@ -28,7 +28,6 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
-from .memory import ACT_BYTES
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .comm import Collective, collective_time_s, p2p_time_s
 from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops, \
@@ -48,23 +47,27 @@ EW_BWD_KERNELS = 14  # and backward's (each forward kernel's gradient, plus the 
 # the exposed CP exchange as the breakdown names it, by CPCommType code
 _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.code: "CP K/V all-gather",
              CPCommType.A2A.code: "CP all-to-all (Ulysses)"}
-# Cross-entropy over the T×V/t logits, HBM bytes per logit element, as PyTorch autocast (and
-# Megatron's vocab-parallel kernel) run it in fp32 on 16-bit logits. Forward: upcast (read 2,
-# write 4), log-softmax (two reads for max and sum-exp, one write: 12). Backward: the NLL
-# gradient fill (write 4), log-softmax backward (reads the gradient twice and the output once,
-# writes one: 16), downcast to 16 bits (read 4, write 2).
-LOSS_FWD_BYTES_PER_LOGIT = 18.0
-LOSS_BWD_BYTES_PER_LOGIT = 26.0
 
 
-def elementwise_bytes_per_token(model: ModelSpec, *, sp_div=1.0, t=1.0, w_dense=1.0):
+def loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
+    """Cross-entropy over the T×V/t logits, HBM bytes per logit element (forward, backward),
+    as PyTorch autocast (and Megatron's vocab-parallel kernel) run it in fp32. Forward: upcast
+    16-bit logits (read 2, write 4), log-softmax (two reads for max and sum-exp, one write:
+    12). Backward: the NLL gradient fill (write 4), log-softmax backward (reads the gradient
+    twice and the output once, writes one: 16), downcast to 16 bits (read 4, write 2). 32-bit
+    logits skip both casts: 18 and 26 bytes at 16 bits, 12 and 20 at 32."""
+    cast = 0.0 if precision.activation_bytes >= 4.0 else 6.0
+    return 12.0 + cast, 20.0 + cast
+
+
+def elementwise_bytes_per_token(model: ModelSpec, *, act_bytes: float, sp_div=1.0, t=1.0, w_dense=1.0):
     """A layer's forward element-wise bytes per token: norms r+w 4h, residual adds 6h,
     dropout 5h, RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f of a dense MLP;
-    16-bit elements. The h terms split over SP, the rest over TP."""
+    elements of `act_bytes` bytes. The h terms split over SP, the rest over TP."""
     h, f = model.hidden_size, model.ffn_hidden_size
     ew_h = (10.0 + (5.0 if model.dropout else 0.0)) * h / sp_div
     ew_t = (2.0 * (model.q_dim + model.kv_dim) + w_dense * (3.0 if model.gated_mlp else 2.0) * f) / t
-    return ACT_BYTES * (ew_h + ew_t)
+    return act_bytes * (ew_h + ew_t)
 
 
 def _f(x):
@@ -108,6 +111,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     gpu = cluster.gpu
     prec = Precision(workload.precision)
     act_prec = Precision.BF16 if prec is Precision.FP8 else prec
+    ab = prec.activation_bytes  # bytes per activation element (16-bit unless fp32/tf32)
     s = workload.seq_len
     h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
     qd, kvd = model.q_dim, model.kv_dim
@@ -156,7 +160,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
                         2.0 * attn_unfused_fwd)
-    ew_bytes = T * elementwise_bytes_per_token(model, sp_div=sp_div, t=t, w_dense=w_dense)
+    ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
     # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B): streaming kernels
     cast_bytes = 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t) if prec is Precision.FP8 else 0.0
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
@@ -167,7 +171,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
 
     # ---------------- TP communication per layer ----------------
-    act_bytes_full = ACT_BYTES * T * h  # one [T, h] activation, the TP buffer
+    act_bytes_full = ab * T * h  # one [T, h] activation, the TP buffer
     ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
     rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, act_bytes_full, t, 1)
     ar = collective_time_s(cluster, Collective.ALL_REDUCE, act_bytes_full, t, 1)
@@ -193,7 +197,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     # ---------------- CP K/V exchange per layer (CP ranks sit t apart) ----------------
     # this rank's K and V: T tokens × 2·kvd/t; MLA exchanges its up-projected K/V as well
-    kv_bytes = ACT_BYTES * T * 2.0 * kvd / t
+    kv_bytes = ab * T * 2.0 * kvd / t
     cpc = np.asarray(plan.cp_comm_type_code)
     # p2p ring (Liu et al. 2023; Megatron-Core's default): c−1 steps, each K/V chunk sent
     # under the previous step's attention kernel; backward passes K/V and returns dK/dV.
@@ -217,8 +221,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023 Sec. 3): Q, K, V from sequence shards
     # to head shards before the kernel, the output back after it; backward the same volumes
     # in reverse. Nothing to hide behind: all exposed. One rank's buffer per all-to-all.
-    a2a_qkv = collective_time_s(cluster, Collective.ALL_TO_ALL, ACT_BYTES * T * (qd + 2.0 * kvd) / t, c, t)
-    a2a_out = collective_time_s(cluster, Collective.ALL_TO_ALL, ACT_BYTES * T * qd / t, c, t)
+    a2a_qkv = collective_time_s(cluster, Collective.ALL_TO_ALL, ab * T * (qd + 2.0 * kvd) / t, c, t)
+    a2a_out = collective_time_s(cluster, Collective.ALL_TO_ALL, ab * T * qd / t, c, t)
     uly = a2a_qkv + a2a_out
     is_ag = cpc == CPCommType.ALL_GATHER.code
     is_a2a = cpc == CPCommType.A2A.code
@@ -267,7 +271,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
                     model.kv_lora_rank, prec) if model.is_mla else zeros)
     norms_recomputed = (1.0 if model.is_mla else 0.0) + w_moe
     modules_fwd = (np.where(flash, 0.0, attn_fwd) + mla_up + (w_moe * mc.act_fn_fwd_s if mc else zeros)
-                   + elementwise_time_s(gpu, ACT_BYTES * T * 2.0 * h * norms_recomputed / sp_div, norms_recomputed))
+                   + elementwise_time_s(gpu, ab * T * 2.0 * h * norms_recomputed / sp_div, norms_recomputed))
     # Full and first-k re-run whole layers (forward plus its exposed TP and CP); selective
     # re-runs the attention core only. PyTorch's non-reentrant checkpoint stops once every
     # tensor the backward needs exists again: the block's last GEMM (the MLP down-projection,
@@ -327,14 +331,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     layer_bwd_total = bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp + z3_bwd_exp + slow_bwd
 
     # ---------------- stage extras: embedding, LM head + loss ----------------
-    emb_fwd = memory_bound_time_s(gpu, 2.0 * ACT_BYTES * T * h, 2)
+    emb_fwd = memory_bound_time_s(gpu, 2.0 * ab * T * h, 2)
     emb_tp = np.where(sp, rs, ar)  # vocab-parallel embedding reduces over TP
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
     logits_el = T * V / t
-    loss_fwd = elementwise_time_s(gpu, logits_el * LOSS_FWD_BYTES_PER_LOGIT, 3)
+    loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
+    loss_fwd = elementwise_time_s(gpu, logits_el * loss_fwd_b, 3)
     lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag, 0.0)
     # backward kernels: gradient fill, NLL scatter, log-softmax backward, downcast
-    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * LOSS_BWD_BYTES_PER_LOGIT, 4) + np.where(sp, rs, 0.0)
+    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + np.where(sp, rs, 0.0)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 
@@ -360,7 +365,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd, 0.0))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
-    p2p_bytes = ACT_BYTES * T * h / sp_div
+    p2p_bytes = ab * T * h / sp_div
     pp_stride = t * c * d
     p2p = np.where(p > 1, p2p_time_s(cluster, p2p_bytes, pp_stride), 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
@@ -473,12 +478,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
         modules_extra_saving=w_moe * mc.act_fn_out_bytes if mc else 0.0, precision=prec)
     inflight = mem.inflight_microbatches(plan, m)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
-                                (k_rc * ACT_BYTES * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
+                                (k_rc * ab * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
-    acts_first = inflight * L_first * per_layer_stored + recompute_working + inflight * ACT_BYTES * T * h / sp_div
+    acts_first = inflight * L_first * per_layer_stored + recompute_working + inflight * ab * T * h / sp_div
     acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + recompute_working
-    logits = mem.LOGITS_BYTES_PER_ELEMENT * logits_el
+    logits = mem.logits_bytes_per_element(prec) * logits_el
 
     shard_e = np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
 

@@ -33,12 +33,20 @@ from ..specs.workload import Precision
 # weights) + 12 (fp32 master weights, momentum, variance). Gradients are accumulated in
 # fp32 (Megatron main_grad; FSDP's default reduce dtype): 4 bytes.
 WEIGHT_BYTES = 2.0
-ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM
+ACT_BYTES = 2.0  # 16-bit activations on the wire and in HBM (Precision.activation_bytes: 4 under fp32/tf32)
 MASTER_BYTES = 4.0  # one fp32 copy (the master weights; FSDP fp32 shards)
 OPTIMIZER_BYTES = 12.0
 GRAD_BYTES = 4.0
-# Cross-entropy over V/t logits per token: bf16 logits + fp32 softmax copy (bytes/element).
-LOGITS_BYTES_PER_ELEMENT = 6.0
+
+
+def logits_bytes_per_element(precision) -> float:
+    """Cross-entropy over V/t logits per token: the logits in the activation dtype plus the
+    fp32 log-softmax output (6 bytes with 16-bit logits, 8 with 32-bit)."""
+    return _width(precision) + 4.0
+
+
+def _width(precision) -> float:
+    return Precision(precision).activation_bytes if precision is not None else ACT_BYTES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +66,7 @@ class ActivationTerms:
 
 def saved_gemm_input_bytes(precision) -> float:
     """Bytes per element of a GEMM input saved for backward (FP8: the cast copy, 1 byte)."""
-    return 1.0 if precision is Precision.FP8 else 2.0
+    return 1.0 if precision is Precision.FP8 else _width(precision)
 
 
 def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) -> ActivationTerms:
@@ -66,23 +74,25 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     h, f = model.hidden_size, model.ffn_hidden_size
     w = np.asarray(mlp_weight, dtype=float)
     gi = saved_gemm_input_bytes(precision)
-    # norm inputs 4h; QKV input; MLP input (an MoE layer's router/expert input is moe.py's);
-    # MLA (DeepSeek-V2 Sec. 2.1): the pre-norm latents c_Q, c_KV and the shared RoPE key, and
-    # the normed latents the up-projections read
-    mla = (2.0 * model.mla_latent_width + gi * (model.q_lora_rank + model.kv_lora_rank)) if model.is_mla else 0.0
-    replicated = (4.0 * h + gi * h + w * gi * h + (1.0 - w) * 2.0 * h + (2.0 * h if model.dropout else 0.0)
+    a = _width(precision)  # bytes per activation element (Korthikanti et al. count 2)
+    # norm inputs 2·2h; QKV input; MLP input (an MoE layer's router/expert input is moe.py's);
+    # dropout masks 1 byte per element; MLA (DeepSeek-V2 Sec. 2.1): the pre-norm latents c_Q,
+    # c_KV and the shared RoPE key, and the normed latents the up-projections read
+    mla = (a * model.mla_latent_width + gi * (model.q_lora_rank + model.kv_lora_rank)) if model.is_mla else 0.0
+    replicated = (2.0 * a * h + gi * h + w * gi * h + (1.0 - w) * a * h + (2.0 * h if model.dropout else 0.0)
                   + mla)
-    act_in = 2.0 * f * (2 if model.gated_mlp else 1)
-    split = (2.0 * (model.q_dim + 2 * model.kv_dim) + 2.0 * model.v_dim
+    act_in = a * f * (2 if model.gated_mlp else 1)
+    split = (a * (model.q_dim + 2 * model.kv_dim) + a * model.v_dim
              + w * (act_in + gi * f))
-    scores = 5.0 * model.num_heads * np.asarray(seq_len, dtype=float)
+    # scores and softmax output (a bytes each) and the dropout mask (1 byte): 5·a·s at 16 bits
+    scores = (2.0 * a + 1.0) * model.num_heads * np.asarray(seq_len, dtype=float)
     # module recomputation drops the outputs of the norms Megatron-Core runs as separate
     # modules: MLA's input norm and an MoE layer's pre-MLP norm. Transformer Engine fuses the
     # other norms into the next linear layer (LayerNormLinear / LayerNormMLP), and a fused
     # norm is not recomputed (Megatron-Core transformer_layer.py, gpt_layer_specs.py).
-    norm_outputs = (gi * h if model.is_mla else 0.0) + (1.0 - w) * 2.0 * h
-    mla_qkv = 2.0 * (model.q_dim + 2 * model.kv_dim) if model.is_mla else 0.0
-    return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=2.0 * h,
+    norm_outputs = (gi * h if model.is_mla else 0.0) + (1.0 - w) * a * h
+    mla_qkv = a * (model.q_dim + 2 * model.kv_dim) if model.is_mla else 0.0
+    return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=a * h,
                            modules_replicated=norm_outputs, modules_split=mla_qkv)
 
 

@@ -37,7 +37,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from .comm import Collective, collective_time_s
-from .memory import ACT_BYTES, saved_gemm_input_bytes
+from .memory import saved_gemm_input_bytes
 from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s
 
 ROUTER_KERNELS = 6    # router GEMM, softmax, top-k, gather of the probabilities, aux loss, histogram
@@ -93,12 +93,13 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     ep, etp = _f(plan.ep), _f(plan.etp)
     lam = load_factor(workload, plan)
     T_r = _f(tokens) / t
+    ab = prec.activation_bytes  # bytes per activation element
     copies = T_r * k  # routed token copies a rank sends (mean)
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
     router_ew = elementwise_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
     # permute reads and writes each copy once (2 × 2 B per element), unpermute the same
-    permute = memory_bound_time_s(gpu, 2.0 * 2.0 * ACT_BYTES * lam * copies * h, PERMUTE_KERNELS)
+    permute = memory_bound_time_s(gpu, 2.0 * 2.0 * ab * lam * copies * h, PERMUTE_KERNELS)
 
     local = E / ep
     m_e = lam * etp * ep * copies / E
@@ -111,12 +112,12 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     m_1 = etp * ep * copies / E
     experts_1 = local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) + gemm_time_s(gpu, m_1, h, fe / etp, prec))
     act_rows = lam * etp * copies  # token rows through this rank's expert shards
-    act_ew = elementwise_time_s(gpu, ACT_BYTES * act_rows * (n_up + 1) * fe / etp, 1)
+    act_ew = elementwise_time_s(gpu, ab * act_rows * (n_up + 1) * fe / etp, 1)
 
     if fsh:
         sh_up = gemm_time_s(gpu, _f(tokens), n_up * fsh / t, h, prec)
         sh_down = gemm_time_s(gpu, _f(tokens), h, fsh / t, prec)
-        sh_ew = elementwise_time_s(gpu, ACT_BYTES * _f(tokens) * (n_up + 1) * fsh / t, 1)
+        sh_ew = elementwise_time_s(gpu, ab * _f(tokens) * (n_up + 1) * fsh / t, 1)
     else:
         sh_up = sh_down = sh_ew = 0.0
     # Transformer Engine casts each expert and shared-expert GEMM input to FP8 (read 2 B,
@@ -130,7 +131,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     wgrad = experts + sh_up + sh_down + router_gemm
 
     # ---- all-to-all dispatch and combine over EP (stride etp), ETP gather/scatter ----
-    a2a_bytes = ACT_BYTES * lam * copies * h
+    a2a_bytes = ab * lam * copies * h
     hier = np.asarray(plan.a2a_hierarchical, dtype=bool)
     flat = collective_time_s(cluster, Collective.ALL_TO_ALL, a2a_bytes, ep, etp)
     two_d = collective_time_s(cluster, Collective.ALL_TO_ALL_2D, a2a_bytes, ep, etp)
@@ -150,9 +151,9 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # with the dense terms, memory.py). GEMM inputs are saved in FP8 under FP8 training.
     gi = saved_gemm_input_bytes(prec)
     routed = (4.0 * 2.0 * T_r * E
-              + act_rows * (gi * h + (ACT_BYTES * n_up * fe + gi * fe) / etp)
-              + ACT_BYTES * lam * copies * h)
-    shared_act = _f(tokens) * (ACT_BYTES * n_up * fsh + gi * fsh) / t
+              + act_rows * (gi * h + (ab * n_up * fe + gi * fe) / etp)
+              + ab * lam * copies * h)
+    shared_act = _f(tokens) * (ab * n_up * fsh + gi * fsh) / t
     act_out = act_rows * gi * fe / etp
     return MoELayerCosts(
         act_fn_out_bytes=act_out, act_fn_fwd_s=act_ew,

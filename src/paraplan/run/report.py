@@ -21,6 +21,7 @@ import statistics
 from dataclasses import asdict, replace
 
 from ..errors import ParaplanError
+from ..specs.workload import Precision
 from .config import RUN_OPTIMIZER, RunConfig
 
 REPORT_KIND = "paraplan-run"
@@ -42,12 +43,18 @@ def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None,
             return None, f"no cluster preset has a {gpu.name}; pass --hardware"
     if hardware is None:
         return None, "no hardware profile for this CPU; pass --hardware (a `paraplan calibrate` profile)"
-    # a CPU run keeps and gathers fp32 parameters (no FSDP2 mixed-precision policy there):
-    # what the fp32_params knob prices (4-byte weights and all-gathers, no master copy)
-    plan = replace(cfg.plan, fp32_params=True) if device == "cpu" else cfg.plan
+    # a CPU run computes in fp32 (4-byte activations on the wire and in memory) and keeps and
+    # gathers fp32 parameters (no FSDP2 mixed-precision policy there): the fp32 precision and
+    # the fp32_params knob (4-byte weights and all-gathers, no master copy)
+    cpu = device == "cpu"
+    plan = replace(cfg.plan, fp32_params=True) if cpu else cfg.plan
+    workload = replace(cfg.workload, precision=Precision.FP32) if cpu else cfg.workload
     try:
         cluster = load_cluster(hardware, num_gpus=cfg.world_size)
-        est = estimate(cfg.model, cluster, cfg.workload, plan)
+        if cpu and Precision.FP32 not in cluster.gpu.peak_flops_per_s:
+            return None, (f"{hardware} has no fp32 rate (a CPU run computes in fp32); calibrate again with "
+                          "`paraplan calibrate --device cpu`")
+        est = estimate(cfg.model, cluster, workload, plan)
     except ParaplanError as exc:
         return None, f"no prediction: {exc}"
     return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,

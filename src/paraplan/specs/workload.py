@@ -10,10 +10,20 @@ from ..errors import SpecError
 
 
 class Precision(StrEnum):
+    """What the GEMMs compute in; activations are 16-bit under BF16, FP16 and FP8 (FP8
+    training casts GEMM inputs and keeps 16-bit activations) and 32-bit under TF32 (fp32
+    storage, TF32 tensor-core math) and FP32 (no tensor cores: what a CPU computes)."""
+
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
     TF32 = "tf32"
+    FP32 = "fp32"
+
+    @property
+    def activation_bytes(self) -> float:
+        """Bytes per activation element in memory and on the wire."""
+        return 4.0 if self in (Precision.TF32, Precision.FP32) else 2.0
 
 
 class Optimizer(StrEnum):
@@ -89,4 +99,8 @@ def parse_precision(text: str) -> Precision:
         return Precision.BF16
     if "fp16" in t:
         return Precision.FP16
-    raise SpecError("workload", "precision", text, "allowed: bf16, fp16, fp8")
+    if "tf32" in t:
+        return Precision.TF32
+    if "fp32" in t:
+        return Precision.FP32
+    raise SpecError("workload", "precision", text, "allowed: bf16, fp16, fp8, tf32, fp32")
