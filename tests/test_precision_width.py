@@ -68,3 +68,53 @@ def test_tensor_parallel_traffic_doubles_at_32_bits():
         assert est.memory.activations_bytes > 0
     # large messages sit on the flat part of the bus-bandwidth curve: time ∝ bytes
     assert tp[Precision.TF32] / tp[Precision.BF16] == pytest.approx(2.0, rel=0.05)
+
+
+def test_every_activation_message_doubles_at_32_bits():
+    """Pipeline sends, Ulysses all-to-alls and MoE dispatch/combine, all exposed here (no
+    overlap), carry 4-byte elements in a TF32 workload: about twice a BF16 one's time on
+    large messages."""
+    from paraplan.plan.axes import CPCommType, Schedule, ZeroStage
+    model = load_model("qwen3-30b-a3b")  # no shared experts: nothing hides the all-to-all
+    cluster = load_cluster("dgx-h100", num_gpus=64)
+    plan = Plan(tp=1, pp=2, cp=2, dp=16, ep=8, micro_batch_size=1, dp_shard=16, cp_comm_type=CPCommType.A2A,
+                schedule=Schedule.ONE_F_ONE_B, zero=ZeroStage.OPTIMIZER, ep_overlap=False)
+    t = {}
+    for prec in (Precision.BF16, Precision.TF32):
+        est = estimate(model, cluster, Workload(global_batch_size=256, seq_len=16384, precision=prec), plan,
+                       simulate_pipeline=False)
+        t[prec] = est.time
+    for part in ("pp_comm_s", "cp_comm_s", "ep_comm_s"):
+        ratio = getattr(t[Precision.TF32], part) / getattr(t[Precision.BF16], part)
+        assert 1.6 < ratio < 2.05, (part, ratio)
+
+
+def test_a_32_bit_workload_has_32_bit_parameters():
+    """No 16-bit copy: weights 4 bytes, optimizer 8 (the moments; the weight is the master),
+    whatever the plan's fp32_params knob says; the GEMMs' operands are 4 bytes too."""
+    from paraplan.cost.roofline import gemm_time_s
+    from paraplan.plan.axes import ZeroStage
+    model = load_model("llama3-8b")
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    plan = Plan(dp=8, dp_shard=8, zero=ZeroStage.NONE, micro_batch_size=1)
+    wl = Workload(global_batch_size=64, seq_len=4096, precision=Precision.FP32)
+    m32 = estimate(model, cluster, wl, plan, simulate_pipeline=False).memory
+    m32b = estimate(model, cluster, wl, replace(plan, fp32_params=True), simulate_pipeline=False).memory
+    m16 = estimate(model, cluster, replace(wl, precision=Precision.BF16), plan, simulate_pipeline=False).memory
+    assert m32.weights_bytes == pytest.approx(2.0 * m16.weights_bytes)
+    assert m32.optimizer_bytes == pytest.approx(m16.optimizer_bytes * 8.0 / 12.0)
+    assert (m32.weights_bytes, m32.optimizer_bytes) == (m32b.weights_bytes, m32b.optimizer_bytes)
+    gpu = cluster.gpu  # a memory-bound GEMM (one row) moves twice the bytes (the launch stays)
+    tau = gpu.kernel_launch_overhead_s
+    assert float(gemm_time_s(gpu, 1, 8192, 8192, Precision.TF32)) - tau == pytest.approx(
+        2.0 * (float(gemm_time_s(gpu, 1, 8192, 8192, Precision.BF16)) - tau), rel=0.01)
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed"])
+def test_engines_without_a_32_bit_setting_refuse_it(engine, capsys, tmp_path):
+    from paraplan.cli import main
+    out = tmp_path / "cfg"
+    code = main(["export", "--format", engine, "--model", "llama3-8b", "--gpus", "8", "--batch", "64", "--seq", "4096",
+                 "--precision", "fp32", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "precision" in err and len(err.strip().splitlines()) == 1 and not out.exists()

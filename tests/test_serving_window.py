@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
+from paraplan.cli import main
+from paraplan.errors import ParaplanError
 from paraplan.inference.batching import KV_PAGE_TOKENS, simulate
-from paraplan.inference.deploy import EngineLimits, ServePlan, Traffic
+from paraplan.inference.deploy import EngineLimits, Layout, ServePlan, Traffic
+from paraplan.inference.pope import forward_pass, max_context_tokens
 from paraplan.inference.planner import estimate_plan, max_sequences
 from paraplan.inference.step import AttentionWindow, IterationModel, serve_memory
 from paraplan.specs.catalog import load_cluster, load_model
@@ -104,7 +108,7 @@ def test_windows_let_more_sequences_share_the_kv_cache():
     on, off = EngineLimits(sliding_window_kv=True), EngineLimits()
     mem = serve_memory(model, cluster, plan, on)
     # half of GPT-OSS's layers keep 128 tokens: a 9,216-token request keeps about half as much
-    keep = AttentionWindow.of(model).held(traffic.context_tokens)
+    keep = AttentionWindow.of(model, honoured=True).held(traffic.context_tokens)
     assert keep == pytest.approx(0.5 * 9216 + 0.5 * 128)
     assert max_sequences(model, mem, traffic, on) == int(mem.kv_capacity_tokens // keep)
     assert max_sequences(model, mem, traffic, on) > 1.9 * max_sequences(model, mem, traffic, off)
@@ -131,5 +135,61 @@ def test_an_engine_without_windows_runs_full_attention():
 
 
 def test_a_request_needs_whole_pages_per_layer_group():
-    win = AttentionWindow(window=100, share=0.5)
-    assert win.held_paged(1000, KV_PAGE_TOKENS) == pytest.approx(0.5 * 1024 + 0.5 * 128)
+    # full layers: 1,000 tokens in 16 pages of 64; a 130-token window that does not start on
+    # a page boundary spans up to ceil(129/64) + 1 = 4 pages
+    win = AttentionWindow(window=130, share=0.25)
+    assert win.held_paged(1000, KV_PAGE_TOKENS) == pytest.approx(0.75 * 1024 + 0.25 * 256)
+    assert win.held_paged(100, KV_PAGE_TOKENS) == pytest.approx(128)  # below the window: as full
+    assert win.held_paged(150, KV_PAGE_TOKENS) == pytest.approx(192)  # 3 pages hold all 150 tokens
+
+
+def test_admission_reserves_the_windowed_kv():
+    """The KV cache admits as many requests as their windowed need allows: half the layers
+    keep 128 tokens, so a 1,024-token request reserves 0.5·1,024 + 0.5·192 = 608 tokens
+    (a 128-token window spans up to 3 pages of 64)."""
+    model = replace(load_model("llama3-8b"), sliding_window=128, num_sliding_window_layers=16)
+    traffic = Traffic(prompt_tokens=1000, output_tokens=24, num_requests=40)
+    capacity = 6100  # 10 windowed requests (6,080 tokens) or 5 full ones (5,120)
+    on = simulate(_Recorder(model), traffic, EngineLimits(sliding_window_kv=True), capacity)
+    off = simulate(_Recorder(model), traffic, EngineLimits(), capacity)
+    assert (on.max_concurrency, off.max_concurrency) == (10, 5)
+
+
+def test_the_planner_accepts_a_context_only_windows_make_fit():
+    model = replace(load_model("llama3-8b"), sliding_window=4096, num_sliding_window_layers=32, max_seq_len=10**7)
+    cluster = load_cluster("dgx-h100", num_gpus=1)
+    plan = ServePlan(tp=1, pp=1)
+    cap = serve_memory(model, cluster, plan, EngineLimits()).kv_capacity_tokens
+    traffic = Traffic(prompt_tokens=cap + 1000, output_tokens=2, num_requests=4)
+    with pytest.raises(ParaplanError, match="the KV cache holds"):
+        estimate_plan(model, cluster, plan, traffic, EngineLimits())
+    est = estimate_plan(model, cluster, plan, traffic, EngineLimits(sliding_window_kv=True))
+    assert est.max_concurrency >= 1
+
+
+def test_serve_cli_passes_the_engine_flag(capsys):
+    args = ["serve", "--model", "gpt-oss-120b", "--tp", "4", "--ep", "4", "--weights", "fp8", "--kv", "fp8",
+            "--prompt", "8192", "--output", "64", "--max-load", "--requests", "64", "--json"]
+    out = {}
+    for flag in ([], ["--sliding-window-kv"]):
+        assert main(args + flag) == 0
+        rows = json.loads(capsys.readouterr().out)["ranked"]
+        out[bool(flag)] = rows[0]
+    assert out[True]["kv_capacity_tokens"] == out[False]["kv_capacity_tokens"]  # the same cache
+    # decoding tokens read 128 of the 8,192 cached tokens on half the layers
+    assert out[True]["tpot_floor_s"] < out[False]["tpot_floor_s"]
+    assert out[True]["max_output_tokens_per_s_per_gpu"] > out[False]["max_output_tokens_per_s_per_gpu"]
+
+
+def test_pope_static_passes_see_the_windows():
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    plan = ServePlan(tp=8)
+    full = load_model("llama3-8b")
+    half = replace(full, sliding_window=2048, num_sliding_window_layers=16)
+    assert max_context_tokens(half, cluster, plan, batch=64) > 1.9 * max_context_tokens(full, cluster, plan, batch=64)
+    every = replace(full, sliding_window=2048, num_sliding_window_layers=32)
+    with pytest.raises(ParaplanError, match="stops growing"):
+        max_context_tokens(every, cluster, plan, batch=64)
+    a = forward_pass(full, cluster, n=8, layout=Layout.WS_1D, plan=plan, batch=8, tokens_per_seq=1, context=100_000)
+    b = forward_pass(half, cluster, n=8, layout=Layout.WS_1D, plan=plan, batch=8, tokens_per_seq=1, context=100_000)
+    assert b.memory_s < 0.6 * a.memory_s  # half the layers read 2,048 of the 100,000 cached tokens

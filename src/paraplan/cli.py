@@ -43,7 +43,8 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     b = g.add_mutually_exclusive_group()
     b.add_argument("--batch", type=_positive_int, help="global batch in sequences")
     b.add_argument("--batch-tokens", type=_positive_int, help=f"global batch in tokens (default {DEFAULT_BATCH_TOKENS})")
-    g.add_argument("--precision", default="bf16", help="bf16, fp16 or fp8 (default bf16)")
+    g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, tf32 or fp32 (default bf16; tf32/fp32: "
+                   "4-byte activations, weights and gradients)")
     g.add_argument("--optimizer", default="adam",
                    help="adam (one fused kernel: Megatron, DeepSpeed, torchtitan) or adam-unfused "
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")

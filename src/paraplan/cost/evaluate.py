@@ -112,6 +112,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     prec = Precision(workload.precision)
     act_prec = Precision.BF16 if prec is Precision.FP8 else prec
     ab = prec.activation_bytes  # bytes per activation element (16-bit unless fp32/tf32)
+    # a 32-bit workload has 32-bit parameters (no 16-bit copy, the master is the weight) and
+    # reduces 32-bit gradients, whatever the plan's mixed-precision knobs say
+    wide = ab >= 4.0
+    fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
+    grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
     s = workload.seq_len
     h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
     qd, kvd = model.q_dim, model.kv_dim
@@ -152,11 +157,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     attn_flops_flash = lf.attn_core / t
     attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec, akc)
     # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
-    # mask, softmax and dropout over 5·a·s bytes per token (Korthikanti's score tensors).
+    # mask, softmax and dropout over the a·s score elements per token: four passes of the
+    # activation width and a 1-byte dropout mask (9 bytes per element at 16 bits).
     attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
     attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.sustained_compute_ratio
                                            * gpu.gemm_efficiency.at(attn_flops_full))
-                        + elementwise_time_s(gpu, T * model.num_heads / t * s * 9.0, 4))
+                        + elementwise_time_s(gpu, T * model.num_heads / t * s * (4.0 * ab + 1.0), 4))
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
                         2.0 * attn_unfused_fwd)
@@ -244,8 +250,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     e_stride = _f(plan.ep) * _f(plan.etp)
     is_z3 = zc == ZeroStage.PARAMETERS.code
     is_z2 = zc == ZeroStage.GRADIENTS.code
-    gather_bytes = np.where(np.asarray(plan.fp32_params, dtype=bool), mem.MASTER_BYTES, mem.WEIGHT_BYTES)
-    reduce_bytes = np.where(np.asarray(plan.grad_reduce_fp32, dtype=bool), mem.GRAD_BYTES, mem.WEIGHT_BYTES)
+    gather_bytes = np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
+    reduce_bytes = np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES)
     fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t)
     fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t)
     if mc:
@@ -253,7 +259,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
         fsdp_rs = fsdp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, edp, e_stride)
     # fp32 shards: autocast casts each gathered weight to 16 bits at every use (read 4 B,
     # write 2 B per parameter), once per forward and again in a recomputed forward
-    cast = np.where(np.asarray(plan.fp32_params, dtype=bool) & (zc == ZeroStage.PARAMETERS.code),
+    # (a 32-bit workload computes on the gathered weights as they are)
+    cast = np.where(fp32_params & (zc == ZeroStage.PARAMETERS.code) & (not wide),
                     memory_bound_time_s(gpu, (mem.MASTER_BYTES + mem.WEIGHT_BYTES) * (layer_params + expert_params), 4), 0.0)
     layer_fwd = layer_fwd + cast
     z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
@@ -395,13 +402,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     dp_stride = t
     g_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes, dp_group, dp_stride)
     g_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, dp_group, dp_stride)
-    p_ag = collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * params_stage, dp_group, dp_stride)
+    p_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * params_stage, dp_group, dp_stride)
     hsdp_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes / S, R, t * c * _f(plan.dp_shard))
     if mc:  # expert gradients sync over EDP
         e_grad = reduce_bytes * expert_stage
         g_ar = g_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad, edp, e_stride)
         g_rs = g_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, e_grad, edp, e_stride)
-        p_ag = p_ag + collective_time_s(cluster, Collective.ALL_GATHER, mem.WEIGHT_BYTES * expert_stage, edp, e_stride)
+        p_ag = p_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_stage, edp, e_stride)
     ovl = np.asarray(plan.dp_overlap, dtype=bool)
     last_bwd = first.backward_s
     last_fwd = first.forward_s
@@ -489,7 +496,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
 
     # fp32 parameter shards (FSDP with autocast, Composer "DEFAULT"): the shard is the fp32
     # master copy, so the optimizer keeps only the two moments: 16 bytes/param, not 18
-    fp32p = np.asarray(plan.fp32_params, dtype=bool)
+    fp32p = fp32_params
     w_bytes = np.where(fp32p, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
     o_bytes = np.where(fp32p, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
 
@@ -515,7 +522,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     totl = wl + gl + ol + acts_last + logits
     totm = np.where(has_mid, wm + gm + om + acts_mid, 0.0)
     worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
-    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * np.asarray(plan.fp32_params)
+    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * (fp32_params & (not wide))
                                                        + mem.GRAD_BYTES), 0.0)
     pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
     weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)

@@ -98,7 +98,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
     router_ew = elementwise_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
-    # permute reads and writes each copy once (2 × 2 B per element), unpermute the same
+    # permute reads and writes each copy once (2 × ab bytes per element), unpermute the same
     permute = memory_bound_time_s(gpu, 2.0 * 2.0 * ab * lam * copies * h, PERMUTE_KERNELS)
 
     local = E / ep

@@ -15,8 +15,11 @@ from ..specs.hardware import AttentionKernel, GPUSpec
 from ..specs.workload import Precision
 
 
-def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: float = 2.0):
-    """Time of one GEMM (vectorized); FP8 runs at the FP8 peak × fp8_gemm_efficiency_ratio."""
+def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: float | None = None):
+    """Time of one GEMM (vectorized); FP8 runs at the FP8 peak × fp8_gemm_efficiency_ratio.
+    Operands are `bytes_per_element` wide (default: the precision's activation width; FP8: 1)."""
+    if bytes_per_element is None:
+        bytes_per_element = Precision(precision).activation_bytes
     m = np.asarray(m, dtype=float)
     flops = 2.0 * m * n * k
     eff = gpu.gemm_efficiency.at(flops)

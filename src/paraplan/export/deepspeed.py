@@ -54,7 +54,7 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "dp_shard", plan.dp_shard, f"dp_shard = DP = {plan.dp} (MiCS was removed in 0.19)")
     if plan.offload_optimizer and plan.zero is ZeroStage.NONE:
         raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with ZeRO 1-3")
-    if workload.precision is Precision.FP8:
+    if workload.precision not in (Precision.BF16, Precision.FP16):
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp16")
 
 

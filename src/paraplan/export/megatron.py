@@ -61,6 +61,8 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           "(--optimizer-cpu-offload needs the distributed optimizer)")
     if plan.a2a_hierarchical:
         raise unsupported(ENGINE, "a2a_hierarchical", True, "the alltoall dispatcher's flat all-to-all")
+    if workload.precision not in (Precision.BF16, Precision.FP16, Precision.FP8):
+        raise unsupported(ENGINE, "precision", str(workload.precision), "bf16, fp16 or fp8 (--bf16 / --fp16 / --fp8-format)")
     if plan.attention not in ATTENTION:  # pragma: no cover - closed enum
         raise unsupported(ENGINE, "attention", str(plan.attention), ", ".join(map(str, ATTENTION)))
 

@@ -46,8 +46,9 @@ def forward_pass(model: ModelSpec, cluster: ClusterSpec, *, n: int, layout: Layo
     tokens = batch * tokens_per_seq
     N = model.num_params - model.embedding_params  # matmul parameters (tied head counted once)
     flops_layer = 2.0 * (N / L) * tokens / n
-    # causal attention over the new tokens plus the cached context
-    flops_layer += 4.0 * batch * AttentionWindow.of(model).prefill_pairs(context, tokens_per_seq) * model.q_dim / n
+    # causal attention over the new tokens plus the cached context (the model as published:
+    # a windowed layer's query sees at most w keys and its cache holds at most w tokens)
+    flops_layer += 4.0 * batch * AttentionWindow.of(model, honoured=True).prefill_pairs(context, tokens_per_seq) * model.q_dim / n
     eff = gpu.gemm_efficiency.at(flops_layer)
     compute = flops_layer / (gpu.peak(Precision.BF16) * eff)
     wbytes = plan.weight_dtype.bytes_per_element
@@ -56,7 +57,7 @@ def forward_pass(model: ModelSpec, cluster: ClusterSpec, *, n: int, layout: Layo
         weights_read = layer_w  # the gathered copy is read whole on every chip
     else:
         weights_read = layer_w / n
-    kv = batch * AttentionWindow.of(model).held(context + tokens_per_seq) * kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) \
+    kv = batch * AttentionWindow.of(model, honoured=True).held(context + tokens_per_seq) * kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) \
         * kv_share_per_gpu(model, plan)
     memory = (weights_read + kv) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
     comm_bytes = comm_bytes_per_layer(layout, tokens=tokens, d_model=model.hidden_size, d_ff=model.ffn_hidden_size,
@@ -109,7 +110,7 @@ def max_context_tokens(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, 
     """Longest context whose KV cache for `batch` sequences fits in kv_fraction of each chip's HBM."""
     per_token = kv_bytes_per_token_per_layer(model, plan.kv_dtype.bytes_per_element) * model.num_layers \
         * kv_share_per_gpu(model, plan)
-    window = AttentionWindow.of(model)
+    window = AttentionWindow.of(model, honoured=True)
     longest = window.max_context(cluster.gpu.hbm_bytes * kv_fraction / per_token / batch)
     if math.isinf(longest):
         raise ParaplanError(f"every layer of {model.name} attends to a {window.window}-token window: its KV cache "

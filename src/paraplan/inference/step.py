@@ -74,7 +74,7 @@ class AttentionWindow:
     share: float = 0.0   # fraction of the layers that are windowed
 
     @classmethod
-    def of(cls, model: ModelSpec, honoured: bool = True) -> AttentionWindow:
+    def of(cls, model: ModelSpec, honoured: bool) -> AttentionWindow:
         """The model's windows; none where the engine runs every layer as full attention."""
         if not honoured or not model.sliding_window or not model.num_sliding_window_layers:
             return cls()
@@ -87,12 +87,14 @@ class AttentionWindow:
         return (1.0 - self.share) * context + self.share * min(context, self.window)
 
     def held_paged(self, context: int, page_tokens: int) -> float:
-        """The same in whole KV pages per layer group."""
+        """The same in whole KV pages per layer group: a window of w tokens that does not
+        start on a page boundary spans up to ceil((w − 1)/page) + 1 pages."""
         def pages(n: float) -> float:
             return math.ceil(n / page_tokens) * page_tokens
         if not self.window:
             return pages(context)
-        return (1.0 - self.share) * pages(context) + self.share * pages(min(context, self.window))
+        span = (math.ceil((self.window - 1) / page_tokens) + 1) * page_tokens
+        return (1.0 - self.share) * pages(context) + self.share * min(pages(context), span)
 
     def prefill_pairs(self, done: int, chunk: int) -> float:
         """(query, key) pairs of prefilling `chunk` prompt tokens after `done`: c·(d + c/2)

@@ -43,7 +43,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=_positive_int, default=None,
                    help="global batch in sequences (default: dp × mb × max(pp, 1) × 2)")
     g.add_argument("--precision", default="bf16",
-                   help="bf16 (default; GPU runs compute in bf16, CPU runs in fp32), fp16, fp8 (prediction only)")
+                   help="bf16 (default; GPU runs compute in bf16, CPU runs in fp32 and are predicted as fp32), "
+                        "fp16, fp8 (prediction only)")
     g = p.add_argument_group("plan (as in `paraplan estimate`; world size = tp × pp × dp)")
     for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel (default 1)"),
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
