@@ -4,8 +4,9 @@
     python benchmarks/bench_search.py --json     # one JSON object per case, in a list
     python benchmarks/bench_search.py --repeat 3 # best of 3 (presets are cached after the first)
 
-Cases: GPT-3 175B on 1,024 H100 (seq 2048, global batch 1536) and the CLI's default,
-Llama 3 70B on 512 H100 (seq 8192, 4M-token batch = 512 sequences). Each line reports the
+Cases: GPT-3 175B on 1,024 H100 (seq 2048, global batch 1536), the CLI's default,
+Llama 3 70B on 512 H100 (seq 8192, 4M-token batch = 512 sequences), and a mixture of
+experts with its expert axes, DeepSeek-V3 on 1,024 H100 (FP8, seq 4096, batch 8192). Each line reports the
 candidate plans enumerated, how many were valid and fit in memory, the wall time of the
 whole search (enumeration, vectorized cost model, event-simulated re-timing of the top
 candidates) and candidates per second. Timings belong here, never in unit tests.
@@ -26,19 +27,20 @@ import numpy as np  # noqa: E402
 
 from paraplan.search.planner import search  # noqa: E402
 from paraplan.specs.catalog import load_cluster, load_model  # noqa: E402
-from paraplan.specs.workload import Workload  # noqa: E402
+from paraplan.specs.workload import Precision, Workload  # noqa: E402
 
 CASES = (
-    # (label, model preset, cluster preset, GPUs, seq, global batch in sequences)
-    ("gpt3-175b / 1024 x H100", "gpt3-175b", "dgx-h100", 1024, 2048, 1536),
-    ("llama3-70b / 512 x H100 (CLI default)", "llama3-70b", "dgx-h100", 512, 8192, 512),
+    # (label, model preset, cluster preset, GPUs, seq, global batch in sequences, precision)
+    ("gpt3-175b / 1024 x H100", "gpt3-175b", "dgx-h100", 1024, 2048, 1536, "bf16"),
+    ("llama3-70b / 512 x H100 (CLI default)", "llama3-70b", "dgx-h100", 512, 8192, 512, "bf16"),
+    ("deepseek-v3 / 1024 x H100, fp8 (MoE)", "deepseek-v3", "dgx-h100", 1024, 4096, 8192, "fp8"),
 )
 
 
-def run_case(label, model_name, cluster_name, num_gpus, seq, batch, repeat):
+def run_case(label, model_name, cluster_name, num_gpus, seq, batch, precision, repeat):
     model = load_model(model_name)
     cluster = load_cluster(cluster_name, num_gpus=num_gpus)
-    workload = Workload(global_batch_size=batch, seq_len=seq)
+    workload = Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision))
     best = None
     times = []
     for _ in range(repeat):

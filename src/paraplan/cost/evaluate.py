@@ -32,7 +32,7 @@ from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .comm import Collective, collective_time_s, p2p_time_s
 from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops, \
     moe_down_proj_flops
-from .moe import moe_layer_costs, moe_layers_on_stage
+from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
 from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s
 
 # Adam step traffic per parameter (bytes) and launches, by implementation. Fused: read fp32
@@ -107,37 +107,207 @@ class PlanCosts:
         return self.time.total
 
 
-def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> PlanCosts:
-    gpu = cluster.gpu
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """What a plan makes of the model on one GPU: the sizes both the memory model and the
+    time model read (floats or numpy arrays over a batch of plans)."""
+
+    precision: Precision
+    act_bytes: float        # bytes per activation element (16-bit unless fp32/tf32)
+    wide: bool              # a 32-bit workload
+    fp32_params: object     # 32-bit parameter shards (the plan's knob, or a 32-bit workload)
+    grad_reduce_fp32: object
+    t: object
+    p: object
+    d: object
+    c: object
+    v: object
+    m: object               # micro-batches per step
+    T: object               # tokens per micro-batch on one CP rank
+    sp: object
+    sp_div: object          # TP when sequence parallel, else 1
+    rc: object
+    zc: object
+    L_s: object             # layers of the critical stage
+    L_first: object
+    L_last: object
+    only: object            # one pipeline stage
+    w_moe: object           # share of the stage's layers that are MoE layers
+    w_dense: object
+    k_rc: object            # first-k: layers recomputed per stage
+    rc_layers: object       # layers re-run whole per stage and micro-batch
+    S: object               # ZeRO-3 shard group (dp_shard × CP)
+    R: object               # HSDP replicas
+    edp: object             # expert data-parallel group
+    e_stride: object
+    dense_layer_params: object
+    layer_params: object    # one layer's non-expert parameters on this TP rank
+    expert_params: object   # one (average) layer's routed experts on this rank
+    params_stage_first: object
+    params_stage_last: object
+    params_stage: object
+    expert_stage: object
+    is_z3: object
+    is_z2: object
+    gather_bytes: object    # bytes per parameter all-gathered
+    reduce_bytes: object    # bytes per gradient reduced
+    shard: object           # optimizer-state shard of the dense parameters
+    shard_e: object         # and of the experts
+    offload: object
+
+
+def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     prec = Precision(workload.precision)
-    act_prec = Precision.BF16 if prec is Precision.FP8 else prec
-    ab = prec.activation_bytes  # bytes per activation element (16-bit unless fp32/tf32)
+    ab = prec.activation_bytes
     # a 32-bit workload has 32-bit parameters (no 16-bit copy, the master is the weight) and
     # reduces 32-bit gradients, whatever the plan's mixed-precision knobs say
     wide = ab >= 4.0
-    fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
-    grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
-    s = workload.seq_len
-    h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
-    qd, kvd = model.q_dim, model.kv_dim
     t, p, d, c, v, b = (_f(plan.tp), _f(plan.pp), _f(plan.dp), _f(plan.cp), _f(plan.vp),
                         _f(plan.micro_batch_size))
     sp = np.asarray(plan.sequence_parallel, dtype=bool)
-    akc = np.asarray(plan.attention_code)
-    flash = akc != AttentionKernel.UNFUSED.code
     rc = np.asarray(plan.recompute_code)
     zc = np.asarray(plan.zero_code)
-    sc = np.asarray(plan.schedule_code)
-    m = np.floor(workload.global_batch_size / (d * b))
-    T = b * s / c
     # layers on the critical stage: ceil(l / (p·v)) per chunk × v chunks (uneven splits
     # put the slack on the first/last stages)
     L_s = np.ceil(model.num_layers / (p * v)) * v
-    sp_div = np.where(sp, t, 1.0)
-    # MoE: per-layer quantities below are averages over the critical stage's layers, a share
+    # Chunk slots left over by ceil(l/(p·v)) go to the embedding and the loss: the last stage
+    # holds one layer fewer when the split leaves a slot, the first one fewer when it leaves
+    # two (Megatron-Core --account-for-embedding/loss-in-pipeline-split; Llama 3 405B's
+    # 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2). Further slack stays on the
+    # middle stages' count (conservative).
+    only = p == 1
+    slack = np.where(only, 0.0, p * v * np.ceil(model.num_layers / (p * v)) - model.num_layers)
+    # MoE: per-layer quantities are averages over the critical stage's layers, a share
     # w_moe of which are MoE layers (moe.py) and w_dense have the dense MLP
     w_moe = moe_layers_on_stage(model, L_s) / L_s
     w_dense = 1.0 - w_moe
+    k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
+    dense_layer_params = (model.attn_params_per_layer + model.norm_params_per_layer
+                          + w_dense * model.mlp_params_per_layer + w_moe * model.moe_dense_params_per_moe_layer)
+    ep_etp = _f(plan.ep) * _f(plan.etp)
+    # routed experts: this rank's shard, replicated over the expert data-parallel group EDP
+    expert_params = w_moe * model.expert_params_per_moe_layer / ep_etp
+    L_last = L_s - np.minimum(slack, 1.0)
+    L_first = L_s - np.clip(slack - 1.0, 0.0, 1.0)
+    params_stage_first = (L_first * dense_layer_params + model.embedding_params
+                          + np.where(only, model.lm_head_params + model.hidden_size, 0.0)) / t
+    params_stage_last = (L_last * dense_layer_params + model.lm_head_params + model.hidden_size
+                         + np.where(only, model.embedding_params, 0.0)) / t
+    S = _f(plan.dp_shard) * c
+    edp = t * c * d / ep_etp
+    fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
+    grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
+    sharded = zc >= ZeroStage.OPTIMIZER.code
+    return Layout(
+        precision=prec, act_bytes=ab, wide=wide, fp32_params=fp32_params, grad_reduce_fp32=grad_reduce_fp32,
+        t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
+        sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
+        w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
+        S=S, R=d / _f(plan.dp_shard), edp=edp, e_stride=ep_etp,
+        dense_layer_params=dense_layer_params, layer_params=dense_layer_params / t, expert_params=expert_params,
+        params_stage_first=params_stage_first, params_stage_last=params_stage_last,
+        params_stage=np.maximum(params_stage_first, params_stage_last),
+        expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
+        is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
+        gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
+        reduce_bytes=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
+        shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp, 1.0),
+        offload=np.asarray(plan.offload_optimizer, dtype=bool))
+
+
+def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """(MemoryBreakdown, host bytes) of a plan or batch, without its time: what the search
+    checks before it times only the plans that fit. evaluate() reports the same."""
+    lay = layout(model, workload, plan)
+    moe = moe_activation_bytes(model, workload, plan, lay.T, lay.t, lay.precision) if model.is_moe else (0.0, 0.0)
+    return _memory(model, cluster, workload, plan, lay, moe)
+
+
+def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
+    """Memory on the worst pipeline stage; `moe_activations`: an MoE layer's stored bytes
+    and the part of them its activation function's outputs are (moe.py)."""
+    gpu = cluster.gpu
+    s, h = workload.seq_len, model.hidden_size
+    prec, ab, rc, zc, T, m, t, p = lay.precision, lay.act_bytes, lay.rc, lay.zc, lay.T, lay.m, lay.t, lay.p
+    sp_div, L_s, L_first, L_last, only = lay.sp_div, lay.L_s, lay.L_first, lay.L_last, lay.only
+    w_moe, w_dense, k_rc, S, edp = lay.w_moe, lay.w_dense, lay.k_rc, lay.S, lay.edp
+    is_z3, offload, shard, shard_e = lay.is_z3, lay.offload, lay.shard, lay.shard_e
+    expert_stage, dense_layer_params = lay.expert_stage, lay.dense_layer_params
+    layer_params, expert_params, gather_bytes = lay.layer_params, lay.expert_params, lay.gather_bytes
+    params_stage_first, params_stage_last = lay.params_stage_first, lay.params_stage_last
+    logits_el = T * model.vocab_size / t
+    moe_act, moe_act_fn_out = moe_activations
+    stored, none_act, sel_act = mem.layer_activation_bytes(
+        model, plan, s, recompute_code=rc, mlp_weight=w_dense, extra_bytes=w_moe * moe_act,
+        modules_extra_saving=w_moe * moe_act_fn_out, precision=prec)
+    inflight = mem.inflight_microbatches(plan, m)
+    per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
+                                (k_rc * ab * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
+                                stored)
+    recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
+    acts_first = inflight * L_first * per_layer_stored + recompute_working + inflight * ab * T * h / sp_div
+    acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + recompute_working
+    logits = mem.logits_bytes_per_element(prec) * logits_el
+
+    # fp32 parameter shards (FSDP with autocast, Composer "DEFAULT"): the shard is the fp32
+    # master copy, so the optimizer keeps only the two moments: 16 bytes/param, not 18
+    fp32p = lay.fp32_params
+    w_bytes = np.where(fp32p, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
+    o_bytes = np.where(fp32p, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
+
+    def states(params):
+        w = w_bytes * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
+        g = mem.GRAD_BYTES * (params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
+                              + expert_stage / np.where(zc >= ZeroStage.GRADIENTS.code, edp, 1.0))
+        o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
+        # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
+        host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
+        return w, g, o, host
+
+    w1, g1, o1, host1 = states(params_stage_first)
+    wl, gl, ol, hostl = states(params_stage_last)
+    # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
+    # outgrows the first when the embedding took one of the first stage's layer slots
+    wm, gm, om, hostm = states(L_s * dense_layer_params / t)
+    acts_mid = np.maximum(inflight - 1.0, 1.0) * L_s * per_layer_stored + recompute_working
+    has_mid = p > 2
+    host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
+    lo1 = np.where(only, logits, 0.0)
+    tot1 = w1 + g1 + o1 + acts_first + lo1
+    totl = wl + gl + ol + acts_last + logits
+    totm = np.where(has_mid, wm + gm + om + acts_mid, 0.0)
+    worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
+    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * (fp32p & (not lay.wide))
+                                                       + mem.GRAD_BYTES), 0.0)
+    pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
+    weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)
+    acts, lg = pick(acts_first, acts_last, acts_mid), pick(lo1, logits, 0.0)
+    alloc = weights + grads + opt + acts + lg + buffers
+    memory = MemoryBreakdown(
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=acts,
+        logits_bytes=lg, comm_buffers_bytes=buffers,
+        fragmentation_bytes=gpu.allocator_fragmentation * alloc,
+        reserved_bytes=np.full(np.shape(alloc), gpu.reserved_bytes) if np.ndim(alloc) else gpu.reserved_bytes,
+    )
+    return memory, host_bytes
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> PlanCosts:
+    gpu = cluster.gpu
+    lay = layout(model, workload, plan)
+    prec, ab, wide, fp32_params = lay.precision, lay.act_bytes, lay.wide, lay.fp32_params
+    act_prec = Precision.BF16 if prec is Precision.FP8 else prec
+    s = workload.seq_len
+    h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
+    qd, kvd = model.q_dim, model.kv_dim
+    t, p, d, c, v, m, T = lay.t, lay.p, lay.d, lay.c, lay.v, lay.m, lay.T
+    sp, sp_div = lay.sp, lay.sp_div
+    akc = np.asarray(plan.attention_code)
+    flash = akc != AttentionKernel.UNFUSED.code
+    rc, zc = lay.rc, lay.zc
+    sc = np.asarray(plan.schedule_code)
+    L_s, L_first, L_last, only = lay.L_s, lay.L_first, lay.L_last, lay.only
+    w_moe, w_dense = lay.w_moe, lay.w_dense
     zeros = 0.0 * L_s
     mc = moe_layer_costs(model, cluster, workload, plan, T, t, prec) if model.is_moe else None
     moe_fwd, moe_bwd, moe_wgrad = (w_moe * mc.fwd_compute_s, w_moe * mc.bwd_compute_s, w_moe * mc.wgrad_s) \
@@ -239,19 +409,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     cp_bwd_exp = np.where(on, np.where(is_ag, ag_bwd_exp, np.where(is_a2a, uly, ring_bwd_exp)), 0.0)
 
     # ---------------- ZeRO-3 / FSDP per-layer traffic ----------------
-    S = _f(plan.dp_shard) * c
-    R = d / _f(plan.dp_shard)
-    dense_layer_params = (model.attn_params_per_layer + model.norm_params_per_layer
-                          + w_dense * model.mlp_params_per_layer + w_moe * model.moe_dense_params_per_moe_layer)
-    layer_params = dense_layer_params / t
-    # routed experts: this rank's shard, replicated over the expert data-parallel group EDP
-    expert_params = w_moe * model.expert_params_per_moe_layer / (_f(plan.ep) * _f(plan.etp))
-    edp = t * c * d / (_f(plan.ep) * _f(plan.etp))
-    e_stride = _f(plan.ep) * _f(plan.etp)
-    is_z3 = zc == ZeroStage.PARAMETERS.code
-    is_z2 = zc == ZeroStage.GRADIENTS.code
-    gather_bytes = np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
-    reduce_bytes = np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES)
+    S, R, edp, e_stride = lay.S, lay.R, lay.edp, lay.e_stride
+    layer_params, expert_params = lay.layer_params, lay.expert_params
+    is_z3, is_z2 = lay.is_z3, lay.is_z2
+    gather_bytes, reduce_bytes = lay.gather_bytes, lay.reduce_bytes
     fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t)
     fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t)
     if mc:
@@ -285,8 +446,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # whose input the activation function already produced) and its output reduction are not
     # re-run. The exposed TP/CP of recomputation is reported as TP/CP time, not recompute.
     early = np.asarray(plan.checkpoint_early_stop, dtype=bool)
-    k_rc = np.where(rc == Recompute.FIRST_K.code, _f(plan.recompute_num_layers), 0.0)
-    rc_layers = np.where(rc == Recompute.FULL.code, L_s, k_rc)
+    rc_layers = lay.rc_layers
     last_gemm = w_dense * g_down + (w_moe * mc.last_gemm_s if mc else zeros)
     rc_compute_stage = (rc_layers * (layer_fwd - np.where(early, last_gemm, 0.0))
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * attn_fwd, 0.0)
@@ -350,15 +510,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 
-    # Chunk slots left over by ceil(l/(p·v)) go to the embedding and the loss: the last stage
-    # holds one layer fewer when the split leaves a slot, the first one fewer when it leaves
-    # two (Megatron-Core --account-for-embedding/loss-in-pipeline-split; Llama 3 405B's
-    # 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2). Further slack stays on the
-    # middle stages' count (conservative).
-    only = p == 1
-    slack = np.where(only, 0.0, p * v * np.ceil(model.num_layers / (p * v)) - model.num_layers)
-    L_last = L_s - np.minimum(slack, 1.0)
-    L_first = L_s - np.clip(slack - 1.0, 0.0, 1.0)
     # recomputation scales with the stage's layers, except first-k's fixed k per stage
     rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
 
@@ -391,12 +542,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     pp_exposed = np.where(only, 0.0, 2.0 * (p * v - 1.0) * p2p)
 
     # ---------------- data-parallel gradient sync and optimizer ----------------
-    params_stage_first = (L_first * dense_layer_params + model.embedding_params
-                          + np.where(only, model.lm_head_params + h, 0.0)) / t
-    params_stage_last = (L_last * dense_layer_params + model.lm_head_params + h
-                         + np.where(only, model.embedding_params, 0.0)) / t
-    expert_stage = L_s * expert_params  # the same on every stage (0 for a dense model)
-    params_stage = np.maximum(params_stage_first, params_stage_last)
+    expert_stage, params_stage = lay.expert_stage, lay.params_stage
     grad_bytes = reduce_bytes * params_stage
     dp_group = d * c
     dp_stride = t
@@ -438,9 +584,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     zero_mb_exposed = m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z3_first
     zero_mb_overlapped = m * L_s * ((z3_fwd - z3_fwd_exp) + (z3_bwd - z3_bwd_exp))
 
-    shard = np.where(zc >= ZeroStage.OPTIMIZER.code, S, 1.0)
-    opt_params = params_stage / shard + expert_stage / np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
-    offload = np.asarray(plan.offload_optimizer, dtype=bool)
+    opt_params = params_stage / lay.shard + expert_stage / lay.shard_e
+    offload = lay.offload
     adam_bytes, adam_kernels = ADAM_STEP[workload.optimizer]
     opt_gpu = memory_bound_time_s(gpu, adam_bytes * opt_params, adam_kernels)
     opt_host = (opt_params * (mem.GRAD_BYTES + mem.WEIGHT_BYTES) / gpu.host_link_bw_unidir_bytes_per_s
@@ -478,62 +623,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
         "DP/ZeRO collectives": time.dp_comm_s,
     }
 
-    # ---------------- memory on the worst stage ----------------
-    stored, none_act, sel_act = mem.layer_activation_bytes(
-        model, plan, s, recompute_code=rc, mlp_weight=w_dense,
-        extra_bytes=w_moe * mc.activation_bytes if mc else 0.0,
-        modules_extra_saving=w_moe * mc.act_fn_out_bytes if mc else 0.0, precision=prec)
-    inflight = mem.inflight_microbatches(plan, m)
-    per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
-                                (k_rc * ab * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
-                                stored)
-    recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
-    acts_first = inflight * L_first * per_layer_stored + recompute_working + inflight * ab * T * h / sp_div
-    acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + recompute_working
-    logits = mem.logits_bytes_per_element(prec) * logits_el
-
-    shard_e = np.where(zc >= ZeroStage.OPTIMIZER.code, edp, 1.0)
-
-    # fp32 parameter shards (FSDP with autocast, Composer "DEFAULT"): the shard is the fp32
-    # master copy, so the optimizer keeps only the two moments: 16 bytes/param, not 18
-    fp32p = fp32_params
-    w_bytes = np.where(fp32p, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
-    o_bytes = np.where(fp32p, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
-
-    def states(params):
-        w = w_bytes * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
-        g = mem.GRAD_BYTES * (params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
-                              + expert_stage / np.where(zc >= ZeroStage.GRADIENTS.code, edp, 1.0))
-        o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
-        # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
-        host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
-        return w, g, o, host
-
-    w1, g1, o1, host1 = states(params_stage_first)
-    wl, gl, ol, hostl = states(params_stage_last)
-    # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
-    # outgrows the first when the embedding took one of the first stage's layer slots
-    wm, gm, om, hostm = states(L_s * dense_layer_params / t)
-    acts_mid = np.maximum(inflight - 1.0, 1.0) * L_s * per_layer_stored + recompute_working
-    has_mid = p > 2
-    host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
-    lo1 = np.where(only, logits, 0.0)
-    tot1 = w1 + g1 + o1 + acts_first + lo1
-    totl = wl + gl + ol + acts_last + logits
-    totm = np.where(has_mid, wm + gm + om + acts_mid, 0.0)
-    worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
-    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * (fp32_params & (not wide))
-                                                       + mem.GRAD_BYTES), 0.0)
-    pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
-    weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)
-    acts, lg = pick(acts_first, acts_last, acts_mid), pick(lo1, logits, 0.0)
-    alloc = weights + grads + opt + acts + lg + buffers
-    memory = MemoryBreakdown(
-        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=acts,
-        logits_bytes=lg, comm_buffers_bytes=buffers,
-        fragmentation_bytes=gpu.allocator_fragmentation * alloc,
-        reserved_bytes=np.full(np.shape(alloc), gpu.reserved_bytes) if np.ndim(alloc) else gpu.reserved_bytes,
-    )
+    memory, host_bytes = _memory(model, cluster, workload, plan, lay,
+                                 (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
 
     # hardware FLOPs per GPU per step (incl. recomputation), for HFU
     # per-rank FLOPs of an average layer: expert FLOPs split over the EP group like the tokens

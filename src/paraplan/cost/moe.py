@@ -145,19 +145,33 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
     a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
 
-    # ---- stored activations (bytes): router probabilities (fp32), the experts' permuted
-    # input, activation input and output, and the expert outputs the weighted combine needs;
-    # shared experts like a dense MLP of f_sh (the layer's input after its norm is counted
-    # with the dense terms, memory.py). GEMM inputs are saved in FP8 under FP8 training.
-    gi = saved_gemm_input_bytes(prec)
-    routed = (4.0 * 2.0 * T_r * E
-              + act_rows * (gi * h + (ab * n_up * fe + gi * fe) / etp)
-              + ab * lam * copies * h)
-    shared_act = _f(tokens) * (ab * n_up * fsh + gi * fsh) / t
-    act_out = act_rows * gi * fe / etp
+    stored, act_out = moe_activation_bytes(model, workload, plan, tokens, tp, prec)
     return MoELayerCosts(
         act_fn_out_bytes=act_out, act_fn_fwd_s=act_ew,
         fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
         expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,
         a2a_fwd_s=a2a_fwd, a2a_fwd_exposed_s=a2a_fwd_exp, a2a_bwd_s=a2a_bwd, a2a_bwd_exposed_s=a2a_bwd_exp,
-        activation_bytes=routed + shared_act)
+        activation_bytes=stored)
+
+
+def moe_activation_bytes(model: ModelSpec, workload: Workload, plan, tokens, tp, prec: Precision):
+    """(stored bytes, of which the experts' activation-function outputs) of one MoE layer
+    and micro-batch on the busiest rank: router probabilities (fp32), the experts' permuted
+    input, activation input and output, and the expert outputs the weighted combine needs;
+    shared experts like a dense MLP of f_sh (the layer's input after its norm is counted with
+    the dense terms, memory.py). GEMM inputs are saved in FP8 under FP8 training."""
+    h, E, k, fe = model.hidden_size, model.num_experts, model.top_k, model.moe_ffn_hidden_size
+    fsh = model.shared_expert_ffn_hidden_size
+    n_up = model.num_mlp_matrices - 1
+    t, etp = _f(tp), _f(plan.etp)
+    ab = prec.activation_bytes
+    lam = load_factor(workload, plan)
+    T_r = _f(tokens) / t
+    copies = T_r * k
+    act_rows = lam * etp * copies  # token rows through this rank's expert shards
+    gi = saved_gemm_input_bytes(prec)
+    routed = (4.0 * 2.0 * T_r * E
+              + act_rows * (gi * h + (ab * n_up * fe + gi * fe) / etp)
+              + ab * lam * copies * h)
+    shared_act = _f(tokens) * (ab * n_up * fsh + gi * fsh) / t
+    return routed + shared_act, act_rows * gi * fe / etp

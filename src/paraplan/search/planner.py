@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..cost.estimate import Estimate, finish
-from ..cost.evaluate import evaluate
+from ..cost.evaluate import evaluate, plan_memory
 from ..cost.memory import fits as plan_fits
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
@@ -59,9 +59,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     def flush(batches):
         nonlocal n_fit, n_device_fit, best_mem
         batch = PlanBatch.concat(batches)
-        costs = evaluate(model, cluster, workload, batch)
-        mem_total = np.asarray(costs.memory.total)
-        fits = plan_fits(cluster, mem_total, costs.host_bytes)
+        # memory first (a fraction of the cost): only the plans that fit are timed
+        memory, host_bytes = plan_memory(model, cluster, workload, batch)
+        mem_total = np.asarray(memory.total)
+        fits = plan_fits(cluster, mem_total, host_bytes)
         n_fit += int(fits.sum())
         n_device_fit += int((mem_total <= cluster.gpu.hbm_bytes).sum())
         if not require_fit:
@@ -70,8 +71,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         if best_mem is None or mem_total[i_min] < best_mem[0]:
             best_mem = (float(mem_total[i_min]), batch.plan(i_min))
         if fits.any():
-            step = np.asarray(costs.time.total)[fits]
             sub = batch.take(np.flatnonzero(fits))
+            step = np.asarray(evaluate(model, cluster, workload, sub).time.total)
             k = min(resimulate, len(step))
             idx = np.argpartition(step, k - 1)[:k]
             keep_batches.append(sub.take(idx))

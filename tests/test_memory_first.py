@@ -1,0 +1,42 @@
+"""The search checks memory before it times a plan: plan_memory must be evaluate's memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paraplan.cost.evaluate import evaluate, plan_memory
+from paraplan.cost.memory import fits
+from paraplan.plan.space import PlanBatch, SpaceLimits, enumerate_space
+from paraplan.search.planner import search
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+
+@pytest.mark.parametrize("name,gpus,prec", [("llama3-70b", 64, Precision.BF16), ("qwen3-30b-a3b", 16, Precision.FP8),
+                                            ("deepseek-v3", 64, Precision.FP8), ("llama3-8b", 16, Precision.FP32)])
+def test_plan_memory_is_evaluates_memory(name, gpus, prec):
+    model, cluster = load_model(name), load_cluster("dgx-h100", num_gpus=gpus)
+    wl = Workload(global_batch_size=256, seq_len=4096, precision=prec)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits()) if len(b)])
+    rng = np.random.default_rng(1)
+    sample = batch.take(np.sort(rng.choice(len(batch), size=min(len(batch), 3000), replace=False)))
+    memory, host = plan_memory(model, cluster, wl, sample)
+    costs = evaluate(model, cluster, wl, sample)
+    for part, value in memory.parts().items():
+        np.testing.assert_array_equal(value, costs.memory.parts()[part], err_msg=part)
+    np.testing.assert_array_equal(host, costs.host_bytes)
+
+
+def test_the_search_counts_and_ranks_what_fits():
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=32)
+    wl = Workload(global_batch_size=64, seq_len=8192)
+    res = search(model, cluster, wl, top_k=5, resimulate=8)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits()) if len(b)])
+    costs = evaluate(model, cluster, wl, batch)
+    ok = fits(cluster, np.asarray(costs.memory.total), costs.host_bytes)
+    assert res.num_fit == int(ok.sum()) > 0
+    # the fastest plan that fits by the closed form is among those the search re-timed
+    best = float(np.min(np.asarray(costs.time.total)[ok]))
+    assert min(e.step_time_s for e in res.ranked) <= best * 1.05
+    assert all(e.memory.total <= cluster.gpu.hbm_bytes for e in res.ranked)
