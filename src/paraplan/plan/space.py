@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -276,12 +276,69 @@ def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits,
     return out
 
 
+@dataclass(frozen=True, eq=False)
+class SpaceBlock:
+    """The candidates of one (TP, CP, PP, DP) layout, not yet expanded: `rows` (one per
+    schedule, recomputation, ZeRO, ... choice) × `experts` × micro-batch sizes. Cheap to
+    hold; `materialize` builds the PlanBatch and drops the invalid plans."""
+
+    rows: np.ndarray          # int64, one row per choice (column order: see materialize)
+    experts: tuple            # (ep, etp, capacity factor, hierarchical a2a, EP overlap)
+    micro_batches: tuple
+    kernel_code: int
+    limits: SpaceLimits
+
+    @property
+    def num_candidates(self) -> int:
+        return len(self.rows) * len(self.experts) * len(self.micro_batches)
+
+    def parts(self, max_candidates: int):
+        """The block in slices of its rows of at most about `max_candidates` plans each."""
+        per_row = len(self.experts) * len(self.micro_batches)
+        step = max(1, max_candidates // per_row)
+        for i in range(0, len(self.rows), step):
+            yield replace(self, rows=self.rows[i:i + step])
+
+    def materialize(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
+        """(PlanBatch of the valid plans, number rejected)."""
+        limits = self.limits
+        arr = np.repeat(self.rows, len(self.experts), axis=0)
+        ex = np.tile(np.array(self.experts, dtype=float), (len(self.rows), 1))
+        nm = len(self.micro_batches)
+        mb_col = np.tile(np.array(self.micro_batches, dtype=np.int64), len(arr))
+        ex = np.repeat(ex, nm, axis=0)
+        arr = np.repeat(arr, nm, axis=0)
+        n = len(arr)
+        batch = PlanBatch(
+            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], cp_comm_type_code=arr[:, 13], vp=arr[:, 4],
+            micro_batch_size=mb_col,
+            schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
+            sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
+            offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(n, dtype=bool),
+            tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(n, self.kernel_code, dtype=np.int64),
+            grad_reduce_fp32=np.full(n, limits.grad_reduce_fp32),
+            fp32_params=np.full(n, limits.fp32_params),
+            checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
+            tp_async_backward=np.full(n, limits.tp_async_backward),
+            ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
+            a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
+        bad = invalid_mask(batch, model, cluster, workload)
+        return batch.take(~bad), int(bad.sum())
+
+
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                     limits: SpaceLimits = SpaceLimits(), fixed: dict | None = None):
     """Yield PlanBatch chunks covering every valid plan (plus the count of rejected ones).
 
     `fixed` pins axes (e.g. {"tp": 8}). Yields (batch_of_valid_plans, num_rejected).
     """
+    for block in space_blocks(model, cluster, workload, limits, fixed):
+        yield block.materialize(model, cluster, workload)
+
+
+def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+                 limits: SpaceLimits = SpaceLimits(), fixed: dict | None = None) -> list[SpaceBlock]:
+    """The plan space as one SpaceBlock per (TP, CP, PP, DP) layout that has candidates."""
     fixed = dict(fixed or {})
     allowed_fixed = {"tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size"}
     for key in fixed:
@@ -309,6 +366,7 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 if gbs % dp or fixed.get("dp", dp) != dp:
                     continue
                 outer.append((tp, cp, pp, dp))
+    blocks = []
     for tp, cp, pp, dp in outer:
         rows = []
         per_dp = gbs // dp
@@ -353,30 +411,11 @@ def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                                             for cpc in cpcs:
                                                 rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
                                                              zero.code, shard, off, tpov, cpc))
-        if not rows:
+        if not rows or not mbs:
             continue
-        arr = np.array(rows, dtype=np.int64)
         experts = _expert_choices(model, cluster, limits, fixed, tp, cp, dp)
         if not experts:
             continue
-        arr = np.repeat(arr, len(experts), axis=0)
-        ex = np.tile(np.array(experts, dtype=float), (len(rows), 1))
-        nm = len(mbs)
-        mb_col = np.tile(np.array(mbs, dtype=np.int64), len(arr))
-        ex = np.repeat(ex, nm, axis=0)
-        arr = np.repeat(arr, nm, axis=0)
-        batch = PlanBatch(
-            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], cp_comm_type_code=arr[:, 13], vp=arr[:, 4],
-            micro_batch_size=mb_col,
-            schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
-            sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
-            offload_optimizer=arr[:, 11].astype(bool), dp_overlap=np.ones(len(arr), dtype=bool),
-            tp_overlap=arr[:, 12].astype(bool), attention_code=np.full(len(arr), kernel.code, dtype=np.int64),
-            grad_reduce_fp32=np.full(len(arr), limits.grad_reduce_fp32),
-            fp32_params=np.full(len(arr), limits.fp32_params),
-            checkpoint_early_stop=np.full(len(arr), limits.checkpoint_early_stop),
-            tp_async_backward=np.full(len(arr), limits.tp_async_backward),
-            ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
-            a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
-        bad = invalid_mask(batch, model, cluster, workload)
-        yield batch.take(~bad), int(bad.sum())
+        blocks.append(SpaceBlock(rows=np.array(rows, dtype=np.int64), experts=tuple(experts),
+                                 micro_batches=tuple(mbs), kernel_code=kernel.code, limits=limits))
+    return blocks

@@ -14,7 +14,7 @@ from ..cost.evaluate import evaluate, plan_memory
 from ..cost.memory import fits as plan_fits
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
-from ..plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space
+from ..plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space, space_blocks
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -40,7 +40,8 @@ class SearchResult:
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits = SpaceLimits(),
            fixed: dict | None = None, top_k: int = 10, resimulate: int = 64, progress=None,
            require_fit: bool = True) -> SearchResult:
-    """Rank plans by simulated step time; `progress(done, total)` is called per chunk.
+    """Rank plans by simulated step time; `progress(done, total)` (candidate plans) is called
+    per layout.
 
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
     """
@@ -51,8 +52,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     n_cand = n_valid = n_fit = n_device_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
-    chunks = list(enumerate_space(model, cluster, workload, limits, fixed))
-    total = sum(len(b) for b, _ in chunks) or 1
+    # the layouts first (cheap), each expanded into plans only when its turn comes, so that
+    # at most about one chunk of plans is held at once
+    blocks = space_blocks(model, cluster, workload, limits, fixed)
+    total = sum(b.num_candidates for b in blocks) or 1
     done = 0
     pending: list[PlanBatch] = []
 
@@ -79,7 +82,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
             keep_times.append(step[idx])
 
     size = 0
-    for batch, n_rej in chunks:
+    for part in (part for block in blocks for part in block.parts(CHUNK)):
+        batch, n_rej = part.materialize(model, cluster, workload)
         n_cand += len(batch) + n_rej
         n_valid += len(batch)
         if len(batch):
@@ -88,7 +92,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         if size >= CHUNK:
             flush(pending)
             pending, size = [], 0
-        done += len(batch)
+        done += part.num_candidates
         if progress:
             progress(done, total)
     if pending:
