@@ -40,3 +40,18 @@ def test_the_search_counts_and_ranks_what_fits():
     best = float(np.min(np.asarray(costs.time.total)[ok]))
     assert min(e.step_time_s for e in res.ranked) <= best * 1.05
     assert all(e.memory.total <= cluster.gpu.hbm_bytes for e in res.ranked)
+
+
+def test_the_ranking_does_not_depend_on_how_the_space_is_chunked(monkeypatch):
+    """Plans tied on time (ZeRO 0/1/2 with offload on one GPU row, TP overlap on or off)
+    are kept in enumeration order, whatever the chunk size."""
+    import paraplan.search.planner as planner
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=64, seq_len=4096)
+    ranked = {}
+    for chunk in (planner.CHUNK, 5000, 777):
+        monkeypatch.setattr(planner, "CHUNK", chunk)
+        res = search(model, cluster, wl, top_k=20, resimulate=32)
+        ranked[chunk] = [(e.plan, e.step_time_s) for e in res.ranked]
+    first, *others = ranked.values()
+    assert all(o == first for o in others)

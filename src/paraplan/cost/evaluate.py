@@ -116,7 +116,6 @@ class Layout:
     act_bytes: float        # bytes per activation element (16-bit unless fp32/tf32)
     wide: bool              # a 32-bit workload
     fp32_params: object     # 32-bit parameter shards (the plan's knob, or a 32-bit workload)
-    grad_reduce_fp32: object
     t: object
     p: object
     d: object
@@ -199,7 +198,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
     sharded = zc >= ZeroStage.OPTIMIZER.code
     return Layout(
-        precision=prec, act_bytes=ab, wide=wide, fp32_params=fp32_params, grad_reduce_fp32=grad_reduce_fp32,
+        precision=prec, act_bytes=ab, wide=wide, fp32_params=fp32_params,
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
@@ -292,7 +291,9 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     return memory, host_bytes
 
 
-def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> PlanCosts:
+def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *, memory=None) -> PlanCosts:
+    """Time, memory and the rest for a plan or a batch; `memory`: its (MemoryBreakdown, host
+    bytes) from plan_memory when the caller has them already (the search)."""
     gpu = cluster.gpu
     lay = layout(model, workload, plan)
     prec, ab, wide, fp32_params = lay.precision, lay.act_bytes, lay.wide, lay.fp32_params
@@ -623,8 +624,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
         "DP/ZeRO collectives": time.dp_comm_s,
     }
 
-    memory, host_bytes = _memory(model, cluster, workload, plan, lay,
-                                 (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
+    memory, host_bytes = memory if memory is not None else _memory(
+        model, cluster, workload, plan, lay, (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
 
     # hardware FLOPs per GPU per step (incl. recomputation), for HFU
     # per-rank FLOPs of an average layer: expert FLOPs split over the EP group like the tokens

@@ -41,7 +41,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
            fixed: dict | None = None, top_k: int = 10, resimulate: int = 64, progress=None,
            require_fit: bool = True) -> SearchResult:
     """Rank plans by simulated step time; `progress(done, total)` (candidate plans) is called
-    per layout.
+    per slice of the space.
 
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
     """
@@ -74,10 +74,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         if best_mem is None or mem_total[i_min] < best_mem[0]:
             best_mem = (float(mem_total[i_min]), batch.plan(i_min))
         if fits.any():
-            sub = batch.take(np.flatnonzero(fits))
-            step = np.asarray(evaluate(model, cluster, workload, sub).time.total)
+            if fits.all():
+                sub, known = batch, (memory, host_bytes)
+            else:
+                sel = np.flatnonzero(fits)
+                sub, known = batch.take(sel), (memory.select(sel), np.asarray(host_bytes)[sel])
+            step = np.asarray(evaluate(model, cluster, workload, sub, memory=known).time.total)
             k = min(resimulate, len(step))
-            idx = np.argpartition(step, k - 1)[:k]
+            # the k fastest, ties in enumeration order (a stable sort): which of several
+            # equally fast plans is shown must not depend on how the space is chunked
+            idx = np.argsort(step, kind="stable")[:k]
             keep_batches.append(sub.take(idx))
             keep_times.append(step[idx])
 
@@ -86,12 +92,12 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         batch, n_rej = part.materialize(model, cluster, workload)
         n_cand += len(batch) + n_rej
         n_valid += len(batch)
+        if pending and size + len(batch) > CHUNK:  # at most CHUNK plans per evaluation
+            flush(pending)
+            pending, size = [], 0
         if len(batch):
             pending.append(batch)
             size += len(batch)
-        if size >= CHUNK:
-            flush(pending)
-            pending, size = [], 0
         done += part.num_candidates
         if progress:
             progress(done, total)
