@@ -193,3 +193,12 @@ def test_pope_static_passes_see_the_windows():
     a = forward_pass(full, cluster, n=8, layout=Layout.WS_1D, plan=plan, batch=8, tokens_per_seq=1, context=100_000)
     b = forward_pass(half, cluster, n=8, layout=Layout.WS_1D, plan=plan, batch=8, tokens_per_seq=1, context=100_000)
     assert b.memory_s < 0.6 * a.memory_s  # half the layers read 2,048 of the 100,000 cached tokens
+
+
+def test_serve_says_how_it_serves_the_windows(capsys):
+    args = ["serve", "--model", "gpt-oss-120b", "--tp", "4", "--ep", "4", "--weights", "fp8", "--kv", "fp8",
+            "--prompt", "1024", "--output", "16", "--max-load", "--requests", "16"]
+    assert main(args) == 0
+    assert "18 of 36 layers attend to a 128-token window; served as full attention" in capsys.readouterr().out
+    assert main(args + ["--sliding-window-kv"]) == 0
+    assert "the engine keeps only that in their KV cache" in capsys.readouterr().out

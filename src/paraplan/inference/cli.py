@@ -132,6 +132,12 @@ def cmd_serve(args) -> int:
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
           f"{traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens at {load}; targets: "
           f"p90 TTFT ≤ {args.ttft_ms:g} ms, mean TPOT ≤ {args.tpot_ms:g} ms")
+    if model.sliding_window and model.num_sliding_window_layers:
+        print(f"{model.num_sliding_window_layers} of {model.num_layers} layers attend to a {model.sliding_window}-token "
+              + ("window, and the engine keeps only that in their KV cache (--sliding-window-kv)"
+                 if args.sliding_window_kv else
+                 "window; served as full attention, as TensorRT-LLM does by default (--sliding-window-kv: "
+                 "the engine keeps only the window)"))
     rows = []
     for e in res.ranked[:args.top]:
         rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
