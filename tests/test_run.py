@@ -77,8 +77,8 @@ def test_parallel_run_matches_single_process(name, reference, tmp_path, capfd):
         cfg = _cfg([*TINY, *flags])
         from dataclasses import replace as _replace
         from paraplan.specs.workload import Precision
-        plan = _replace(cfg.plan, fp32_params=True)  # a CPU run keeps fp32 parameters
-        wl = _replace(cfg.workload, precision=Precision.FP32)  # and computes in fp32
+        plan = cfg.plan
+        wl = _replace(cfg.workload, precision=Precision.FP32)  # a CPU run computes in fp32
         est = estimate(cfg.model, load_cluster("dgx-h100", num_gpus=world), wl, plan)
         assert report["predicted"]["step_time_s"] == pytest.approx(est.step_time_s)
         assert report["predicted"]["memory_bytes"] == pytest.approx(est.memory.total)

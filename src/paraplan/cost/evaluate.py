@@ -114,8 +114,8 @@ class Layout:
 
     precision: Precision
     act_bytes: float        # bytes per activation element (16-bit unless fp32/tf32)
-    wide: bool              # a 32-bit workload
     fp32_params: object     # 32-bit parameter shards (the plan's knob, or a 32-bit workload)
+    casts_gathered: object  # fp32 shards of a 16-bit workload: each gathered weight cast at use
     t: object
     p: object
     d: object
@@ -198,7 +198,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
     sharded = zc >= ZeroStage.OPTIMIZER.code
     return Layout(
-        precision=prec, act_bytes=ab, wide=wide, fp32_params=fp32_params,
+        precision=prec, act_bytes=ab, fp32_params=fp32_params, casts_gathered=fp32_params & (not wide),
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
@@ -248,11 +248,11 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + recompute_working
     logits = mem.logits_bytes_per_element(prec) * logits_el
 
-    # fp32 parameter shards (FSDP with autocast, Composer "DEFAULT"): the shard is the fp32
-    # master copy, so the optimizer keeps only the two moments: 16 bytes/param, not 18
-    fp32p = lay.fp32_params
-    w_bytes = np.where(fp32p, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
-    o_bytes = np.where(fp32p, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
+    # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
+    # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
+    # so the optimizer keeps only the two moments: 16 bytes/param, not 18
+    w_bytes = gather_bytes
+    o_bytes = np.where(lay.fp32_params, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
 
     def states(params):
         w = w_bytes * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
@@ -276,7 +276,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     totl = wl + gl + ol + acts_last + logits
     totm = np.where(has_mid, wm + gm + om + acts_mid, 0.0)
     worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
-    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * (fp32p & (not lay.wide))
+    buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * lay.casts_gathered
                                                        + mem.GRAD_BYTES), 0.0)
     pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
     weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)
@@ -296,7 +296,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     bytes) from plan_memory when the caller has them already (the search)."""
     gpu = cluster.gpu
     lay = layout(model, workload, plan)
-    prec, ab, wide, fp32_params = lay.precision, lay.act_bytes, lay.wide, lay.fp32_params
+    prec, ab = lay.precision, lay.act_bytes
     act_prec = Precision.BF16 if prec is Precision.FP8 else prec
     s = workload.seq_len
     h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
@@ -422,7 +422,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # fp32 shards: autocast casts each gathered weight to 16 bits at every use (read 4 B,
     # write 2 B per parameter), once per forward and again in a recomputed forward
     # (a 32-bit workload computes on the gathered weights as they are)
-    cast = np.where(fp32_params & (zc == ZeroStage.PARAMETERS.code) & (not wide),
+    cast = np.where(lay.casts_gathered & (zc == ZeroStage.PARAMETERS.code),
                     memory_bound_time_s(gpu, (mem.MASTER_BYTES + mem.WEIGHT_BYTES) * (layer_params + expert_params), 4), 0.0)
     layer_fwd = layer_fwd + cast
     z3_fwd = np.where(is_z3, fsdp_ag, 0.0)

@@ -9,9 +9,9 @@ are dropped and padded to capacity (GShard, Lepikhin et al. 2021; Switch, Fedus 
 
 Per MoE layer and micro-batch, on the busiest rank:
   router     GEMM T_r×h×E, softmax/top-k over T_r·E fp32 logits;
-  permute    gather T_r·k token copies in expert order (read + write 2h bytes each),
+  permute    gather T_r·k token copies in expert order (read + write h elements each),
              unpermute scatters them back weighted by the router probabilities;
-  dispatch   all-to-all of λ·T_r·k·h 16-bit elements over the EP group (stride etp),
+  dispatch   all-to-all of λ·T_r·k·h activation elements over the EP group (stride etp),
              combine the same back; with etp > 1 an all-gather / reduce-scatter of the
              received tokens inside the ETP group (Megatron-Core "parallel folding");
   experts    E/ep local experts, each a GEMM of M_e = λ·etp·ep·T_r·k/E rows against
@@ -62,6 +62,15 @@ def load_factor(workload: Workload, plan):
     return np.where(cf > 0.0, cf, workload.moe_imbalance)
 
 
+def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):
+    """(λ, T_r, copies, rows): the load factor, tokens a rank routes, the token copies it
+    sends (mean), and the token rows through its expert shards (busiest rank)."""
+    lam = load_factor(workload, plan)
+    T_r = _f(tokens) / _f(tp)
+    copies = T_r * model.top_k
+    return lam, T_r, copies, lam * _f(plan.etp) * copies
+
+
 @dataclass(frozen=True, kw_only=True)
 class MoELayerCosts:
     """One MoE layer, one micro-batch, the busiest rank (seconds / bytes)."""
@@ -86,15 +95,12 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                     prec: Precision) -> MoELayerCosts:
     """Costs of one MoE layer for `tokens` tokens per rank before the TP/SP split."""
     gpu = cluster.gpu
-    h, E, k, fe, fsh = model.hidden_size, model.num_experts, model.top_k, model.moe_ffn_hidden_size, \
-        model.shared_expert_ffn_hidden_size
+    h, E, fe, fsh = model.hidden_size, model.num_experts, model.moe_ffn_hidden_size, model.shared_expert_ffn_hidden_size
     n_up = model.num_mlp_matrices - 1  # gate + up (gated) or up
     t = _f(tp)
     ep, etp = _f(plan.ep), _f(plan.etp)
-    lam = load_factor(workload, plan)
-    T_r = _f(tokens) / t
+    lam, T_r, copies, act_rows = _routing(model, workload, plan, tokens, tp)
     ab = prec.activation_bytes  # bytes per activation element
-    copies = T_r * k  # routed token copies a rank sends (mean)
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
     router_ew = elementwise_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
@@ -111,7 +117,6 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # the same grouped GEMMs at λ = 1: what balance would save
     m_1 = etp * ep * copies / E
     experts_1 = local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) + gemm_time_s(gpu, m_1, h, fe / etp, prec))
-    act_rows = lam * etp * copies  # token rows through this rank's expert shards
     act_ew = elementwise_time_s(gpu, ab * act_rows * (n_up + 1) * fe / etp, 1)
 
     if fsh:
@@ -160,15 +165,12 @@ def moe_activation_bytes(model: ModelSpec, workload: Workload, plan, tokens, tp,
     input, activation input and output, and the expert outputs the weighted combine needs;
     shared experts like a dense MLP of f_sh (the layer's input after its norm is counted with
     the dense terms, memory.py). GEMM inputs are saved in FP8 under FP8 training."""
-    h, E, k, fe = model.hidden_size, model.num_experts, model.top_k, model.moe_ffn_hidden_size
+    h, E, fe = model.hidden_size, model.num_experts, model.moe_ffn_hidden_size
     fsh = model.shared_expert_ffn_hidden_size
     n_up = model.num_mlp_matrices - 1
     t, etp = _f(tp), _f(plan.etp)
     ab = prec.activation_bytes
-    lam = load_factor(workload, plan)
-    T_r = _f(tokens) / t
-    copies = T_r * k
-    act_rows = lam * etp * copies  # token rows through this rank's expert shards
+    lam, T_r, copies, act_rows = _routing(model, workload, plan, tokens, tp)
     gi = saved_gemm_input_bytes(prec)
     routed = (4.0 * 2.0 * T_r * E
               + act_rows * (gi * h + (ab * n_up * fe + gi * fe) / etp)

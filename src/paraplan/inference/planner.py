@@ -100,10 +100,14 @@ def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_r
     return lo
 
 
+def request_kv_tokens(model: ModelSpec, traffic: Traffic, limits: EngineLimits) -> float:
+    """KV tokens one request keeps at its longest (full-layer equivalents)."""
+    return AttentionWindow.of(model, limits.sliding_window_kv).held(traffic.context_tokens)
+
+
 def max_sequences(model: ModelSpec, mem: ServeMemory, traffic: Traffic, limits: EngineLimits) -> int:
     """Sequences one replica's KV cache holds at once (at least 1), at most the engine's batch."""
-    need = AttentionWindow.of(model, limits.sliding_window_kv).held(traffic.context_tokens)
-    return max(1, min(limits.max_batch, int(mem.kv_capacity_tokens // need)))
+    return max(1, min(limits.max_batch, int(mem.kv_capacity_tokens // request_kv_tokens(model, traffic, limits))))
 
 
 def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traffic: Traffic,
@@ -113,7 +117,7 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
         raise ParaplanError(
             f"{plan.describe()}: the experts held in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
             f"its {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of its host's DRAM")
-    need = AttentionWindow.of(model, limits.sliding_window_kv).held(traffic.context_tokens)  # KV one request keeps
+    need = request_kv_tokens(model, traffic, limits)
     if mem.kv_capacity_tokens < need:
         raise ParaplanError(
             f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {math.ceil(need)}")

@@ -43,18 +43,17 @@ def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None,
             return None, f"no cluster preset has a {gpu.name}; pass --hardware"
     if hardware is None:
         return None, "no hardware profile for this CPU; pass --hardware (a `paraplan calibrate` profile)"
-    # a CPU run computes in fp32 (4-byte activations on the wire and in memory) and keeps and
-    # gathers fp32 parameters (no FSDP2 mixed-precision policy there): the fp32 precision and
-    # the fp32_params knob (4-byte weights and all-gathers, no master copy)
+    # a CPU run computes in fp32 and keeps and gathers fp32 parameters (no FSDP2
+    # mixed-precision policy there): an fp32 workload (4-byte activations, weights and
+    # all-gathers, no master copy; cost/evaluate.py `layout`)
     cpu = device == "cpu"
-    plan = replace(cfg.plan, fp32_params=True) if cpu else cfg.plan
     workload = replace(cfg.workload, precision=Precision.FP32) if cpu else cfg.workload
     try:
         cluster = load_cluster(hardware, num_gpus=cfg.world_size)
         if cpu and Precision.FP32 not in cluster.gpu.peak_flops_per_s:
             return None, (f"{hardware} has no fp32 rate (a CPU run computes in fp32); calibrate again with "
                           "`paraplan calibrate --device cpu`")
-        est = estimate(cfg.model, cluster, workload, plan)
+        est = estimate(cfg.model, cluster, workload, cfg.plan)
     except ParaplanError as exc:
         return None, f"no prediction: {exc}"
     return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
