@@ -47,6 +47,22 @@ def test_expert_parallel_rules_give_reasons():
     assert check_plan(_plan(), MOE, c, WL) is None
 
 
+def test_ep_overlap_refuses_block_recomputation_as_megatron_core_does():
+    c = _cluster()
+    for rc, kw in ((Recompute.FULL, {}), (Recompute.FIRST_K, {"recompute_num_layers": 2})):
+        rej = check_plan(_plan(ep_overlap=True, recompute=rc, **kw), MOE, c, WL)
+        assert rej is not None and "cannot run with" in rej.reason and rc.value in rej.reason
+        assert check_plan(_plan(ep_overlap=False, recompute=rc, **kw), MOE, c, WL) is None
+    for rc in (Recompute.NONE, Recompute.SELECTIVE, Recompute.MODULES):
+        assert check_plan(_plan(ep_overlap=True, recompute=rc), MOE, c, WL) is None
+    # the search never pairs them
+    lim = SpaceLimits(recomputes=(Recompute.FULL, Recompute.FIRST_K), max_micro_batch=1)
+    chunks = [b for b, _ in enumerate_space(MOE, c, WL, lim, fixed={"pp": 1})]
+    assert sum(len(b) for b in chunks) > 0 and not any(bool(b.ep_overlap.any()) for b in chunks)
+    lim = replace(lim, recomputes=(Recompute.NONE,))
+    assert any(bool(b.ep_overlap.any()) for b, _ in enumerate_space(MOE, c, WL, lim, fixed={"pp": 1}))
+
+
 def test_hierarchical_all_to_all_wins_with_many_nodes_and_small_messages():
     c = load_cluster("dgx-h100", num_gpus=512)
     small, many = 1e7, 256

@@ -112,6 +112,14 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
         ("ep_overlap", lambda B: B.ep_overlap & ((B.ep == 1) | ((B.pp > 1) & (B.vp == 1))),
          lambda P: "EP communication overlap needs EP>1 and PP=1 or interleaved stages (VP>1)"),
+        # Megatron-Core merges one micro-batch's forward with another's backward to overlap the
+        # all-to-alls, which block (full, first-k) recomputation would re-enter: it asserts
+        # "disable full recomputation" / "recompute_method must be None" with
+        # --overlap-moe-expert-parallel-comm (Megatron-Bridge training/comm_overlap.py, 0.3.1)
+        ("ep_overlap_recompute",
+         lambda B: B.ep_overlap & ((B.recompute_code == Recompute.FULL.code) | (B.recompute_code == Recompute.FIRST_K.code)),
+         lambda P: f"EP communication overlap cannot run with {P.recompute.value} recomputation "
+                   "(Megatron-Core allows none, selective or module recomputation with it)"),
         ("capacity", lambda B: (B.capacity_factor_value != 0.0) & (B.capacity_factor_value < 1.0),
          lambda P: f"capacity factor {P.capacity_factor} must be >= 1.0 (or dropless)"),
     ] if model.is_moe else [
