@@ -114,8 +114,9 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda P: "EP communication overlap needs EP>1 and PP=1 or interleaved stages (VP>1)"),
         # Megatron-Core merges one micro-batch's forward with another's backward to overlap the
         # all-to-alls, which block (full, first-k) recomputation would re-enter: it asserts
-        # "disable full recomputation" / "recompute_method must be None" with
-        # --overlap-moe-expert-parallel-comm (Megatron-Bridge training/comm_overlap.py, 0.3.1)
+        # "disable full recomputation" / "disable recomputation method" with
+        # --overlap-moe-expert-parallel-comm (Megatron-Core 0.16.1
+        # transformer/transformer_config.py; Megatron-Bridge 0.3.1 training/comm_overlap.py)
         ("ep_overlap_recompute",
          lambda B: B.ep_overlap & ((B.recompute_code == Recompute.FULL.code) | (B.recompute_code == Recompute.FIRST_K.code)),
          lambda P: f"EP communication overlap cannot run with {P.recompute.value} recomputation "
