@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.calibrate.measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample,
-                                             GemmSample, Measurements, OverlapSample)
+                                             GemmSample, Measurements, OptimizerSample, OverlapSample)
 from paraplan.calibrate.profile import build_profile, fit_link
 from paraplan.cli import main
 from paraplan.cost.estimate import estimate
@@ -137,6 +137,72 @@ def test_slower_elementwise_kernels_slow_the_step_not_the_gemms(tmp_path):
     assert e_slow.layer_detail["fwd"]["element-wise"] > 5 * e_fast.layer_detail["fwd"]["element-wise"]
     assert e_slow.layer_detail["fwd"]["MLP up GEMM"] == e_fast.layer_detail["fwd"]["MLP up GEMM"]
     assert e_slow.step_time_s > e_fast.step_time_s
+
+
+def test_measured_optimizer_step_is_priced_as_measured(tmp_path):
+    # an AdamW step over 8 × 1M fp32 parameters measured at 200 ms: the profile's efficiency
+    # makes the model's Adam traffic (72 B per parameter) take that long, launches included;
+    # copies and element-wise kernels keep their own rates
+    from paraplan.cost.evaluate import ADAM_STEP
+    from paraplan.cost.roofline import memory_bound_time_s
+    from paraplan.specs.workload import Optimizer
+    n, step_s = 8 << 20, 200e-3
+    gpu = load_cluster(str(write_profile(tmp_path, replace(synthetic(), optimizer=OptimizerSample(
+        params=n, tensors=8, time_s=step_s))))).gpu
+    step_bytes, passes = ADAM_STEP[Optimizer.ADAM_UNFUSED]
+    assert 0.0 < gpu.optimizer_efficiency < 1.0
+    modelled = float(memory_bound_time_s(gpu, step_bytes * n, passes * 8, gpu.optimizer_bw_efficiency))
+    assert modelled == pytest.approx(step_s, rel=1e-3)
+    assert float(memory_bound_time_s(gpu, 1e9, 0)) == pytest.approx(1e9 / 10e9, rel=1e-4)
+    assert gpu.elementwise_bw_efficiency == gpu.memory_bw_efficiency
+
+
+def test_slower_optimizer_step_slows_only_the_optimizer(tmp_path):
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=16, seq_len=1024, precision=Precision.FP32)
+    plan = make_plan(tp=1, pp=1, dp=2, micro_batch_size=1)
+    base = synthetic()
+    assert base.optimizer is None  # raw files written before the sample existed: the copy rate
+    plain = load_cluster(str(write_profile(tmp_path, base, "plain")))
+    assert plain.gpu.optimizer_efficiency is None and plain.gpu.optimizer_bw_efficiency == plain.gpu.memory_bw_efficiency
+    slow = load_cluster(str(write_profile(tmp_path, replace(base, optimizer=OptimizerSample(
+        params=8 << 20, tensors=8, time_s=2.0)), "slow")))
+    e_plain, e_slow = estimate(model, plain, wl, plan), estimate(model, slow, wl, plan)
+    ratio = plain.gpu.optimizer_bw_efficiency / slow.gpu.optimizer_bw_efficiency
+    assert ratio > 2.0
+    assert e_slow.time.optimizer_s == pytest.approx(e_plain.time.optimizer_s * ratio, rel=0.02)
+    assert e_slow.time.compute_s == e_plain.time.compute_s
+
+
+def test_raw_optimizer_sample_with_a_bad_field_is_one_line(tmp_path, capsys):
+    raw = json.loads(replace(synthetic(), optimizer=OptimizerSample(params=8, tensors=1, time_s=1e-3)).to_json())
+    raw["optimizer"]["time_s"] = -1.0
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    code = main(["calibrate", "--from-raw", str(path), "-o", str(tmp_path / "p.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and "optimizer.time_s=-1.0" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.toml").exists()
+
+
+@pytest.mark.parametrize("change, said", [({"device_type": "tpu"}, "device_type='tpu' is not allowed"),
+                                          ({"ranks": 1}, "measured over 2 rank(s), but ranks=1")])
+def test_raw_file_that_contradicts_itself_is_one_line(tmp_path, capsys, change, said):
+    raw = json.loads(synthetic().to_json())
+    raw.update(change)
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    code = main(["calibrate", "--from-raw", str(path), "-o", str(tmp_path / "p.toml")])
+    err = capsys.readouterr().err
+    assert code == 2 and said in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "p.toml").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_more_cpu_ranks_than_cores_is_refused_before_any_process_starts(capsys):
+    import os
+    code = main(["calibrate", "--device", "cpu", "--ranks", str((os.cpu_count() or 1) + 1), "--quick"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--ranks" in err and "CPU cores" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("both, expected", [(10e-3, 0.0), (12e-3, 0.5), (14e-3, 0.99), (9e-3, 0.0)])

@@ -107,6 +107,20 @@ def _finite_flag(flag: str, value: float) -> float:
     return value
 
 
+def _non_empty(where: str, flag: str, value: str | None) -> str | None:
+    """A flag's text as given; '' is refused, not read as "not given"."""
+    if value is not None and not value.strip():
+        raise SpecError(where, flag, value, "a preset name or a file path is required (leave the flag out "
+                                            "for the default)")
+    return value
+
+
+def _cluster_name(args, where: str) -> str:
+    """--hardware (a calibrated profile) when given, else --cluster."""
+    hardware = _non_empty(where, "--hardware", args.hardware)
+    return hardware if hardware is not None else args.cluster
+
+
 def _specs(args):
     from .specs.catalog import load_cluster, load_model
     from .specs.workload import Optimizer, Workload, parse_precision
@@ -116,7 +130,7 @@ def _specs(args):
         raise SpecError("workload", "--optimizer", args.optimizer,
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
-    cluster = load_cluster(args.hardware or args.cluster, num_gpus=args.gpus)
+    cluster = load_cluster(_cluster_name(args, getattr(args, "command", None) or "paraplan"), num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
     else:
@@ -142,15 +156,22 @@ def _plan_from_args(args, cluster):
         dp = cluster.num_gpus // (tp * pp * cp)
     else:
         dp = args.dp
-    sched = Schedule.parse(args.schedule, "schedule") if args.schedule else (
+    sched = Schedule.parse(args.schedule, "schedule") if args.schedule is not None else (
         Schedule.INTERLEAVED_1F1B if vp > 1 else Schedule.ONE_F_ONE_B)
+    if args.schedule is not None and pp == 1:
+        raise SpecError("plan", "--schedule", args.schedule, "applies to a pipeline only (--pp > 1); "
+                        "one stage runs no pipeline schedule")
+    recompute = Recompute.parse(args.recompute, "recompute")
+    if args.recompute_layers and recompute is not Recompute.FIRST_K:
+        raise SpecError("plan", "--recompute-layers", args.recompute_layers,
+                        f"applies with --recompute first_k only (not {recompute.value})")
     zero = ZeroStage.parse(str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, ep=args.ep or 1, etp=args.etp or 1,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
-                     recompute=Recompute.parse(args.recompute, "recompute"),
+                     recompute=recompute,
                      recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
@@ -234,7 +255,7 @@ def cmd_scale(args) -> int:
         from .report.plots import plot_format
         plot_format(args.plot, "scale")
     model, cluster, wl = _specs(args)
-    clusters = [load_cluster(args.hardware or args.cluster, num_gpus=n) for n in counts]
+    clusters = [load_cluster(_cluster_name(args, "scale"), num_gpus=n) for n in counts]
     fixed, limits = _search_pins(args)
     show = (not args.json) and sys.stderr.isatty()
 
@@ -299,6 +320,10 @@ def cmd_trace(args) -> int:
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
     model, cluster, wl = _specs(args)
+    if args.max_microbatches is not None and args.max_microbatches * model.num_layers > 10 * TRACE_LAYER_EVENTS:
+        raise SpecError("trace", "--max-microbatches", args.max_microbatches,
+                        f"at most {10 * TRACE_LAYER_EVENTS // model.num_layers:,} for {model.num_layers} layers "
+                        f"(about {10 * TRACE_LAYER_EVENTS:,} layer events, gigabytes of JSON)")
     plan = _plan_from_args(args, cluster)
     est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
     m = est.num_microbatches
@@ -306,7 +331,7 @@ def cmd_trace(args) -> int:
     # schedule on fewer (a multiple of PP, at least 2·PP) with the same per-micro-batch costs
     cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
     shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
-    if plan.pp > 1 and shown == m:
+    if plan.pp > 1 and shown == m and est.sim is not None:
         sim = est.sim
     else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate
         staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
@@ -350,7 +375,7 @@ def cmd_validate(args) -> int:
     from .validate.training import validate_file
     run = validate_inference_file if is_inference_file(args.file) else validate_file
     kw = {}
-    if args.hardware:  # a bad profile is one line before any row is predicted
+    if _non_empty("validate", "--hardware", args.hardware) is not None:  # a bad profile: one line before any row
         from .specs.catalog import load_cluster
         if run is not validate_file:
             raise SpecError("validate", "--hardware", args.hardware, "only training-measurement files take a profile")
@@ -428,7 +453,7 @@ def cmd_embeddings(args) -> int:
         raise SpecError("--optimizer", "value", args.optimizer, "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     cluster = load_cluster(args.cluster, num_gpus=args.gpus)
     wl = load_embedding_workload(args.tables, args.batch_per_rank, optimizer)
-    if args.profile:
+    if _non_empty("embeddings", "--profile", args.profile) is not None:
         wl = wl.with_access(load_profile(args.profile))
     res = plan_embeddings(wl, cluster, hot_rows=args.hot_rows, dedup=args.dedup, hbm_reserve_fraction=args.hbm_reserve)
     plan, cost = res.plan, res.cost
@@ -561,9 +586,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["search"] + argv  # options before any subcommand are search's (the default command)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
-        args = parser.parse_args(["search"] + list(argv or []))
+        args = parser.parse_args(["search"] + argv)
     try:
         return args.func(args)
     except ParaplanError as exc:

@@ -31,13 +31,15 @@ def _is_special(path: str, st: os.stat_result | None) -> bool:
     return not stat.S_ISREG(st.st_mode) or name in _DESCRIPTOR_NAMES or name.startswith(_DESCRIPTOR_DIRS)
 
 
-def _stat(path: str) -> os.stat_result | None:
+def _stat(path: str, where: str, option: str) -> os.stat_result | None:
     try:
         return os.stat(path)
     except FileNotFoundError:
         return None
     except NotADirectoryError:  # a parent is a file: "its directory must exist" below
         return None
+    except OSError as e:  # a name too long, a symbolic-link loop, a parent we may not search
+        raise SpecError(where, option, path, f"cannot use path: {e.strerror or e}") from None
 
 
 def check_output(path: str, where: str, option: str) -> None:
@@ -48,7 +50,7 @@ def check_output(path: str, where: str, option: str) -> None:
         raise bad("a file path is required")
     if "\0" in path:
         raise bad("a file path without NUL characters is required")
-    st = _stat(path)
+    st = _stat(path, where, option)
     if (st is not None and stat.S_ISDIR(st.st_mode)) or path.endswith(os.sep):
         raise bad("a file path is required, not a directory")
     if st is not None and not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
@@ -70,7 +72,7 @@ def write_output(path: str, data: str | bytes, where: str, option: str) -> None:
     check_output(path, where, option)
     payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
     try:
-        st = _stat(path)
+        st = _stat(path, where, option)
         if _is_special(path, st):
             _write_in_place(path, payload, st)
         else:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, Measurements,
-                           OverlapSample)
+                           OptimizerSample, OverlapSample)
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -46,8 +46,11 @@ def _sizes(device: str, quick: bool) -> dict:
         coll = [4 * KIB * 4 ** i for i in range(8 if quick else 11)]
     # a layer's element-wise kernels: (tokens, hidden), past the caches on a CPU
     ew = ((512, 512) if quick else (1024, 1024)) if device == "cpu" else ((4096, 4096) if quick else (8192, 4096))
+    # the optimizer step: (tensors, elements each), weight matrices of a small and a large model
+    opt = (8, 1 << 20) if device == "cpu" else (8, 1 << 24)
     return {"gemm": [(n, n, n) for n in squares] + list(rects), "attention": att, "copies": copies,
-            "collectives": coll, "overlap_bytes": 16 * MIB if device == "cpu" else 256 * MIB, "elementwise": ew}
+            "collectives": coll, "overlap_bytes": 16 * MIB if device == "cpu" else 256 * MIB, "elementwise": ew,
+            "optimizer": opt}
 
 
 def _sync(device: torch.device) -> None:
@@ -150,6 +153,17 @@ def _elementwise(device, dtype, tokens: int, hidden: int) -> ElementwiseSample:
     t = _median_time(layer, device, min_repeats=9, min_time_s=0.0)  # the same count on every rank
     return ElementwiseSample(tokens=tokens, hidden=hidden, ffn=ffn, q_dim=heads * d, kv_dim=kv_heads * d, head_dim=d,
                              time_s=t)
+
+
+def _optimizer(device, tensors: int, numel: int) -> OptimizerSample:
+    """An AdamW step as `paraplan run` takes it (run/worker.py: no weight decay, torch's
+    default implementation: one tensor at a time on a CPU, multi-tensor on a GPU)."""
+    params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    t = _median_time(opt.step, device, min_repeats=7, min_time_s=0.0)  # the same count on every rank
+    return OptimizerSample(params=tensors * numel, tensors=tensors, time_s=t)
 
 
 def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]:
@@ -275,6 +289,9 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     if ranks > 1:  # every rank at once, as in a run: they share the cores and the memory bus
         dist.barrier()
     elementwise = _elementwise(device, dtype, *sizes["elementwise"])
+    if ranks > 1:
+        dist.barrier()
+    optimizer = _optimizer(device, *sizes["optimizer"])
     coll, overlap = [], None
     if ranks > 1:
         dist.barrier()
@@ -286,6 +303,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
+                        optimizer=optimizer,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 
@@ -310,8 +328,13 @@ def measure(device_type: str = "auto", ranks: int = 1, quick: bool = False) -> M
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if device_type == "cuda" and not torch.cuda.is_available():
         raise SpecError("calibrate", "device", "cuda", "torch sees no GPU here; allowed: cpu, auto")
+    if ranks < 1:
+        raise SpecError("calibrate", "--ranks", ranks, "a whole number >= 1 is required")
     if device_type == "cuda" and ranks > torch.cuda.device_count():
-        raise SpecError("calibrate", "ranks", ranks, f"at most the {torch.cuda.device_count()} GPUs torch sees")
+        raise SpecError("calibrate", "--ranks", ranks, f"at most the {torch.cuda.device_count()} GPUs torch sees")
+    if device_type == "cpu" and ranks > (os.cpu_count() or 1):
+        raise SpecError("calibrate", "--ranks", ranks, f"at most this machine's {os.cpu_count() or 1} CPU cores "
+                                                       "(one process per core, as paraplan run starts them)")
     if ranks == 1:
         return measure_rank(device_type, 0, 1, quick)
     import torch.multiprocessing as mp

@@ -34,7 +34,22 @@ def add_parser(subparsers) -> None:
 def cmd_calibrate(args) -> int:
     from ..errors import SpecError
     from ..outfile import check_output, write_output
-    if args.vidur:
+    # a flag the chosen mode never reads is refused, not silently ignored
+    bench = (("--ranks", args.ranks, 1), ("--device", args.device, "auto"), ("--quick", args.quick, False))
+    if args.vidur is not None:
+        if not args.vidur.strip():
+            raise SpecError("calibrate", "--vidur", args.vidur, "a directory of vidur profiling CSVs is required")
+        unread = bench + (("--output", args.output, None), ("--raw", args.raw, None),
+                          ("--from-raw", args.from_raw, None), ("--name", args.name, None),
+                          ("--base-cluster", args.base_cluster, "dgx-h100"))
+        why = "with --vidur, which compares published profiles with the presets (no benchmark, no profile written)"
+    else:
+        unread = bench if args.from_raw is not None else ()
+        why = "with --from-raw, which builds the profile from saved measurements (no benchmark runs)"
+    for flag, value, default in unread:
+        if value != default:
+            raise SpecError("calibrate", flag, value, f"it has no effect {why}")
+    if args.vidur is not None:
         from .vidur import compare_with_presets, render_comparison
         result = compare_with_presets(args.vidur)
         print(json.dumps(result, indent=1) if args.json else render_comparison(result))
@@ -73,6 +88,7 @@ def cmd_calibrate(args) -> int:
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curve,
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
                "elementwise_efficiency": prof.elementwise_efficiency,
+               "optimizer_efficiency": prof.optimizer_efficiency,
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
                                                        "efficiency": prof.link.curve,
@@ -106,7 +122,9 @@ def render_summary(s: dict) -> str:
              f"memory copy      {s['memory_bw_bytes_per_s'] / 1e9:,.2f} GB/s; launch overhead "
              f"{s['launch_overhead_s'] * 1e6:.1f} us"
              + (f"; a layer's element-wise kernels at {s['elementwise_efficiency']:.3f} of it"
-                if s.get("elementwise_efficiency") is not None else "")]
+                if s.get("elementwise_efficiency") is not None else "")
+             + (f", the optimizer step at {s['optimizer_efficiency']:.3f}"
+                if s.get("optimizer_efficiency") is not None else "")]
     if s["link"]:
         lk = s["link"]
         lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "

@@ -99,6 +99,17 @@ class ElementwiseSample:
 
 
 @dataclass(frozen=True, kw_only=True)
+class OptimizerSample:
+    """One step of the optimizer `paraplan run` uses (torch.optim.AdamW, no weight decay,
+    torch's default implementation for the device) over `tensors` fp32 parameters of
+    `params` elements in all, gradients set, every rank stepping at once."""
+
+    params: int
+    tensors: int
+    time_s: float
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurements:
     device_type: str               # cpu | cuda
     device_name: str
@@ -120,6 +131,7 @@ class Measurements:
     host_memory_bytes: float = 0.0  # the machine's DRAM, within the container's limit (0: not recorded)
     device_count: int = 0           # GPUs the machine has (0: not recorded; the ranks measured)
     elementwise: ElementwiseSample | None = None  # a layer's element-wise kernels (None: not measured)
+    optimizer: OptimizerSample | None = None      # an AdamW step (None: not measured)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -145,7 +157,7 @@ class Measurements:
 # --- reading a raw file back (`calibrate --from-raw`, and the ranks of `calibrate --ranks N`)
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
-_NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample}
+_NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
                           "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite
@@ -213,6 +225,12 @@ def _build(cls, d: dict, where: str, source: str):
 
 def _check_usable(m: Measurements, source: str) -> None:
     """What calibrate/profile.py needs beyond well-typed fields."""
+    if m.device_type not in ("cpu", "cuda"):
+        raise FileFormatError(source, f"device_type={m.device_type!r} is not allowed; allowed: cpu, cuda")
+    worlds = sorted({c.world for c in m.collectives})
+    if worlds and worlds != [m.ranks]:
+        raise FileFormatError(source, f"collectives were measured over {', '.join(map(str, worlds))} rank(s), "
+                                      f"but ranks={m.ranks}; they must agree")
     if not any(g.dtype == m.compute_dtype for g in m.gemm):
         raise FileFormatError(source, f"gemm has no sample in the compute dtype {m.compute_dtype!r} "
                                       f"({len(m.gemm)} samples); the GEMM peak needs at least one")

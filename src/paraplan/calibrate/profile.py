@@ -12,6 +12,11 @@ How each number is derived (docs/model.md, "Calibration"):
   datasheet peak). The largest copy streams from DRAM/HBM past the caches, as a training
   step's activations and optimizer states do; a small copy that stays in a CPU's cache
   runs about three times faster and would price every element-wise kernel too low.
+- Optimizer: torch's AdamW step (as `paraplan run` takes it) over fp32 parameters past the
+  caches, every rank at once; optimizer_efficiency = 72·params / ((t − launches·τ)·bw), the
+  share of the copy bandwidth that makes the model's Adam traffic (cost/evaluate.py
+  ADAM_STEP) take the measured time. On a shared CPU the ranks' steps contend for the
+  memory bus as they do in a data-parallel run.
 - Overlap slowdown: a GEMM loop alone (t_c), an all-reduce alone (t_m ≤ t_c) and both at
   once (t_b): overlap_slowdown = (t_b − t_c)/t_m, the cost model's share of an overlapped
   collective's time that still lands on the step (cost/evaluate.py); near 0 on a GPU
@@ -63,6 +68,7 @@ class Profile:
     link: LinkFit | None
     toml: str
     elementwise_efficiency: float | None = None
+    optimizer_efficiency: float | None = None
 
 
 def _binned(points) -> tuple[tuple[float, float], ...]:
@@ -224,6 +230,25 @@ def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
     return min(max(float(counted / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
 
 
+def optimizer_efficiency(m: Measurements, mem_bw: float) -> float | None:
+    """The share of the copy bandwidth the optimizer step reaches on the bytes the cost
+    model counts for torch's AdamW (cost/evaluate.py ADAM_STEP, 72 B per parameter), so that
+    the model reproduces the measured step: bytes / ((t − launches·τ) · bandwidth), within
+    [MIN_EFFICIENCY, 1]. Launches: each of the passes once per tensor on a CPU (torch's
+    one-tensor-at-a-time path), once per pass on a GPU (its multi-tensor path)."""
+    o = m.optimizer
+    if o is None:
+        return None
+    from ..cost.evaluate import ADAM_STEP
+    from ..specs.workload import Optimizer
+    step_bytes, passes = ADAM_STEP[Optimizer.ADAM_UNFUSED]
+    launches = passes * (o.tensors if m.device_type == "cpu" else 1)
+    busy = o.time_s - launches * m.launch_overhead_s
+    if busy <= 0.0:
+        return 1.0
+    return min(max(float(step_bytes * o.params / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
+
+
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
     """The profile of the measured device; link tiers from the collectives when 2+ ranks
     were measured, else from `base_cluster` (said so in the file)."""
@@ -235,6 +260,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     largest = max(device, key=lambda c: c.num_bytes)
     mem_bw = _finite("memory_bw_bytes_per_s", 2.0 * largest.num_bytes / largest.time_s)
     ew_eff = elementwise_efficiency(m, mem_bw)
+    opt_eff = optimizer_efficiency(m, mem_bw)
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
     host_bw = _finite("host_link_bytes_per_s", max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0))
     link = fit_link(m)
@@ -266,6 +292,9 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         *([f"# a layer's element-wise kernels ({m.elementwise.tokens} tokens, hidden {m.elementwise.hidden}, "
            f"{m.compute_dtype}): {m.elementwise.time_s * 1e3:.2f} ms for the bytes the cost model counts",
            f"elementwise_efficiency = {_num(round(ew_eff, 4))}"] if ew_eff is not None else []),
+        *([f"# an AdamW step over {m.optimizer.tensors} x {m.optimizer.params // m.optimizer.tensors:,} fp32 parameters, "
+           f"every rank at once: {m.optimizer.time_s * 1e3:.2f} ms for the bytes the cost model counts",
+           f"optimizer_efficiency = {_num(round(opt_eff, 4))}"] if opt_eff is not None else []),
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
         "sustained_compute_ratio = 1.0",
@@ -295,4 +324,4 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curve=att_curve,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff)
+                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff)

@@ -102,6 +102,10 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     return StageCosts(forward_s=fwd, backward_s=bwd, weight_s=wgt, p2p_s=_batch_index(costs.p2p_s))
 
 
+# micro-batches per step up to which the pipeline is simulated whole (beyond: extrapolated)
+SIM_MICROBATCHES = 256
+
+
 def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
            *, simulate_pipeline: bool = True) -> Estimate:
     """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
@@ -109,10 +113,21 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     time = costs.time.scalar(0)
     sim = None
     if simulate_pipeline and plan.pp > 1:
-        tasks = build_schedule(plan.schedule, plan.pp, m, plan.vp)
-        sim = simulate(tasks, stage_costs(costs, plan))
+        sc = stage_costs(costs, plan)
+        m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
+        if m <= 2 * m1:
+            sim = simulate(build_schedule(plan.schedule, plan.pp, m, plan.vp), sc)
+            makespan = sim.step_time_s
+        else:
+            # every micro-batch costs the same, so past the warm-up each schedule repeats one
+            # period per micro-batch: the makespan is linear in m. Simulate m1 and 2·m1 (multiples
+            # of PP, as interleaving needs) and extend the line to m (exact; tests/test_estimate_
+            # many_microbatches.py checks it against the full simulation); no timeline is kept
+            t1 = simulate(build_schedule(plan.schedule, plan.pp, m1, plan.vp), sc).step_time_s
+            t2 = simulate(build_schedule(plan.schedule, plan.pp, 2 * m1, plan.vp), sc).step_time_s
+            makespan = t2 + (m - 2 * m1) * (t2 - t1) / m1
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
-        rest = sim.step_time_s - _batch_index(costs.critical_stage_s) - time.pp_comm_s
+        rest = makespan - _batch_index(costs.critical_stage_s) - time.pp_comm_s
         time = replace(time, bubble_s=max(rest, 0.0))
     step = float(time.total)
     mem = costs.memory.scalar(0)

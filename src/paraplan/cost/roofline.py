@@ -54,15 +54,15 @@ def attention_time_s(gpu: GPUSpec, flops, precision: Precision, kernel_code):
     return flops / rate + gpu.kernel_launch_overhead_s
 
 
-def memory_bound_time_s(gpu: GPUSpec, num_bytes, num_kernels=1):
+def memory_bound_time_s(gpu: GPUSpec, num_bytes, num_kernels=1, bw_efficiency: float | None = None):
     """Streaming kernels (copies, casts, gathers, the optimizer): bytes at achieved HBM
-    bandwidth, plus launches."""
-    return (np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
+    bandwidth (the GPU's memory_bw_efficiency, or `bw_efficiency`), plus launches."""
+    eff = gpu.memory_bw_efficiency if bw_efficiency is None else bw_efficiency
+    return (np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * eff)
             + num_kernels * gpu.kernel_launch_overhead_s)
 
 
 def elementwise_time_s(gpu: GPUSpec, num_bytes, num_kernels=1):
     """A layer's element-wise kernels (norms, RoPE, activation, residual, softmax, loss): the
     bytes the model counts at the bandwidth such kernels achieve, plus launches."""
-    return (np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.elementwise_bw_efficiency)
-            + num_kernels * gpu.kernel_launch_overhead_s)
+    return memory_bound_time_s(gpu, num_bytes, num_kernels, gpu.elementwise_bw_efficiency)

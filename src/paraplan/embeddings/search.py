@@ -238,11 +238,12 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
         raise ParaplanError(
             f"no embedding plan fits: the rows kept in host memory (UVM) need {fmt_bytes(float(cost.host_bytes_per_host.max()))} "
             f"on the fullest host, which has {fmt_bytes(cost.host_capacity_bytes)} of DRAM "
-            f"({fmt_bytes(wl.total_weight_bytes)} of tables on {W} GPUs); use more GPUs or fp16 weights")
+            f"({fmt_bytes(wl.total_weight_bytes)} of tables on {W} GPUs); use more GPUs or 16-bit weights "
+            "(weight_bytes=2 in the tables CSV)")
     if not cost.fits:
         need = float(cost.hbm_bytes.max())
         raise ParaplanError(
             f"no embedding plan fits: the fullest rank needs {fmt_bytes(need)} of HBM, {fmt_bytes(cost.capacity_bytes)} is usable "
             f"({fmt_bytes(wl.total_weight_bytes)} of tables on {W} GPUs); use more GPUs, a smaller --hbm-reserve, "
-            "or fp16 weights")
+            "or 16-bit weights (weight_bytes=2 in the tables CSV)")
     return EmbeddingSearchResult(plan=plan, cost=cost, candidates=P.evaluated)

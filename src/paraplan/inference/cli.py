@@ -10,6 +10,10 @@ from ..argtypes import positive_float, positive_int
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
 DEFAULT_GPUS = 8
+# Bounds past which a run takes minutes or prints 300-digit figures: 100,000 requests is 250
+# times the default's; 1e9 requests/s is more than any fleet serves.
+MAX_REQUESTS = 100_000
+MAX_RATE_RPS = 1e9
 
 
 def add_parser(sub) -> None:
@@ -21,9 +25,12 @@ def add_parser(sub) -> None:
     t = s.add_argument_group("traffic")
     t.add_argument("--prompt", type=positive_int, default=1024, help="prompt tokens per request (default 1024)")
     t.add_argument("--output", type=positive_int, default=256, help="output tokens per request (default 256)")
-    t.add_argument("--rate", type=positive_float, default=8.0, help="requests/s, Poisson (default 8)")
-    t.add_argument("--max-load", action="store_true", help="no rate: every request queued at once")
-    t.add_argument("--requests", type=positive_int, default=400, help="requests to simulate (default 400)")
+    load = t.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=positive_float, default=8.0,
+                      help=f"requests/s, Poisson (default 8, at most {MAX_RATE_RPS:g})")
+    load.add_argument("--max-load", action="store_true", help="no rate: every request queued at once")
+    t.add_argument("--requests", type=positive_int, default=400,
+                   help=f"requests to simulate (default 400, at most {MAX_REQUESTS:,})")
     t.add_argument("--ttft-ms", type=positive_float, default=1000.0, help="p90 time-to-first-token target (default 1000)")
     t.add_argument("--tpot-ms", type=positive_float, default=50.0, help="mean time-per-output-token target (default 50)")
     p = s.add_argument_group("pin the deployment (others are searched)")
@@ -59,9 +66,12 @@ def _plans(args, model, cluster):
                                      ("--expert-hit-rate", args.expert_hit_rate, None)):
             if value not in (None, default):
                 raise SpecError("serve", flag, value, f"applies to mixture-of-experts models only; {model.name} is dense")
+    if args.sliding_window_kv and not (model.sliding_window and model.num_sliding_window_layers):
+        raise SpecError("serve", "--sliding-window-kv", True,
+                        f"applies to models with sliding-window layers only; {model.name} has none")
     plans = candidate_plans(model, cluster, cluster.num_gpus)
-    w = StoreDtype.parse(args.weights, "weights") if args.weights else None
-    kv = StoreDtype.parse(args.kv, "kv") if args.kv else None
+    w = StoreDtype.parse(args.weights, "weights") if args.weights is not None else None
+    kv = StoreDtype.parse(args.kv, "kv") if args.kv is not None else None
     out = []
     for p in plans:
         if (args.tp and p.tp != args.tp) or (args.pp and p.pp != args.pp) or (args.ep and p.ep != args.ep):
@@ -103,6 +113,11 @@ def cmd_serve(args) -> int:
     from ..units import GIB, fmt_count
     from .deploy import EngineLimits, Traffic
     from .planner import max_sequences, plan_serving
+    from ..errors import SpecError
+    if args.requests > MAX_REQUESTS:
+        raise SpecError("serve", "--requests", args.requests, f"at most {MAX_REQUESTS:,} requests are simulated")
+    if not args.max_load and args.rate > MAX_RATE_RPS:
+        raise SpecError("serve", "--rate", args.rate, f"at most {MAX_RATE_RPS:g} requests/s")
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, num_gpus=args.gpus)
     traffic = Traffic(prompt_tokens=args.prompt, output_tokens=args.output,
@@ -111,14 +126,12 @@ def cmd_serve(args) -> int:
     limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=args.max_num_tokens,
                           chunked_prefill=args.chunked_prefill, sliding_window_kv=args.sliding_window_kv)
     if not args.chunked_prefill and args.max_num_tokens < args.prompt:
-        from ..errors import SpecError
         raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
                         f"must be >= the prompt ({args.prompt} tokens) without --chunked-prefill: "
                         "a whole prompt is prefilled in one iteration")
     if args.chunked_prefill and args.max_num_tokens < args.max_batch:
         # vLLM's scheduler rule (max_num_batched_tokens >= max_num_seqs): every running
         # sequence must get at least its decode token in an iteration
-        from ..errors import SpecError
         raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
                         f"must be >= --max-batch ({args.max_batch}) with --chunked-prefill")
     plans = _plans(args, model, cluster)

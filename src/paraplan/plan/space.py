@@ -121,8 +121,11 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda B: B.ep_overlap & ((B.recompute_code == Recompute.FULL.code) | (B.recompute_code == Recompute.FIRST_K.code)),
          lambda P: f"EP communication overlap cannot run with {P.recompute.value} recomputation "
                    "(Megatron-Core allows none, selective or module recomputation with it)"),
-        ("capacity", lambda B: (B.capacity_factor_value != 0.0) & (B.capacity_factor_value < 1.0),
-         lambda P: f"capacity factor {P.capacity_factor} must be >= 1.0 (or dropless)"),
+        # at E/k an expert's capacity T·k/E·cf is every token: larger factors only pad
+        ("capacity", lambda B: (B.capacity_factor_value != 0.0) & ((B.capacity_factor_value < 1.0)
+                                                                  | (B.capacity_factor_value > E / model.top_k)),
+         lambda P: f"capacity factor {P.capacity_factor} must be in [1.0, {E / model.top_k:g}] "
+                   f"(E/top_k: then each expert holds every token; or dropless)"),
     ] if model.is_moe else [
         ("dense_ep", lambda B: (B.ep != 1) | (B.etp != 1) | (B.capacity_factor_value != 0.0) | B.a2a_hierarchical
          | B.ep_overlap,

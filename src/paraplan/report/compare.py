@@ -9,6 +9,7 @@ order, −1 reversed. matplotlib is imported only to draw the plot.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,21 @@ def relative_errors(predicted, measured) -> np.ndarray:
     return (p - m) / m
 
 
+def _positive(value) -> bool:
+    """A JSON number (not true/false) that is finite and > 0 (json reads NaN and Infinity too)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:  # an integer past the float range
+        return False
+
+
+def _check_value(path: str, field: str, value) -> None:
+    if not _positive(value):
+        raise FileFormatError(path, f"{field} = {value!r:.40} is not allowed; a finite number > 0 is required")
+
+
 def load_reports(paths: list[str], hardware: str | None = None) -> list[tuple[str, dict]]:
     """(path, report) for each file; a one-line FileFormatError for anything else. With
     `hardware` (a cluster preset or calibrated profile) each run is predicted again on it."""
@@ -58,9 +74,9 @@ def load_reports(paths: list[str], hardware: str | None = None) -> list[tuple[st
             raise FileFormatError(path, f"not a paraplan run report (no \"kind\": \"{REPORT_KIND}\"; "
                                         "write one with `paraplan run -o FILE`)")
         measured = report.get("measured")
-        if not isinstance(measured, dict) or not isinstance(measured.get("step_time_s"), (int, float)) \
-                or not measured["step_time_s"] > 0:
-            raise FileFormatError(path, "measured.step_time_s missing or not a positive number")
+        if not isinstance(measured, dict) or "step_time_s" not in measured:
+            raise FileFormatError(path, "measured.step_time_s missing; a finite number > 0 is required")
+        _check_value(path, "measured.step_time_s", measured["step_time_s"])
         if hardware is not None:
             from ..run.report import repredict
             report = repredict(report, hardware, path)
@@ -90,8 +106,8 @@ def compare_reports(reports: list[tuple[str, dict]], metric: str = "step_time") 
     rows = []
     for path, r in reports:
         meas, pred = r["measured"].get(mkey), r["predicted"].get(pkey)
-        if not isinstance(meas, (int, float)) or not isinstance(pred, (int, float)) or not meas > 0:
-            raise FileFormatError(path, f"no positive measured.{mkey} and predicted.{pkey} to compare")
+        _check_value(path, f"measured.{mkey}", meas)
+        _check_value(path, f"predicted.{pkey}", pred)
         rows.append({"report": path, "model": _described(r, "model", "name", path),
                      "plan": _described(r, "plan", "describe", path), "world_size": r.get("world_size"),
                      "device": r.get("device_name", r.get("device", "?")), "hardware": r["predicted"].get("hardware"),

@@ -103,6 +103,9 @@ def config_from_args(args) -> "RunConfig":
                     warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,
                     output=args.output, scaled=scaled or None)
     check_runnable(cfg)
+    if cfg.hardware is not None and not cfg.hardware.strip():
+        raise SpecError("run", "--hardware", cfg.hardware, "a preset name or a profile TOML path is required "
+                                                          "(leave the flag out for the default)")
     if cfg.hardware:  # a bad profile or preset is the user's mistake: say so before starting
         from ..specs.catalog import load_cluster
         load_cluster(cfg.hardware, num_gpus=cfg.world_size)

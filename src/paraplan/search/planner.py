@@ -49,6 +49,10 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
         raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
                         f"applies to mixture-of-experts models only; {model.name} is dense")
+    low = [cf for cf in limits.capacity_factors if cf is not None and cf < 1.0]
+    if low:  # else every plan is rejected and the "no valid plan" message blames the batch
+        raise SpecError("search", "--capacity-factor", low[0], "must be >= 1.0 (an expert holds at least its "
+                        "even share of the routed tokens); leave it out for dropless")
     n_cand = n_valid = n_fit = n_device_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"

@@ -6,6 +6,10 @@ from pathlib import Path
 
 from ..errors import FileFormatError
 
+# Counts (layers, widths, heads, experts, GPUs) above int32 are not a model or cluster anyone
+# built, and the planner's integer arithmetic is not meant for them (every file reader uses it).
+MAX_COUNT = 2**31 - 1
+
 
 def read_text(path: Path, shown: str) -> str:
     """The file's UTF-8 text, or a one-line FileFormatError naming it."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..errors import FileFormatError, SpecError
-from .files import read_text
+from .files import MAX_COUNT, read_text
 from .model import ModelSpec, make_model
 
 
@@ -99,9 +99,9 @@ class _Config:
             v = self.data.get(key)
             if v is None:
                 continue
-            if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-                need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-                self.fail(key, f"field '{key}' = {v!r} is not allowed; {need} is required")
+            if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= MAX_COUNT:
+                self.fail(key, f"field '{key}' = {v!r} is not allowed; an integer from {minimum} to {MAX_COUNT} "
+                               "is required")
             return v
         if required:
             kind = f"a {self.model_type!r} config" if self.model_type else "a config without model_type"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -40,6 +41,12 @@ class Optimizer(StrEnum):
 LLAMA3_INTERRUPTIONS_PER_GPU_DAY = 419 / (54 * 16384)
 ASSUMED_RESTART_S = 600.0  # ASSUMPTION (see Workload.restart_s)
 LLAMA3_STORAGE_BYTES_PER_S = 2e12  # Dubey et al. 2024 Sec. 3.3.1 (see Workload.storage_bytes_per_s)
+# Physical bounds on the user's workload numbers: beyond them a report prints NaN, $inf or
+# 300-digit figures. 1 MB/s is slower than any disk, 1 PB/s 500 times Llama 3's Tectonic; 1e18
+# tokens is about 64,000 times Llama 3's 15.6T; $1M per GPU-hour is no rental price.
+MIN_STORAGE_BYTES_PER_S, MAX_STORAGE_BYTES_PER_S = 1e6, 1e15
+MAX_TOKEN_BUDGET = 1e18
+MAX_USD_PER_GPU_HOUR = 1e6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,33 +81,40 @@ class Workload:
         if not 1.0 <= self.moe_imbalance < math.inf:
             raise SpecError("workload", "moe_imbalance", self.moe_imbalance,
                             "must be a finite number >= 1.0 (busiest expert-parallel rank's load over the mean)")
-        if not 0 < self.token_budget < math.inf:
-            raise SpecError("workload", "token_budget", self.token_budget, "must be a finite number > 0 tokens")
+        if not 0 < self.token_budget <= MAX_TOKEN_BUDGET:
+            raise SpecError("workload", "token_budget", self.token_budget,
+                            f"must be a number > 0 and <= {MAX_TOKEN_BUDGET:g} tokens (--tokens)")
         if not 0 <= self.interruptions_per_gpu_day < math.inf:
             raise SpecError("workload", "interruptions_per_gpu_day", self.interruptions_per_gpu_day,
                             "must be a finite number >= 0 (0: no interruptions)")
-        if not 0 < self.storage_bytes_per_s < math.inf:
-            raise SpecError("workload", "storage_bytes_per_s", self.storage_bytes_per_s, "must be a finite number > 0")
+        if not MIN_STORAGE_BYTES_PER_S <= self.storage_bytes_per_s <= MAX_STORAGE_BYTES_PER_S:
+            raise SpecError("workload", "storage_bytes_per_s", self.storage_bytes_per_s,
+                            f"must be from {MIN_STORAGE_BYTES_PER_S:g} to {MAX_STORAGE_BYTES_PER_S:g} bytes/s "
+                            "(1 MB/s to 1 PB/s: --storage-gb-per-s 0.001 to 1e6)")
         if not 0 <= self.restart_s < math.inf:
             raise SpecError("workload", "restart_s", self.restart_s, "must be a finite number >= 0 seconds")
-        if self.usd_per_gpu_hour is not None and not 0 <= self.usd_per_gpu_hour < math.inf:
-            raise SpecError("workload", "usd_per_gpu_hour", self.usd_per_gpu_hour, "must be a finite number >= 0")
+        if self.usd_per_gpu_hour is not None and not 0 <= self.usd_per_gpu_hour <= MAX_USD_PER_GPU_HOUR:
+            raise SpecError("workload", "usd_per_gpu_hour", self.usd_per_gpu_hour,
+                            f"must be a number >= 0 and <= {MAX_USD_PER_GPU_HOUR:g} $ per GPU-hour (--price)")
 
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
 
+# Other spellings the published measurements use (../shared/validation): Megatron-Bridge's
+# FP8 current-scaling recipe.
+_PRECISION_ALIASES = {"fp8-cs": Precision.FP8}
+
+
 def parse_precision(text: str) -> Precision:
-    t = text.strip().lower()
-    if "fp8" in t:
-        return Precision.FP8
-    if "bf16" in t:
-        return Precision.BF16
-    if "fp16" in t:
-        return Precision.FP16
-    if "tf32" in t:
-        return Precision.TF32
-    if "fp32" in t:
-        return Precision.FP32
-    raise SpecError("workload", "precision", text, "allowed: bf16, fp16, fp8, tf32, fp32")
+    """One of the precisions by name (any case), or an alias; a note in parentheses after it
+    ("BF16 (AMP)", "FP8 (implied; see notes)") is allowed. Nothing else: "xbf16y" is no bf16."""
+    t = re.sub(r"\s*\(.*\)$", "", str(text).strip().lower())
+    if t in _PRECISION_ALIASES:
+        return _PRECISION_ALIASES[t]
+    try:
+        return Precision(t)
+    except ValueError:
+        raise SpecError("workload", "precision", text,
+                        "allowed: bf16, fp16, fp8, tf32, fp32 (or FP8-CS; a note in parentheses may follow)") from None

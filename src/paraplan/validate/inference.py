@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import FileFormatError, SpecError
 from ..specs.catalog import load_cluster
 from ..units import MILLI
-from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
+from .rows import MAX_COUNT, int_cell, read_rows, row_result, validate_rows, with_prediction
 from .training import _cluster_for as _gpu_cluster_for
 from .training import _preset
 
@@ -38,9 +38,9 @@ ONLINE_REQUESTS = 500  # the online-serving block's notes: 500 requests per meas
 def is_inference_file(path: str) -> bool:
     """An inference file has the serving columns (input_len, output_len); training has seq_len."""
     p = Path(path)
-    if not p.is_file():
-        return False
     try:
+        if not p.is_file():
+            return False
         with p.open("rb") as fh:
             first = fh.readline()
     except OSError:
@@ -56,22 +56,25 @@ def _cluster_for(row: dict) -> str:
     return _gpu_cluster_for(row)
 
 
-def _dtypes(precision: str):
+def _dtypes(precision: str, path: str, line: int):
+    """(weights, KV cache) dtypes of a precision cell; an unknown one refuses the file."""
     from ..inference.deploy import StoreDtype
-    p = precision.lower()
-    if "fp8" in p:
-        # TensorRT-LLM's FP8 checkpoints quantize the KV cache to FP8 as well
-        return StoreDtype.FP8, StoreDtype.FP8
-    if "int8" in p:
-        return StoreDtype.INT8, StoreDtype.BF16
-    if "fp16" in p:
-        return StoreDtype.FP16, StoreDtype.FP16
-    return StoreDtype.BF16, StoreDtype.BF16
+    bf16, fp16, fp8, int8 = StoreDtype.BF16, StoreDtype.FP16, StoreDtype.FP8, StoreDtype.INT8
+    # TensorRT-LLM's FP8 checkpoints quantize the KV cache to FP8 as well; Pope et al.'s
+    # "int8 weights" keep a bf16 KV cache
+    known = {"bf16": (bf16, bf16), "bf16 kv": (bf16, bf16), "fp16": (fp16, fp16), "fp8": (fp8, fp8),
+             "int8": (int8, bf16), "int8 weights": (int8, bf16)}
+    text = precision.strip()
+    if text.lower() not in known:
+        raise FileFormatError(path, f"column 'precision': {text!r} is not allowed; allowed: "
+                              + ", ".join(known), line)
+    return known[text.lower()]
 
 
 def _load(text: str, path: str, line: int) -> tuple[str, float | None]:
     """('max', None) for maximum load, ('rate', r) for QPS=r, ('burst', None) for QPS=INF;
-    ('unknown', None) for another load (a static batch), which the serving simulation lacks."""
+    ('unknown', None) for a static batch or a blank cell, which the serving simulation lacks;
+    anything else refuses the file."""
     t = text.strip().lower()
     if t.startswith("max load") or "infinite request rate" in t:
         return "max", None
@@ -87,6 +90,13 @@ def _load(text: str, path: str, line: int) -> tuple[str, float | None]:
             raise FileFormatError(path, f"column 'batch_or_concurrency': {text.strip()!r} is not allowed; a request "
                                   "rate is QPS=r with r a positive number, or QPS=INF", line)
         return "rate", rate
+    try:  # a static batch: a whole number of sequences (int_cell's rules)
+        batch = float(t) if t else 1.0
+    except ValueError:
+        batch = 0.0
+    if not (batch.is_integer() and 1 <= batch <= MAX_COUNT):  # also false for inf and nan
+        raise FileFormatError(path, f"column 'batch_or_concurrency': {text.strip()!r} is not allowed; max load, "
+                              "QPS=r (r > 0), QPS=INF, a static batch (a whole number >= 1) or blank", line)
     return "unknown", None
 
 
@@ -116,7 +126,7 @@ def _scenario(row: dict, path: str, line: int):
     if key in _CACHE:
         return _CACHE[key]
     cluster = load_cluster(_cluster_for(row), num_gpus=gpus)
-    wd, kd = _dtypes(row["precision"])
+    wd, kd = _dtypes(row["precision"], path, line)
     plan = ServePlan(tp=tp, pp=pp, replicas=max(1, gpus // (tp * pp)), weight_dtype=wd, kv_dtype=kd)
     limits = EngineLimits()
     mem = serve_memory(model, cluster, plan, limits)
@@ -154,6 +164,7 @@ def predict_row(row: dict, path: str, line: int) -> dict:
     for col in ("num_gpus", "tp", "pp", "input_len", "output_len"):
         int_cell(row, col, path, line)
     _load(row["batch_or_concurrency"], path, line)
+    _dtypes(row["precision"], path, line)
     if out["skipped"]:
         return out
     metric = out["metric_id"]

@@ -19,6 +19,9 @@ import re
 from pathlib import Path
 
 from ..errors import FileFormatError, ParaplanError, SpecError
+# Counts (GPUs, tokens, sequences, layers, degrees) above int32 are not a run anyone measured,
+# and the planner's integer arithmetic is not meant for them: the catalog's bound.
+from ..specs.files import MAX_COUNT
 
 
 def _text(path: str) -> str:
@@ -40,7 +43,11 @@ def _text(path: str) -> str:
 def read_rows(path: str, required: tuple[str, ...], kind: str) -> list[tuple[int, dict]]:
     """(line number, row) of every data row; a missing column names the file and line 1, a
     row with more or fewer cells than the header its line."""
-    if not Path(path).is_file():
+    try:
+        is_file = Path(path).is_file()
+    except OSError as exc:  # a name too long for a file, a symbolic-link loop
+        raise FileFormatError(path, f"cannot use path: {exc.strerror or exc}") from None
+    if not is_file:
         raise FileFormatError(path, "no such file")
     reader = csv.DictReader(io.StringIO(_text(path), newline=""))
     try:
@@ -57,14 +64,11 @@ def read_rows(path: str, required: tuple[str, ...], kind: str) -> list[tuple[int
                 raise FileFormatError(path, f"the row has {cells} cells, the header {len(header)}; every row "
                                       "needs one cell per column (blank cells are allowed)", reader.line_num)
             rows.append((reader.line_num, row))
-        return rows
     except csv.Error as exc:
         raise FileFormatError(path, f"not a valid CSV row: {exc}", reader.line_num) from None
-
-
-# Counts (GPUs, tokens, sequences, layers, degrees) above int32 are not a run anyone measured,
-# and the planner's integer arithmetic is not meant for them.
-MAX_COUNT = 2**31 - 1
+    if not rows:  # a summary of nothing would read as a pass
+        raise FileFormatError(path, f"no data rows; {kind} needs a header and at least one row")
+    return rows
 
 
 def int_cell(row: dict, key: str, path: str, line: int, minimum: int = 1) -> int | None:

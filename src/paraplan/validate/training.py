@@ -149,6 +149,20 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     except ValueError:
         raise FileFormatError(path, f"column 'cp_comm_type': {cpc!r} is not allowed; allowed: "
                               + ", ".join(k.value for k in CPCommType) + " or blank (ring, p2p)", line) from None
+    prec = (row.get("precision") or "").strip()
+    try:
+        cells["precision"] = parse_precision(prec) if prec else None  # blank: the row is skipped (row_setup)
+    except SpecError as e:
+        raise FileFormatError(path, f"column 'precision': {prec!r} is not allowed; {e.allowed}", line) from None
+    rc = (row.get("recompute") or "").strip()
+    try:
+        cells["recompute"] = Recompute.parse(rc, "recompute") if rc else None
+    except SpecError as e:
+        raise FileFormatError(path, f"column 'recompute': {rc!r} is not allowed; {e.allowed} or blank (not stated)",
+                              line) from None
+    if (cells["vp"] or 1) > 1 and (cells["pp"] or 1) == 1:
+        raise FileFormatError(path, f"column 'vp': {row['vp'].strip()!r} is not allowed with pp "
+                              f"{(row.get('pp') or '').strip() or 'blank'}; virtual stages need a stated pp > 1", line)
     return cells
 
 
@@ -189,12 +203,13 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
         gbs = -(-gbs // per) * per
     # "force-balanced token distribution" (Megatron-Bridge MoE benchmarks): no imbalance
     balanced = "force-balanced" in (row.get("notes") or "").lower()
-    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=parse_precision(row["precision"]),
+    if c["precision"] is None:
+        raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
+    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
                   **({"moe_imbalance": 1.0} if balanced else {}))
     if c["vp"] is not None and fixed.get("pp", 1) > 1:
         fixed["vp"] = c["vp"]
-    rc = (row.get("recompute") or "").strip().lower()
-    recomputes = (Recompute.parse(rc, "recompute"),) if rc else tuple(Recompute)
+    recomputes = (c["recompute"],) if c["recompute"] is not None else tuple(Recompute)
     if "megatron-bridge" not in (row.get("framework") or "").lower():
         # module recomputation (--recompute-modules) came with Megatron-Core 0.12 (2025):
         # the NeMo 24.x, Megatron-LM and llm-foundry runs could not have used it

@@ -22,7 +22,7 @@ from typing import NoReturn
 from ... import units
 from ...errors import FileFormatError, SpecError, UnknownPresetError
 from ..curves import EfficiencyCurve
-from ..files import read_text
+from ..files import MAX_COUNT, read_text
 from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
 from ..model import ModelSpec, make_model
 from ..workload import Precision
@@ -46,6 +46,7 @@ _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "ali
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
 _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "memory_bw_efficiency", "elementwise_efficiency",
+                 "optimizer_efficiency",
                  "fp8_gemm_efficiency_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio",
@@ -127,15 +128,15 @@ class TomlTable:
         if key not in self.data:
             return default
         v = self.data[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            self._bad(key, v, "a positive integer")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_COUNT:
+            self._bad(key, v, f"an integer from 1 to {MAX_COUNT}")
         return v
 
     def count(self, key: str) -> int:
         """A non-negative integer (0: not used); the caller checks it is present."""
         v = self.data[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            self._bad(key, v, "a non-negative integer (0: not used)")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_COUNT:
+            self._bad(key, v, f"an integer from 0 to {MAX_COUNT} (0: not used)")
         return v
 
     def num(self, key: str, default: float | None = None, *, at_most_one: bool = False) -> float | None:
@@ -244,7 +245,8 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     extra = {}
     if launch_us is not None:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
-    for key in ("memory_bw_efficiency", "elementwise_efficiency", "fp8_gemm_efficiency_ratio", "sustained_compute_ratio"):
+    for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "fp8_gemm_efficiency_ratio",
+                "sustained_compute_ratio"):
         if key in t.data:
             extra[key] = t.num(key, at_most_one=True)
     for key in ("allocator_fragmentation", "overlap_slowdown"):
@@ -416,10 +418,14 @@ def _resolve(kind: str, name_or_path: str, suffixes: tuple[str, ...]) -> tuple[s
     canonical = _lookup(kind, text)
     if canonical is not None:
         return "preset", canonical
-    if path.exists():
-        return "file", path
+    try:
+        if path.exists():
+            return "file", path
+        why = "no such file"
+    except OSError as e:  # a name too long for a file, a symbolic-link loop
+        why = f"cannot use path: {e.strerror or e}"
     if "/" in text or os.sep in text:
-        raise FileFormatError(text, f"no such file, and no {kind} preset of that name "
+        raise FileFormatError(text, f"{why}, and no {kind} preset of that name "
                                     f"(see `paraplan presets`)")
     raise UnknownPresetError(kind, text, list(_registry(kind).known))
 
@@ -449,7 +455,11 @@ def load_model(name_or_path: str | os.PathLike) -> ModelSpec:
     how, what = _resolve("model", name_or_path, (".toml", ".json"))
     if how == "preset":
         return _preset_model(what)
-    if what.is_dir() or what.suffix.lower() == ".json":
+    try:
+        is_dir = what.is_dir()
+    except OSError as e:  # a name too long for a file, a symbolic-link loop
+        raise FileFormatError(str(what), f"cannot use path: {e.strerror or e}") from None
+    if is_dir or what.suffix.lower() == ".json":
         from ..hf import model_from_hf_config
         return model_from_hf_config(what)
     return _model_from_file(what)

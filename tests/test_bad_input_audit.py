@@ -1,0 +1,363 @@
+"""The bad-input audit: each case once printed a traceback, ran on with a flag silently
+ignored, or accepted a value nothing can mean. Now: one line on stderr naming the flag or
+field, exit 2, no traceback, no output file."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from support import assert_user_error, run
+
+from paraplan.specs.workload import Precision, parse_precision
+
+SMALL = ["--model", "mpt-125m", "--gpus", "8", "--batch", "8", "--seq", "1024"]
+LONG = "a" * 300  # longer than a file name may be (NAME_MAX 255)
+VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
+
+
+def _error(capsys, *argv) -> str:
+    code, out, err = run(capsys, *argv)
+    return assert_user_error(code, out, err)
+
+
+def _files(d: Path) -> list[str]:
+    return sorted(str(p.relative_to(d)) for p in d.rglob("*"))
+
+
+# ---------------------------------------------------------------- 1. output paths
+
+def _loop(d: Path) -> Path:
+    a, b = d / "loop_a", d / "loop_b"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    return a
+
+
+OUTPUTS = {
+    "trace": (["trace", *SMALL, "-o"], "--output"),
+    "export": (["export", "--format", "megatron", *SMALL, "--tp", "2", "-o"], "--output"),
+    "scale": (["scale", *SMALL, "--counts", "8", "--plot"], "--plot"),
+    "embeddings": (["embeddings", "--gpus", "8", "--export-torchrec"], "--export-torchrec"),
+    "calibrate-o": (["calibrate", "--from-raw", "raw.json", "-o"], "--output"),
+    "calibrate-raw": (["calibrate", "--from-raw", "raw.json", "--raw"], "--raw"),
+}
+
+
+@pytest.mark.parametrize("command", OUTPUTS)
+@pytest.mark.parametrize("bad", ["too-long", "symlink-loop"])
+def test_unusable_output_path_is_one_line(capsys, tmp_path, command, bad):
+    argv, option = OUTPUTS[command]
+    path = str(tmp_path / (LONG + ".out")) if bad == "too-long" else str(_loop(tmp_path))
+    before = _files(tmp_path)
+    line = _error(capsys, *argv, path)
+    assert option in line and "cannot use path" in line
+    assert _files(tmp_path) == before
+
+
+def test_unusable_compare_plot_path_is_one_line(capsys, tmp_path):
+    report = _report(tmp_path)
+    line = _error(capsys, "compare", report, "--plot", str(tmp_path / (LONG + ".png")))
+    assert "--plot" in line and "cannot use path" in line
+
+
+# ---------------------------------------------------------------- 2. input paths
+
+@pytest.mark.parametrize("argv", [
+    lambda d: ["estimate", "--model", LONG, *SMALL[2:]],
+    lambda d: ["estimate", "--model", str(d / (LONG + ".toml")), *SMALL[2:]],
+    lambda d: ["estimate", "--model", str(d / LONG), *SMALL[2:]],
+    lambda d: ["serve", "--model", str(d / (LONG + ".json"))],
+    lambda d: ["validate", str(d / (LONG + ".csv"))],
+])
+def test_unusable_input_path_is_one_line(capsys, tmp_path, argv):
+    line = _error(capsys, *argv(tmp_path))
+    assert LONG in line
+
+
+# ---------------------------------------------------------------- 4. serve --requests
+
+def test_serve_requests_has_a_maximum(capsys):
+    line = _error(capsys, "serve", "--model", "llama3-8b", "--gpus", "2", "--requests", "100001")
+    assert "--requests" in line and "100,000" in line
+
+
+# ---------------------------------------------------------------- 6. capacity factor below 1
+
+def test_capacity_factor_below_one_is_named(capsys):
+    line = _error(capsys, "search", "--model", "mixtral-8x7b", "--gpus", "8", "--batch", "8", "--seq", "1024",
+                  "--capacity-factor", "0.5")
+    assert "--capacity-factor" in line and ">= 1.0" in line and "DP" not in line
+
+
+# ---------------------------------------------------------------- 7. absurd workload numbers
+
+@pytest.mark.parametrize("flags,field", [
+    (["--storage-gb-per-s", "1e-320"], "storage_bytes_per_s"),
+    (["--storage-gb-per-s", "1e7"], "storage_bytes_per_s"),
+    (["--price", "1e308"], "usd_per_gpu_hour"),
+    (["--tokens", "1e308"], "token_budget"),
+])
+def test_absurd_workload_numbers_are_refused(capsys, flags, field):
+    line = _error(capsys, "search", *SMALL, *flags, "--json", "--top", "1")
+    assert field in line and flags[0] in line
+
+
+def test_serve_rate_has_a_maximum(capsys):
+    line = _error(capsys, "serve", "--model", "llama3-8b", "--gpus", "2", "--rate", "1e300")
+    assert "--rate" in line and "1e+09" in line
+
+
+def test_workload_bounds_keep_the_defaults_and_llama3_budget(capsys):
+    code, out, err = run(capsys, "search", *SMALL, "--tokens", "15.6e12", "--price", "2.5", "--json", "--top", "1")
+    assert code == 0, err
+    assert "NaN" not in out and "Infinity" not in out
+    json.loads(out)
+
+
+# ---------------------------------------------------------------- 8. --precision exact
+
+@pytest.mark.parametrize("text", ["xbf16y", "fp8bf16", "bf16x", "amp bf16"])
+def test_precision_is_matched_exactly(capsys, text):
+    line = _error(capsys, "search", *SMALL, "--precision", text)
+    assert "precision" in line and repr(text) in line
+
+
+@pytest.mark.parametrize("text,precision", [
+    ("bf16", Precision.BF16), (" FP16 ", Precision.FP16), ("BF16 (AMP)", Precision.BF16),
+    ("BF16 (pure)", Precision.BF16), ("FP8-CS", Precision.FP8), ("FP8 (implied; see notes)", Precision.FP8),
+    ("tf32", Precision.TF32), ("FP32", Precision.FP32),
+])
+def test_precision_spellings_of_the_published_files_still_parse(text, precision):
+    assert parse_precision(text) is precision
+
+
+# ---------------------------------------------------------------- 9. empty strings
+
+@pytest.mark.parametrize("argv,flag", [
+    (["estimate", *SMALL, "--hardware", ""], "--hardware"),
+    (["scale", *SMALL, "--counts", "8", "--hardware", ""], "--hardware"),
+    (["serve", "--model", "llama3-8b", "--gpus", "2", "--weights", ""], "weights"),
+    (["serve", "--model", "llama3-8b", "--gpus", "2", "--kv", ""], "kv"),
+    (["embeddings", "--gpus", "8", "--profile", ""], "--profile"),
+    (["calibrate", "--vidur", ""], "--vidur"),
+])
+def test_empty_string_is_not_taken_as_not_given(capsys, argv, flag):
+    line = _error(capsys, *argv)
+    assert flag in line and "''" in line
+
+
+def test_validate_hardware_empty(capsys, tmp_path):
+    line = _error(capsys, "validate", str(_training_csv(tmp_path)), "--hardware", "")
+    assert "--hardware" in line and "''" in line
+
+
+# ---------------------------------------------------------------- 10. flags that would do nothing
+
+@pytest.mark.parametrize("command", ["estimate", "trace", "export"])
+def test_recompute_layers_needs_first_k(capsys, tmp_path, command):
+    out = tmp_path / "out.json"
+    extra = {"estimate": [], "trace": ["-o", str(out)], "export": ["--format", "megatron", "-o", str(out)]}[command]
+    line = _error(capsys, command, *SMALL, "--recompute-layers", "3", *extra)
+    assert "--recompute-layers" in line and "first_k" in line
+    assert not out.exists()
+
+
+def test_schedule_needs_a_pipeline(capsys):
+    line = _error(capsys, "estimate", *SMALL, "--schedule", "zb", "--pp", "1")
+    assert "--schedule" in line and "'zb'" in line
+
+
+def test_schedule_and_recompute_layers_with_a_pipeline_still_run(capsys):
+    code, out, err = run(capsys, "estimate", *SMALL, "--pp", "2", "--schedule", "zb", "--recompute", "first_k",
+                         "--recompute-layers", "1", "--json")
+    assert code == 0, err
+
+
+def test_max_load_and_rate_exclude_each_other(capsys):
+    line = _error(capsys, "serve", "--max-load", "--rate", "5")
+    assert "--rate" in line and "--max-load" in line
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["--ranks", "4"], "--ranks"), (["--device", "cuda"], "--device"), (["--quick"], "--quick"),
+])
+def test_from_raw_refuses_benchmark_flags(capsys, tmp_path, flags, named):
+    out = tmp_path / "p.toml"
+    line = _error(capsys, "calibrate", "--from-raw", str(tmp_path / "raw.json"), "-o", str(out), *flags)
+    assert named in line and "--from-raw" in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags,named", [
+    (["-o", "X"], "--output"), (["--raw", "X"], "--raw"), (["--from-raw", "X"], "--from-raw"),
+    (["--quick"], "--quick"),
+])
+def test_vidur_refuses_profile_flags(capsys, tmp_path, flags, named):
+    line = _error(capsys, "calibrate", "--vidur", str(tmp_path), *flags)
+    assert named in line and "--vidur" in line
+
+
+# ---------------------------------------------------------------- 11. compare: measured / predicted values
+
+def _report(tmp_path, name: str = "r.json", measured=1.0, predicted=1.1) -> str:
+    r = {"kind": "paraplan-run", "version": 1, "status": "ok", "command": "paraplan run",
+         "model": {"name": "tiny"}, "plan": {"describe": "TP1 PP1 DP2 mb1 rc:none"}, "world_size": 2,
+         "device": "cpu", "device_name": "cpu", "measured": {"step_time_s": measured, "peak_memory_bytes": 1 << 20},
+         "predicted": {"step_time_s": predicted, "memory_bytes": 2 << 20, "hardware": "cpu-profile"}}
+    p = tmp_path / name
+    p.write_text(json.dumps(r))  # NaN and Infinity as Python's json writes (and reads) them
+    return str(p)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("measured", float("nan")), ("measured", float("inf")), ("measured", True), ("measured", 10**400),
+    ("predicted", float("nan")), ("predicted", float("-inf")), ("predicted", False), ("predicted", 0),
+    ("predicted", -1.0),
+])
+def test_compare_refuses_values_that_are_not_positive_finite_numbers(capsys, tmp_path, field, value):
+    path = _report(tmp_path, **{field: value})
+    line = _error(capsys, "compare", path)
+    assert path in line and f"{field}.step_time_s" in line
+
+
+# ---------------------------------------------------------------- 13-15. validate files
+
+TRAINING_HEADER = ("id,source,model,params_b,layers,hidden,ffn_hidden,heads,kv_heads,vocab,gated_mlp,num_experts,"
+                   "top_k,moe_ffn_hidden,seq_len,gpu,num_gpus,gpus_per_node,precision,global_batch,micro_batch,tp,pp,"
+                   "vp,cp,ep,dp,sp,recompute,zero,framework,metric_id,value,metric_text,notes").split(",")
+TRAINING_ROW = dict(zip(TRAINING_HEADER, (
+    "train-dev-001", "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5", "Megatron 22B", "22", "48", "6144",
+    "24576", "64", "64", "51200", "no", "", "", "", "2048", "A100 80GB", "8", "8", "fp16", "4", "4", "8", "1", "1",
+    "1", "1", "1", "no", "full", "0", "Megatron-LM", "not_a_metric", "1.42", "iteration time (s)", "Selene")))
+INFERENCE_HEADER = ("id,source,model,params_b,gpu,num_gpus,tp,pp,ep,precision,batch_or_concurrency,input_len,"
+                    "output_len,metric,metric_id,value,notes").split(",")
+GPU_ROW = dict(zip(INFERENCE_HEADER, (
+    "inf-x", "vLLM benchmark", "LLaMA 3.1 8B", "8", "H100 80GB HBM3", "1", "1", "1", "", "BF16",
+    "QPS=2", "512", "256", "mean TTFT", "not_a_metric", "60", "online serving")))
+
+
+def _csv(tmp_path, header, rows, name="rows.csv") -> Path:
+    p = tmp_path / name
+    with p.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, header)
+        w.writeheader()
+        w.writerows(rows)
+    return p
+
+
+def _training_csv(tmp_path, **changes) -> Path:
+    return _csv(tmp_path, TRAINING_HEADER, [{**TRAINING_ROW, **changes}])
+
+
+@pytest.mark.parametrize("value", ["xbf16y", "int4 weights", "bf16 fp8"])
+def test_inference_unknown_precision_refuses_the_file(capsys, tmp_path, value):
+    path = _csv(tmp_path, INFERENCE_HEADER, [{**GPU_ROW, "precision": value}])
+    line = _error(capsys, "validate", str(path), "--json")
+    assert f"{path}:2:" in line and "'precision'" in line and repr(value) in line
+
+
+@pytest.mark.parametrize("value", ["lots", "QPS", "batch 8"])
+def test_inference_non_numeric_batch_refuses_the_file(capsys, tmp_path, value):
+    path = _csv(tmp_path, INFERENCE_HEADER, [{**GPU_ROW, "batch_or_concurrency": value}])
+    line = _error(capsys, "validate", str(path), "--json")
+    assert f"{path}:2:" in line and "'batch_or_concurrency'" in line and repr(value) in line
+
+
+@pytest.mark.parametrize("changes,column", [
+    ({"precision": "xbf16y"}, "precision"), ({"precision": "fp8bf16"}, "precision"),
+    ({"recompute": "sometimes"}, "recompute"),
+    ({"vp": "2", "pp": "1"}, "vp"), ({"vp": "2", "pp": ""}, "vp"),
+])
+def test_training_bad_cell_refuses_the_file(capsys, tmp_path, changes, column):
+    # the metric is unknown: the row would be skipped, yet its bad cell refuses the file
+    path = _training_csv(tmp_path, **changes)
+    line = _error(capsys, "validate", str(path), "--json")
+    assert f"{path}:2:" in line and repr(column) in line and repr(changes[column]) in line
+
+
+@pytest.mark.parametrize("header", [TRAINING_HEADER, INFERENCE_HEADER])
+def test_header_only_file_is_refused(capsys, tmp_path, header):
+    path = _csv(tmp_path, header, [])
+    line = _error(capsys, "validate", str(path))
+    assert str(path) in line and "no data rows" in line
+
+
+def test_published_rows_keep_their_cells(tmp_path):
+    """Every precision, recompute, vp/pp and load cell of ../shared/validation is still accepted."""
+    from paraplan.validate.inference import _dtypes, _load
+    from paraplan.validate.training import row_cells
+    if not VALIDATION.is_dir():
+        pytest.skip("published validation data not present")
+    for name in ("training_dev.csv", "training_dev_moe.csv"):
+        with (VALIDATION / name).open(encoding="utf-8") as fh:
+            for line, row in enumerate(csv.DictReader(fh), start=2):
+                row_cells(row, name, line)
+    with (VALIDATION / "inference_dev.csv").open(encoding="utf-8") as fh:
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            _dtypes(row["precision"], "inference_dev.csv", line)
+            _load(row["batch_or_concurrency"], "inference_dev.csv", line)
+
+
+# ---------------------------------------------------------------- 16. options before any subcommand
+
+def test_options_without_a_subcommand_are_search_options(capsys):
+    code, out, err = run(capsys, *SMALL, "--top", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"] == "mpt-125m"
+
+
+# ---------------------------------------------------------------- 17. absurd counts in model files
+
+MODEL_TOML = """\
+name = "m"
+num_layers = 4
+hidden_size = 256
+ffn_hidden_size = 1024
+num_heads = 4
+num_kv_heads = 4
+vocab_size = 1000
+gated_mlp = false
+tied_embeddings = false
+"""
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ("num_layers = 4", "num_layers = 99999999999999", "num_layers"),
+    ("hidden_size = 256", "hidden_size = 2147483648", "hidden_size"),
+    ("vocab_size = 1000", "vocab_size = 1000\nnum_experts = 99999999999999", "num_experts"),
+])
+def test_model_file_counts_have_a_maximum(capsys, tmp_path, old, new, field):
+    path = tmp_path / "m.toml"
+    path.write_text(MODEL_TOML.replace(old, new))
+    line = _error(capsys, "estimate", "--model", str(path), "--gpus", "8", "--batch", "8", "--seq", "1024")
+    assert field in line and "2147483647" in line
+
+
+# ---------------------------------------------------------------- 18. embeddings: the advice names a real knob
+
+def test_embeddings_no_fit_names_the_weight_bytes_column(capsys):
+    line = _error(capsys, "embeddings", "--gpus", "1")
+    assert "weight_bytes=2" in line and "fp16 weights" not in line
+
+
+# ---------------------------------------------------------------- 19. --sliding-window-kv on a model without windows
+
+def test_sliding_window_kv_needs_windows(capsys):
+    line = _error(capsys, "serve", "--model", "llama3-8b", "--gpus", "2", "--sliding-window-kv")
+    assert "--sliding-window-kv" in line and "llama3-8b" in line
+
+
+def test_hf_config_counts_have_a_maximum(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 99999999999999, "hidden_size": 4096,
+                                "intermediate_size": 11008, "num_attention_heads": 32, "vocab_size": 32000}))
+    line = _error(capsys, "estimate", "--model", str(path), "--gpus", "8", "--batch", "8", "--seq", "1024")
+    assert "num_hidden_layers" in line and "2147483647" in line
+
+
+def test_run_refuses_an_empty_hardware_before_starting(capsys):
+    line = _error(capsys, "run", "--hardware", "", "--dp", "2", "--device", "cpu")
+    assert "--hardware" in line
