@@ -4,8 +4,10 @@ DTensor's `parallelize_module`, the plan torchtitan applies to its Llama.
 With sequence parallelism (Korthikanti et al. 2022) the activations between blocks are
 sharded along the sequence (Shard(1)): norms run on a sequence shard, attention and MLP
 all-gather their input and reduce-scatter their output. Without it they are replicated and
-the row-parallel outputs are all-reduced. The head all-gathers the vocabulary so that the
-loss is a plain cross-entropy on full logits.
+the row-parallel outputs are all-reduced. The head keeps its logits sharded over the
+vocabulary (Shard(-1)) and the loss runs under torch's `loss_parallel()` (worker.py), as
+torchtitan does by default and as the cost model prices it (Megatron's vocab-parallel
+cross-entropy: T·V/t logits per rank, no all-gather of the logits).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
     if model.norm is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=act, output_layouts=Replicate())
+        top["output"] = ColwiseParallel(input_layouts=act, output_layouts=Shard(-1), use_local_output=False)
     if top:
         parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():

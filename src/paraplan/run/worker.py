@@ -8,6 +8,7 @@ group before exiting, so that no rank tears the group down under another.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -23,6 +24,12 @@ from .measure import grad_norm, now_s, peak_memory_bytes, peak_rss_bytes
 from .model import build_model, loss_fn
 from .pipeline import make_schedule, make_stage, stage_ids
 from .tensor_parallel import apply_tensor_parallel
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of a loss, which loss_parallel returns as a replicated DTensor."""
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def pick_device(cfg: RunConfig, local_rank: int) -> torch.device:
@@ -83,17 +90,25 @@ class Runner:
     def _autocast(self):
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast)
 
+    def _loss_context(self):
+        """Cross-entropy on vocabulary-sharded logits under TP (tensor_parallel.py), forward and
+        backward both inside it, as torchtitan's train context does."""
+        if self.cfg.plan.tp > 1:
+            from torch.distributed.tensor.parallel import loss_parallel
+            return loss_parallel()
+        return contextlib.nullcontext()
+
     def forward_backward(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         """Forward and backward of this rank's share of one step; the rank's mean loss, or
         None on ranks without the last pipeline stage."""
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
-            with self._autocast():
+            with self._autocast(), self._loss_context():
                 if self.has_first:
                     self.schedule.step(inputs, target=labels, losses=losses)
                 else:
                     self.schedule.step(target=labels, losses=losses)
-            return torch.stack([x.detach().float() for x in losses]).mean() if self.has_last else None
+            return torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.has_last else None
         (model,) = self.modules
         m = self.cfg.num_microbatches
         total = torch.zeros((), device=self.device)
@@ -103,10 +118,11 @@ class Runner:
                 # ZeRO-0/1/2 accumulate gradients locally and reduce once per step; ZeRO-3
                 # reduce-scatters every micro-batch (no unsharded gradients kept).
                 model.set_requires_gradient_sync(i == m - 1)
-            with self._autocast():
-                loss = loss_fn(model(x), y) / m
-            loss.backward()
-            total += loss.detach().float()
+            with self._loss_context():
+                with self._autocast():
+                    loss = loss_fn(model(x), y) / m
+                loss.backward()
+            total += _local(loss.detach()).float()
         return total
 
     def step(self, step: int) -> dict:
