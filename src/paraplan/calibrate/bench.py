@@ -166,37 +166,48 @@ def _optimizer(device, tensors: int, numel: int) -> OptimizerSample:
     return OptimizerSample(params=tensors * numel, tensors=tensors, time_s=t)
 
 
-def _collectives(device, sizes, world: int, rank: int) -> list[CollectiveSample]:
-    # every rank must call each collective equally often: a fixed count, not a time budget
-    reps = 7
-    out = []
+def _collectives(device, sizes, world: int, rank: int, rounds: int = 15) -> list[CollectiveSample]:
+    """Every collective at every size once per round, `rounds` rounds, and the median per
+    (collective, size): a burst of other work on a shared machine then lands on one sample of
+    many sizes, not on every sample of one size (seven repeats in a row gave times 3-6x apart
+    between calibrations for the same small message here). Every rank makes the same calls
+    in the same order: a fixed count, not a time budget."""
+    # (torch 2.13 names them *_single and deprecates the *_tensor names)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    calls = []  # (op, bytes, the call, time divisor)
     for nbytes in sizes:
         n = max(nbytes // 4, world)
         buf = torch.ones(n, dtype=torch.float32, device=device)
-        t = _median_time(lambda: dist.all_reduce(buf), device, min_repeats=reps, min_time_s=0.0)
-        out.append(CollectiveSample(op="all_reduce", world=world, num_bytes=4 * n, time_s=t))
         # the tensor forms FSDP2 and DTensor call, each on a full buffer of the same bytes
         part = torch.ones(n // world, dtype=torch.float32, device=device)
         full = torch.empty(n // world * world, dtype=torch.float32, device=device)
-        # (torch 2.13 names them *_single and deprecates the *_tensor names)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        t = _median_time(lambda: gather(full, part), device, min_repeats=reps, min_time_s=0.0)
-        out.append(CollectiveSample(op="all_gather", world=world, num_bytes=4 * full.numel(), time_s=t))
-        t = _median_time(lambda: scatter(part, full), device, min_repeats=reps, min_time_s=0.0)
-        out.append(CollectiveSample(op="reduce_scatter", world=world, num_bytes=4 * full.numel(), time_s=t))
 
-        def ping():  # rank 0 <-> rank 1, one message each way; half the round trip
+        def ping(buf=buf):  # rank 0 <-> rank 1, one message each way; half the round trip
             if rank == 0:
                 dist.send(buf, 1)
                 dist.recv(buf, 1)
             elif rank == 1:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-        t = _median_time(ping, device, min_repeats=reps, min_time_s=0.0)
-        out.append(CollectiveSample(op="send_recv", world=world, num_bytes=4 * n, time_s=t / 2))
+        calls += [("all_reduce", 4 * n, lambda buf=buf: dist.all_reduce(buf), 1.0),
+                  ("all_gather", 4 * full.numel(), lambda full=full, part=part: gather(full, part), 1.0),
+                  ("reduce_scatter", 4 * full.numel(), lambda full=full, part=part: scatter(part, full), 1.0),
+                  ("send_recv", 4 * n, ping, 2.0)]
+    for _, _, call, _ in calls:  # warm-up: buffers, connections
+        call()
+    times: dict[int, list[float]] = {i: [] for i in range(len(calls))}
+    for _ in range(rounds):
         dist.barrier()
-    return out
+        for i, (_, _, call, div) in enumerate(calls):
+            _sync(device)
+            t0 = time.perf_counter()
+            call()
+            _sync(device)
+            times[i].append((time.perf_counter() - t0) / div)
+    dist.barrier()
+    return [CollectiveSample(op=op, world=world, num_bytes=nbytes, time_s=statistics.median(times[i]))
+            for i, (op, nbytes, _, _) in enumerate(calls)]
 
 
 def _overlap(device, dtype, nbytes: int) -> OverlapSample:
