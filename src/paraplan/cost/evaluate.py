@@ -30,8 +30,8 @@ from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .comm import Collective, collective_time_s, p2p_time_s
-from .flops import FLASH_BWD_OVER_FWD, CAUSAL_FRACTION, lm_head_forward_flops, layer_forward_flops, moe_forward_flops, \
-    moe_down_proj_flops
+from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
+                    moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
 from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s
 
@@ -325,7 +325,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
     g_down = gemm_time_s(gpu, T, h, f / t, prec)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
-    attn_flops_flash = lf.attn_core / t
+    # FlashAttention-2 runs a head of 80 or 112 in its 96- or 128-wide kernel (flops.py)
+    attn_flops_flash = lf.attn_core / t * np.where(akc == AttentionKernel.FLASH2.code, flash2_padding(model), 1.0)
     attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec, akc)
     # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
     # mask, softmax and dropout over the a·s score elements per token: four passes of the

@@ -20,6 +20,20 @@ from ..specs.model import ModelSpec
 FLASH_BWD_OVER_FWD = 2.5
 # Causal masking: a kernel that skips masked blocks does half the s^2 work (+ diagonal blocks).
 CAUSAL_FRACTION = 0.5
+# The head dimensions FlashAttention-2 compiles its kernels for (csrc/flash_attn/src/
+# static_switch.h HEADDIM_SWITCH; flash_api.cpp rounds the head size up to the next one):
+# a head of 80 or 112 runs the 96- or 128-wide kernel, its matmuls over the padded width.
+FLASH2_HEAD_DIMS = (32, 64, 96, 128, 160, 192, 256)
+
+
+def flash2_padding(model: ModelSpec) -> float:
+    """FLOPs FlashAttention-2 executes over those the model counts (1.0 for head dims it has
+    a kernel for): QK^T over the query/key head dim and AV over the value head dim, each
+    rounded up to the kernel's."""
+    def padded(d: int) -> int:
+        return next((k for k in FLASH2_HEAD_DIMS if k >= d), d)
+    d_qk, d_v = model.q_dim // model.num_heads, model.v_dim // model.num_heads
+    return (padded(d_qk) + padded(d_v)) / (d_qk + d_v)
 
 
 @dataclass(frozen=True, kw_only=True)
