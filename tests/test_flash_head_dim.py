@@ -1,5 +1,5 @@
 """FlashAttention-2 runs a head dimension it has no kernel for in the next wider kernel
-(flops.py FLASH2_HEAD_DIMS, from its HEADDIM_SWITCH): MPT-30B's 112-wide heads pay for 128."""
+(flops.py FLASH2_HEAD_DIMS, from its HEADDIM_SWITCH): 112-wide heads pay for 128."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from paraplan.specs.workload import Precision, Workload
 
 
 def _model(head_dim: int, heads: int = 64) -> ModelSpec:
-    # MPT-30B's published shape: d_model 7168 over 64 heads = 112
+    # hidden 7168 over 64 heads: 112 wide
     return ModelSpec(name=f"hd{head_dim}", num_layers=4, hidden_size=7168, ffn_hidden_size=28672, num_heads=heads,
                      num_kv_heads=heads, head_dim=head_dim, vocab_size=50432, gated_mlp=False)
 
