@@ -86,10 +86,19 @@ def test_serve_requests_has_a_maximum(capsys):
 
 # ---------------------------------------------------------------- 6. capacity factor below 1
 
-def test_capacity_factor_below_one_is_named(capsys):
+@pytest.mark.parametrize("cf", ["0.5", "40"])
+def test_capacity_factor_out_of_range_is_named(capsys, cf):
+    # mixtral: 8 experts, top-2: 1.0 .. 4
     line = _error(capsys, "search", "--model", "mixtral-8x7b", "--gpus", "8", "--batch", "8", "--seq", "1024",
-                  "--capacity-factor", "0.5")
-    assert "--capacity-factor" in line and ">= 1.0" in line and "DP" not in line
+                  "--capacity-factor", cf)
+    assert "--capacity-factor" in line and "from 1.0" in line and "to 4" in line and "DP" not in line
+
+
+@pytest.mark.parametrize("text, expected", [("FP8-DS", Precision.FP8), ("MXFP8", Precision.FP8),
+                                            ("bf16-mixed", Precision.BF16), ("bfloat16", Precision.BF16),
+                                            ("float32", Precision.FP32), ("FP8 (implied; see notes)", Precision.FP8)])
+def test_engine_precision_names_are_read(text, expected):
+    assert parse_precision(text) is expected
 
 
 # ---------------------------------------------------------------- 7. absurd workload numbers
@@ -269,13 +278,22 @@ def test_inference_non_numeric_batch_refuses_the_file(capsys, tmp_path, value):
 @pytest.mark.parametrize("changes,column", [
     ({"precision": "xbf16y"}, "precision"), ({"precision": "fp8bf16"}, "precision"),
     ({"recompute": "sometimes"}, "recompute"),
-    ({"vp": "2", "pp": "1"}, "vp"), ({"vp": "2", "pp": ""}, "vp"),
+    ({"vp": "2", "pp": "1"}, "vp"),
 ])
 def test_training_bad_cell_refuses_the_file(capsys, tmp_path, changes, column):
     # the metric is unknown: the row would be skipped, yet its bad cell refuses the file
     path = _training_csv(tmp_path, **changes)
     line = _error(capsys, "validate", str(path), "--json")
     assert f"{path}:2:" in line and repr(column) in line and repr(changes[column]) in line
+
+
+def test_training_vp_with_pp_blank_pins_vp_and_searches_pp(tmp_path):
+    # a blank knob is searched (the validation README): VP stays 2, so only PP > 1 plans remain
+    from paraplan.validate.training import row_setup
+    path = _training_csv(tmp_path, vp="2", pp="", dp="", tp="4", layers="48")
+    row = next(csv.DictReader(path.open(encoding="utf-8")))
+    setup = row_setup(row, str(path), 2)
+    assert setup.fixed["vp"] == 2 and "pp" not in setup.fixed
 
 
 @pytest.mark.parametrize("header", [TRAINING_HEADER, INFERENCE_HEADER])

@@ -343,9 +343,11 @@ def measure(device_type: str = "auto", ranks: int = 1, quick: bool = False) -> M
         raise SpecError("calibrate", "--ranks", ranks, "a whole number >= 1 is required")
     if device_type == "cuda" and ranks > torch.cuda.device_count():
         raise SpecError("calibrate", "--ranks", ranks, f"at most the {torch.cuda.device_count()} GPUs torch sees")
-    if device_type == "cpu" and ranks > (os.cpu_count() or 1):
-        raise SpecError("calibrate", "--ranks", ranks, f"at most this machine's {os.cpu_count() or 1} CPU cores "
-                                                       "(one process per core, as paraplan run starts them)")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if device_type == "cpu" and ranks > 4 * cores:
+        raise SpecError("calibrate", "--ranks", ranks, f"at most {4 * cores} on this machine's {cores} usable CPU "
+                                                       "cores (4 processes per core; past that they measure the "
+                                                       "scheduler, not the device)")
     if ranks == 1:
         return measure_rank(device_type, 0, 1, quick)
     import torch.multiprocessing as mp

@@ -121,8 +121,9 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
         else:
             # every micro-batch costs the same, so past the warm-up each schedule repeats one
             # period per micro-batch: the makespan is linear in m. Simulate m1 and 2·m1 (multiples
-            # of PP, as interleaving needs) and extend the line to m (exact; tests/test_estimate_
-            # many_microbatches.py checks it against the full simulation); no timeline is kept
+            # of PP, as interleaving needs) and extend the line to m: exact once the steady state
+            # has set in by m1 (tests/test_estimate_many_microbatches.py checks it against the full
+            # simulation); no timeline is kept
             t1 = simulate(build_schedule(plan.schedule, plan.pp, m1, plan.vp), sc).step_time_s
             t2 = simulate(build_schedule(plan.schedule, plan.pp, 2 * m1, plan.vp), sc).step_time_s
             makespan = t2 + (m - 2 * m1) * (t2 - t1) / m1

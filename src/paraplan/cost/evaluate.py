@@ -589,7 +589,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     opt_params = params_stage / lay.shard + expert_stage / lay.shard_e
     offload = lay.offload
     adam_bytes, adam_kernels = ADAM_STEP[workload.optimizer]
-    opt_gpu = memory_bound_time_s(gpu, adam_bytes * opt_params, adam_kernels, gpu.optimizer_bw_efficiency)
+    # the measured optimizer efficiency is torch's AdamW (calibrate/bench.py): the unfused passes
+    opt_eff = gpu.optimizer_bw_efficiency if workload.optimizer is Optimizer.ADAM_UNFUSED else None
+    opt_gpu = memory_bound_time_s(gpu, adam_bytes * opt_params, adam_kernels, opt_eff)
     opt_host = (opt_params * (mem.GRAD_BYTES + mem.WEIGHT_BYTES) / gpu.host_link_bw_unidir_bytes_per_s
                 + opt_params / gpu.host_adam_params_per_s)
     optimizer = np.where(offload, opt_host, opt_gpu)

@@ -46,9 +46,10 @@ class GPUSpec:
     # them at about the copy rate; a CPU core computes exp/rsqrt far slower than it copies
     # (paraplan calibrate measures a layer's mix).
     elementwise_efficiency: float | None = None
-    # The same for the optimizer step's passes over parameters, gradients and states, on the
-    # bytes the cost model counts (cost/evaluate.py ADAM_STEP); None: memory_bw_efficiency.
-    # paraplan calibrate measures it with every rank stepping at once, as a run's ranks do.
+    # The same for torch.optim.AdamW's unfused passes over parameters, gradients and states, on
+    # the bytes the cost model counts (cost/evaluate.py ADAM_STEP, `adam-unfused`; the fused
+    # kernel keeps memory_bw_efficiency); None: memory_bw_efficiency. paraplan calibrate
+    # measures it with every rank stepping at once, as a run's ranks do.
     optimizer_efficiency: float | None = None
     kernel_launch_overhead_s: float = 4e-6
     # End-to-end fraction of microbenchmark compute throughput sustained in training: clock

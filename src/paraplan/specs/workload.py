@@ -102,9 +102,12 @@ class Workload:
         return self.global_batch_size * self.seq_len
 
 
-# Other spellings the published measurements use (../shared/validation): Megatron-Bridge's
-# FP8 current-scaling recipe.
-_PRECISION_ALIASES = {"fp8-cs": Precision.FP8}
+# Other spellings in published measurements and the engines' own flags: Megatron-Bridge's FP8
+# recipes (current scaling, delayed scaling, MXFP8; the cost model has one FP8), Lightning's
+# "bf16-mixed", torch dtype names.
+_PRECISION_ALIASES = {"fp8-cs": Precision.FP8, "fp8-ds": Precision.FP8, "fp8-mx": Precision.FP8,
+                      "mxfp8": Precision.FP8, "bf16-mixed": Precision.BF16, "bfloat16": Precision.BF16,
+                      "fp16-mixed": Precision.FP16, "float16": Precision.FP16, "float32": Precision.FP32}
 
 
 def parse_precision(text: str) -> Precision:
@@ -117,4 +120,5 @@ def parse_precision(text: str) -> Precision:
         return Precision(t)
     except ValueError:
         raise SpecError("workload", "precision", text,
-                        "allowed: bf16, fp16, fp8, tf32, fp32 (or FP8-CS; a note in parentheses may follow)") from None
+                        "allowed: bf16, fp16, fp8, tf32, fp32 (or " + ", ".join(_PRECISION_ALIASES)
+                        + "; a note in parentheses may follow)") from None

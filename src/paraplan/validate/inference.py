@@ -65,10 +65,11 @@ def _dtypes(precision: str, path: str, line: int):
     known = {"bf16": (bf16, bf16), "bf16 kv": (bf16, bf16), "fp16": (fp16, fp16), "fp8": (fp8, fp8),
              "int8": (int8, bf16), "int8 weights": (int8, bf16)}
     text = precision.strip()
-    if text.lower() not in known:
+    key = re.sub(r"\s*\(.*\)$", "", text.lower())  # "FP8 (implied)": a note may follow, as in training rows
+    if key not in known:
         raise FileFormatError(path, f"column 'precision': {text!r} is not allowed; allowed: "
-                              + ", ".join(known), line)
-    return known[text.lower()]
+                              + ", ".join(known) + " (a note in parentheses may follow)", line)
+    return known[key]
 
 
 def _load(text: str, path: str, line: int) -> tuple[str, float | None]:

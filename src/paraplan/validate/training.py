@@ -160,9 +160,9 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     except SpecError as e:
         raise FileFormatError(path, f"column 'recompute': {rc!r} is not allowed; {e.allowed} or blank (not stated)",
                               line) from None
-    if (cells["vp"] or 1) > 1 and (cells["pp"] or 1) == 1:
-        raise FileFormatError(path, f"column 'vp': {row['vp'].strip()!r} is not allowed with pp "
-                              f"{(row.get('pp') or '').strip() or 'blank'}; virtual stages need a stated pp > 1", line)
+    if (cells["vp"] or 1) > 1 and cells["pp"] == 1:
+        raise FileFormatError(path, f"column 'vp': {row['vp'].strip()!r} is not allowed with pp 1; "
+                              "virtual stages need pp > 1 (or pp blank: searched)", line)
     return cells
 
 
@@ -207,8 +207,8 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
         raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
     wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
                   **({"moe_imbalance": 1.0} if balanced else {}))
-    if c["vp"] is not None and fixed.get("pp", 1) > 1:
-        fixed["vp"] = c["vp"]
+    if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
+        fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
     recomputes = (c["recompute"],) if c["recompute"] is not None else tuple(Recompute)
     if "megatron-bridge" not in (row.get("framework") or "").lower():
         # module recomputation (--recompute-modules) came with Megatron-Core 0.12 (2025):
