@@ -379,3 +379,8 @@ def test_hf_config_counts_have_a_maximum(capsys, tmp_path):
 def test_run_refuses_an_empty_hardware_before_starting(capsys):
     line = _error(capsys, "run", "--hardware", "", "--dp", "2", "--device", "cpu")
     assert "--hardware" in line
+
+
+def test_unknown_precision_names_the_flag(capsys):
+    line = _error(capsys, "estimate", "--precision", "fp9")
+    assert "--precision='fp9'" in line and "bf16" in line

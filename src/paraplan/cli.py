@@ -138,7 +138,7 @@ def _specs(args):
         if tokens % args.seq:
             raise SpecError("workload", "batch_tokens", tokens, f"must be a multiple of --seq {args.seq}")
         gbs = tokens // args.seq
-    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
+    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
                   optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
                   restart_s=_finite_flag("--restart-min", 60.0 * args.restart_min),
                   storage_bytes_per_s=_finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),

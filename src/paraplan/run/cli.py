@@ -97,7 +97,7 @@ def config_from_args(args) -> "RunConfig":
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
-    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision),
+    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
                   optimizer=RUN_OPTIMIZER)
     cfg = RunConfig(model=model, model_name=args.model, plan=plan, workload=wl, steps=args.steps,
                     warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,

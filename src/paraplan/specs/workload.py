@@ -110,7 +110,7 @@ _PRECISION_ALIASES = {"fp8-cs": Precision.FP8, "fp8-ds": Precision.FP8, "fp8-mx"
                       "fp16-mixed": Precision.FP16, "float16": Precision.FP16, "float32": Precision.FP32}
 
 
-def parse_precision(text: str) -> Precision:
+def parse_precision(text: str, field: str = "precision") -> Precision:
     """One of the precisions by name (any case), or an alias; a note in parentheses after it
     ("BF16 (AMP)", "FP8 (implied; see notes)") is allowed. Nothing else: "xbf16y" is no bf16."""
     t = re.sub(r"\s*\(.*\)$", "", str(text).strip().lower())
@@ -119,6 +119,6 @@ def parse_precision(text: str) -> Precision:
     try:
         return Precision(t)
     except ValueError:
-        raise SpecError("workload", "precision", text,
+        raise SpecError("workload", field, text,
                         "allowed: bf16, fp16, fp8, tf32, fp32 (or " + ", ".join(_PRECISION_ALIASES)
                         + "; a note in parentheses may follow)") from None
