@@ -85,13 +85,33 @@ def _launch_overhead_s(device) -> float:
 
 
 def _gemms(device, dtype, shapes, quick) -> list[GemmSample]:
-    out = []
+    """Every shape once (a few individually timed calls, about 5 ms) per round, rounds until
+    the time budget is spent (at least 5), and the median per shape over all its calls: a
+    slow spell on a shared machine then touches every shape a little, not one shape wholly."""
+    ops = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
-        t = _median_time(lambda: torch.matmul(a, b), device, min_time_s=0.05 if quick else 0.2)
-        out.append(GemmSample(m=m, n=n, k=k, dtype=str(dtype).removeprefix("torch."), time_s=t))
-    return out
+        fn = (lambda a=a, b=b: torch.matmul(a, b))
+        for _ in range(2):  # warm-up; the second call also sizes the per-round count
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            first = time.perf_counter() - t0
+        ops.append(((m, n, k), fn, max(1, min(50, int(5e-3 / max(first, 1e-7))))))
+    budget = (0.05 if quick else 0.2) * len(ops)
+    times: list[list[float]] = [[] for _ in ops]
+    start, rounds = time.perf_counter(), 0
+    while rounds < 5 or (time.perf_counter() - start < budget and rounds < 200):
+        for i, (_, fn, reps) in enumerate(ops):
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                fn()
+                _sync(device)
+                times[i].append(time.perf_counter() - t0)
+        rounds += 1
+    return [GemmSample(m=m, n=n, k=k, dtype=str(dtype).removeprefix("torch."), time_s=statistics.median(times[i]))
+            for i, ((m, n, k), _, _) in enumerate(ops)]
 
 
 def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
