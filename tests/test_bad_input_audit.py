@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import assert_user_error, run
+from support import GPU_ROW, INFERENCE_HEADER, TRAINING_HEADER, TRAINING_ROW, assert_user_error, run, write_csv
 
 from paraplan.specs.workload import Precision, parse_precision
 
@@ -234,27 +234,9 @@ def test_compare_refuses_values_that_are_not_positive_finite_numbers(capsys, tmp
 
 # ---------------------------------------------------------------- 13-15. validate files
 
-TRAINING_HEADER = ("id,source,model,params_b,layers,hidden,ffn_hidden,heads,kv_heads,vocab,gated_mlp,num_experts,"
-                   "top_k,moe_ffn_hidden,seq_len,gpu,num_gpus,gpus_per_node,precision,global_batch,micro_batch,tp,pp,"
-                   "vp,cp,ep,dp,sp,recompute,zero,framework,metric_id,value,metric_text,notes").split(",")
-TRAINING_ROW = dict(zip(TRAINING_HEADER, (
-    "train-dev-001", "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5", "Megatron 22B", "22", "48", "6144",
-    "24576", "64", "64", "51200", "no", "", "", "", "2048", "A100 80GB", "8", "8", "fp16", "4", "4", "8", "1", "1",
-    "1", "1", "1", "no", "full", "0", "Megatron-LM", "not_a_metric", "1.42", "iteration time (s)", "Selene")))
-INFERENCE_HEADER = ("id,source,model,params_b,gpu,num_gpus,tp,pp,ep,precision,batch_or_concurrency,input_len,"
-                    "output_len,metric,metric_id,value,notes").split(",")
-GPU_ROW = dict(zip(INFERENCE_HEADER, (
-    "inf-x", "vLLM benchmark", "LLaMA 3.1 8B", "8", "H100 80GB HBM3", "1", "1", "1", "", "BF16",
-    "QPS=2", "512", "256", "mean TTFT", "not_a_metric", "60", "online serving")))
-
-
+# rows whose metric is unknown: validate would skip them, so only a bad cell can fail the file
 def _csv(tmp_path, header, rows, name="rows.csv") -> Path:
-    p = tmp_path / name
-    with p.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, header)
-        w.writeheader()
-        w.writerows(rows)
-    return p
+    return write_csv(tmp_path, header, [{**r, "metric_id": "not_a_metric"} for r in rows], name)
 
 
 def _training_csv(tmp_path, **changes) -> Path:

@@ -3,7 +3,6 @@ line, the field and the value, exit 2, no traceback and no partial output."""
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
@@ -12,39 +11,13 @@ import pytest
 from paraplan.embeddings.tables import load_embedding_workload, load_profile
 from paraplan.errors import FileFormatError
 
-from support import assert_user_error, run, write
+from support import (GPU_ROW, INFERENCE_HEADER, TPU_ROW, TRAINING_HEADER, TRAINING_ROW, assert_user_error, run, write,
+                     write_csv)
 
 VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
 
-TRAINING_HEADER = ("id,source,model,params_b,layers,hidden,ffn_hidden,heads,kv_heads,vocab,gated_mlp,num_experts,"
-                   "top_k,moe_ffn_hidden,seq_len,gpu,num_gpus,gpus_per_node,precision,global_batch,micro_batch,tp,pp,"
-                   "vp,cp,ep,dp,sp,recompute,zero,framework,metric_id,value,metric_text,notes").split(",")
-# train-dev-001 of training_dev.csv (Korthikanti et al. 2022 Table 5)
-TRAINING_ROW = dict(zip(TRAINING_HEADER, (
-    "train-dev-001", "Korthikanti et al. 2022 (arXiv 2205.05198) Table 5", "Megatron 22B", "22", "48", "6144",
-    "24576", "64", "64", "51200", "no", "", "", "", "2048", "A100 80GB", "8", "8", "fp16", "4", "4", "8", "1", "1",
-    "1", "1", "1", "no", "full", "0", "Megatron-LM", "iteration_time_s", "1.42", "iteration time (s)", "Selene")))
-
-INFERENCE_HEADER = ("id,source,model,params_b,gpu,num_gpus,tp,pp,ep,precision,batch_or_concurrency,input_len,"
-                    "output_len,metric,metric_id,value,notes").split(",")
-# inf-dev-0001 of inference_dev.csv (Pope et al. 2022 Table 2, static batch on TPU v4)
-TPU_ROW = dict(zip(INFERENCE_HEADER, (
-    "inf-dev-0001", "Pope et al. 2022 Table 2", "PaLM 540B", "540", "TPU v4", "64", "64", "1", "", "int8 weights",
-    "1", "2048", "", "prefill MFU (%)", "prefill_mfu_pct", "43",
-    "2D weight-stationary FFN; attention sharded over heads")))
-# an online-serving row on a GPU (request rate QPS=2)
-GPU_ROW = dict(zip(INFERENCE_HEADER, (
-    "inf-x", "vLLM benchmark", "LLaMA 3.1 8B", "8", "H100 80GB HBM3", "1", "1", "1", "", "BF16",
-    "QPS=2", "512", "256", "mean TTFT", "ttft_mean_ms", "60", "online serving")))
-
-
 def _csv(tmp_path, header, row, name="rows.csv", **changes) -> Path:
-    p = tmp_path / name
-    with p.open("w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, header)
-        w.writeheader()
-        w.writerow({**row, **changes})
-    return p
+    return write_csv(tmp_path, header, [{**row, **changes}], name)
 
 
 def _validate_error(capsys, path: Path) -> str:
