@@ -13,6 +13,14 @@ def _parse(text: str, kind, what: str):
         raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
 
 
+def non_empty(text: str) -> str:
+    """A name or a path: '' (or blanks) is refused, not read as "not given"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; a preset name or a path is required "
+                                         "(leave the flag out for the default)")
+    return text
+
+
 def _int(text: str) -> int:
     return _parse(text, int, "an integer")
 

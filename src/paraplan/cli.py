@@ -15,6 +15,7 @@ import numpy as np
 
 from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
+from .argtypes import non_empty as _non_empty
 from .argtypes import positive_int as _positive_int
 from .errors import ParaplanError, SpecError
 from .specs.workload import ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S
@@ -37,7 +38,7 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model, cluster and workload")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name, model TOML or HF config.json (default {DEFAULT_MODEL})")
     g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster preset or TOML (default {DEFAULT_CLUSTER})")
-    g.add_argument("--hardware", default=None, help="a calibrated hardware profile TOML (overrides --cluster)")
+    g.add_argument("--hardware", default=None, type=_non_empty, help="a calibrated hardware profile TOML (overrides --cluster)")
     g.add_argument("--gpus", type=_positive_int, default=DEFAULT_GPUS, help=f"number of GPUs (default {DEFAULT_GPUS})")
     g.add_argument("--seq", type=_positive_int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
     b = g.add_mutually_exclusive_group()
@@ -107,20 +108,6 @@ def _finite_flag(flag: str, value: float) -> float:
     return value
 
 
-def _non_empty(where: str, flag: str, value: str | None) -> str | None:
-    """A flag's text as given; '' is refused, not read as "not given"."""
-    if value is not None and not value.strip():
-        raise SpecError(where, flag, value, "a preset name or a file path is required (leave the flag out "
-                                            "for the default)")
-    return value
-
-
-def _cluster_name(args, where: str) -> str:
-    """--hardware (a calibrated profile) when given, else --cluster."""
-    hardware = _non_empty(where, "--hardware", args.hardware)
-    return hardware if hardware is not None else args.cluster
-
-
 def _specs(args):
     from .specs.catalog import load_cluster, load_model
     from .specs.workload import Optimizer, Workload, parse_precision
@@ -130,7 +117,7 @@ def _specs(args):
         raise SpecError("workload", "--optimizer", args.optimizer,
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
-    cluster = load_cluster(_cluster_name(args, getattr(args, "command", None) or "paraplan"), num_gpus=args.gpus)
+    cluster = load_cluster(args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
     else:
@@ -255,7 +242,7 @@ def cmd_scale(args) -> int:
         from .report.plots import plot_format
         plot_format(args.plot, "scale")
     model, cluster, wl = _specs(args)
-    clusters = [load_cluster(_cluster_name(args, "scale"), num_gpus=n) for n in counts]
+    clusters = [load_cluster(args.hardware or args.cluster, num_gpus=n) for n in counts]
     fixed, limits = _search_pins(args)
     show = (not args.json) and sys.stderr.isatty()
 
@@ -306,6 +293,7 @@ def cmd_estimate(args) -> int:
 
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
+TRACE_MAX_LAYER_EVENTS = 10 * TRACE_LAYER_EVENTS  # about 2 GB: the most --max-microbatches may ask for
 
 
 def cmd_trace(args) -> int:
@@ -320,10 +308,10 @@ def cmd_trace(args) -> int:
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
     model, cluster, wl = _specs(args)
-    if args.max_microbatches is not None and args.max_microbatches * model.num_layers > 10 * TRACE_LAYER_EVENTS:
+    most = max(1, TRACE_MAX_LAYER_EVENTS // (10 * model.num_layers))  # counted as the default cap below
+    if args.max_microbatches is not None and args.max_microbatches > most:
         raise SpecError("trace", "--max-microbatches", args.max_microbatches,
-                        f"at most {10 * TRACE_LAYER_EVENTS // model.num_layers:,} for {model.num_layers} layers "
-                        f"(about {10 * TRACE_LAYER_EVENTS:,} layer events, gigabytes of JSON)")
+                        f"at most {most:,} for {model.num_layers} layers (about 2 GB of trace JSON)")
     plan = _plan_from_args(args, cluster)
     est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
     m = est.num_microbatches
@@ -375,7 +363,7 @@ def cmd_validate(args) -> int:
     from .validate.training import validate_file
     run = validate_inference_file if is_inference_file(args.file) else validate_file
     kw = {}
-    if _non_empty("validate", "--hardware", args.hardware) is not None:  # a bad profile: one line before any row
+    if args.hardware:  # a bad profile is one line before any row is predicted
         from .specs.catalog import load_cluster
         if run is not validate_file:
             raise SpecError("validate", "--hardware", args.hardware, "only training-measurement files take a profile")
@@ -453,7 +441,7 @@ def cmd_embeddings(args) -> int:
         raise SpecError("--optimizer", "value", args.optimizer, "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     cluster = load_cluster(args.cluster, num_gpus=args.gpus)
     wl = load_embedding_workload(args.tables, args.batch_per_rank, optimizer)
-    if _non_empty("embeddings", "--profile", args.profile) is not None:
+    if args.profile:
         wl = wl.with_access(load_profile(args.profile))
     res = plan_embeddings(wl, cluster, hot_rows=args.hot_rows, dedup=args.dedup, hbm_reserve_fraction=args.hbm_reserve)
     plan, cost = res.plan, res.cost
@@ -552,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("file")
     v.add_argument("--json", action="store_true")
     v.add_argument("--verbose", action="store_true", help="show the chosen values of blank knobs")
-    v.add_argument("--hardware", default=None, help="predict every row on this profile TOML or cluster preset "
+    v.add_argument("--hardware", default=None, type=_non_empty, help="predict every row on this profile TOML or cluster preset "
                                                      "(e.g. from paraplan calibrate) instead of the row's GPU")
     v.set_defaults(func=cmd_validate)
     m = sub.add_parser("embeddings", help="shard embedding tables (default: Criteo-1TB on 64 H100)")
@@ -561,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--gpus", type=_positive_int, default=64, help="number of GPUs (default 64)")
     m.add_argument("--batch-per-rank", type=_positive_int, default=512, help="samples per GPU (default 512)")
     m.add_argument("--optimizer", default="rowwise_adagrad", help="rowwise_adagrad or adam (default rowwise_adagrad)")
-    m.add_argument("--profile", help="a locality profile TOML applied to every table (dlrm-2022 is built in)")
+    m.add_argument("--profile", type=_non_empty, help="a locality profile TOML applied to every table (dlrm-2022 is built in)")
     m.add_argument("--hot-rows", action="store_true", help="replicate each table's hottest rows on every GPU (FlexShard)")
     m.add_argument("--dedup", action="store_true", help="deduplicate ids within the batch before the all-to-all (RecD)")
     m.add_argument("--hbm-reserve", type=float, default=0.15, help="HBM share kept for the dense model (default 0.15)")

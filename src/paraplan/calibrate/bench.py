@@ -25,6 +25,8 @@ from .measurements import (AttentionSample, CollectiveSample, CopySample, Elemen
                            OptimizerSample, OverlapSample)
 
 KIB, MIB = 1024, 1024 * 1024
+# GEMM rounds: each shape timed for about this long per round, in at most this many calls
+GEMM_ROUND_S, GEMM_ROUND_MAX_CALLS = 5e-3, 50
 
 
 def _sizes(device: str, quick: bool) -> dict:
@@ -98,7 +100,7 @@ def _gemms(device, dtype, shapes, quick) -> list[GemmSample]:
             fn()
             _sync(device)
             first = time.perf_counter() - t0
-        ops.append(((m, n, k), fn, max(1, min(50, int(5e-3 / max(first, 1e-7))))))
+        ops.append(((m, n, k), fn, max(1, min(GEMM_ROUND_MAX_CALLS, int(GEMM_ROUND_S / max(first, 1e-7))))))
     budget = (0.05 if quick else 0.2) * len(ops)
     times: list[list[float]] = [[] for _ in ops]
     start, rounds = time.perf_counter(), 0

@@ -10,6 +10,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..argtypes import non_empty
+
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure this machine (GEMM, attention, memory, collectives) "
@@ -25,7 +27,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--raw", default=None, metavar="JSON", help="also write the raw measurements here")
     p.add_argument("--from-raw", default=None, metavar="JSON", help="build the profile from saved measurements "
                                                                     "(no benchmarks, no torch)")
-    p.add_argument("--vidur", default=None, metavar="DIR", help="derive curves from vidur profiling CSVs in DIR "
+    p.add_argument("--vidur", default=None, metavar="DIR", type=non_empty, help="derive curves from vidur profiling CSVs in DIR "
                                                                 "and compare them with the GPU presets")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
     p.set_defaults(func=cmd_calibrate)
@@ -37,8 +39,6 @@ def cmd_calibrate(args) -> int:
     # a flag the chosen mode never reads is refused, not silently ignored
     bench = (("--ranks", args.ranks, 1), ("--device", args.device, "auto"), ("--quick", args.quick, False))
     if args.vidur is not None:
-        if not args.vidur.strip():
-            raise SpecError("calibrate", "--vidur", args.vidur, "a directory of vidur profiling CSVs is required")
         unread = bench + (("--output", args.output, None), ("--raw", args.raw, None),
                           ("--from-raw", args.from_raw, None), ("--name", args.name, None),
                           ("--base-cluster", args.base_cluster, "dgx-h100"))

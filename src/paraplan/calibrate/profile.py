@@ -224,10 +224,16 @@ def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
                       num_heads=e.q_dim // e.head_dim, num_kv_heads=e.kv_dim // e.head_dim, head_dim=e.head_dim,
                       vocab_size=1, gated_mlp=True)
     counted = e.tokens * elementwise_bytes_per_token(layer, act_bytes=compute_precision(m).activation_bytes)
-    busy = e.time_s - EW_FWD_KERNELS * m.launch_overhead_s
+    return _streaming_share(counted, e.time_s, EW_FWD_KERNELS, m.launch_overhead_s, mem_bw)
+
+
+def _streaming_share(counted_bytes: float, time_s: float, launches: int, launch_s: float, mem_bw: float) -> float:
+    """bytes / ((t − launches·τ)·bandwidth) within [MIN_EFFICIENCY, 1]: the efficiency with
+    which the model's memory_bound_time_s reproduces a measured time."""
+    busy = time_s - launches * launch_s
     if busy <= 0.0:  # the launches alone take the time: the bytes cost nothing more
         return 1.0
-    return min(max(float(counted / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
+    return min(max(float(counted_bytes / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
 
 
 def optimizer_efficiency(m: Measurements, mem_bw: float) -> float | None:
@@ -243,10 +249,7 @@ def optimizer_efficiency(m: Measurements, mem_bw: float) -> float | None:
     from ..specs.workload import Optimizer
     step_bytes, passes = ADAM_STEP[Optimizer.ADAM_UNFUSED]
     launches = passes * (o.tensors if m.device_type == "cpu" else 1)
-    busy = o.time_s - launches * m.launch_overhead_s
-    if busy <= 0.0:
-        return 1.0
-    return min(max(float(step_bytes * o.params / (busy * mem_bw)), MIN_EFFICIENCY), 1.0)
+    return _streaming_share(step_bytes * o.params, o.time_s, launches, m.launch_overhead_s, mem_bw)
 
 
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:

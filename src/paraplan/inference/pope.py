@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..cost.memory import ACT_BYTES
 from ..errors import ParaplanError, SpecError
 from ..specs.catalog import load_cluster, load_model
+from ..specs.files import without_note
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
@@ -121,7 +122,7 @@ def max_context_tokens(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, 
 def predict_pope_row(row: dict, metric: str, path: str, line: int) -> tuple[float, str]:
     """One measurements row (../shared/validation inference_dev.csv) of Pope et al.'s static batches."""
     from ..validate.rows import int_cell, required_int  # the CSV cell rules live with the reader
-    base = load_model(re.sub(r"\s*\(.*\)\s*$", "", row["model"]))
+    base = load_model(without_note(row["model"]))
     model, sharding = _variant(base, row.get("notes", ""))
     n = required_int(row, "num_gpus", path, line, "a static-batch row")
     cluster = load_cluster("tpu-v4-pod", num_gpus=n)

@@ -97,6 +97,18 @@ class PlanBatch:
 
 
 # ---------------------------------------------------------------- validity rules
+def capacity_factor_ok(model: ModelSpec, cf):
+    """A token-dropping capacity factor from 1 (each expert holds its even share, T·k/E) to
+    E/k (it holds every token: a larger factor only pads)."""
+    cf = np.asarray(cf, dtype=float)
+    return (cf >= 1.0) & (cf <= model.num_experts / model.top_k)
+
+
+def capacity_factor_rule(model: ModelSpec, cf) -> str:
+    return (f"capacity factor {cf} must be from 1.0 (an expert holds its even share of the routed tokens) "
+            f"to {model.num_experts / model.top_k:g} (E/top_k: every token), or dropless")
+
+
 def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
     """(name, mask-of-invalid function, reason function) triples; one place for every rule."""
     L, gbs, s = model.num_layers, workload.global_batch_size, workload.seq_len
@@ -121,11 +133,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda B: B.ep_overlap & ((B.recompute_code == Recompute.FULL.code) | (B.recompute_code == Recompute.FIRST_K.code)),
          lambda P: f"EP communication overlap cannot run with {P.recompute.value} recomputation "
                    "(Megatron-Core allows none, selective or module recomputation with it)"),
-        # at E/k an expert's capacity T·k/E·cf is every token: larger factors only pad
-        ("capacity", lambda B: (B.capacity_factor_value != 0.0) & ((B.capacity_factor_value < 1.0)
-                                                                  | (B.capacity_factor_value > E / model.top_k)),
-         lambda P: f"capacity factor {P.capacity_factor} must be in [1.0, {E / model.top_k:g}] "
-                   f"(E/top_k: then each expert holds every token; or dropless)"),
+        ("capacity", lambda B: (B.capacity_factor_value != 0.0) & ~capacity_factor_ok(model, B.capacity_factor_value),
+         lambda P: capacity_factor_rule(model, P.capacity_factor)),
     ] if model.is_moe else [
         ("dense_ep", lambda B: (B.ep != 1) | (B.etp != 1) | (B.capacity_factor_value != 0.0) | B.a2a_hierarchical
          | B.ep_overlap,

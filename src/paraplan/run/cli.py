@@ -22,6 +22,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
+from ..argtypes import non_empty as _non_empty
 from ..argtypes import non_negative_int as _non_negative_int
 from ..argtypes import positive_int as _positive_int
 from ..errors import FileFormatError, ParaplanError, SpecError
@@ -62,7 +63,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the weights and the synthetic tokens")
     g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     g.add_argument("--device", default="auto", help="auto (GPU if torch sees one), cpu or cuda")
-    g.add_argument("--hardware", default=None,
+    g.add_argument("--hardware", default=None, type=_non_empty,
                    help="cluster preset or calibrated profile TOML to predict with (default on a GPU: its preset)")
     g.add_argument("-o", "--output", default="paraplan-run.json", help="report file (default paraplan-run.json)")
 
@@ -103,9 +104,6 @@ def config_from_args(args) -> "RunConfig":
                     warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,
                     output=args.output, scaled=scaled or None)
     check_runnable(cfg)
-    if cfg.hardware is not None and not cfg.hardware.strip():
-        raise SpecError("run", "--hardware", cfg.hardware, "a preset name or a profile TOML path is required "
-                                                          "(leave the flag out for the default)")
     if cfg.hardware:  # a bad profile or preset is the user's mistake: say so before starting
         from ..specs.catalog import load_cluster
         load_cluster(cfg.hardware, num_gpus=cfg.world_size)
@@ -222,7 +220,7 @@ def add_parser(sub) -> None:
     c.add_argument("reports", nargs="+", help="report JSON files written by `paraplan run`")
     c.add_argument("--metric", default="step_time", choices=("step_time", "memory"),
                    help="step_time (default) or memory (peak per rank)")
-    c.add_argument("--hardware", default=None,
+    c.add_argument("--hardware", default=None, type=_non_empty,
                    help="predict every run again on this cluster preset or calibrated profile TOML")
     c.add_argument("--plot", default=None, metavar="PNG", help="write a predicted-vs-measured scatter plot (needs matplotlib)")
     c.add_argument("--json", action="store_true")

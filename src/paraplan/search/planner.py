@@ -4,8 +4,6 @@ the simulated pipeline, so the top of the ranking is stable; see docs/model.md).
 
 from __future__ import annotations
 
-import math
-
 import time as _time
 from dataclasses import dataclass, field, replace
 
@@ -16,7 +14,8 @@ from ..cost.evaluate import evaluate, plan_memory
 from ..cost.memory import fits as plan_fits
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
-from ..plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space, space_blocks
+from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan,
+                          enumerate_space, space_blocks)
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -51,12 +50,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
         raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
                         f"applies to mixture-of-experts models only; {model.name} is dense")
-    top = model.num_experts / model.top_k if model.is_moe else math.inf
-    bad = [cf for cf in limits.capacity_factors if cf is not None and not 1.0 <= cf <= top]
+    bad = [cf for cf in limits.capacity_factors if cf is not None and not capacity_factor_ok(model, cf)]
     if bad:  # else every plan is rejected and the "no valid plan" message blames the batch
-        raise SpecError("search", "--capacity-factor", bad[0], f"must be from 1.0 (an expert holds at least its "
-                        f"even share of the routed tokens) to {top:g} (E/top_k: every token); leave it out for "
-                        "dropless")
+        raise SpecError("search", "--capacity-factor", bad[0], capacity_factor_rule(model, bad[0]))
     n_cand = n_valid = n_fit = n_device_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..errors import FileFormatError
@@ -19,3 +20,9 @@ def read_text(path: Path, shown: str) -> str:
         raise FileFormatError(shown, "no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise FileFormatError(shown, f"cannot read: {e}") from None
+
+
+def without_note(text: str) -> str:
+    """A cell or a name with a trailing note in parentheses dropped ("FP8 (implied; see
+    notes)" -> "FP8", "Qwen3_30B_a3B (tokendrop)" -> "Qwen3_30B_a3B"), stripped."""
+    return re.sub(r"\s*\(.*\)\s*$", "", str(text).strip())

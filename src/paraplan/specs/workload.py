@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
 from ..errors import SpecError
+from .files import without_note
 
 
 class Precision(StrEnum):
@@ -113,7 +113,7 @@ _PRECISION_ALIASES = {"fp8-cs": Precision.FP8, "fp8-ds": Precision.FP8, "fp8-mx"
 def parse_precision(text: str, field: str = "precision") -> Precision:
     """One of the precisions by name (any case), or an alias; a note in parentheses after it
     ("BF16 (AMP)", "FP8 (implied; see notes)") is allowed. Nothing else: "xbf16y" is no bf16."""
-    t = re.sub(r"\s*\(.*\)$", "", str(text).strip().lower())
+    t = without_note(text).lower()
     if t in _PRECISION_ALIASES:
         return _PRECISION_ALIASES[t]
     try:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..errors import FileFormatError, SpecError
 from ..specs.catalog import load_cluster
+from ..specs.files import without_note
 from ..units import MILLI
 from .rows import MAX_COUNT, int_cell, read_rows, row_result, validate_rows, with_prediction
 from .training import _cluster_for as _gpu_cluster_for
@@ -65,7 +66,7 @@ def _dtypes(precision: str, path: str, line: int):
     known = {"bf16": (bf16, bf16), "bf16 kv": (bf16, bf16), "fp16": (fp16, fp16), "fp8": (fp8, fp8),
              "int8": (int8, bf16), "int8 weights": (int8, bf16)}
     text = precision.strip()
-    key = re.sub(r"\s*\(.*\)$", "", text.lower())  # "FP8 (implied)": a note may follow, as in training rows
+    key = without_note(text).lower()  # "FP8 (implied)": a note may follow, as in training rows
     if key not in known:
         raise FileFormatError(path, f"column 'precision': {text!r} is not allowed; allowed: "
                               + ", ".join(known) + " (a note in parentheses may follow)", line)

@@ -8,7 +8,6 @@ row's metric with the row's own FLOP convention (read from its `notes`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
@@ -17,6 +16,7 @@ from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroSt
 from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model
+from ..specs.files import without_note
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload, parse_precision
 from ..units import GIB, TERA
@@ -118,7 +118,7 @@ def _yes_no(row: dict, key: str, path: str, line: int) -> bool | None:
 
 def _preset(name: str) -> ModelSpec | None:
     """The named preset; a parenthesized variant ("Qwen3_30B_a3B (tokendrop)") is the model."""
-    for candidate in (name, re.sub(r"\s*\(.*\)\s*$", "", name)):
+    for candidate in (name, without_note(name)):
         try:
             return load_model(candidate)
         except ParaplanError:
