@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from paraplan.calibrate.measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample,
-                                             GemmSample, Measurements, OptimizerSample, OverlapSample)
+                                             GemmSample, Measurements, OptimizerSample, OverlapSample, TPLayerSample)
 from paraplan.calibrate.profile import build_profile, fit_link
 from paraplan.cli import main
 from paraplan.cost.estimate import estimate
@@ -182,6 +182,53 @@ def test_slower_optimizer_step_slows_only_the_optimizer(tmp_path):
     assert e_slow.time.compute_s == e_plain.time.compute_s
     fused = replace(wl, optimizer=Optimizer.ADAM)
     assert estimate(model, slow, fused, plan).time.optimizer_s == estimate(model, plain, fused, plan).time.optimizer_s
+
+
+def _tp_layer(extra_s: float, world: int = 2) -> TPLayerSample:
+    """A TP layer that costs `extra_s` more per layer than its replica (3 layers vs 1)."""
+    return TPLayerSample(world=world, tokens=16, hidden=128, bytes_per_element=4, tp_1_layer_s=0.01 + 0.002 + extra_s,
+                         tp_3_layers_s=0.01 + 3 * (0.002 + extra_s), plain_1_layer_s=0.005 + 0.002,
+                         plain_3_layers_s=0.005 + 3 * 0.002)
+
+
+def test_tp_collective_overhead_is_the_layer_time_the_priced_transfers_leave(tmp_path):
+    from paraplan.cost.comm import Collective, collective_time_s
+    sample = _tp_layer(0.030)
+    assert sample.tp_layer_s == pytest.approx(0.032) and sample.plain_layer_s == pytest.approx(0.002)
+    c = load_cluster(str(write_profile(tmp_path, replace(synthetic(), tp_layer=sample))))
+    # eight collectives per layer (SP: all-gather + reduce-scatter around attention and MLP,
+    # forward and backward), each priced on the fitted link at the layer's 8 KiB buffer
+    B = 16 * 128 * 4
+    priced = 4 * sum(float(collective_time_s(c, k, B, 2, 1)) for k in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER))
+    assert 0 < priced < 0.030
+    assert c.gpu.tp_collective_overhead_s == pytest.approx((0.030 - priced) / 8, rel=1e-4)
+    # transfers that take the whole difference leave no overhead (the line is left out)
+    assert load_cluster(str(write_profile(tmp_path, replace(synthetic(), tp_layer=_tp_layer(1e-6)), "none"))
+                        ).gpu.tp_collective_overhead_s == 0.0
+
+
+def test_tp_collective_overhead_lands_on_tp_plans_only(tmp_path):
+    model, wl = SMALL, Workload(global_batch_size=8, seq_len=256, precision=Precision.FP32)
+    plain = load_cluster(str(write_profile(tmp_path, synthetic(), "plain")))
+    slow = load_cluster(str(write_profile(tmp_path, replace(synthetic(), tp_layer=_tp_layer(0.030)), "slow")))
+    x = slow.gpu.tp_collective_overhead_s
+    assert x > 0 and plain.gpu.tp_collective_overhead_s == 0.0
+    for plan in (make_plan(dp=2, micro_batch_size=2), make_plan(pp=2, micro_batch_size=1)):
+        assert estimate(model, slow, wl, plan).step_time_s == estimate(model, plain, wl, plan).step_time_s
+    for sp, per_layer in ((True, 8), (False, 4)):
+        plan = make_plan(tp=2, sequence_parallel=sp, micro_batch_size=2)
+        a, b = estimate(model, plain, wl, plan), estimate(model, slow, wl, plan)
+        m = a.num_microbatches
+        # every layer's collectives (tp_comm), and the embedding's reduction, the head's
+        # gather/reduction and the loss's three all-reduces once per micro-batch
+        assert b.time.tp_comm_s - a.time.tp_comm_s == pytest.approx(m * SMALL.num_layers * per_layer * x, rel=1e-6)
+        head = (2 if sp else 1) + 1 + 3
+        assert b.step_time_s - a.step_time_s == pytest.approx(m * (SMALL.num_layers * per_layer + head) * x, rel=1e-6)
+
+
+def test_raw_tp_layer_sample_over_other_ranks_is_one_line(tmp_path, capsys):
+    raw = json.loads(replace(synthetic(), tp_layer=_tp_layer(0.01, world=4)).to_json())
+    assert "tp_layer was measured over 4 rank(s), but ranks=2" in _from_raw_error(tmp_path, capsys, raw)
 
 
 def test_raw_optimizer_sample_with_a_bad_field_is_one_line(tmp_path, capsys):
@@ -381,6 +428,7 @@ def test_quick_calibration_on_two_cpu_ranks(tmp_path, capsys):
     assert m.ranks == 2 and m.backend == "gloo" and m.compute_dtype == "float32"
     assert {s.op for s in m.collectives} == {"all_reduce", "all_gather", "reduce_scatter", "send_recv"}
     assert m.overlap is not None and 0.0 <= c.gpu.overlap_slowdown <= 0.99
+    assert m.tp_layer is not None and m.tp_layer.world == 2 and c.gpu.tp_collective_overhead_s >= 0.0
     fastest = max(g.flops / g.time_s for g in m.gemm)  # the peak removes at most half of each time
     assert fastest <= c.gpu.peak(Precision.BF16) * (1 + 1e-5) and c.gpu.peak(Precision.BF16) <= 2 * fastest * (1 + 1e-5)
     assert all(0 < y <= 1 for y in c.gpu.gemm_efficiency.y) and math.isfinite(c.nvlink.latency_s)

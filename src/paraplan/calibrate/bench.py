@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, Measurements,
-                           OptimizerSample, OverlapSample)
+                           OptimizerSample, OverlapSample, TPLayerSample)
 
 KIB, MIB = 1024, 1024 * 1024
 # GEMM rounds: each shape timed for about this long per round, in at most this many calls
@@ -232,6 +232,50 @@ def _collectives(device, sizes, world: int, rank: int, rounds: int = 15) -> list
             for i, (op, nbytes, _, _) in enumerate(calls)]
 
 
+def _tp_layers(device, world: int, rounds: int = 9) -> TPLayerSample:
+    """paraplan run's own transformer layers (run/model.py) at a size where their math is
+    negligible, forward and backward of one micro-batch, 1 and 3 layers: tensor-parallel over
+    every rank with sequence parallelism (run/tensor_parallel.py: DTensor) and, in turn, a
+    replica on each rank with no communication. Rounds interleave the four, and every rank
+    makes the same calls: the medians' per-layer differences are what tensor parallelism
+    costs a layer beyond its transfers' size, as `paraplan run` executes it."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ..run.model import Transformer
+    from ..run.tensor_parallel import apply_tensor_parallel
+    from ..specs.model import ModelSpec
+    head_dim, batch, seq = 32, 1, 8 * world
+    hidden = 2 * world * head_dim
+    spec = ModelSpec(name="calibrate-tp-layer", num_layers=3, hidden_size=hidden, ffn_hidden_size=4 * hidden,
+                     num_heads=2 * world, num_kv_heads=world, head_dim=head_dim, vocab_size=1, gated_mlp=True)
+    mesh = init_device_mesh(device.type, (world,))
+    cases = []
+    for layers in (1, 3):
+        for tp in (True, False):
+            torch.manual_seed(0)
+            model = Transformer(spec, seq, layer_ids=range(layers), first=False, last=False).to(device)
+            if tp:
+                apply_tensor_parallel(model, mesh, sequence_parallel=True)
+            x = torch.randn(batch, seq // world if tp else seq, hidden, device=device, requires_grad=True)
+
+            def step(model=model, x=x):
+                model(x).sum().backward()
+            step()
+            cases.append(step)
+    times: list[list[float]] = [[] for _ in cases]
+    for _ in range(rounds):
+        for i, step in enumerate(cases):
+            dist.barrier()
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times[i].append(time.perf_counter() - t0)
+    tp1, plain1, tp3, plain3 = (statistics.median(t) for t in times)
+    return TPLayerSample(world=world, tokens=batch * seq, hidden=hidden, bytes_per_element=4, tp_1_layer_s=tp1,
+                         tp_3_layers_s=tp3, plain_1_layer_s=plain1, plain_3_layers_s=plain3)
+
+
 def _overlap(device, dtype, nbytes: int) -> OverlapSample:
     """How much a collective in flight slows compute: on a GPU NCCL takes some SMs; on a CPU
     gloo's threads take the cores the GEMMs run on. Every rank runs the same sequence."""
@@ -325,18 +369,19 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     if ranks > 1:
         dist.barrier()
     optimizer = _optimizer(device, *sizes["optimizer"])
-    coll, overlap = [], None
+    coll, overlap, tp_layer = [], None, None
     if ranks > 1:
         dist.barrier()
         coll = _collectives(device, sizes["collectives"], ranks, rank)
         overlap = _overlap(device, dtype, sizes["overlap_bytes"])
+        tp_layer = _tp_layers(device, ranks) if device.type == "cpu" else None
     return Measurements(device_type=device.type, device_name=_device_name(device), ranks=ranks, threads_per_rank=threads,
                         compute_dtype=str(dtype).removeprefix("torch."), memory_bytes=memory, reserved_bytes=reserved,
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
-                        optimizer=optimizer,
+                        optimizer=optimizer, tp_layer=tp_layer,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

@@ -94,6 +94,7 @@ def cmd_calibrate(args) -> int:
                                                        "efficiency": prof.link.curve,
                                                        "op_efficiency": dict(prof.link.op_curves)},
                "overlap_slowdown": m.overlap.slowdown if m.overlap else None,
+               "tp_collective_overhead_s": prof.tp_collective_overhead_s,
                "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
     if args.json:
         print(json.dumps(summary, indent=1))
@@ -134,4 +135,7 @@ def render_summary(s: dict) -> str:
     if s.get("overlap_slowdown") is not None:
         lines.append(f"overlap slowdown {s['overlap_slowdown']:.2f} (share of an overlapped all-reduce's time "
                      "that concurrent GEMMs lose)")
+    if s.get("tp_collective_overhead_s") is not None:
+        lines.append(f"TP collective    {s['tp_collective_overhead_s'] * 1e3:.2f} ms of host time each beyond its transfer "
+                     "(a tensor-parallel layer at negligible size)")
     return "\n".join(lines)

@@ -110,6 +110,32 @@ class OptimizerSample:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TPLayerSample:
+    """One transformer layer of `paraplan run` (Llama-style, SwiGLU, GQA; forward and
+    backward of one micro-batch of `tokens` tokens, fp32), per layer: tensor-parallel over
+    `world` ranks with sequence parallelism (DTensor) and as a replica on one rank, at a
+    size where the math takes next to nothing (calibrate/bench.py `_tp_layers`)."""
+
+    world: int
+    tokens: int
+    hidden: int
+    bytes_per_element: int
+    tp_1_layer_s: float     # median fwd+bwd of 1 layer, tensor-parallel
+    tp_3_layers_s: float    # ... of 3 layers
+    plain_1_layer_s: float  # ... of 1 layer, one rank's replica
+    plain_3_layers_s: float
+
+    @property
+    def tp_layer_s(self) -> float:
+        """One more tensor-parallel layer (the difference removes what every call pays once)."""
+        return (self.tp_3_layers_s - self.tp_1_layer_s) / 2.0
+
+    @property
+    def plain_layer_s(self) -> float:
+        return (self.plain_3_layers_s - self.plain_1_layer_s) / 2.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Measurements:
     device_type: str               # cpu | cuda
     device_name: str
@@ -132,6 +158,7 @@ class Measurements:
     device_count: int = 0           # GPUs the machine has (0: not recorded; the ranks measured)
     elementwise: ElementwiseSample | None = None  # a layer's element-wise kernels (None: not measured)
     optimizer: OptimizerSample | None = None      # an AdamW step (None: not measured)
+    tp_layer: TPLayerSample | None = None         # a TP layer's cost beyond its math (None: not measured)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -157,7 +184,8 @@ class Measurements:
 # --- reading a raw file back (`calibrate --from-raw`, and the ranks of `calibrate --ranks N`)
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
-_NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample}
+_NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
+           "tp_layer": TPLayerSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
                           "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite
@@ -237,6 +265,9 @@ def _check_usable(m: Measurements, source: str) -> None:
     if not any(c.kind == "device" for c in m.copies):
         raise FileFormatError(source, "copies has no device-to-device copy (kind \"device\"); "
                                       "the memory bandwidth needs at least one")
+    if m.tp_layer is not None and m.tp_layer.world != m.ranks:
+        raise FileFormatError(source, f"tp_layer was measured over {m.tp_layer.world} rank(s), but ranks={m.ranks}; "
+                                      "they must agree")
     e = m.elementwise
     if e is not None and (e.q_dim % e.head_dim or e.kv_dim % e.head_dim or e.q_dim % e.kv_dim):
         raise FileFormatError(source, f"elementwise: q_dim={e.q_dim} and kv_dim={e.kv_dim} must be multiples of "

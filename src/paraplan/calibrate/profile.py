@@ -21,6 +21,9 @@ How each number is derived (docs/model.md, "Calibration"):
   once (t_b): overlap_slowdown = (t_b − t_c)/t_m, the cost model's share of an overlapped
   collective's time that still lands on the step (cost/evaluate.py); near 0 on a GPU
   where NCCL takes a few SMs, near 1 on a CPU where gloo takes the cores the GEMMs use.
+- TP collective overhead: paraplan run's layer at negligible size, 1 and 3 layers, TP over
+  every rank (DTensor, SP) and as a replica on each: (TP layer − replica layer − the model's
+  price of the layer's 8 collectives on the fitted link) / 8, a layer being (t₃ − t₁)/2.
 - Links: a Hockney (α-β) least-squares fit of the all-reduce times, t = a + b·B, gives the
   per-hop latency α = a/(2(n−1)) and bandwidth bw = 2(n−1)/n / b; the efficiency curve then
   makes the model's ring all-reduce reproduce each measured time exactly:
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 
 from .. import units
 from ..errors import SpecError
-from ..specs.catalog import load_cluster
+from ..specs.catalog import cluster_from_text, load_cluster
 from ..specs.hardware import ClusterSpec
 from ..specs.workload import Precision
 from .measurements import Measurements
@@ -69,6 +72,7 @@ class Profile:
     toml: str
     elementwise_efficiency: float | None = None
     optimizer_efficiency: float | None = None
+    tp_collective_overhead_s: float | None = None
 
 
 def _binned(points) -> tuple[tuple[float, float], ...]:
@@ -252,6 +256,25 @@ def optimizer_efficiency(m: Measurements, mem_bw: float) -> float | None:
     return _streaming_share(step_bytes * o.params, o.time_s, launches, m.launch_overhead_s, mem_bw)
 
 
+def tp_collective_overhead_s(m: Measurements, cluster: ClusterSpec) -> float | None:
+    """Host time per tensor-parallel collective beyond what the model prices for it: one
+    more TP layer's time, less one more replica layer's (the eager dispatch of the math both
+    run), less the model's price of the layer's collectives at that size on `cluster` (the
+    fitted link), over their count: an all-gather and a reduce-scatter around attention and
+    around the MLP, forward and backward (cost/evaluate.py tp_collectives_per_pass). None when
+    not measured; 0 when the priced collectives already take the time."""
+    s = m.tp_layer
+    if s is None:
+        return None
+    from ..cost.comm import Collective, collective_time_s
+    from ..cost.evaluate import tp_collectives_per_pass
+    count = 2.0 * float(tp_collectives_per_pass(True, 2.0))  # forward and backward
+    buffer = s.tokens * s.hidden * s.bytes_per_element
+    priced = count / 2.0 * sum(float(collective_time_s(cluster, kind, buffer, s.world, 1))
+                               for kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER))
+    return max(s.tp_layer_s - s.plain_layer_s - priced, 0.0) / count
+
+
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
     """The profile of the measured device; link tiers from the collectives when 2+ ranks
     were measured, else from `base_cluster` (said so in the file)."""
@@ -324,7 +347,15 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         lines += _tier_toml("scaleout", link, "one machine measured: the same local transport")
     else:
         lines += _base_tier_toml("nvlink", base) + _base_tier_toml("scaleout", base)
+    tp_host = tp_collective_overhead_s(m, cluster_from_text("\n".join(lines), name)) if link is not None else None
+    if tp_host:
+        s = m.tp_layer
+        at = lines.index("sustained_compute_ratio = 1.0")
+        lines[at:at] = [f"# one tensor-parallel layer (SP, DTensor, {s.tokens} tokens, hidden {s.hidden}) over {s.world} ranks: "
+                        f"{s.tp_layer_s * 1e3:.2f} ms, its replica on one rank {s.plain_layer_s * 1e3:.2f} ms; "
+                        "the rest beyond the priced transfers, per collective",
+                        f"tp_collective_overhead_us = {_num(tp_host * 1e6)}"]
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curve=att_curve,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff)
+                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, tp_collective_overhead_s=tp_host)

@@ -49,6 +49,16 @@ _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.cod
              CPCommType.A2A.code: "CP all-to-all (Ulysses)"}
 
 
+VOCAB_PARALLEL_CE_ALL_REDUCES = 3
+
+
+def tp_collectives_per_pass(sp, blocks):
+    """TP collectives a layer issues per pass (forward, or backward) for `blocks` attention
+    and MLP blocks: an all-gather and a reduce-scatter around each with sequence parallelism,
+    one all-reduce without (Korthikanti et al. 2022 Sec. 4.2.2, Fig. 5)."""
+    return np.where(sp, 2.0, 1.0) * blocks
+
+
 def loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
     """Cross-entropy over the T×V/t logits, HBM bytes per logit element (forward, backward),
     as PyTorch autocast (and Megatron's vocab-parallel kernel) run it in fp32. Forward: upcast
@@ -372,6 +382,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
                           np.where(tp_async, np.where(sp, async_rs, async_ar), tp_bwd))
+    # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
+    # the presets): spent on the issuing host, hidden by nothing
+    tp_host = np.where(t > 1, gpu.tp_collective_overhead_s, 0.0)
+    tp_host_pass = tp_collectives_per_pass(sp, n_blk) * tp_host
+    tp_fwd, tp_bwd = tp_fwd + tp_host_pass, tp_bwd + tp_host_pass
+    tp_fwd_exp, tp_bwd_exp = tp_fwd_exp + tp_host_pass, tp_bwd_exp + tp_host_pass
 
     # ---------------- CP K/V exchange per layer (CP ranks sit t apart) ----------------
     # this rank's K and V: T tokens × 2·kvd/t; MLA exchanges its up-projected K/V as well
@@ -501,14 +517,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # ---------------- stage extras: embedding, LM head + loss ----------------
     emb_fwd = memory_bound_time_s(gpu, 2.0 * ab * T * h, 2)
-    emb_tp = np.where(sp, rs, ar)  # vocab-parallel embedding reduces over TP
+    emb_tp = np.where(sp, rs, ar) + tp_host  # vocab-parallel embedding reduces over TP
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
     loss_fwd = elementwise_time_s(gpu, logits_el * loss_fwd_b, 3)
-    lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag, 0.0)
+    # vocab-parallel cross-entropy: all-reduces of one fp32 value per token (max, target
+    # logit, sum of exponentials; Megatron-Core tensor_parallel/cross_entropy.py, torch's
+    # loss_parallel the same three)
+    ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, 4.0 * T, t, 1) + tp_host)
+    # the column-parallel head gathers its sequence-parallel input; backward reduce-scatters
+    # (SP) or all-reduces (no SP) the input gradient
+    lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag + tp_host, 0.0) + ce_tp
     # backward kernels: gradient fill, NLL scatter, log-softmax backward, downcast
-    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + np.where(sp, rs, 0.0)
+    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + np.where(sp, rs, ar) + tp_host
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 

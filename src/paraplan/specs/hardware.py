@@ -52,6 +52,13 @@ class GPUSpec:
     # measures it with every rank stepping at once, as a run's ranks do.
     optimizer_efficiency: float | None = None
     kernel_launch_overhead_s: float = 4e-6
+    # Host time each tensor-parallel collective costs beyond its transfer, in the engine that
+    # runs it: an eager DTensor engine (paraplan run, torchtitan) dispatches a redistribute and
+    # waits on its rank-to-rank handshake at every one; on a CPU device nothing hides it.
+    # paraplan calibrate measures it from a TP layer at negligible size (calibrate/profile.py);
+    # 0 for the presets, whose engines (Megatron-Core) issue NCCL calls from a host that runs
+    # ahead of the GPU.
+    tp_collective_overhead_s: float = 0.0
     # End-to-end fraction of microbenchmark compute throughput sustained in training: clock
     # under the power cap over hours of dense load, SM/L2 contention with concurrent kernels.
     # Isolated microbenchmarks (vidur's) run at boost clock. Fitted per GPU type against the

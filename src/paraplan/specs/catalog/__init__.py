@@ -45,7 +45,8 @@ _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_
 _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
-_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "memory_bw_efficiency", "elementwise_efficiency",
+_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "memory_bw_efficiency",
+                 "elementwise_efficiency",
                  "optimizer_efficiency",
                  "fp8_gemm_efficiency_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
@@ -245,6 +246,8 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     extra = {}
     if launch_us is not None:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
+    if "tp_collective_overhead_us" in t.data:
+        extra["tp_collective_overhead_s"] = units.us(t.num("tp_collective_overhead_us"))
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "fp8_gemm_efficiency_ratio",
                 "sustained_compute_ratio"):
         if key in t.data:
@@ -338,6 +341,12 @@ def _gpu_from_file(path: Path) -> GPUSpec:
 def _cluster_from_file(path: Path) -> ClusterSpec:
     data, text = read_toml(path, str(path))
     return _cluster_from_table(TomlTable(data, str(path), text), path.parent)
+
+
+def cluster_from_text(text: str, shown: str) -> ClusterSpec:
+    """A cluster from TOML text in the cluster schema with its GPU inline (a hardware profile
+    that calibrate is writing); errors name `shown`."""
+    return _cluster_from_table(TomlTable(tomllib.loads(text), shown, text), None)
 
 
 # ---------------------------------------------------------------------------------------
