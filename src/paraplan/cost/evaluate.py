@@ -52,6 +52,20 @@ _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.cod
 VOCAB_PARALLEL_CE_ALL_REDUCES = 3
 
 
+def fsdp2_gather_copy_s(gpu, gathered_bytes, shard):
+    """FSDP2's copies around one all-gather of `gathered_bytes` over `shard` ranks: the
+    shards into the flat input (all_gather_copy_in: read + write B/S) and the output out to
+    the unsharded parameters (split_with_sizes_copy: read + write B), two kernels, at the
+    element-wise rate (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)."""
+    return elementwise_time_s(gpu, 2.0 * gathered_bytes * (1.0 + 1.0 / shard), 2)
+
+
+def fsdp2_reduce_copy_s(gpu, reduced_bytes):
+    """... and before one gradient reduction: the gradients into the flat reduce-scatter
+    input (chunk_cat: read + write B), one kernel; the reduced shard is a view."""
+    return elementwise_time_s(gpu, 2.0 * reduced_bytes, 1)
+
+
 def tp_collectives_per_pass(sp, blocks):
     """TP collectives a layer issues per pass (forward, or backward) for `blocks` attention
     and MLP blocks: an all-gather and a reduce-scatter around each with sequence parallelism,
@@ -442,6 +456,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     cast = np.where(lay.casts_gathered & (zc == ZeroStage.PARAMETERS.code),
                     memory_bound_time_s(gpu, (mem.MASTER_BYTES + mem.WEIGHT_BYTES) * (layer_params + expert_params), 4), 0.0)
     layer_fwd = layer_fwd + cast
+    # FSDP2 (plan.fsdp2_copies) copies around each of these collectives, streaming kernels
+    # priced like the layer's element-wise ones (they write fresh buffers)
+    f2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
+    layer_all = layer_params + expert_params
+    # (not re-run by recomputation: the backward's own gather brings the weights)
+    f2_fwd = np.where(f2 & is_z3, fsdp2_gather_copy_s(gpu, gather_bytes * layer_all, S), 0.0)
+    f2_bwd = f2_fwd + np.where(f2 & (is_z3 | is_z2), fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_all), 0.0)
     z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
 
@@ -482,8 +503,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # ---------------- per-layer totals with overlap ----------------
     slow = gpu.overlap_slowdown
-    fwd_comp = layer_fwd
-    bwd_comp = layer_bwd
+    fwd_comp = layer_fwd + f2_fwd
+    bwd_comp = layer_bwd + f2_bwd
     # ZeRO traffic hides behind the whole layer as it runs (compute + its exposed TP/CP), so
     # faster compute can never expose more time than it saves.
     # EP overlap (Megatron-Core --overlap-moe-expert-parallel-comm, after DeepSeek-V3's
@@ -603,6 +624,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the hidden part still slows the backward it runs under (NCCL's SMs; a CPU's cores),
     # as for per-layer overlap above; counted as DP time
     dp_exposed = dp_exposed + slow * dp_overlapped_step
+    # FSDP2 at ZeRO-0/1/2 gathers the parameters once per step (resharded after the
+    # backward) and, below ZeRO-2, reduces the gradients once per step: their copies
+    all_stage = params_stage + expert_stage
+    dp_exposed = dp_exposed + np.where(f2 & ~is_z3, fsdp2_gather_copy_s(gpu, gather_bytes * all_stage, lay.shard), 0.0) \
+        + np.where(f2 & ~is_z3 & ~is_z2, fsdp2_reduce_copy_s(gpu, reduce_bytes * all_stage), 0.0)
     dp_exposed = np.where(dp_group > 1, dp_exposed, 0.0)
     # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
     zero_mb_exposed = m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z3_first
@@ -668,9 +694,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     layer_detail = {
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,
                 "MLP down GEMM": w_dense * g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
-                "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp},
+                "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp, "FSDP2 copies": f2_fwd},
         "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
-                "TP collectives": tp_bwd_exp, "CP K/V exchange": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp},
+                "TP collectives": tp_bwd_exp, "CP K/V exchange": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp,
+                "FSDP2 copies": f2_bwd},
     }
     if mc:
         # MoE layers, averaged over the stage's layers like every entry here

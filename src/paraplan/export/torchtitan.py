@@ -64,7 +64,8 @@ SUPPORT = EngineSupport(
                        even_pipeline=True, hierarchical_a2a=False, ep_overlap=False),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
-    tp_async_backward=False)      # DTensor TP does not overlap the backward reductions
+    tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
+    fsdp2_copies=True)            # data parallelism is FSDP2 fully_shard
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:

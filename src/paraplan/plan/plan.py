@@ -54,6 +54,12 @@ class Plan:
     # Backward input-gradient reduction of column-parallel layers overlapped with their
     # weight-gradient GEMM (Megatron-LM since late 2021 and Megatron-Core; off in April 2021).
     tp_async_backward: bool = True
+    # The data-parallel engine is FSDP2 (`fully_shard`: torchtitan, paraplan run): every gather
+    # copies the shards into one buffer and out to the unsharded parameters, every gradient
+    # reduction copies the gradients into one buffer (torch/distributed/fsdp/_fully_shard/
+    # _fsdp_collectives.py foreach_all_gather, foreach_reduce). Megatron's contiguous buffers,
+    # DeepSpeed's flat partitions and FSDP1's flat parameters communicate in place.
+    fsdp2_copies: bool = False
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

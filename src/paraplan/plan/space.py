@@ -23,7 +23,7 @@ from .plan import Plan, Rejected
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code", "cp_comm_type_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
-                "checkpoint_early_stop", "tp_async_backward", "a2a_hierarchical",
+                "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "a2a_hierarchical",
                 "ep_overlap")
 _FLOAT_FIELDS = ("capacity_factor_value",)
 
@@ -55,6 +55,7 @@ class PlanBatch:
     fp32_params: np.ndarray
     checkpoint_early_stop: np.ndarray
     tp_async_backward: np.ndarray
+    fsdp2_copies: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
     ep_overlap: np.ndarray
@@ -79,7 +80,7 @@ class PlanBatch:
             attention=AttentionKernel.from_code(self.attention_code[i]),
             grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]),
             checkpoint_early_stop=bool(self.checkpoint_early_stop[i]),
-            tp_async_backward=bool(self.tp_async_backward[i]),
+            tp_async_backward=bool(self.tp_async_backward[i]), fsdp2_copies=bool(self.fsdp2_copies[i]),
             capacity_factor=float(self.capacity_factor_value[i]) if self.capacity_factor_value[i] > 0 else None,
             a2a_hierarchical=bool(self.a2a_hierarchical[i]), ep_overlap=bool(self.ep_overlap[i]))
 
@@ -253,6 +254,7 @@ class SpaceLimits:
     fp32_params: bool = False
     checkpoint_early_stop: bool = False
     tp_async_backward: bool = True
+    fsdp2_copies: bool = False
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
     # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
@@ -340,7 +342,7 @@ class SpaceBlock:
             grad_reduce_fp32=np.full(n, limits.grad_reduce_fp32),
             fp32_params=np.full(n, limits.fp32_params),
             checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
-            tp_async_backward=np.full(n, limits.tp_async_backward),
+            tp_async_backward=np.full(n, limits.tp_async_backward), fsdp2_copies=np.full(n, limits.fsdp2_copies),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
             a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)

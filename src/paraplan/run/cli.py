@@ -88,13 +88,15 @@ def config_from_args(args) -> "RunConfig":
         raise SpecError("run", "--device", args.device, "allowed: " + ", ".join(d.value for d in Device)) from None
     # The plan knobs that describe what torch does here, so that the prediction is of this run:
     # non-reentrant checkpointing stops early; DTensor TP does not overlap its backward
-    # reductions; FSDP2 reduces gradients in fp32 under its bf16 mixed-precision policy.
+    # reductions; FSDP2 reduces gradients in fp32 under its bf16 mixed-precision policy and
+    # copies into and out of its collective buffers.
     plan = make_plan(tp=args.tp, pp=args.pp, dp=args.dp, vp=args.vp, micro_batch_size=args.mb, schedule=sched,
                      recompute=Recompute.parse(args.recompute, "recompute"),
                      recompute_num_layers=args.recompute_layers,
                      sequence_parallel=args.sp if args.sp is not None else args.tp > 1,
                      zero=zero, dp_shard=args.dp_shard or 0, attention=AttentionKernel.FLASH2,
-                     checkpoint_early_stop=True, tp_async_backward=False, grad_reduce_fp32=args.dp > 1)
+                     checkpoint_early_stop=True, tp_async_backward=False, grad_reduce_fp32=args.dp > 1,
+                     fsdp2_copies=True)
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2

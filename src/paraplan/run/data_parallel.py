@@ -34,3 +34,11 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, *, zero: ZeroStage, param_
             # FSDP2 averages with ReduceOp.AVG / PREMUL_SUM, which gloo lacks: reduce with a
             # plain SUM and divide locally instead.
             unit.set_force_sum_reduction_for_comms(True)
+    if reshard:
+        # each block's pre-forward issues the next block's all-gather, so that it runs
+        # behind this block's compute, as the cost model prices ZeRO-3 (prefetched). FSDP2's
+        # implicit forward prefetch needs a device that runs behind the host (CUDA streams);
+        # on a CPU the host is the device, and every gather would wait in front of its block.
+        blocks = list(model.layers.values())
+        for block, nxt in zip(blocks, blocks[1:]):
+            block.set_modules_to_forward_prefetch([nxt])

@@ -1,0 +1,71 @@
+"""FSDP2's copies around its collectives (Plan.fsdp2_copies): every gather copies the shards
+into one buffer and out to the unsharded parameters, every gradient reduction copies the
+gradients into one buffer (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py).
+ZeRO-3 gathers and reduces per layer and micro-batch, so its copies grow with the
+micro-batches; below ZeRO-3 FSDP2 gathers once per step (resharded after the backward) and
+ZeRO-0/1 reduce once per step, so theirs do not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from paraplan.cost import memory as mem
+from paraplan.cost.estimate import estimate
+from paraplan.cost.roofline import elementwise_time_s
+from paraplan.export.torchtitan import SUPPORT as TORCHTITAN
+from paraplan.plan.axes import ZeroStage
+from paraplan.plan.plan import make_plan
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Workload
+
+MODEL = load_model("llama3-8b")
+CLUSTER = load_cluster("dgx-h100", num_gpus=8)
+
+
+def _extra_s(zero: ZeroStage, batch: int, dp: int = 8) -> float:
+    wl = Workload(global_batch_size=batch, seq_len=4096)
+    plan = make_plan(dp=dp, micro_batch_size=1, zero=zero)
+    return (estimate(MODEL, CLUSTER, wl, replace(plan, fsdp2_copies=True)).step_time_s
+            - estimate(MODEL, CLUSTER, wl, plan).step_time_s)
+
+
+def test_zero3_copies_grow_with_the_micro_batches_and_zero0_copies_do_not():
+    z3 = [_extra_s(ZeroStage.PARAMETERS, 8 * m) for m in (2, 4)]
+    z0 = [_extra_s(ZeroStage.NONE, 8 * m) for m in (2, 4)]
+    assert z3[0] > 0 and z3[1] == pytest.approx(2 * z3[0], rel=1e-6)
+    assert z0[0] > 0 and z0[1] == pytest.approx(z0[0], rel=1e-9)
+
+
+def test_zero0_copies_are_one_gather_and_one_reduction_of_the_whole_model():
+    # ZeRO-0 on FSDP2 is HSDP with one-rank shards: the gather copies all parameters in and
+    # out (bf16: 2 B each way), the reduction copies all gradients in (fp32 here: 4 B)
+    wl = Workload(global_batch_size=16, seq_len=4096)
+    plan = make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.NONE, grad_reduce_fp32=True)
+    P = MODEL.num_params
+    gpu = CLUSTER.gpu
+    expected = (float(elementwise_time_s(gpu, 2.0 * mem.WEIGHT_BYTES * P * 2.0, 2))
+                + float(elementwise_time_s(gpu, 2.0 * mem.GRAD_BYTES * P, 1)))
+    a = estimate(MODEL, CLUSTER, wl, plan)
+    b = estimate(MODEL, CLUSTER, wl, replace(plan, fsdp2_copies=True))
+    assert b.time.dp_comm_s - a.time.dp_comm_s == pytest.approx(expected, rel=1e-3)
+    assert b.time.compute_s == a.time.compute_s
+
+
+def test_no_copies_without_data_parallelism_nor_for_in_place_engines():
+    wl = Workload(global_batch_size=8, seq_len=4096)
+    one = make_plan(tp=8, micro_batch_size=1)
+    assert (estimate(MODEL, CLUSTER, wl, replace(one, fsdp2_copies=True)).step_time_s
+            == estimate(MODEL, CLUSTER, wl, one).step_time_s)
+    assert make_plan().fsdp2_copies is False  # Megatron, DeepSpeed, FSDP1: in place
+    assert TORCHTITAN.adapt(make_plan(dp=8)).fsdp2_copies is True
+    assert TORCHTITAN.search_limits().fsdp2_copies is True
+
+
+def test_zero3_copies_show_in_the_layer_breakdown():
+    wl = Workload(global_batch_size=16, seq_len=4096)
+    plan = make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS, fsdp2_copies=True)
+    detail = estimate(MODEL, CLUSTER, wl, plan).layer_detail
+    fwd, bwd = float(detail["fwd"]["FSDP2 copies"]), float(detail["bwd"]["FSDP2 copies"])
+    assert 0 < fwd < bwd  # the backward also copies the gradients in
