@@ -101,6 +101,36 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
 
+ENGINES = ("torchtitan", "megatron", "deepspeed")  # export/common.py Engine
+
+
+def _add_engine(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", default=None, choices=ENGINES,
+                   help="predict for this engine: its policy (gradient reduction dtype, checkpointing, TP "
+                        "backward overlap, FSDP2 copies) and, in search, only the plans it can run "
+                        "(as paraplan export --format does)")
+
+
+def _engine(args, model, workload):
+    """The export module of --engine with its optimizer rule checked; None without the flag."""
+    if getattr(args, "engine", None) is None:
+        return None
+    from .export.common import Engine, check_optimizer, engine_module
+    engine = Engine(args.engine)
+    check_optimizer(engine, workload)
+    return engine_module(engine)
+
+
+def _engine_plan(args, model, cluster, workload):
+    """The plan of the flags, with --engine's policy knobs and checked against it."""
+    plan = _plan_from_args(args, cluster)
+    mod = _engine(args, model, workload)
+    if mod is not None:
+        plan = mod.SUPPORT.adapt(plan)
+        mod.check(plan, model, workload)
+    return plan
+
+
 def _finite_flag(flag: str, value: float) -> float:
     """A flag's value in SI units; one past the float range is the flag's error."""
     if not math.isfinite(value):
@@ -187,21 +217,59 @@ def cmd_search(args) -> int:
     from .search.planner import search
     model, cluster, wl = _specs(args)
     fixed, limits = _search_pins(args)
+    mod = _engine(args, model, wl)
+    if mod is not None:
+        fixed, limits = _engine_space(mod.SUPPORT, fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
-    res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top,
+    res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top if mod is None else max(args.top, 64),
                  progress=_progress if show else None)
+    ranked = res.ranked if mod is None else _expressible(mod, res.ranked, model, wl)[: args.top]
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
+                          "engine": args.engine,
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
-                          "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in res.ranked]}, indent=1))
+                          "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked]}, indent=1))
         return 0
-    print(_header(model, cluster, wl))
+    print(_header(model, cluster, wl) + (f"; plans {args.engine} runs, predicted with its policy" if mod else ""))
     print(f"searched {res.num_candidates:,} candidate plans ({res.num_valid:,} valid, {res.num_fit:,} fit in memory) "
           f"in {res.elapsed_s:.1f} s\n")
-    print(ranking_table(res.ranked))
+    print(ranking_table(ranked))
     print("\nbest plan:\n")
-    print(estimate_report(res.ranked[0]))
+    print(estimate_report(ranked[0]))
     return 0
+
+
+def _engine_space(support, fixed: dict, limits):
+    """The search bounds of an engine (export/common.py EngineSupport) with the user's pins
+    and choices inside them; a pin the engine cannot run is a one-line error."""
+    from .export.common import unsupported
+    for key, value in support.pinned.items():
+        if key in fixed and fixed[key] != value:
+            raise unsupported(support.engine, f"--{key}", fixed[key], f"{key}={value} only")
+    cp_comms = tuple(c for c in limits.cp_comm_types if c in support.limits.cp_comm_types)
+    if not cp_comms:
+        raise unsupported(support.engine, "--cp-comm", ",".join(map(str, limits.cp_comm_types)),
+                          ", ".join(map(str, support.limits.cp_comm_types)))
+    return {**support.pinned, **fixed}, replace(support.search_limits(), capacity_factors=limits.capacity_factors,
+                                                cp_comm_types=cp_comms)
+
+
+def _expressible(mod, ranked, model, wl):
+    """The ranked plans the engine's exporter accepts (its check), in order; none is an error
+    that says why the fastest was refused."""
+    keep, reasons = [], []
+    for est in ranked:
+        try:
+            mod.check(est.plan, model, wl)
+        except SpecError as e:
+            reasons.append(str(e))
+            continue
+        keep.append(est)
+    if not keep:
+        from .errors import NoPlanFitsError
+        raise NoPlanFitsError(f"none of the {len(ranked)} fastest plans that fit can run on {mod.SUPPORT.engine}; "
+                              f"first reason: {reasons[0] if reasons else 'none'}")
+    return keep
 
 
 def _search_pins(args):
@@ -283,7 +351,7 @@ def cmd_estimate(args) -> int:
     from .report.jsonout import estimate_dict
     from .report.table import estimate_report
     model, cluster, wl = _specs(args)
-    est = estimate(model, cluster, wl, _plan_from_args(args, cluster))
+    est = estimate(model, cluster, wl, _engine_plan(args, model, cluster, wl))
     if args.json:
         print(json.dumps(estimate_dict(est), indent=1))
     else:
@@ -312,7 +380,7 @@ def cmd_trace(args) -> int:
     if args.max_microbatches is not None and args.max_microbatches > most:
         raise SpecError("trace", "--max-microbatches", args.max_microbatches,
                         f"at most {most:,} for {model.num_layers} layers (about 2 GB of trace JSON)")
-    plan = _plan_from_args(args, cluster)
+    plan = _engine_plan(args, model, cluster, wl)
     est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
     m = est.num_microbatches
     # a trace of every micro-batch of a long step is gigabytes no viewer opens: show the
@@ -512,6 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("search", help="rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)")
     _add_specs(s)
     _add_plan(s, required=False)
+    _add_engine(s)
     s.add_argument("--top", type=_positive_int, default=10, help="plans to show (default 10)")
     s.set_defaults(func=cmd_search)
     c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
@@ -526,10 +595,12 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("estimate", help="predict one plan with a full breakdown")
     _add_specs(e)
     _add_plan(e, required=True)
+    _add_engine(e)
     e.set_defaults(func=cmd_estimate)
     t = sub.add_parser("trace", help="write the simulated step as a Chrome/Perfetto trace JSON")
     _add_specs(t)
     _add_plan(t, required=True)
+    _add_engine(t)
     t.add_argument("-o", "--output", default="paraplan-trace.json", help="output file, or - for stdout")
     t.add_argument("--max-microbatches", type=_positive_int, default=None,
                    help="trace about this many micro-batches of the step (rounded down to a multiple of PP, "

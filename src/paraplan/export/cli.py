@@ -19,16 +19,6 @@ PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "reco
               "a2a_hierarchical", "ep_overlap", "cp_comm")
 
 
-def _exporter(engine: Engine):
-    if engine is Engine.TORCHTITAN:
-        from . import torchtitan as mod
-    elif engine is Engine.MEGATRON:
-        from . import megatron as mod
-    else:
-        from . import deepspeed as mod
-    return mod
-
-
 def add_parser(subparsers) -> None:
     from ..cli import _add_plan, _add_specs
     p = subparsers.add_parser("export", help="write a torchtitan, Megatron-LM or DeepSpeed config for a plan")
@@ -43,17 +33,13 @@ def cmd_export(args) -> int:
     from ..cli import _plan_from_args, _specs
     from ..cost.estimate import estimate
     from ..outfile import check_output, write_output
-    from ..specs.workload import Optimizer
-    from .common import best_exportable, unsupported
+    from .common import best_exportable, check_optimizer, engine_module
     if args.output is not None:  # a path that cannot be written fails before the search
         check_output(args.output, "export", "--output")
     engine = Engine(args.format)
-    mod = _exporter(engine)
+    mod = engine_module(engine)
     model, cluster, wl = _specs(args)
-    if wl.optimizer is not Optimizer.ADAM:
-        # the configs written here step the engine's fused Adam (Megatron/DeepSpeed FusedAdam,
-        # torchtitan's default fused implementation): a prediction for another would not match
-        raise unsupported(engine, "--optimizer", wl.optimizer.value, "adam (its fused Adam kernel)")
+    check_optimizer(engine, wl)  # the configs written here step the engine's fused Adam
     from_flags = any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
                      for k in PLAN_FLAGS)
     if from_flags:

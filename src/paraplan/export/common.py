@@ -66,7 +66,26 @@ class ExportResult:
 
 def unsupported(engine: Engine, field_name: str, value: object, allowed: str) -> SpecError:
     """The one-line error for a plan feature the engine cannot express."""
-    return SpecError(f"export --format {engine}", field_name, value, f"{engine} allows {allowed}")
+    return SpecError(f"engine {engine}", field_name, value, f"{engine} allows {allowed}")
+
+
+def engine_module(engine: Engine):
+    """The export module of `engine` (its SUPPORT, check and export)."""
+    if engine is Engine.TORCHTITAN:
+        from . import torchtitan as mod
+    elif engine is Engine.MEGATRON:
+        from . import megatron as mod
+    else:
+        from . import deepspeed as mod
+    return mod
+
+
+def check_optimizer(engine: Engine, workload: Workload) -> None:
+    """The engines here step their fused Adam (Megatron/DeepSpeed FusedAdam, torchtitan's
+    default fused implementation): a prediction for another optimizer would not match."""
+    from ..specs.workload import Optimizer
+    if workload.optimizer is not Optimizer.ADAM:
+        raise unsupported(engine, "--optimizer", workload.optimizer.value, "adam (its fused Adam kernel)")
 
 
 def nodes_and_gpus_per_node(plan: Plan, cluster: ClusterSpec) -> tuple[int, int]:
