@@ -57,3 +57,11 @@ def test_engine_refusals_are_one_line(capsys):
         main(["estimate"] + SMALL + ["--engine", "jax"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "invalid choice: 'jax'" in err
+
+
+def test_scale_keeps_the_engines_plans_at_every_count(capsys):
+    out = _json(capsys, ["scale", "--model", "llama3-8b", "--seq", "4096", "--batch", "64", "--counts", "8,16",
+                         "--engine", "deepspeed"])
+    bests = [p["best"]["plan"] for p in out["points"]]
+    assert len(bests) == 2 and all(p["pp"] == 1 and p["cp"] == 1 and not p["sequence_parallel"] for p in bests)
+    assert all(p["grad_reduce_fp32"] is False and p["fsdp2_copies"] is False for p in bests)

@@ -312,6 +312,9 @@ def cmd_scale(args) -> int:
     model, cluster, wl = _specs(args)
     clusters = [load_cluster(args.hardware or args.cluster, num_gpus=n) for n in counts]
     fixed, limits = _search_pins(args)
+    mod = _engine(args, model, wl)
+    if mod is not None:
+        fixed, limits = _engine_space(mod.SUPPORT, fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
 
     def progress(i, n, gpus):
@@ -319,12 +322,13 @@ def cmd_scale(args) -> int:
         sys.stderr.flush()
 
     try:
-        result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress if show else None)
+        result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress if show else None,
+                       choose=None if mod is None else (lambda ranked: _expressible(mod, ranked, model, wl)))
     finally:
         if show:
             sys.stderr.write("\r" + " " * 40 + "\r")
     title = (f"{model.name} on {cluster.gpu.name} ({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} "
-             f"tokens, {wl.precision}")
+             f"tokens, {wl.precision}" + (f"; plans {args.engine} runs" if mod is not None else ""))
     if args.plot is not None:
         from .report.plots import plot_scaling
         plot_scaling(result, args.plot, title)
@@ -587,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "time and cost to train the budget (fixed global batch)")
     _add_specs(c)
     _add_plan(c, required=False)
+    _add_engine(c)
     c.add_argument("--counts", default=",".join(map(str, DEFAULT_SCALE_COUNTS)),
                    help="GPU counts to search, comma-separated (default "
                         + ",".join(map(str, DEFAULT_SCALE_COUNTS)) + "; --gpus is ignored)")

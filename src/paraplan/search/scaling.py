@@ -65,13 +65,15 @@ class ScalingResult:
 
 def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload, *,
           limits: SpaceLimits = SpaceLimits(), fixed: dict | None = None,
-          progress: Callable[[int, int, int], None] | None = None) -> ScalingResult:
+          progress: Callable[[int, int, int], None] | None = None,
+          choose: Callable[[list], list] | None = None) -> ScalingResult:
     """Search each cluster (one per GPU count, ascending) for its best plan.
 
     A count with no valid or fitting plan is a point with its reason; when no count has a
     plan, the error of the largest count is raised (a SpecError when the pins allow no plan
     anywhere, else NoPlanFitsError naming every count).
-    `progress(i, n, num_gpus)` is called before each count is searched.
+    `progress(i, n, num_gpus)` is called before each count is searched. `choose(ranked)`, if
+    given, keeps the ranked plans an engine can run (the best of 64 kept), or raises why none.
     """
     points: list[ScalePoint] = []
     pin_errors: list[SpecError] = []
@@ -81,14 +83,15 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
             progress(i, len(clusters), cluster.num_gpus)
         t0 = _time.perf_counter()
         try:
-            res = search(model, cluster, workload, limits=limits, fixed=fixed, top_k=1)
+            res = search(model, cluster, workload, limits=limits, fixed=fixed, top_k=1 if choose is None else 64)
+            ranked = res.ranked if choose is None else choose(res.ranked)
         except (NoPlanFitsError, SpecError) as exc:
             if isinstance(exc, SpecError):
                 pin_errors.append(exc)
             points.append(ScalePoint(num_gpus=cluster.num_gpus, best=None, why_not=str(exc), num_candidates=0,
                                      elapsed_s=_time.perf_counter() - t0, efficiency=None))
             continue
-        best = res.ranked[0]
+        best = ranked[0]
         base = base if base is not None else best.tokens_per_s_per_gpu
         points.append(ScalePoint(num_gpus=cluster.num_gpus, best=best, why_not="", num_candidates=res.num_candidates,
                                  elapsed_s=res.elapsed_s, efficiency=best.tokens_per_s_per_gpu / base))
