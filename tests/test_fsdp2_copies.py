@@ -39,14 +39,15 @@ def test_zero3_copies_grow_with_the_micro_batches_and_zero0_copies_do_not():
 
 
 def test_zero0_copies_are_one_gather_and_one_reduction_of_the_whole_model():
-    # ZeRO-0 on FSDP2 is HSDP with one-rank shards: the gather copies all parameters in and
-    # out (bf16: 2 B each way), the reduction copies all gradients in (fp32 here: 4 B)
+    # ZeRO-0 on FSDP2 (paraplan run) is HSDP with one-rank shards: FSDP2 copies each shard
+    # straight into its parameter (bf16: read 2 B, write 2 B), and copies the gradients into
+    # the reduce input and that to the output (fp32 here: twice read 4 B, write 4 B)
     wl = Workload(global_batch_size=16, seq_len=4096)
     plan = make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.NONE, grad_reduce_fp32=True)
     P = MODEL.num_params
     gpu = CLUSTER.gpu
-    expected = (float(elementwise_time_s(gpu, 2.0 * mem.WEIGHT_BYTES * P * 2.0, 2))
-                + float(elementwise_time_s(gpu, 2.0 * mem.GRAD_BYTES * P, 1)))
+    expected = (float(elementwise_time_s(gpu, 2.0 * mem.WEIGHT_BYTES * P, 1))
+                + float(elementwise_time_s(gpu, 4.0 * mem.GRAD_BYTES * P, 2)))
     a = estimate(MODEL, CLUSTER, wl, plan)
     b = estimate(MODEL, CLUSTER, wl, replace(plan, fsdp2_copies=True))
     assert b.time.dp_comm_s - a.time.dp_comm_s == pytest.approx(expected, rel=1e-3)
@@ -59,8 +60,23 @@ def test_no_copies_without_data_parallelism_nor_for_in_place_engines():
     assert (estimate(MODEL, CLUSTER, wl, replace(one, fsdp2_copies=True)).step_time_s
             == estimate(MODEL, CLUSTER, wl, one).step_time_s)
     assert make_plan().fsdp2_copies is False  # Megatron, DeepSpeed, FSDP1: in place
-    assert TORCHTITAN.adapt(make_plan(dp=8)).fsdp2_copies is True
+    # torchtitan shards on FSDP2, and replicates (ZeRO-0) on DDP, which copies nothing
+    assert TORCHTITAN.adapt(make_plan(dp=8, zero=ZeroStage.PARAMETERS)).fsdp2_copies is True
+    assert TORCHTITAN.adapt(make_plan(dp=8, zero=ZeroStage.NONE)).fsdp2_copies is False
     assert TORCHTITAN.search_limits().fsdp2_copies is True
+
+
+def test_moe_expert_copies_gather_over_the_expert_data_parallel_group():
+    # Mixtral on 8 GPUs, EP 8: each rank holds one expert whole (EDP = 1: FSDP2 copies it
+    # once into the parameters); with EP 1 all eight are sharded over the 8 ranks, each
+    # gathered and copied in and out
+    model = load_model("mixtral-8x7b")
+    wl = Workload(global_batch_size=16, seq_len=4096)
+    copies = {}
+    for ep in (1, 8):
+        plan = make_plan(dp=8, ep=ep, micro_batch_size=1, zero=ZeroStage.PARAMETERS, fsdp2_copies=True)
+        copies[ep] = float(estimate(model, CLUSTER, wl, plan).layer_detail["fwd"]["FSDP2 copies"])
+    assert 0 < copies[8] < copies[1]
 
 
 def test_zero3_copies_show_in_the_layer_breakdown():

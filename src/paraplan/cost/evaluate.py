@@ -53,17 +53,22 @@ VOCAB_PARALLEL_CE_ALL_REDUCES = 3
 
 
 def fsdp2_gather_copy_s(gpu, gathered_bytes, shard):
-    """FSDP2's copies around one all-gather of `gathered_bytes` over `shard` ranks: the
-    shards into the flat input (all_gather_copy_in: read + write B/S) and the output out to
-    the unsharded parameters (split_with_sizes_copy: read + write B), two kernels, at the
-    element-wise rate (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)."""
-    return elementwise_time_s(gpu, 2.0 * gathered_bytes * (1.0 + 1.0 / shard), 2)
+    """FSDP2's copies around one all-gather of `gathered_bytes` over `shard` ranks, at the
+    element-wise rate (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and
+    _fsdp_param_group.py): the shards into the flat input (all_gather_copy_in: read + write
+    B/S) and the output out to the unsharded parameters (split_with_sizes_copy: read + write
+    B), two kernels; a one-rank group copies the shard straight into the parameters (B, one)."""
+    B, S = np.asarray(gathered_bytes, dtype=float), np.asarray(shard, dtype=float)
+    return np.where(S > 1, elementwise_time_s(gpu, 2.0 * B * (1.0 + 1.0 / np.maximum(S, 1.0)), 2),
+                    elementwise_time_s(gpu, 2.0 * B, 1))
 
 
-def fsdp2_reduce_copy_s(gpu, reduced_bytes):
-    """... and before one gradient reduction: the gradients into the flat reduce-scatter
-    input (chunk_cat: read + write B), one kernel; the reduced shard is a view."""
-    return elementwise_time_s(gpu, 2.0 * reduced_bytes, 1)
+def fsdp2_reduce_copy_s(gpu, reduced_bytes, shard):
+    """... and around one gradient reduction over `shard` ranks: the gradients into the flat
+    reduce-scatter input (chunk_cat: read + write B), one kernel, the reduced shard being a
+    view of the output; a one-rank group also copies the input to the output (2B, two)."""
+    B, S = np.asarray(reduced_bytes, dtype=float), np.asarray(shard, dtype=float)
+    return np.where(S > 1, elementwise_time_s(gpu, 2.0 * B, 1), elementwise_time_s(gpu, 4.0 * B, 2))
 
 
 def tp_collectives_per_pass(sp, blocks):
@@ -120,7 +125,7 @@ class PlanCosts:
     overlapped: OverlappedComm
     memory: MemoryBreakdown
     host_bytes: object            # host DRAM per GPU (offloaded optimizer), worst stage
-    dp_step_s: object             # exposed DP comm + optimizer, added after the pipeline
+    dp_step_s: object             # exposed DP comm, SP norm-gradient all-reduce and optimizer, after the pipeline
     critical_stage_s: object      # m × the slowest stage's per-micro-batch time (no bubble)
     comm_detail: dict             # per-collective totals per step (exposed, seconds)
     hardware_flops_per_step: object
@@ -458,11 +463,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     layer_fwd = layer_fwd + cast
     # FSDP2 (plan.fsdp2_copies) copies around each of these collectives, streaming kernels
     # priced like the layer's element-wise ones (they write fresh buffers)
+    # (not re-run by recomputation: the backward's own gather brings the weights). Host-issued
+    # kernels on the layer's critical path: added after the overlap windows below, which
+    # they neither widen nor shrink
     f2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
-    layer_all = layer_params + expert_params
-    # (not re-run by recomputation: the backward's own gather brings the weights)
-    f2_fwd = np.where(f2 & is_z3, fsdp2_gather_copy_s(gpu, gather_bytes * layer_all, S), 0.0)
-    f2_bwd = f2_fwd + np.where(f2 & (is_z3 | is_z2), fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_all), 0.0)
+    f2_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * layer_params, S)
+                 + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, edp) if mc else 0.0))
+    f2_fwd = np.where(f2 & is_z3, f2_gather, 0.0)
+    f2_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_params, S)
+                 + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, edp) if mc else 0.0))
+    f2_bwd = f2_fwd + np.where(f2 & (is_z3 | is_z2), f2_reduce, 0.0)
     z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
     z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
 
@@ -503,8 +513,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # ---------------- per-layer totals with overlap ----------------
     slow = gpu.overlap_slowdown
-    fwd_comp = layer_fwd + f2_fwd
-    bwd_comp = layer_bwd + f2_bwd
+    fwd_comp = layer_fwd
+    bwd_comp = layer_bwd
     # ZeRO traffic hides behind the whole layer as it runs (compute + its exposed TP/CP), so
     # faster compute can never expose more time than it saves.
     # EP overlap (Megatron-Core --overlap-moe-expert-parallel-comm, after DeepSeek-V3's
@@ -533,12 +543,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                                 + (a2a_bwd - a2a_bwd_exp))
     slow_fwd = slow * np.minimum(overlapped_per_layer_fwd, fwd_comp)
     slow_bwd = slow * np.minimum(overlapped_per_layer_bwd, bwd_comp)
-    layer_fwd_total = fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp + z3_fwd_exp + slow_fwd
-    layer_bwd_total = bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp + z3_bwd_exp + slow_bwd
+    layer_fwd_total = fwd_comp + tp_fwd_exp + cp_fwd_exp + a2a_fwd_exp + z3_fwd_exp + slow_fwd + f2_fwd
+    layer_bwd_total = bwd_comp + tp_bwd_exp + cp_bwd_exp + a2a_bwd_exp + z3_bwd_exp + slow_bwd + f2_bwd
 
     # ---------------- stage extras: embedding, LM head + loss ----------------
     emb_fwd = memory_bound_time_s(gpu, 2.0 * ab * T * h, 2)
-    emb_tp = np.where(sp, rs, ar) + tp_host  # vocab-parallel embedding reduces over TP
+    # vocab-parallel embedding: forward reduces over TP; under SP its reduce-scatter's
+    # backward is an all-gather of the output gradient (without SP the all-reduce's is none)
+    emb_tp = np.where(sp, rs, ar) + tp_host
+    emb_tp_bwd = np.where(sp, ag + tp_host, 0.0)
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
@@ -551,7 +564,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (SP) or all-reduces (no SP) the input gradient
     lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag + tp_host, 0.0) + ce_tp
     # backward kernels: gradient fill, NLL scatter, log-softmax backward, downcast
-    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + np.where(sp, rs, ar) + tp_host
+    # (asynchronously beside the head's weight-gradient GEMM where the layers do so too)
+    head_red = np.where(sp, rs, ar)
+    head_red = np.where(tp_async, np.maximum(head_red - lm_gemm, 0.0), head_red)
+    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + head_red + tp_host
     # first FSDP gather of a pass cannot be prefetched
     z3_first = np.where(is_z3, fsdp_ag, 0.0)
 
@@ -563,9 +579,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
         return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=layers * wgrad)
 
-    first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_fwd + np.where(only, lm_bwd, 0.0))
+    first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0),
+                  emb_fwd + emb_tp_bwd + np.where(only, lm_bwd, 0.0))
     middle = stage(L_s, 0.0, 0.0)
-    last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd, 0.0))
+    last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd + emb_tp_bwd, 0.0))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
@@ -626,9 +643,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     dp_exposed = dp_exposed + slow * dp_overlapped_step
     # FSDP2 at ZeRO-0/1/2 gathers the parameters once per step (resharded after the
     # backward) and, below ZeRO-2, reduces the gradients once per step: their copies
-    all_stage = params_stage + expert_stage
-    dp_exposed = dp_exposed + np.where(f2 & ~is_z3, fsdp2_gather_copy_s(gpu, gather_bytes * all_stage, lay.shard), 0.0) \
-        + np.where(f2 & ~is_z3 & ~is_z2, fsdp2_reduce_copy_s(gpu, reduce_bytes * all_stage), 0.0)
+    step_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * params_stage, lay.shard)
+                   + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_stage, lay.shard_e) if mc else 0.0))
+    dp_exposed = dp_exposed + np.where(f2 & ~is_z3, step_gather, 0.0) \
+        + np.where(f2 & ~is_z3 & ~is_z2, fsdp2_reduce_copy_s(gpu, reduce_bytes * params_stage, lay.shard)
+                   + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_stage, lay.shard_e) if mc else 0.0), 0.0)
     dp_exposed = np.where(dp_group > 1, dp_exposed, 0.0)
     # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
     zero_mb_exposed = m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z3_first
@@ -644,6 +663,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                 + opt_params / gpu.host_adam_params_per_s)
     optimizer = np.where(offload, opt_host, opt_gpu)
 
+    # sequence parallelism leaves each TP rank a partial gradient of the replicated norm
+    # weights: one all-reduce of them over TP per step (Megatron-Core finalize_model_grads,
+    # _allreduce_layernorm_grads; paraplan run the same), before the optimizer
+    norm_grads = reduce_bytes * (L_s * model.norm_params_per_layer + model.hidden_size)
+    sp_norm = np.where(sp & (t > 1), collective_time_s(cluster, Collective.ALL_REDUCE, norm_grads, t, 1) + tp_host, 0.0)
+
     # ---------------- time breakdown on the critical stage ----------------
     crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
     crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
@@ -652,7 +677,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     time = TimeBreakdown(
         compute_s=m * compute_mb,
         recompute_s=m * rc_compute_stage,
-        tp_comm_s=m * crit_tp,
+        tp_comm_s=m * crit_tp + sp_norm,
         cp_comm_s=m * crit_cp,
         ep_comm_s=m * crit_ep,
         pp_comm_s=pp_exposed,
@@ -708,6 +733,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         layer_detail["bwd"].update({"MoE (experts, router, permute, shared)": moe_bwd, "EP all-to-all": a2a_bwd_exp})
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
                      host_bytes=host_bytes,
-                     overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer,
+                     overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer + sp_norm,
                      critical_stage_s=m * t_max,
                      comm_detail=comm_detail, hardware_flops_per_step=hw, layer_detail=layer_detail)

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Callable
 
 from ..errors import NoPlanFitsError, SpecError
+from ..plan.axes import ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -37,13 +38,14 @@ class EngineSupport:
     grad_reduce_fp32: bool
     checkpoint_early_stop: bool
     tp_async_backward: bool
-    fsdp2_copies: bool = False  # the DP engine is FSDP2 (Plan.fsdp2_copies)
+    fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (Plan.fsdp2_copies); ZeRO-0 on DDP, without them
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
 
     def adapt(self, plan: Plan) -> Plan:
         """The plan with this framework's fixed policy knobs (the CLI never sets them)."""
         return replace(plan, grad_reduce_fp32=self.grad_reduce_fp32, checkpoint_early_stop=self.checkpoint_early_stop,
-                       tp_async_backward=self.tp_async_backward, fsdp2_copies=self.fsdp2_copies, fp32_params=False)
+                       tp_async_backward=self.tp_async_backward,
+                       fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False)
 
     def search_limits(self) -> SpaceLimits:
         return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,

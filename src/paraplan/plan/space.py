@@ -254,7 +254,7 @@ class SpaceLimits:
     fp32_params: bool = False
     checkpoint_early_stop: bool = False
     tp_async_backward: bool = True
-    fsdp2_copies: bool = False
+    fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (torchtitan: ZeRO-0 is DDP, no copies)
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
     # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
@@ -342,7 +342,8 @@ class SpaceBlock:
             grad_reduce_fp32=np.full(n, limits.grad_reduce_fp32),
             fp32_params=np.full(n, limits.fp32_params),
             checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
-            tp_async_backward=np.full(n, limits.tp_async_backward), fsdp2_copies=np.full(n, limits.fsdp2_copies),
+            tp_async_backward=np.full(n, limits.tp_async_backward),
+            fsdp2_copies=np.full(n, limits.fsdp2_copies) & (arr[:, 9] != ZeroStage.NONE.code),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
             a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)

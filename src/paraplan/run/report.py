@@ -67,8 +67,10 @@ def repredict(report: dict, hardware: str, shown: str) -> dict:
     if not isinstance(report.get("config"), dict):
         raise FileFormatError(shown, "has no run config to predict again (written by an older paraplan run)")
     cfg = replace(RunConfig.from_json(json.dumps(report["config"]), shown), hardware=hardware)
-    # reports written before the workload named the run's optimizer (2026-11-22) store "adam"
-    cfg = replace(cfg, workload=replace(cfg.workload, optimizer=RUN_OPTIMIZER))
+    # reports written before the workload named the run's optimizer (2026-11-22) store "adam",
+    # and before the plan said so, that its data parallelism copies as FSDP2 does: every run's is
+    cfg = replace(cfg, workload=replace(cfg.workload, optimizer=RUN_OPTIMIZER),
+                  plan=replace(cfg.plan, fsdp2_copies=True))
     prediction, note = predict(cfg, report.get("device", "cpu"), report.get("device_name", "cpu"))
     if prediction is None:
         raise FileFormatError(shown, note)

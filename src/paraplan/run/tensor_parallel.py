@@ -12,9 +12,11 @@ cross-entropy: T·V/t logits per rank, no all-gather of the logits).
 
 from __future__ import annotations
 
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
@@ -51,3 +53,25 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
                 "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             })
         parallelize_module(block, tp_mesh, plan)
+
+
+def reduce_partial_grads(params: list[nn.Parameter]) -> int:
+    """Sum the sequence-parallel norm weights' gradients over TP once per step, in one
+    all-reduce, as Megatron does (finalize_model_grads, `_allreduce_layernorm_grads`); returns
+    how many. Each TP rank holds its sequence shard's share (a Partial DTensor), and DTensor
+    would otherwise reduce it again in every optimizer op that reads it (35 gloo all-reduces
+    per step in a 2-layer run). Only gradients on a one-dimensional (TP) mesh: under FSDP
+    the data-parallel reduction handles them."""
+    partial = [p for p in params if isinstance(p.grad, DTensor) and p.grad.device_mesh.ndim == 1
+               and p.grad.placements[0].is_partial("sum")]
+    if not partial:
+        return 0
+    mesh = partial[0].grad.device_mesh
+    grads = [p.grad.to_local() for p in partial]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=mesh.get_group())
+    start = 0
+    for p, g in zip(partial, grads):
+        p.grad = DTensor.from_local(flat[start:start + g.numel()].view_as(g), mesh, [Replicate()], run_check=False)
+        start += g.numel()
+    return len(partial)

@@ -23,7 +23,7 @@ from .data_parallel import apply_fsdp
 from .measure import grad_norm, now_s, peak_memory_bytes, peak_rss_bytes
 from .model import build_model, loss_fn
 from .pipeline import make_schedule, make_stage, stage_ids
-from .tensor_parallel import apply_tensor_parallel
+from .tensor_parallel import apply_tensor_parallel, reduce_partial_grads
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -115,9 +115,11 @@ class Runner:
         fsdp = self.cfg.plan.dp > 1
         for i, (x, y) in enumerate(zip(inputs.chunk(m), labels.chunk(m))):
             if fsdp and self.cfg.plan.zero is not ZeroStage.PARAMETERS:
-                # ZeRO-0/1/2 accumulate gradients locally and reduce once per step; ZeRO-3
-                # reduce-scatters every micro-batch (no unsharded gradients kept).
+                # ZeRO-0/1/2 accumulate gradients locally and reduce once per step, and keep
+                # the parameters gathered until then (gathered once per step, as the cost
+                # model prices them); ZeRO-3 gathers and reduce-scatters every micro-batch.
                 model.set_requires_gradient_sync(i == m - 1)
+                model.set_reshard_after_backward(i == m - 1)
             with self._loss_context():
                 with self._autocast():
                     loss = loss_fn(model(x), y) / m
@@ -133,6 +135,8 @@ class Runner:
         dist.barrier()
         t0 = now_s(self.device)
         loss = self.forward_backward(inputs, labels)
+        if self.cfg.plan.tp > 1:
+            reduce_partial_grads(self.params)
         t1 = now_s(self.device)
         norm = grad_norm(self.params, self.mesh["pp"].get_group() if self.cfg.plan.pp > 1 else None)
         t2 = now_s(self.device)
