@@ -53,22 +53,26 @@ VOCAB_PARALLEL_CE_ALL_REDUCES = 3
 
 
 def fsdp2_gather_copy_s(gpu, gathered_bytes, shard):
-    """FSDP2's copies around one all-gather of `gathered_bytes` over `shard` ranks, at the
-    element-wise rate (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py and
-    _fsdp_param_group.py): the shards into the flat input (all_gather_copy_in: read + write
-    B/S) and the output out to the unsharded parameters (split_with_sizes_copy: read + write
-    B), two kernels; a one-rank group copies the shard straight into the parameters (B, one)."""
+    """What FSDP2's copies around one all-gather of `gathered_bytes` over `shard` ranks add to
+    the step, at the element-wise rate (torch 2.13 torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py foreach_all_gather, _fsdp_param_group.py wait_for_unshard): the
+    output out to the unsharded parameters on the compute stream (split_with_sizes_copy: read
+    + write B; a one-rank group copies its shard straight in, the same bytes), and the shards
+    into the flat input on a side stream (all_gather_copy_in: read + write B/S), which slows
+    concurrent compute by overlap_slowdown of its time as communication does."""
     B, S = np.asarray(gathered_bytes, dtype=float), np.asarray(shard, dtype=float)
-    return np.where(S > 1, elementwise_time_s(gpu, 2.0 * B * (1.0 + 1.0 / np.maximum(S, 1.0)), 2),
-                    elementwise_time_s(gpu, 2.0 * B, 1))
+    side = np.where(S > 1, elementwise_time_s(gpu, 2.0 * B / np.maximum(S, 1.0), 1), 0.0)
+    return elementwise_time_s(gpu, 2.0 * B, 1) + gpu.overlap_slowdown * side
 
 
 def fsdp2_reduce_copy_s(gpu, reduced_bytes, shard):
-    """... and around one gradient reduction over `shard` ranks: the gradients into the flat
-    reduce-scatter input (chunk_cat: read + write B), one kernel, the reduced shard being a
-    view of the output; a one-rank group also copies the input to the output (2B, two)."""
+    """... and around one gradient reduction over `shard` ranks (foreach_reduce): the gradients
+    into the flat reduce-scatter input on the compute stream (chunk_cat: read + write B), the
+    reduced shard being a view of the output; a one-rank group then copies the input to the
+    output on the reduce-scatter stream (read + write B, at overlap_slowdown)."""
     B, S = np.asarray(reduced_bytes, dtype=float), np.asarray(shard, dtype=float)
-    return np.where(S > 1, elementwise_time_s(gpu, 2.0 * B, 1), elementwise_time_s(gpu, 4.0 * B, 2))
+    side = np.where(S > 1, 0.0, elementwise_time_s(gpu, 2.0 * B, 1))
+    return elementwise_time_s(gpu, 2.0 * B, 1) + gpu.overlap_slowdown * side
 
 
 def tp_collectives_per_pass(sp, blocks):
