@@ -86,3 +86,16 @@ def test_zero3_copies_show_in_the_layer_breakdown():
     detail = estimate(MODEL, CLUSTER, wl, plan).layer_detail
     fwd, bwd = float(detail["fwd"]["FSDP2 copies"]), float(detail["bwd"]["FSDP2 copies"])
     assert 0 < fwd < bwd  # the backward also copies the gradients in
+
+
+def test_fsdp2_reduces_sp_norm_gradients_one_tensor_at_a_time_each_micro_batch_under_zero3():
+    # Megatron: one flat all-reduce of the norm gradients per step; FSDP2: one per tensor at
+    # every reduction (per micro-batch under ZeRO-3), so its extra TP time grows with m
+    extra = {}
+    for m in (2, 4):
+        wl = Workload(global_batch_size=4 * m, seq_len=4096)
+        plan = make_plan(tp=2, dp=4, sequence_parallel=True, micro_batch_size=1, zero=ZeroStage.PARAMETERS)
+        a = estimate(MODEL, CLUSTER, wl, plan).time.tp_comm_s
+        b = estimate(MODEL, CLUSTER, wl, replace(plan, fsdp2_copies=True)).time.tp_comm_s
+        extra[m] = b - a
+    assert 0 < extra[2] < extra[4]

@@ -29,6 +29,10 @@ RTOL = 1e-5
 
 PLANS = {
     "fsdp": (["--dp", "2", "--zero", "3", "--hardware", "dgx-h100"], 2, "TP1 PP1 DP2 mb1 rc:none zero3"),
+    # two micro-batches per rank below ZeRO-3: parameters stay gathered across them; ZeRO-2
+    # reduce-scatters each micro-batch's gradients, ZeRO-0 reduces once per step
+    "zero2": (["--dp", "2", "--zero", "2"], 2, "TP1 PP1 DP2 mb1 rc:none zero2"),
+    "ddp": (["--dp", "2"], 2, "TP1 PP1 DP2 mb1 rc:none"),
     "tp_sp": (["--tp", "2", "--recompute", "selective"], 2, "TP2 PP1 DP1 mb1 SP rc:selective"),
     "pp_1f1b": (["--pp", "2", "--mb", "1"], 2, "TP1 PP2 DP1 mb1 1f1b rc:none"),
     "pp_interleaved": (["--pp", "2", "--vp", "2", "--recompute", "full"], 2, "TP1 PP2 DP1 VP2 mb1 interleaved rc:full"),

@@ -667,11 +667,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                 + opt_params / gpu.host_adam_params_per_s)
     optimizer = np.where(offload, opt_host, opt_gpu)
 
-    # sequence parallelism leaves each TP rank a partial gradient of the replicated norm
-    # weights: one all-reduce of them over TP per step (Megatron-Core finalize_model_grads,
-    # _allreduce_layernorm_grads; paraplan run the same), before the optimizer
-    norm_grads = reduce_bytes * (L_s * model.norm_params_per_layer + model.hidden_size)
-    sp_norm = np.where(sp & (t > 1), collective_time_s(cluster, Collective.ALL_REDUCE, norm_grads, t, 1) + tp_host, 0.0)
+    # sequence parallelism leaves each TP rank a partial gradient of the weights it keeps
+    # replicated (norms, the MoE router): Megatron-Core all-reduces them over TP in one flat
+    # buffer once per step (finalize_model_grads, _allreduce_layernorm_grads; paraplan run
+    # without DP the same). FSDP2 reduces each such tensor on its own at every gradient
+    # reduction (torch 2.13 _fsdp_param.py _get_grad_inner_tensor): per micro-batch under
+    # ZeRO-3, per step below it.
+    sp_tensors = L_s * (model.norm_params_per_layer / model.hidden_size + w_moe * (model.num_experts > 0)) + 1.0
+    sp_params = L_s * (model.norm_params_per_layer + w_moe * model.hidden_size * model.num_experts) + model.hidden_size
+    flat = collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params, t, 1) + tp_host
+    one_each = sp_tensors * (collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params / sp_tensors, t, 1)
+                             + tp_host)
+    sp_norm = np.where(sp & (t > 1), np.where(f2, np.where(is_z3, m, 1.0) * one_each, flat), 0.0)
 
     # ---------------- time breakdown on the critical stage ----------------
     crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage

@@ -56,22 +56,26 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *, sequence_par
 
 
 def reduce_partial_grads(params: list[nn.Parameter]) -> int:
-    """Sum the sequence-parallel norm weights' gradients over TP once per step, in one
-    all-reduce, as Megatron does (finalize_model_grads, `_allreduce_layernorm_grads`); returns
-    how many. Each TP rank holds its sequence shard's share (a Partial DTensor), and DTensor
-    would otherwise reduce it again in every optimizer op that reads it (35 gloo all-reduces
-    per step in a 2-layer run). Only gradients on a one-dimensional (TP) mesh: under FSDP
-    the data-parallel reduction handles them."""
-    partial = [p for p in params if isinstance(p.grad, DTensor) and p.grad.device_mesh.ndim == 1
-               and p.grad.placements[0].is_partial("sum")]
-    if not partial:
-        return 0
-    mesh = partial[0].grad.device_mesh
-    grads = [p.grad.to_local() for p in partial]
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=mesh.get_group())
-    start = 0
-    for p, g in zip(partial, grads):
-        p.grad = DTensor.from_local(flat[start:start + g.numel()].view_as(g), mesh, [Replicate()], run_check=False)
-        start += g.numel()
-    return len(partial)
+    """Sum the sequence-parallel norm weights' gradients over TP once per step, one
+    all-reduce per (mesh, dtype), as Megatron does (finalize_model_grads,
+    `_allreduce_layernorm_grads`); returns how many. Each TP rank holds its sequence shard's
+    share (a Partial DTensor of a replicated parameter), and DTensor would otherwise reduce
+    it again in every optimizer op that reads it (35 gloo all-reduces per step in a 2-layer
+    run). Only gradients on a one-dimensional (TP) mesh: under FSDP its gradient reduction
+    handles them (torch 2.13 reduces each such tensor over TP on its own)."""
+    groups: dict = {}
+    for p in params:
+        g = p.grad
+        if (isinstance(p, DTensor) and isinstance(g, DTensor) and g.device_mesh.ndim == 1
+                and p.placements == (Replicate(),) and g.placements[0].is_partial("sum")):
+            groups.setdefault((id(g.device_mesh), g.dtype), []).append(p)
+    for partial in groups.values():
+        mesh = partial[0].grad.device_mesh
+        grads = [p.grad.to_local() for p in partial]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=mesh.get_group())
+        start = 0
+        for p, g in zip(partial, grads):
+            p.grad = DTensor.from_local(flat[start:start + g.numel()].view_as(g), mesh, [Replicate()], run_check=False)
+            start += g.numel()
+    return sum(len(v) for v in groups.values())

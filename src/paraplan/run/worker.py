@@ -114,11 +114,15 @@ class Runner:
         total = torch.zeros((), device=self.device)
         fsdp = self.cfg.plan.dp > 1
         for i, (x, y) in enumerate(zip(inputs.chunk(m), labels.chunk(m))):
-            if fsdp and self.cfg.plan.zero is not ZeroStage.PARAMETERS:
-                # ZeRO-0/1/2 accumulate gradients locally and reduce once per step, and keep
-                # the parameters gathered until then (gathered once per step, as the cost
-                # model prices them); ZeRO-3 gathers and reduce-scatters every micro-batch.
-                model.set_requires_gradient_sync(i == m - 1)
+            zero = self.cfg.plan.zero
+            if fsdp and zero is not ZeroStage.PARAMETERS:
+                # below ZeRO-3 the parameters stay gathered until the step's last backward
+                # (gathered once per step); ZeRO-0/1 accumulate gradients locally and reduce
+                # once per step, ZeRO-2 reduce-scatters every micro-batch into sharded
+                # gradients; ZeRO-3 gathers and reduce-scatters every micro-batch (as the
+                # cost model prices them)
+                if zero is not ZeroStage.GRADIENTS:
+                    model.set_requires_gradient_sync(i == m - 1)
                 model.set_reshard_after_backward(i == m - 1)
             with self._loss_context():
                 with self._autocast():
