@@ -50,7 +50,8 @@ def test_engine_refusals_are_one_line(capsys):
     for argv, said in ((["search"] + SMALL + ["--engine", "deepspeed", "--pp", "2"], "--pp=2 is not allowed"),
                        (["estimate"] + SMALL + ["--engine", "megatron", "--optimizer", "adam-unfused"],
                         "--optimizer='adam-unfused' is not allowed"),
-                       (["estimate"] + SMALL + ["--engine", "deepspeed", "--pp", "2"], "engine deepspeed")):
+                       (["estimate"] + SMALL + ["--engine", "deepspeed", "--pp", "2"], "engine deepspeed"),
+                       (["search"] + SMALL + ["--engine", "deepspeed", "--vp", "2"], "engine deepspeed: --vp=2")):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err

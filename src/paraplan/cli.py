@@ -246,6 +246,9 @@ def _engine_space(support, fixed: dict, limits):
     for key, value in support.pinned.items():
         if key in fixed and fixed[key] != value:
             raise unsupported(support.engine, f"--{key}", fixed[key], f"{key}={value} only")
+    for key, most in (("cp", support.limits.max_cp), ("vp", support.limits.max_vp), ("ep", support.limits.max_ep)):
+        if most and fixed.get(key, 1) > most:  # a bound of 0 is none
+            raise unsupported(support.engine, f"--{key}", fixed[key], f"{key} up to {most}")
     cp_comms = tuple(c for c in limits.cp_comm_types if c in support.limits.cp_comm_types)
     if not cp_comms:
         raise unsupported(support.engine, "--cp-comm", ",".join(map(str, limits.cp_comm_types)),
