@@ -184,16 +184,18 @@ def test_slower_optimizer_step_slows_only_the_optimizer(tmp_path):
     assert estimate(model, slow, fused, plan).time.optimizer_s == estimate(model, plain, fused, plan).time.optimizer_s
 
 
-def _tp_layer(extra_s: float, world: int = 2) -> TPLayerSample:
-    """A TP layer that costs `extra_s` more per layer than its replica (3 layers vs 1)."""
-    return TPLayerSample(world=world, tokens=16, hidden=128, bytes_per_element=4, tp_1_layer_s=0.01 + 0.002 + extra_s,
-                         tp_3_layers_s=0.01 + 3 * (0.002 + extra_s), plain_1_layer_s=0.005 + 0.002,
-                         plain_3_layers_s=0.005 + 3 * 0.002)
+def _tp_layer(extra_s: float, world: int = 2, plain_s: float = 2e-6) -> TPLayerSample:
+    """A TP layer that costs `extra_s` more per layer than its replica (3 layers vs 1), the
+    replica `plain_s` per layer (by default less than the model's price of its math: the
+    in-layer launch overhead then stays the bare add's)."""
+    return TPLayerSample(world=world, tokens=16, hidden=128, bytes_per_element=4,
+                         tp_1_layer_s=0.01 + plain_s + extra_s, tp_3_layers_s=0.01 + 3 * (plain_s + extra_s),
+                         plain_1_layer_s=0.005 + plain_s, plain_3_layers_s=0.005 + 3 * plain_s)
 
 
 def test_tp_collective_overhead_is_the_layer_time_the_priced_transfers_leave(tmp_path):
     from paraplan.cost.comm import Collective, collective_time_s
-    sample = _tp_layer(0.030)
+    sample = _tp_layer(0.030, plain_s=0.002)
     assert sample.tp_layer_s == pytest.approx(0.032) and sample.plain_layer_s == pytest.approx(0.002)
     c = load_cluster(str(write_profile(tmp_path, replace(synthetic(), tp_layer=sample))))
     # eight collectives per layer (SP: all-gather + reduce-scatter around attention and MLP,
@@ -205,6 +207,22 @@ def test_tp_collective_overhead_is_the_layer_time_the_priced_transfers_leave(tmp
     # transfers that take the whole difference leave no overhead (the line is left out)
     assert load_cluster(str(write_profile(tmp_path, replace(synthetic(), tp_layer=_tp_layer(1e-6)), "none"))
                         ).gpu.tp_collective_overhead_s == 0.0
+
+
+def test_in_layer_launch_overhead_makes_the_model_reproduce_the_replica_layer(tmp_path):
+    from paraplan.calibrate.profile import layer_launch_overhead_s
+    from paraplan.specs.catalog import cluster_from_text
+    base = replace(synthetic(), tp_layer=_tp_layer(0.030))
+    cluster = cluster_from_text(build_profile(base, name="b").toml, "b")
+    assert cluster.gpu.kernel_launch_overhead_s == pytest.approx(TAU)  # replica faster than its math: the bare add's
+    _, math_s, kernels = layer_launch_overhead_s(base, cluster)
+    assert 0 < math_s and 30 <= kernels <= 60  # a layer's GEMMs, attention and element-wise kernels, both passes
+    # a replica that takes its math plus 100 us per counted kernel gives 100 us per kernel
+    slow = replace(base, tp_layer=_tp_layer(0.030, plain_s=math_s + kernels * 100e-6))
+    c = load_cluster(str(write_profile(tmp_path, slow)))
+    assert c.gpu.kernel_launch_overhead_s == pytest.approx(100e-6, rel=1e-3)
+    tau, math_again, _ = layer_launch_overhead_s(slow, c)
+    assert tau == pytest.approx(100e-6, rel=1e-3) and math_again == pytest.approx(math_s, rel=1e-6)
 
 
 def test_tp_collective_overhead_lands_on_tp_plans_only(tmp_path):

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, Measurements,
-                           OptimizerSample, OverlapSample, TPLayerSample)
+                           OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample)
 
 KIB, MIB = 1024, 1024 * 1024
 # GEMM rounds: each shape timed for about this long per round, in at most this many calls
@@ -244,7 +244,7 @@ def _tp_layers(device, world: int, rounds: int = 9) -> TPLayerSample:
     from ..run.model import Transformer
     from ..run.tensor_parallel import apply_tensor_parallel
     from ..specs.model import ModelSpec
-    head_dim, batch, seq = 32, 1, 8 * world
+    head_dim, batch, seq = TP_LAYER_HEAD_DIM, 1, 8 * world
     hidden = 2 * world * head_dim
     spec = ModelSpec(name="calibrate-tp-layer", num_layers=3, hidden_size=hidden, ffn_hidden_size=4 * hidden,
                      num_heads=2 * world, num_kv_heads=world, head_dim=head_dim, vocab_size=1, gated_mlp=True)

@@ -88,6 +88,7 @@ def cmd_calibrate(args) -> int:
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curve,
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
                "elementwise_efficiency": prof.elementwise_efficiency,
+               "layer_launch_overhead_s": prof.layer_launch_overhead_s,
                "optimizer_efficiency": prof.optimizer_efficiency,
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
@@ -122,6 +123,8 @@ def render_summary(s: dict) -> str:
              "attention        efficiency by FLOPs: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["attention_efficiency"]),
              f"memory copy      {s['memory_bw_bytes_per_s'] / 1e9:,.2f} GB/s; launch overhead "
              f"{s['launch_overhead_s'] * 1e6:.1f} us"
+             + (f" ({s['layer_launch_overhead_s'] * 1e6:.1f} us per kernel inside a layer)"
+                if s.get("layer_launch_overhead_s") is not None else "")
              + (f"; a layer's element-wise kernels at {s['elementwise_efficiency']:.3f} of it"
                 if s.get("elementwise_efficiency") is not None else "")
              + (f", the optimizer step at {s['optimizer_efficiency']:.3f}"

@@ -109,6 +109,9 @@ class OptimizerSample:
     time_s: float
 
 
+TP_LAYER_HEAD_DIM = 32  # the TP layer sample's heads: hidden / 32 query heads, half as many K/V heads
+
+
 @dataclass(frozen=True, kw_only=True)
 class TPLayerSample:
     """One transformer layer of `paraplan run` (Llama-style, SwiGLU, GQA; forward and

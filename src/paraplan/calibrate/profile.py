@@ -21,6 +21,8 @@ How each number is derived (docs/model.md, "Calibration"):
   once (t_b): overlap_slowdown = (t_b − t_c)/t_m, the cost model's share of an overlapped
   collective's time that still lands on the step (cost/evaluate.py); near 0 on a GPU
   where NCCL takes a few SMs, near 1 on a CPU where gloo takes the cores the GEMMs use.
+- In-layer launch overhead (CPU, 2+ ranks): the replica layer below, (one more layer − the
+  model's price of its math at τ = 0) / the kernels the model counts in it, at least τ.
 - TP collective overhead: paraplan run's layer at negligible size, 1 and 3 layers, TP over
   every rank (DTensor, SP) and as a replica on each: (TP layer − replica layer − the model's
   price of the layer's 8 collectives on the fitted link) / 8, a layer being (t₃ − t₁)/2.
@@ -42,7 +44,7 @@ from ..errors import SpecError
 from ..specs.catalog import cluster_from_text, load_cluster
 from ..specs.hardware import ClusterSpec
 from ..specs.workload import Precision
-from .measurements import Measurements
+from .measurements import TP_LAYER_HEAD_DIM, Measurements
 
 FLASH_BWD_OVER_FWD = 2.5   # FlashAttention-2 backward FLOPs over forward (Dao 2023 Sec. 3.1; cost/flops.py)
 MIN_EFFICIENCY = 1e-3      # curve floor: EfficiencyCurve needs y > 0
@@ -73,6 +75,7 @@ class Profile:
     elementwise_efficiency: float | None = None
     optimizer_efficiency: float | None = None
     tp_collective_overhead_s: float | None = None
+    layer_launch_overhead_s: float | None = None  # per kernel inside a layer (CPU, 2+ ranks)
 
 
 def _binned(points) -> tuple[tuple[float, float], ...]:
@@ -275,6 +278,37 @@ def tp_collective_overhead_s(m: Measurements, cluster: ClusterSpec) -> float | N
     return max(s.tp_layer_s - s.plain_layer_s - priced, 0.0) / count
 
 
+def layer_launch_overhead_s(m: Measurements, cluster: ClusterSpec) -> tuple[float, float, float] | None:
+    """The host time per kernel of eager PyTorch inside a training layer (dispatch, autograd,
+    module calls), from paraplan run's replica layer at negligible size: (one more layer's
+    forward + backward − the model's price of that layer's math) / the kernels the model
+    counts in it, and never below the bare one-element add's τ. The model's layer price and
+    kernel count come from cost/evaluate.py itself, at τ = 0 and τ = 1 ms. Returns (τ, the
+    layer's math as priced, kernels counted); None when not measured (a GPU, or one rank)."""
+    s = m.tp_layer
+    if s is None:
+        return None
+    from dataclasses import replace
+
+    from ..cost.evaluate import evaluate
+    from ..plan.plan import make_plan
+    from ..specs.model import ModelSpec
+    from ..specs.workload import Workload
+    heads = s.hidden // TP_LAYER_HEAD_DIM
+    spec = ModelSpec(name="calibrate-layer", num_layers=1, hidden_size=s.hidden, ffn_hidden_size=4 * s.hidden,
+                     num_heads=heads, num_kv_heads=max(heads // 2, 1), head_dim=TP_LAYER_HEAD_DIM, vocab_size=1,
+                     gated_mlp=True)
+    wl = Workload(global_batch_size=1, seq_len=s.tokens, precision=compute_precision(m))
+
+    def layer_s(tau: float) -> float:
+        c = replace(cluster, gpu=replace(cluster.gpu, kernel_launch_overhead_s=tau))
+        detail = evaluate(spec, c, wl, make_plan()).layer_detail
+        return sum(float(v) for part in ("fwd", "bwd") for v in detail[part].values())
+    math_s = layer_s(0.0)
+    kernels = (layer_s(1e-3) - math_s) / 1e-3
+    return max((s.plain_layer_s - math_s) / kernels, m.launch_overhead_s), math_s, kernels
+
+
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
     """The profile of the measured device; link tiers from the collectives when 2+ ranks
     were measured, else from `base_cluster` (said so in the file)."""
@@ -347,7 +381,17 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         lines += _tier_toml("scaleout", link, "one machine measured: the same local transport")
     else:
         lines += _base_tier_toml("nvlink", base) + _base_tier_toml("scaleout", base)
-    tp_host = tp_collective_overhead_s(m, cluster_from_text("\n".join(lines), name)) if link is not None else None
+    measured_cluster = cluster_from_text("\n".join(lines), name)
+    in_layer = layer_launch_overhead_s(m, measured_cluster)
+    if in_layer is not None:
+        s, (tau_layer, math_s, kernels) = m.tp_layer, in_layer
+        at = lines.index(f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}")
+        lines[at:at + 1] = [f"# per kernel inside a training layer: paraplan run's layer at negligible size ({s.tokens} tokens, "
+                            f"hidden {s.hidden}) took {s.plain_layer_s * 1e3:.2f} ms forward + backward, its math priced at "
+                            f"{math_s * 1e3:.2f} ms, over the {kernels:.0f} kernels the model counts (a bare one-element add "
+                            f"takes {m.launch_overhead_s * 1e6:.1f} us)",
+                            f"kernel_launch_overhead_us = {_num(tau_layer * 1e6)}"]
+    tp_host = tp_collective_overhead_s(m, measured_cluster) if link is not None else None
     if tp_host:
         s = m.tp_layer
         at = lines.index("sustained_compute_ratio = 1.0")
@@ -358,4 +402,5 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curve=att_curve,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, tp_collective_overhead_s=tp_host)
+                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, tp_collective_overhead_s=tp_host,
+                   layer_launch_overhead_s=in_layer[0] if in_layer is not None else None)
