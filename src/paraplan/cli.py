@@ -101,17 +101,15 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
 
-ENGINES = ("torchtitan", "megatron", "deepspeed")  # export/common.py Engine
-
-
 def _add_engine(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--engine", default=None, choices=ENGINES,
+    from .export.common import Engine  # no torch there
+    p.add_argument("--engine", default=None, choices=[e.value for e in Engine],
                    help="predict for this engine: its policy (gradient reduction dtype, checkpointing, TP "
                         "backward overlap, FSDP2 copies) and, in search, only the plans it can run "
                         "(as paraplan export --format does)")
 
 
-def _engine(args, model, workload):
+def _engine(args, workload):
     """The export module of --engine with its optimizer rule checked; None without the flag."""
     if getattr(args, "engine", None) is None:
         return None
@@ -124,7 +122,7 @@ def _engine(args, model, workload):
 def _engine_plan(args, model, cluster, workload):
     """The plan of the flags, with --engine's policy knobs and checked against it."""
     plan = _plan_from_args(args, cluster)
-    mod = _engine(args, model, workload)
+    mod = _engine(args, workload)
     if mod is not None:
         plan = mod.SUPPORT.adapt(plan)
         mod.check(plan, model, workload)
@@ -212,17 +210,18 @@ def _progress(done: int, total: int) -> None:
 
 
 def cmd_search(args) -> int:
+    from .export.common import ENGINE_CANDIDATES
     from .report.jsonout import estimate_dict
     from .report.table import estimate_report, ranking_table
     from .search.planner import search
     model, cluster, wl = _specs(args)
     fixed, limits = _search_pins(args)
-    mod = _engine(args, model, wl)
+    mod = _engine(args, wl)
     if mod is not None:
         fixed, limits = _engine_space(mod.SUPPORT, fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
-    res = search(model, cluster, wl, limits=limits, fixed=fixed, top_k=args.top if mod is None else max(args.top, 64),
-                 progress=_progress if show else None)
+    res = search(model, cluster, wl, limits=limits, fixed=fixed,
+                 top_k=args.top if mod is None else max(args.top, ENGINE_CANDIDATES), progress=_progress if show else None)
     ranked = res.ranked if mod is None else _expressible(mod, res.ranked, model, wl)[: args.top]
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
@@ -258,21 +257,9 @@ def _engine_space(support, fixed: dict, limits):
 
 
 def _expressible(mod, ranked, model, wl):
-    """The ranked plans the engine's exporter accepts (its check), in order; none is an error
-    that says why the fastest was refused."""
-    keep, reasons = [], []
-    for est in ranked:
-        try:
-            mod.check(est.plan, model, wl)
-        except SpecError as e:
-            reasons.append(str(e))
-            continue
-        keep.append(est)
-    if not keep:
-        from .errors import NoPlanFitsError
-        raise NoPlanFitsError(f"none of the {len(ranked)} fastest plans that fit can run on {mod.SUPPORT.engine}; "
-                              f"first reason: {reasons[0] if reasons else 'none'}")
-    return keep
+    """The ranked plans the --engine's exporter accepts, in order (export/common.py)."""
+    from .export.common import expressible
+    return expressible(ranked, model, wl, mod.SUPPORT, mod.check)
 
 
 def _search_pins(args):
@@ -303,6 +290,7 @@ def _gpu_counts(text: str) -> tuple[int, ...]:
 
 
 def cmd_scale(args) -> int:
+    from .export.common import ENGINE_CANDIDATES
     from .report.jsonout import estimate_dict
     from .report.table import scaling_table
     from .search.scaling import scale
@@ -315,7 +303,7 @@ def cmd_scale(args) -> int:
     model, cluster, wl = _specs(args)
     clusters = [load_cluster(args.hardware or args.cluster, num_gpus=n) for n in counts]
     fixed, limits = _search_pins(args)
-    mod = _engine(args, model, wl)
+    mod = _engine(args, wl)
     if mod is not None:
         fixed, limits = _engine_space(mod.SUPPORT, fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
@@ -326,7 +314,8 @@ def cmd_scale(args) -> int:
 
     try:
         result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress if show else None,
-                       choose=None if mod is None else (lambda ranked: _expressible(mod, ranked, model, wl)))
+                       choose=None if mod is None else (lambda ranked: _expressible(mod, ranked, model, wl)),
+                       choose_among=ENGINE_CANDIDATES)
     finally:
         if show:
             sys.stderr.write("\r" + " " * 40 + "\r")

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, Measurements,
-                           OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample)
+                           OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample, tp_layer_spec)
 
 KIB, MIB = 1024, 1024 * 1024
 # GEMM rounds: each shape timed for about this long per round, in at most this many calls
@@ -243,11 +243,9 @@ def _tp_layers(device, world: int, rounds: int = 9) -> TPLayerSample:
 
     from ..run.model import Transformer
     from ..run.tensor_parallel import apply_tensor_parallel
-    from ..specs.model import ModelSpec
-    head_dim, batch, seq = TP_LAYER_HEAD_DIM, 1, 8 * world
-    hidden = 2 * world * head_dim
-    spec = ModelSpec(name="calibrate-tp-layer", num_layers=3, hidden_size=hidden, ffn_hidden_size=4 * hidden,
-                     num_heads=2 * world, num_kv_heads=world, head_dim=head_dim, vocab_size=1, gated_mlp=True)
+    batch, seq = 1, 8 * world
+    hidden = 2 * world * TP_LAYER_HEAD_DIM  # 2·world heads, world K/V heads: TP over world divides both
+    spec = tp_layer_spec(hidden, num_layers=3)
     mesh = init_device_mesh(device.type, (world,))
     cases = []
     for layers in (1, 3):

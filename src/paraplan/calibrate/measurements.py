@@ -112,6 +112,16 @@ class OptimizerSample:
 TP_LAYER_HEAD_DIM = 32  # the TP layer sample's heads: hidden / 32 query heads, half as many K/V heads
 
 
+def tp_layer_spec(hidden: int, num_layers: int = 1):
+    """The Llama-style layer the TP layer sample times (bench.py) and the profile prices
+    (profile.py): hidden/32 heads of 32, half as many K/V heads, SwiGLU 4× wide."""
+    from ..specs.model import ModelSpec
+    heads = hidden // TP_LAYER_HEAD_DIM
+    return ModelSpec(name="calibrate-tp-layer", num_layers=num_layers, hidden_size=hidden, ffn_hidden_size=4 * hidden,
+                     num_heads=heads, num_kv_heads=max(heads // 2, 1), head_dim=TP_LAYER_HEAD_DIM, vocab_size=1,
+                     gated_mlp=True)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TPLayerSample:
     """One transformer layer of `paraplan run` (Llama-style, SwiGLU, GQA; forward and

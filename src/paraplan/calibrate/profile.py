@@ -44,7 +44,7 @@ from ..errors import SpecError
 from ..specs.catalog import cluster_from_text, load_cluster
 from ..specs.hardware import ClusterSpec
 from ..specs.workload import Precision
-from .measurements import TP_LAYER_HEAD_DIM, Measurements
+from .measurements import Measurements, tp_layer_spec
 
 FLASH_BWD_OVER_FWD = 2.5   # FlashAttention-2 backward FLOPs over forward (Dao 2023 Sec. 3.1; cost/flops.py)
 MIN_EFFICIENCY = 1e-3      # curve floor: EfficiencyCurve needs y > 0
@@ -292,12 +292,8 @@ def layer_launch_overhead_s(m: Measurements, cluster: ClusterSpec) -> tuple[floa
 
     from ..cost.evaluate import evaluate
     from ..plan.plan import make_plan
-    from ..specs.model import ModelSpec
     from ..specs.workload import Workload
-    heads = s.hidden // TP_LAYER_HEAD_DIM
-    spec = ModelSpec(name="calibrate-layer", num_layers=1, hidden_size=s.hidden, ffn_hidden_size=4 * s.hidden,
-                     num_heads=heads, num_kv_heads=max(heads // 2, 1), head_dim=TP_LAYER_HEAD_DIM, vocab_size=1,
-                     gated_mlp=True)
+    spec = tp_layer_spec(s.hidden)
     wl = Workload(global_batch_size=1, seq_len=s.tokens, precision=compute_precision(m))
 
     def layer_s(tau: float) -> float:

@@ -49,6 +49,9 @@ _CP_LABEL = {CPCommType.P2P.code: "CP ring send/recv", CPCommType.ALL_GATHER.cod
              CPCommType.A2A.code: "CP all-to-all (Ulysses)"}
 
 
+# vocab-parallel cross-entropy's all-reduces of one fp32 value per token: the logits' max,
+# the target logit, the sum of exponentials (Megatron-Core 0.16.1 tensor_parallel/
+# cross_entropy.py; torch 2.13's loss_parallel the same three)
 VOCAB_PARALLEL_CE_ALL_REDUCES = 3
 
 
@@ -560,10 +563,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
     loss_fwd = elementwise_time_s(gpu, logits_el * loss_fwd_b, 3)
-    # vocab-parallel cross-entropy: all-reduces of one fp32 value per token (max, target
-    # logit, sum of exponentials; Megatron-Core tensor_parallel/cross_entropy.py, torch's
-    # loss_parallel the same three)
-    ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, 4.0 * T, t, 1) + tp_host)
+    ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, mem.MASTER_BYTES * T, t, 1)
+                                             + tp_host)
     # the column-parallel head gathers its sequence-parallel input; backward reduce-scatters
     # (SP) or all-reduces (no SP) the input gradient
     lm_fwd = lm_gemm + loss_fwd + np.where(sp, ag + tp_host, 0.0) + ce_tp
@@ -673,7 +674,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # without DP the same). FSDP2 reduces each such tensor on its own at every gradient
     # reduction (torch 2.13 _fsdp_param.py _get_grad_inner_tensor): per micro-batch under
     # ZeRO-3, per step below it.
-    sp_tensors = L_s * (model.norm_params_per_layer / model.hidden_size + w_moe * (model.num_experts > 0)) + 1.0
+    sp_tensors = L_s * (model.norm_params_per_layer / model.hidden_size + w_moe) + 1.0  # w_moe: 0 when dense
     sp_params = L_s * (model.norm_params_per_layer + w_moe * model.hidden_size * model.num_experts) + model.hidden_size
     flat = collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params, t, 1) + tp_host
     one_each = sp_tensors * (collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params / sp_tensors, t, 1)

@@ -107,22 +107,36 @@ def layers_per_chunk(model: ModelSpec, plan: Plan, engine: Engine) -> int:
     return model.num_layers // chunks
 
 
-def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, support: EngineSupport,
-                    check: Callable[[Plan, ModelSpec, Workload], None], top_k: int = 64):
-    """The fastest plan that fits and that the engine can express: search inside the engine's
-    bounds, then the first ranked plan that passes the exporter's own check."""
-    from ..search.planner import search
-    res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned, top_k=top_k)
-    reasons = []
-    for est in res.ranked:
+# ranked plans a search inside an engine's bounds keeps for the exporter's own check to pick from
+ENGINE_CANDIDATES = 64
+
+
+def expressible(ranked: list, model: ModelSpec, workload: Workload, support: EngineSupport,
+                check: Callable[[Plan, ModelSpec, Workload], None]) -> list:
+    """The ranked estimates whose plans pass the exporter's check, in order; none is a
+    NoPlanFitsError that says why the fastest was refused."""
+    keep, reasons = [], []
+    for est in ranked:
         try:
             check(est.plan, model, workload)
         except SpecError as e:
             reasons.append(str(e))
             continue
-        return est
-    raise NoPlanFitsError(f"none of the {len(res.ranked)} fastest plans that fit can be expressed in "
-                          f"{support.engine}; first reason: {reasons[0] if reasons else 'none'}")
+        keep.append(est)
+    if not keep:
+        raise NoPlanFitsError(f"none of the {len(ranked)} fastest plans that fit can be expressed in "
+                              f"{support.engine}; first reason: {reasons[0] if reasons else 'none'}")
+    return keep
+
+
+def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, support: EngineSupport,
+                    check: Callable[[Plan, ModelSpec, Workload], None]):
+    """The fastest plan that fits and that the engine can express: search inside the engine's
+    bounds, then the first ranked plan that passes the exporter's own check."""
+    from ..search.planner import search
+    res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned,
+                 top_k=ENGINE_CANDIDATES)
+    return expressible(res.ranked, model, workload, support, check)[0]
 
 
 def header_lines(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, est) -> list[str]:

@@ -66,14 +66,15 @@ class ScalingResult:
 def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload, *,
           limits: SpaceLimits = SpaceLimits(), fixed: dict | None = None,
           progress: Callable[[int, int, int], None] | None = None,
-          choose: Callable[[list], list] | None = None) -> ScalingResult:
+          choose: Callable[[list], list] | None = None, choose_among: int = 1) -> ScalingResult:
     """Search each cluster (one per GPU count, ascending) for its best plan.
 
     A count with no valid or fitting plan is a point with its reason; when no count has a
     plan, the error of the largest count is raised (a SpecError when the pins allow no plan
     anywhere, else NoPlanFitsError naming every count).
     `progress(i, n, num_gpus)` is called before each count is searched. `choose(ranked)`, if
-    given, keeps the ranked plans an engine can run (the best of 64 kept), or raises why none.
+    given, keeps the plans an engine can run among the `choose_among` fastest that fit, or
+    raises why none.
     """
     points: list[ScalePoint] = []
     pin_errors: list[SpecError] = []
@@ -83,7 +84,7 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
             progress(i, len(clusters), cluster.num_gpus)
         t0 = _time.perf_counter()
         try:
-            res = search(model, cluster, workload, limits=limits, fixed=fixed, top_k=1 if choose is None else 64)
+            res = search(model, cluster, workload, limits=limits, fixed=fixed, top_k=choose_among)
             ranked = res.ranked if choose is None else choose(res.ranked)
         except (NoPlanFitsError, SpecError) as exc:
             if isinstance(exc, SpecError):
