@@ -294,6 +294,16 @@ def test_user_cluster_toml_with_inline_gpu(tmp_path):
     assert c.gpu.hbm_bw_bytes_per_s == 1e12 and c.gpu.reserved_bytes == units.gbytes(1.5)
 
 
+def test_tp_collective_overhead_may_be_zero_but_not_negative(tmp_path):
+    base = CLUSTER_TOML.replace('gpu = "h100"\n', "") + INLINE_GPU
+    zero = base.replace('name = "my-gpu"', 'name = "my-gpu"\ntp_collective_overhead_us = 0')
+    assert load_cluster(str(write(tmp_path, "z.toml", zero))).gpu.tp_collective_overhead_s == 0.0
+    some = base.replace('name = "my-gpu"', 'name = "my-gpu"\ntp_collective_overhead_us = 250')
+    assert load_cluster(str(write(tmp_path, "s.toml", some))).gpu.tp_collective_overhead_s == pytest.approx(250e-6)
+    with pytest.raises(FileFormatError, match=r"tp_collective_overhead_us.*a number >= 0"):
+        load_cluster(str(write(tmp_path, "n.toml", zero.replace("overhead_us = 0", "overhead_us = -1"))))
+
+
 def test_cluster_errors(tmp_path):
     both = CLUSTER_TOML.replace("gbit_per_s = 400", "gbit_per_s = 400\ngb_per_s = 50")
     with pytest.raises(FileFormatError, match=r"\[scaleout\] needs exactly one of"):

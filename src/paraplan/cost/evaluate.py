@@ -78,6 +78,36 @@ def fsdp2_reduce_copy_s(gpu, reduced_bytes, shard):
     return elementwise_time_s(gpu, 2.0 * B, 1) + gpu.overlap_slowdown * side
 
 
+def fsdp2_pp_gathers_per_pass(m):
+    """All-gathers per pass (forward or backward) of a chunk under FSDP2 in torch's pipeline
+    schedules, on average over the step. A backward that is not the step's last keeps its
+    gathered parameters (PipelineStage backward_one_chunk: set_reshard_after_backward(False),
+    torch 2.13 distributed/pipelining/stage.py), the forward reshards them
+    (reshard_after_forward, ZeRO-3), and FSDP2 gathers only what is not gathered. So a pass
+    gathers when the chunk's previous pass was a forward, or it is the step's first: m + 1 of
+    the 2m passes in every schedule (each forward is followed by one pass of its chunk). Where
+    they fall depends on the schedule (1F1B: the first p forwards and every backward after a
+    forward; GPipe: every forward and the first backward); priced evenly over the passes.
+    tests/test_fsdp2_pipeline.py counts them in the schedules of sim/schedules.py."""
+    m = np.asarray(m, dtype=float)
+    return (m + 1.0) / (2.0 * np.maximum(m, 1.0))
+
+
+def fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, param_bytes, m):
+    """FSDP2's gradient accumulation across the m micro-batches of a step it does not reduce
+    in between, per micro-batch, of `params` parameters in `tensors` tensors: the first backward's
+    gradient cast to the reduce dtype where it differs (to_accumulated_grad_if_needed: read
+    16-bit, write the reduce dtype; else autograd leaves it in .grad), each later one added in (accumulate_unsharded_grad_if_needed: read both,
+    write the sum), one kernel per parameter tensor (torch 2.13 torch/distributed/fsdp/
+    _fully_shard/_fsdp_param.py). Averaged over the m micro-batches."""
+    m = np.asarray(m, dtype=float)
+    params = np.asarray(params, dtype=float)
+    first = np.where(np.asarray(reduce_bytes) != np.asarray(param_bytes),
+                     elementwise_time_s(gpu, (param_bytes + reduce_bytes) * params, tensors), 0.0)
+    later = elementwise_time_s(gpu, (param_bytes + 2.0 * reduce_bytes) * params, tensors)
+    return (first + (m - 1.0) * later) / np.maximum(m, 1.0)
+
+
 def tp_collectives_per_pass(sp, blocks):
     """TP collectives a layer issues per pass (forward, or backward) for `blocks` attention
     and MLP blocks: an all-gather and a reduce-scatter around each with sequence parallelism,
@@ -184,6 +214,8 @@ class Layout:
     expert_stage: object
     is_z3: object
     is_z2: object
+    fsdp2: object           # data parallelism on FSDP2 fully_shard (plan.fsdp2_copies, over 2+ ranks)
+    fsdp2_pp: object        # ... at ZeRO 2/3 under torch's pipeline schedules: no-sync accumulation
     gather_bytes: object    # bytes per parameter all-gathered
     reduce_bytes: object    # bytes per gradient reduced
     shard: object           # optimizer-state shard of the dense parameters
@@ -233,6 +265,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
     grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
     sharded = zc >= ZeroStage.OPTIMIZER.code
+    fsdp2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
     return Layout(
         precision=prec, act_bytes=ab, fp32_params=fp32_params, casts_gathered=fp32_params & (not wide),
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
@@ -244,6 +277,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         params_stage=np.maximum(params_stage_first, params_stage_last),
         expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
         is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
+        fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1) & (zc >= ZeroStage.GRADIENTS.code),
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp, 1.0),
@@ -290,10 +324,16 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     w_bytes = gather_bytes
     o_bytes = np.where(lay.fp32_params, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
 
+    # FSDP2 under torch's pipeline schedules (lay.fsdp2_pp) keeps each backward's gathered
+    # parameters and accumulates unsharded gradients in the reduce dtype until the step's
+    # reduction: the stage's whole gathered weights and gradients, whatever the ZeRO stage says
+    z3_sharded = is_z3 & ~lay.fsdp2_pp
+    g_sharded = (zc >= ZeroStage.GRADIENTS.code) & ~lay.fsdp2_pp
+
     def states(params):
-        w = w_bytes * (params / np.where(is_z3, S, 1.0) + expert_stage / np.where(is_z3, edp, 1.0))
-        g = mem.GRAD_BYTES * (params / np.where(zc >= ZeroStage.GRADIENTS.code, S, 1.0)
-                              + expert_stage / np.where(zc >= ZeroStage.GRADIENTS.code, edp, 1.0))
+        w = w_bytes * (params / np.where(z3_sharded, S, 1.0) + expert_stage / np.where(z3_sharded, edp, 1.0))
+        g = np.where(lay.fsdp2_pp, lay.reduce_bytes, mem.GRAD_BYTES) * (
+            params / np.where(g_sharded, S, 1.0) + expert_stage / np.where(g_sharded, edp, 1.0))
         o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
         # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
         host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
@@ -473,15 +513,28 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (not re-run by recomputation: the backward's own gather brings the weights). Host-issued
     # kernels on the layer's critical path: added after the overlap windows below, which
     # they neither widen nor shrink
-    f2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
+    f2, f2_pp = lay.fsdp2, lay.fsdp2_pp
+    # gathers per pass: one, except FSDP2 under torch's pipeline schedules, (m+1)/(2m)
+    gathers = np.where(f2_pp, fsdp2_pp_gathers_per_pass(m), 1.0)
+    # per-micro-batch reduction (ZeRO-2/3), except FSDP2 under pipeline schedules: once per step
+    mb_reduce = (is_z3 | is_z2) & ~f2_pp
     f2_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * layer_params, S)
                  + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, edp) if mc else 0.0))
-    f2_fwd = np.where(f2 & is_z3, f2_gather, 0.0)
+    f2_fwd = np.where(f2 & is_z3, gathers * f2_gather, 0.0)
     f2_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_params, S)
                  + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, edp) if mc else 0.0))
-    f2_bwd = f2_fwd + np.where(f2 & (is_z3 | is_z2), f2_reduce, 0.0)
-    z3_fwd = np.where(is_z3, fsdp_ag, 0.0)
-    z3_bwd = np.where(is_z3, fsdp_ag, 0.0) + np.where(is_z3 | is_z2, fsdp_rs, 0.0)
+    # gradients accumulated unsharded across micro-batches (ZeRO-0/1, and 2/3 under pipeline
+    # schedules): the first cast to the reduce dtype, then one add per micro-batch
+    accumulate = f2 & ~mb_reduce & (m > 1)
+
+    def f2_accumulate(params, tensors):
+        return np.where(accumulate, fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, gather_bytes, m), 0.0)
+    # a layer's weights: Q, K, V, output projection, the MLP's matrices, the norms
+    f2_acc = f2_accumulate(layer_params + expert_params,
+                           4.0 + model.num_mlp_matrices + model.norm_params_per_layer / h)
+    f2_bwd = f2_fwd + np.where(f2 & mb_reduce, f2_reduce, 0.0) + f2_acc
+    z3_fwd = np.where(is_z3, gathers * fsdp_ag, 0.0)
+    z3_bwd = np.where(is_z3, gathers * fsdp_ag, 0.0) + np.where(mb_reduce, fsdp_rs, 0.0)
 
     # ---------------- recomputation per layer ----------------
     # Module recomputation (Megatron-Core --recompute-modules [core_attn] layernorm moe_act
@@ -574,7 +627,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     head_red = np.where(tp_async, np.maximum(head_red - lm_gemm, 0.0), head_red)
     lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + head_red + tp_host
     # first FSDP gather of a pass cannot be prefetched
-    z3_first = np.where(is_z3, fsdp_ag, 0.0)
+    z3_first = np.where(is_z3, gathers * fsdp_ag, 0.0)
 
     # recomputation scales with the stage's layers, except first-k's fixed k per stage
     rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
@@ -584,10 +637,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
         return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=layers * wgrad)
 
+    # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
+    emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
+    head_acc = f2_accumulate((model.lm_head_params + h) / t, 2.0)
+    emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
+    lm_bwd = lm_bwd + head_acc
     first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0),
-                  emb_fwd + emb_tp_bwd + np.where(only, lm_bwd, 0.0))
+                  emb_bwd_total + np.where(only, lm_bwd, 0.0))
     middle = stage(L_s, 0.0, 0.0)
-    last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_fwd + emb_tp_bwd, 0.0))
+    last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
@@ -646,12 +704,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the hidden part still slows the backward it runs under (NCCL's SMs; a CPU's cores),
     # as for per-layer overlap above; counted as DP time
     dp_exposed = dp_exposed + slow * dp_overlapped_step
+    # FSDP2 at ZeRO-2/3 under torch's pipeline schedules reduce-scatters the accumulated
+    # gradients once per step, after the stage's last backward (PipelineStage
+    # perform_reduce_grad, torch 2.13 distributed/pipelining/stage.py): exposed
+    pp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, S, t)
+    if mc:
+        pp_rs = pp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_stage, edp, e_stride)
+    dp_exposed = dp_exposed + np.where(f2_pp, pp_rs, 0.0)
     # FSDP2 at ZeRO-0/1/2 gathers the parameters once per step (resharded after the
-    # backward) and, below ZeRO-2, reduces the gradients once per step: their copies
+    # backward) and reduces the gradients once per step where it does not per micro-batch:
+    # their copies
     step_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * params_stage, lay.shard)
                    + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_stage, lay.shard_e) if mc else 0.0))
     dp_exposed = dp_exposed + np.where(f2 & ~is_z3, step_gather, 0.0) \
-        + np.where(f2 & ~is_z3 & ~is_z2, fsdp2_reduce_copy_s(gpu, reduce_bytes * params_stage, lay.shard)
+        + np.where(f2 & ~mb_reduce, fsdp2_reduce_copy_s(gpu, reduce_bytes * params_stage, lay.shard)
                    + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_stage, lay.shard_e) if mc else 0.0), 0.0)
     dp_exposed = np.where(dp_group > 1, dp_exposed, 0.0)
     # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
@@ -679,7 +745,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     flat = collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params, t, 1) + tp_host
     one_each = sp_tensors * (collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params / sp_tensors, t, 1)
                              + tp_host)
-    sp_norm = np.where(sp & (t > 1), np.where(f2, np.where(is_z3, m, 1.0) * one_each, flat), 0.0)
+    sp_norm = np.where(sp & (t > 1), np.where(f2, np.where(mb_reduce, m, 1.0) * one_each, flat), 0.0)
 
     # ---------------- time breakdown on the critical stage ----------------
     crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
@@ -734,7 +800,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                 "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp, "FSDP2 copies": f2_fwd},
         "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
                 "TP collectives": tp_bwd_exp, "CP K/V exchange": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp,
-                "FSDP2 copies": f2_bwd},
+                "FSDP2 copies, gradient accumulation": f2_bwd},
     }
     if mc:
         # MoE layers, averaged over the stage's layers like every entry here

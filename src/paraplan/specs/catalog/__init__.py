@@ -149,6 +149,15 @@ class TomlTable:
             self._bad(key, v, "a number in (0, 1]" if at_most_one else "a positive number")
         return float(v)
 
+    def non_negative(self, key: str) -> float | None:
+        """A number >= 0 (an overhead that may be none), or None when absent."""
+        if key not in self.data:
+            return None
+        v = self.data[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
+            self._bad(key, v, "a number >= 0")
+        return float(v)
+
     def fraction(self, key: str) -> float | None:
         """A fraction in [0, 1) (a loss or a slowdown), or None when absent."""
         if key not in self.data:
@@ -247,7 +256,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     if launch_us is not None:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
     if "tp_collective_overhead_us" in t.data:
-        extra["tp_collective_overhead_s"] = units.us(t.num("tp_collective_overhead_us"))
+        extra["tp_collective_overhead_s"] = units.us(t.non_negative("tp_collective_overhead_us"))
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "fp8_gemm_efficiency_ratio",
                 "sustained_compute_ratio"):
         if key in t.data:
