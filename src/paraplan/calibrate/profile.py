@@ -298,7 +298,7 @@ def layer_launch_overhead_s(m: Measurements, cluster: ClusterSpec) -> tuple[floa
 
     def layer_s(tau: float) -> float:
         c = replace(cluster, gpu=replace(cluster.gpu, kernel_launch_overhead_s=tau))
-        detail = evaluate(spec, c, wl, make_plan()).layer_detail
+        detail = evaluate(spec, c, wl, make_plan(fused_projections=False)).layer_detail
         return sum(float(v) for part in ("fwd", "bwd") for v in detail[part].values())
     math_s = layer_s(0.0)
     kernels = (layer_s(1e-3) - math_s) / 1e-3

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from ..sim.schedules import fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -78,19 +79,26 @@ def fsdp2_reduce_copy_s(gpu, reduced_bytes, shard):
     return elementwise_time_s(gpu, 2.0 * B, 1) + gpu.overlap_slowdown * side
 
 
-def fsdp2_pp_gathers_per_pass(m):
-    """All-gathers per pass (forward or backward) of a chunk under FSDP2 in torch's pipeline
-    schedules, on average over the step. A backward that is not the step's last keeps its
-    gathered parameters (PipelineStage backward_one_chunk: set_reshard_after_backward(False),
-    torch 2.13 distributed/pipelining/stage.py), the forward reshards them
-    (reshard_after_forward, ZeRO-3), and FSDP2 gathers only what is not gathered. So a pass
-    gathers when the chunk's previous pass was a forward, or it is the step's first: m + 1 of
-    the 2m passes in every schedule (each forward is followed by one pass of its chunk). Where
-    they fall depends on the schedule (1F1B: the first p forwards and every backward after a
-    forward; GPipe: every forward and the first backward); priced evenly over the passes.
-    tests/test_fsdp2_pipeline.py counts them in the schedules of sim/schedules.py."""
+def fsdp2_pp_gathers_per_pass(plan, m, z3):
+    """All-gathers per layer and pass (forward or backward) under FSDP2 in torch's pipeline
+    schedules, on average over the step, for the rows of `plan` (a Plan or PlanBatch) with
+    m micro-batches: at ZeRO-3 (`z3`) all of them, below it the ones beyond the step's first
+    (which the per-step gather already prices). Counted by replaying the schedule's task order
+    under torch's FSDP rules (sim/schedules.py fsdp2_gathers_per_step): m + 1 per chunk at
+    ZeRO-3 and none extra below it, unless a lowered schedule with 4+ chunks per rank evicts
+    chunks and gathers them again."""
+    sched = np.broadcast_to(np.asarray(plan.schedule_code), np.shape(m))
+    p = np.broadcast_to(_f(plan.pp), np.shape(m))
+    v = np.broadcast_to(_f(plan.vp), np.shape(m))
     m = np.asarray(m, dtype=float)
-    return (m + 1.0) / (2.0 * np.maximum(m, 1.0))
+    z3 = np.broadcast_to(np.asarray(z3, dtype=bool), np.shape(m))
+    keys = np.stack([np.atleast_1d(x).astype(np.int64) for x in (sched, p, v, m, z3)], axis=1)
+    out = np.empty(len(keys))
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    for j, (code, pp, vp, mm, zz) in enumerate(uniq):
+        n = fsdp2_gathers_per_step(Schedule.from_code(code), int(pp), int(mm), int(vp), bool(zz))
+        out[inverse.ravel() == j] = (n - (0 if zz else vp)) / (2.0 * mm * vp)
+    return out.reshape(np.shape(m)) if np.ndim(m) else float(out[0])
 
 
 def fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, param_bytes, m):
@@ -215,7 +223,7 @@ class Layout:
     is_z3: object
     is_z2: object
     fsdp2: object           # data parallelism on FSDP2 fully_shard (plan.fsdp2_copies, over 2+ ranks)
-    fsdp2_pp: object        # ... at ZeRO 2/3 under torch's pipeline schedules: no-sync accumulation
+    fsdp2_pp: object        # ... under torch's pipeline schedules: no-sync accumulation, one reduction per step
     gather_bytes: object    # bytes per parameter all-gathered
     reduce_bytes: object    # bytes per gradient reduced
     shard: object           # optimizer-state shard of the dense parameters
@@ -277,7 +285,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         params_stage=np.maximum(params_stage_first, params_stage_last),
         expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
         is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
-        fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1) & (zc >= ZeroStage.GRADIENTS.code),
+        fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1),
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp, 1.0),
@@ -354,6 +362,10 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
     buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * lay.casts_gathered
                                                        + mem.GRAD_BYTES), 0.0)
+    # FSDP2 under pipeline schedules: the gathered weights and the accumulated gradients are
+    # the stage's own (counted above); in flight only one layer's gradient before it is added in
+    buffers = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), (layer_params + expert_params) * gather_bytes,
+                       buffers)
     pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
     weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)
     acts, lg = pick(acts_first, acts_last, acts_mid), pick(lo1, logits, 0.0)
@@ -395,10 +407,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # ---------------- compute per layer, per micro-batch ----------------
     lf = layer_forward_flops(model, T, s, causal=True)
-    # QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs)
-    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
+    # QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
+    # and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
+    # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_projections:
+    # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
+    fused = np.asarray(plan.fused_projections, dtype=bool) | model.is_mla
+    g_qkv = np.where(fused, gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec),
+                     gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
     g_out = gemm_time_s(gpu, T, h, qd / t, prec)
-    g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
+    g_up = np.where(fused | (not model.gated_mlp), gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec),
+                    2.0 * gemm_time_s(gpu, T, f / t, h, prec))
     g_down = gemm_time_s(gpu, T, h, f / t, prec)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
     # FlashAttention-2 runs a head of 80 or 112 in its 96- or 128-wide kernel (flops.py)
@@ -433,7 +451,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # shared experts; its routed experts exchange tokens by all-to-all instead)
     n_blk = 1.0 + w_dense + w_moe * has_shared
     tp_fwd = np.where(sp, n_blk * (ag + rs), n_blk * ar)
-    tp_bwd = tp_fwd
+    # without SP each separate column-parallel projection all-reduces its own input gradient
+    # (DTensor ColwiseParallel with a replicated input): wq, wk, wv and w1, w3 where Megatron's
+    # fused QKV and gate/up reduce once each (7 all-reduces per layer against 4, counted in
+    # paraplan run with torch's CommDebugMode); with SP one reduce-scatter per block either way
+    n_mlp_blk = w_dense + w_moe * has_shared
+    extra_col = np.where(~fused & ~sp, 2.0 + n_mlp_blk * (model.num_mlp_matrices - 2.0), 0.0)
+    tp_bwd = tp_fwd + extra_col * ar
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
     tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
     # Backward without TP overlap: Megatron runs the input-gradient reduction of each
@@ -447,13 +471,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
     tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
-                          np.where(tp_async, np.where(sp, async_rs, async_ar), tp_bwd))
+                          np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
     # the presets): spent on the issuing host, hidden by nothing
     tp_host = np.where(t > 1, gpu.tp_collective_overhead_s, 0.0)
-    tp_host_pass = tp_collectives_per_pass(sp, n_blk) * tp_host
-    tp_fwd, tp_bwd = tp_fwd + tp_host_pass, tp_bwd + tp_host_pass
-    tp_fwd_exp, tp_bwd_exp = tp_fwd_exp + tp_host_pass, tp_bwd_exp + tp_host_pass
+    tp_host_fwd = tp_collectives_per_pass(sp, n_blk) * tp_host
+    tp_host_bwd = tp_host_fwd + extra_col * tp_host
+    tp_fwd, tp_bwd = tp_fwd + tp_host_fwd, tp_bwd + tp_host_bwd
+    tp_fwd_exp, tp_bwd_exp = tp_fwd_exp + tp_host_fwd, tp_bwd_exp + tp_host_bwd
 
     # ---------------- CP K/V exchange per layer (CP ranks sit t apart) ----------------
     # this rank's K and V: T tokens × 2·kvd/t; MLA exchanges its up-projected K/V as well
@@ -514,13 +539,17 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # kernels on the layer's critical path: added after the overlap windows below, which
     # they neither widen nor shrink
     f2, f2_pp = lay.fsdp2, lay.fsdp2_pp
-    # gathers per pass: one, except FSDP2 under torch's pipeline schedules, (m+1)/(2m)
-    gathers = np.where(f2_pp, fsdp2_pp_gathers_per_pass(m), 1.0)
+    # per-layer gathers per pass: one at ZeRO-3; FSDP2 under torch's pipeline schedules keeps
+    # what a backward gathered (about (m+1)/(2m) at ZeRO-3, and below ZeRO-3 the re-gathers of
+    # evicted chunks)
+    z3_or_evicted = is_z3 | (is_z2 & f2_pp)
+    gathers = np.where(f2_pp & z3_or_evicted, fsdp2_pp_gathers_per_pass(plan, m * np.ones_like(t), is_z3),
+                       np.where(is_z3, 1.0, 0.0))
     # per-micro-batch reduction (ZeRO-2/3), except FSDP2 under pipeline schedules: once per step
     mb_reduce = (is_z3 | is_z2) & ~f2_pp
     f2_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * layer_params, S)
                  + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, edp) if mc else 0.0))
-    f2_fwd = np.where(f2 & is_z3, gathers * f2_gather, 0.0)
+    f2_fwd = np.where(f2, gathers * f2_gather, 0.0)
     f2_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_params, S)
                  + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, edp) if mc else 0.0))
     # gradients accumulated unsharded across micro-batches (ZeRO-0/1, and 2/3 under pipeline
@@ -533,8 +562,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     f2_acc = f2_accumulate(layer_params + expert_params,
                            4.0 + model.num_mlp_matrices + model.norm_params_per_layer / h)
     f2_bwd = f2_fwd + np.where(f2 & mb_reduce, f2_reduce, 0.0) + f2_acc
-    z3_fwd = np.where(is_z3, gathers * fsdp_ag, 0.0)
-    z3_bwd = np.where(is_z3, gathers * fsdp_ag, 0.0) + np.where(mb_reduce, fsdp_rs, 0.0)
+    z3_fwd = gathers * fsdp_ag
+    z3_bwd = gathers * fsdp_ag + np.where(mb_reduce, fsdp_rs, 0.0)
 
     # ---------------- recomputation per layer ----------------
     # Module recomputation (Megatron-Core --recompute-modules [core_attn] layernorm moe_act
@@ -627,7 +656,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     head_red = np.where(tp_async, np.maximum(head_red - lm_gemm, 0.0), head_red)
     lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + head_red + tp_host
     # first FSDP gather of a pass cannot be prefetched
-    z3_first = np.where(is_z3, gathers * fsdp_ag, 0.0)
+    z3_first = gathers * fsdp_ag
 
     # recomputation scales with the stage's layers, except first-k's fixed k per stage
     rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
@@ -639,7 +668,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
     emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
-    head_acc = f2_accumulate((model.lm_head_params + h) / t, 2.0)
+    head_acc = f2_accumulate(model.lm_head_params / t + h, 2.0)  # (the final norm is not split by TP)
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
     lm_bwd = lm_bwd + head_acc
     first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0),
@@ -689,10 +718,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         exposed = np.maximum(comm - window, comm * last_bucket)
         return np.where(ovl, exposed, comm), np.where(ovl, comm - exposed, 0.0)
 
-    z0_exp, z0_ovl = hide(g_ar, last_bwd)
-    z1_rs_exp, z1_rs_ovl = hide(g_rs, last_bwd)
+    # FSDP2 under torch's pipeline schedules reduces after the stage's last backward
+    # (perform_reduce_grad), which then waits for it: nothing to hide behind
+    red_window = np.where(lay.fsdp2_pp, 0.0, last_bwd)
+    z0_exp, z0_ovl = hide(g_ar, red_window)
+    z1_rs_exp, z1_rs_ovl = hide(g_rs, red_window)
     z1_ag_exp, z1_ag_ovl = hide(p_ag, last_fwd)
-    z3_hsdp_exp, z3_hsdp_ovl = hide(hsdp_ar, last_bwd)
+    z3_hsdp_exp, z3_hsdp_ovl = hide(hsdp_ar, red_window)
     is_z1 = zc == ZeroStage.OPTIMIZER.code
     is_z0 = zc == ZeroStage.NONE.code
     dp_exposed = np.where(is_z0, z0_exp,
@@ -706,11 +738,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     dp_exposed = dp_exposed + slow * dp_overlapped_step
     # FSDP2 at ZeRO-2/3 under torch's pipeline schedules reduce-scatters the accumulated
     # gradients once per step, after the stage's last backward (PipelineStage
-    # perform_reduce_grad, torch 2.13 distributed/pipelining/stage.py): exposed
-    pp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, S, t)
+    # perform_reduce_grad, torch 2.13 distributed/pipelining/stage.py): exposed, one
+    # reduce-scatter per FSDP unit (each layer, then the stage root's embedding or head)
+    layer_red = reduce_bytes * layer_params
+    pp_rs = (L_s * collective_time_s(cluster, Collective.REDUCE_SCATTER, layer_red, S, t)
+             + collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes - L_s * layer_red, S, t))
     if mc:
-        pp_rs = pp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_stage, edp, e_stride)
-    dp_exposed = dp_exposed + np.where(f2_pp, pp_rs, 0.0)
+        pp_rs = pp_rs + L_s * collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, edp,
+                                                e_stride)
+    dp_exposed = dp_exposed + np.where(f2_pp & (zc >= ZeroStage.GRADIENTS.code), pp_rs, 0.0)
     # FSDP2 at ZeRO-0/1/2 gathers the parameters once per step (resharded after the
     # backward) and reduces the gradients once per step where it does not per micro-batch:
     # their copies

@@ -39,18 +39,20 @@ class EngineSupport:
     checkpoint_early_stop: bool
     tp_async_backward: bool
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (Plan.fsdp2_copies); ZeRO-0 on DDP, without them
+    fused_projections: bool = True  # fused QKV and gate/up GEMMs (Plan.fused_projections)
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
 
     def adapt(self, plan: Plan) -> Plan:
         """The plan with this framework's fixed policy knobs (the CLI never sets them)."""
         return replace(plan, grad_reduce_fp32=self.grad_reduce_fp32, checkpoint_early_stop=self.checkpoint_early_stop,
                        tp_async_backward=self.tp_async_backward,
-                       fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False)
+                       fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
+                       fused_projections=self.fused_projections)
 
     def search_limits(self) -> SpaceLimits:
         return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,
                        checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
-                       fsdp2_copies=self.fsdp2_copies,
+                       fsdp2_copies=self.fsdp2_copies, fused_projections=self.fused_projections,
                        fp32_params=False)
 
 

@@ -65,7 +65,8 @@ SUPPORT = EngineSupport(
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
-    fsdp2_copies=True)            # data parallelism is FSDP2 fully_shard
+    fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
+    fused_projections=False)      # torchtitan's Llama: separate wq, wk, wv, w1, w3
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:

@@ -60,6 +60,11 @@ class Plan:
     # _fsdp_collectives.py foreach_all_gather, foreach_reduce). Megatron's contiguous buffers,
     # DeepSpeed's flat partitions and FSDP1's flat parameters communicate in place.
     fsdp2_copies: bool = False
+    # The model's projections as the engine builds them: Megatron fuses Q, K and V into one
+    # column-parallel GEMM and the gated MLP's gate and up into another; torchtitan's Llama
+    # and paraplan run keep wq, wk, wv, w1, w3 separate (smaller GEMMs; without sequence
+    # parallelism each one's input gradient is all-reduced on its own).
+    fused_projections: bool = True
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

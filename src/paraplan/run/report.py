@@ -68,9 +68,10 @@ def repredict(report: dict, hardware: str, shown: str) -> dict:
         raise FileFormatError(shown, "has no run config to predict again (written by an older paraplan run)")
     cfg = replace(RunConfig.from_json(json.dumps(report["config"]), shown), hardware=hardware)
     # reports written before the workload named the run's optimizer (2026-11-22) store "adam",
-    # and before the plan said so, that its data parallelism copies as FSDP2 does: every run's is
+    # and before the plan said so, that its data parallelism copies as FSDP2 does and that its
+    # model keeps wq, wk, wv, w1, w3 separate: every run's does
     cfg = replace(cfg, workload=replace(cfg.workload, optimizer=RUN_OPTIMIZER),
-                  plan=replace(cfg.plan, fsdp2_copies=True))
+                  plan=replace(cfg.plan, fsdp2_copies=True, fused_projections=False))
     prediction, note = predict(cfg, report.get("device", "cpu"), report.get("device_name", "cpu"))
     if prediction is None:
         raise FileFormatError(shown, note)

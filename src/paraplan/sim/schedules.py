@@ -11,6 +11,7 @@ order it reproduces.
 
 from __future__ import annotations
 
+import functools
 import operator
 from dataclasses import dataclass
 from enum import StrEnum
@@ -176,3 +177,58 @@ _BUILDERS = {
     Schedule.BREADTH_FIRST: _breadth_first,
     Schedule.ZERO_BUBBLE: _zero_bubble_h1,
 }
+
+
+# Schedules torch runs through its lowering runtime (PipelineScheduleMulti), which brackets
+# FSDP stages with UNSHARD/RESHARD actions; ScheduleGPipe and Schedule1F1B run without it.
+FSDP_LOWERED = frozenset({Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE})
+FSDP_ACTIVE_CHUNKS = 3  # torch 2.13 _add_unshard_reshard(max_active_stages=3)
+
+
+@functools.lru_cache(maxsize=4096)
+def fsdp2_gathers_per_step(schedule: Schedule, num_stages: int, num_microbatches: int, num_chunks: int,
+                           reshard_after_forward: bool) -> int:
+    """All-gathers of FSDP2-sharded chunks per step on the busiest rank under torch's pipeline
+    schedules (torch 2.13 torch/distributed/pipelining/stage.py, schedules.py), replayed on this
+    module's task order:
+    - every backward runs without gradient sync and keeps its chunk gathered
+      (set_reshard_after_backward(False)); a forward reshards after itself when
+      `reshard_after_forward` (ZeRO-3); FSDP2 gathers a chunk only when it is not gathered;
+    - lowered schedules (FSDP_LOWERED) also prefetch the next FSDP_ACTIVE_CHUNKS distinct chunks
+      of the rank's task list and reshard the active chunks not among them
+      (_add_unshard_reshard): with four or more chunks per rank, chunks are evicted and gathered
+      again.
+    Without eviction that is m + 1 gathers per chunk at ZeRO-3 (each forward is followed by one
+    pass of its chunk, which finds it resharded) and 1 below it."""
+    ranks = build_schedule(schedule, num_stages, num_microbatches, num_chunks)
+    lowered = schedule in FSDP_LOWERED
+    worst = 0
+    for tasks in ranks:
+        chunks = [t.chunk for t in tasks]
+        gathered: set[int] = set()
+        active: set[int] = set()
+        n = 0
+        for i, task in enumerate(tasks):
+            if lowered:
+                upcoming: list[int] = []
+                for c in chunks[i:]:
+                    if c not in upcoming:
+                        upcoming.append(c)
+                        if len(upcoming) == FSDP_ACTIVE_CHUNKS:
+                            break
+                for c in [c for c in active if c not in upcoming]:
+                    active.discard(c)
+                    gathered.discard(c)  # RESHARD
+                for c in upcoming:
+                    if c not in active:
+                        active.add(c)
+                        if c not in gathered:  # UNSHARD
+                            n += 1
+                            gathered.add(c)
+            if task.chunk not in gathered:
+                n += 1
+                gathered.add(task.chunk)
+            if task.phase is Phase.FORWARD and reshard_after_forward:
+                gathered.discard(task.chunk)
+        worst = max(worst, n)
+    return worst

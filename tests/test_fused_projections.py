@@ -1,0 +1,68 @@
+"""Fused vs separate projections (Plan.fused_projections): Megatron-Core runs Q, K, V as one
+column-parallel GEMM and a gated MLP's gate and up as another; torchtitan's Llama and
+paraplan run keep wq, wk, wv, w1, w3 apart. Separate GEMMs are smaller (each at the
+efficiency of its own size, each its own launch) and, without sequence parallelism, each
+all-reduces its own input gradient."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraplan.cost.comm import Collective, collective_time_s
+from paraplan.cost.estimate import estimate
+from paraplan.cost.roofline import gemm_time_s
+from paraplan.export.megatron import SUPPORT as MEGATRON
+from paraplan.export.torchtitan import SUPPORT as TORCHTITAN
+from paraplan.plan.plan import make_plan
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+MODEL = load_model("llama3-8b")
+CLUSTER = load_cluster("dgx-h100", num_gpus=2)
+WL = Workload(global_batch_size=8, seq_len=4096)
+
+
+def _detail(plan):
+    return estimate(MODEL, CLUSTER, WL, plan).layer_detail["fwd"]
+
+
+def test_separate_projections_are_priced_as_separate_gemms():
+    T, h, t, f = 4096, MODEL.hidden_size, 2, MODEL.ffn_hidden_size
+    gpu, bf16 = CLUSTER.gpu, Precision.BF16
+    fused = _detail(make_plan(tp=t, micro_batch_size=1))
+    apart = _detail(make_plan(tp=t, micro_batch_size=1, fused_projections=False))
+    assert float(fused["QKV GEMM"]) == pytest.approx(float(gemm_time_s(gpu, T, (MODEL.q_dim + 2 * MODEL.kv_dim) / t, h, bf16)))
+    assert float(apart["QKV GEMM"]) == pytest.approx(float(gemm_time_s(gpu, T, MODEL.q_dim / t, h, bf16)
+                                                           + 2 * gemm_time_s(gpu, T, MODEL.kv_dim / t, h, bf16)))
+    assert float(apart["MLP up GEMM"]) == pytest.approx(2 * float(gemm_time_s(gpu, T, f / t, h, bf16)))
+    # the same FLOPs in smaller GEMMs with more launches: never faster
+    assert float(apart["QKV GEMM"]) > float(fused["QKV GEMM"])
+    assert float(apart["MLP up GEMM"]) >= float(fused["MLP up GEMM"])
+    assert float(apart["out-proj GEMM"]) == float(fused["out-proj GEMM"])
+
+
+def test_without_sp_each_separate_projection_reduces_its_input_gradient():
+    ar = float(collective_time_s(CLUSTER, Collective.ALL_REDUCE, 2.0 * 4096 * MODEL.hidden_size, 2, 1))
+    for sp, extra in ((False, 3), (True, 0)):  # wq, wk, wv + w1, w3 against QKV + gate/up
+        kw = dict(tp=2, micro_batch_size=1, sequence_parallel=sp, tp_async_backward=False)
+        a = estimate(MODEL, CLUSTER, WL, make_plan(**kw))
+        b = estimate(MODEL, CLUSTER, WL, make_plan(fused_projections=False, **kw))
+        m, L = a.num_microbatches, MODEL.num_layers
+        assert b.time.tp_comm_s - a.time.tp_comm_s == pytest.approx(m * L * extra * ar, rel=1e-6, abs=1e-12)
+
+
+def test_mla_keeps_its_low_rank_chain():
+    model = load_model("deepseek-v3")
+    wl = Workload(global_batch_size=8, seq_len=4096)
+    kw = dict(tp=8, ep=8, micro_batch_size=1, sequence_parallel=True)
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    a = estimate(model, cluster, wl, make_plan(**kw)).layer_detail["fwd"]["QKV GEMM"]
+    b = estimate(model, cluster, wl, make_plan(fused_projections=False, **kw)).layer_detail["fwd"]["QKV GEMM"]
+    assert float(a) == float(b)
+
+
+def test_engines_say_how_they_build_the_projections():
+    assert TORCHTITAN.adapt(make_plan(dp=8)).fused_projections is False
+    assert TORCHTITAN.search_limits().fused_projections is False
+    assert MEGATRON.adapt(make_plan(dp=8)).fused_projections is True
+    assert make_plan().fused_projections is True
