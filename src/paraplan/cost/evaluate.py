@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
-from ..sim.schedules import fsdp2_gathers_per_step
+from ..sim.schedules import FSDP_ACTIVE_CHUNKS, FSDP_LOWERED, fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -79,26 +79,33 @@ def fsdp2_reduce_copy_s(gpu, reduced_bytes, shard):
     return elementwise_time_s(gpu, 2.0 * B, 1) + gpu.overlap_slowdown * side
 
 
-def fsdp2_pp_gathers_per_pass(plan, m, z3):
+def fsdp2_pp_gathers_per_pass(plan, m, z3, rows=None):
     """All-gathers per layer and pass (forward or backward) under FSDP2 in torch's pipeline
-    schedules, on average over the step, for the rows of `plan` (a Plan or PlanBatch) with
-    m micro-batches: at ZeRO-3 (`z3`) all of them, below it the ones beyond the step's first
-    (which the per-step gather already prices). Counted by replaying the schedule's task order
-    under torch's FSDP rules (sim/schedules.py fsdp2_gathers_per_step): m + 1 per chunk at
-    ZeRO-3 and none extra below it, unless a lowered schedule with 4+ chunks per rank evicts
-    chunks and gathers them again."""
-    sched = np.broadcast_to(np.asarray(plan.schedule_code), np.shape(m))
-    p = np.broadcast_to(_f(plan.pp), np.shape(m))
-    v = np.broadcast_to(_f(plan.vp), np.shape(m))
-    m = np.asarray(m, dtype=float)
-    z3 = np.broadcast_to(np.asarray(z3, dtype=bool), np.shape(m))
-    keys = np.stack([np.atleast_1d(x).astype(np.int64) for x in (sched, p, v, m, z3)], axis=1)
-    out = np.empty(len(keys))
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    for j, (code, pp, vp, mm, zz) in enumerate(uniq):
-        n = fsdp2_gathers_per_step(Schedule.from_code(code), int(pp), int(mm), int(vp), bool(zz))
-        out[inverse.ravel() == j] = (n - (0 if zz else vp)) / (2.0 * mm * vp)
-    return out.reshape(np.shape(m)) if np.ndim(m) else float(out[0])
+    schedules, on average over the step, for the plans of `plan` (a Plan or PlanBatch; only
+    the `rows` of a batch where given, 0 elsewhere) with m micro-batches: at ZeRO-3 (`z3`) all
+    of them, below it the ones beyond the step's first (which the per-step gather already
+    prices). m + 1 per chunk at ZeRO-3 and none extra below it, unless a lowered schedule with
+    4+ chunks per rank evicts chunks and gathers them again: those are counted by replaying
+    the schedule's task order under torch's rules (sim/schedules.py fsdp2_gathers_per_step)."""
+    shape = np.shape(m)
+    m = np.atleast_1d(np.asarray(m, dtype=float))
+    sched = np.broadcast_to(np.asarray(plan.schedule_code), shape).ravel()
+    p = np.broadcast_to(_f(plan.pp), shape).ravel()
+    v = np.broadcast_to(_f(plan.vp), shape).ravel()
+    z3 = np.broadcast_to(np.asarray(z3, dtype=bool), shape).ravel()
+    rows = np.ones(len(m), dtype=bool) if rows is None else np.broadcast_to(rows, shape).ravel()
+    out = np.where(rows & z3, (m + 1.0) / (2.0 * np.maximum(m, 1.0)), 0.0)
+    lowered = np.isin(sched, [s.code for s in FSDP_LOWERED])
+    replay = rows & lowered & (v > FSDP_ACTIVE_CHUNKS)
+    if replay.any():
+        keys = np.stack([x[replay].astype(np.int64) for x in (sched, p, v, m, z3)], axis=1)
+        uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+        counted = np.empty(len(uniq))
+        for j, (code, pp, vp, mm, zz) in enumerate(uniq):
+            n = fsdp2_gathers_per_step(Schedule.from_code(code), int(pp), int(mm), int(vp), bool(zz))
+            counted[j] = (n - (0 if zz else vp)) / (2.0 * mm * vp)
+        out[replay] = counted[inverse.ravel()]
+    return out.reshape(shape) if shape else float(out[0])
 
 
 def fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, param_bytes, m):
@@ -543,7 +550,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # what a backward gathered (about (m+1)/(2m) at ZeRO-3, and below ZeRO-3 the re-gathers of
     # evicted chunks)
     z3_or_evicted = is_z3 | (is_z2 & f2_pp)
-    gathers = np.where(f2_pp & z3_or_evicted, fsdp2_pp_gathers_per_pass(plan, m * np.ones_like(t), is_z3),
+    gathers = np.where(f2_pp & z3_or_evicted, fsdp2_pp_gathers_per_pass(plan, m * np.ones_like(t), is_z3,
+                                                                        rows=f2_pp & z3_or_evicted),
                        np.where(is_z3, 1.0, 0.0))
     # per-micro-batch reduction (ZeRO-2/3), except FSDP2 under pipeline schedules: once per step
     mb_reduce = (is_z3 | is_z2) & ~f2_pp
