@@ -419,11 +419,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_projections:
     # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
     fused = np.asarray(plan.fused_projections, dtype=bool) | model.is_mla
-    g_qkv = np.where(fused, gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec),
-                     gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
+    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
+    g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
+    if not np.all(fused):  # (the search's batches are all one way: price the other only when asked)
+        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
+        if model.gated_mlp:
+            g_up = np.where(fused, g_up, 2.0 * gemm_time_s(gpu, T, f / t, h, prec))
     g_out = gemm_time_s(gpu, T, h, qd / t, prec)
-    g_up = np.where(fused | (not model.gated_mlp), gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec),
-                    2.0 * gemm_time_s(gpu, T, f / t, h, prec))
     g_down = gemm_time_s(gpu, T, h, f / t, prec)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
     # FlashAttention-2 runs a head of 80 or 112 in its 96- or 128-wide kernel (flops.py)
