@@ -6,7 +6,10 @@
 
 Cases: GPT-3 175B on 1,024 H100 (seq 2048, global batch 1536), the CLI's default,
 Llama 3 70B on 512 H100 (seq 8192, 4M-token batch = 512 sequences), and a mixture of
-experts with its expert axes, DeepSeek-V3 on 1,024 H100 (FP8, seq 4096, batch 8192). Each line reports the
+experts with its expert axes, DeepSeek-V3 on 1,024 H100 (FP8, seq 4096, batch 8192), and the CLI's default
+within torchtitan's bounds and policy (`paraplan search --engine torchtitan`: FSDP2, whose
+gathers under interleaved schedules with 4+ chunks per rank are counted by replaying the
+schedule). Each line reports the
 candidate plans enumerated, how many were valid and fit in memory, the wall time of the
 whole search (enumeration, vectorized cost model, event-simulated re-timing of the top
 candidates) and candidates per second. Timings belong here, never in unit tests.
@@ -30,22 +33,27 @@ from paraplan.specs.catalog import load_cluster, load_model  # noqa: E402
 from paraplan.specs.workload import Precision, Workload  # noqa: E402
 
 CASES = (
-    # (label, model preset, cluster preset, GPUs, seq, global batch in sequences, precision)
-    ("gpt3-175b / 1024 x H100", "gpt3-175b", "dgx-h100", 1024, 2048, 1536, "bf16"),
-    ("llama3-70b / 512 x H100 (CLI default)", "llama3-70b", "dgx-h100", 512, 8192, 512, "bf16"),
-    ("deepseek-v3 / 1024 x H100, fp8 (MoE)", "deepseek-v3", "dgx-h100", 1024, 4096, 8192, "fp8"),
+    # (label, model preset, cluster preset, GPUs, seq, global batch in sequences, precision, engine)
+    ("gpt3-175b / 1024 x H100", "gpt3-175b", "dgx-h100", 1024, 2048, 1536, "bf16", None),
+    ("llama3-70b / 512 x H100 (CLI default)", "llama3-70b", "dgx-h100", 512, 8192, 512, "bf16", None),
+    ("deepseek-v3 / 1024 x H100, fp8 (MoE)", "deepseek-v3", "dgx-h100", 1024, 4096, 8192, "fp8", None),
+    ("llama3-70b / 512 x H100, torchtitan", "llama3-70b", "dgx-h100", 512, 8192, 512, "bf16", "torchtitan"),
 )
 
 
-def run_case(label, model_name, cluster_name, num_gpus, seq, batch, precision, repeat):
+def run_case(label, model_name, cluster_name, num_gpus, seq, batch, precision, engine, repeat):
     model = load_model(model_name)
     cluster = load_cluster(cluster_name, num_gpus=num_gpus)
     workload = Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision))
+    kw = {}
+    if engine:  # the engine's bounds and policy knobs, as `paraplan search --engine` searches
+        from paraplan.export.common import Engine, engine_module
+        kw["limits"] = engine_module(Engine(engine)).SUPPORT.search_limits()
     best = None
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        res = search(model, cluster, workload)
+        res = search(model, cluster, workload, **kw)
         wall = time.perf_counter() - t0
         times.append(wall)
         if best is None or wall < best[0]:

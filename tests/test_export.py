@@ -56,7 +56,12 @@ PLANS = {
                              {Engine.DEEPSPEED}),
     "pp4-1f1b-first-k": (plan(tp=4, pp=4, dp=1, sequence_parallel=True, recompute=Recompute.FIRST_K,
                               recompute_num_layers=4), {Engine.MEGATRON}),
-    "pp2-gpipe-ddp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE), {Engine.TORCHTITAN}),
+    "pp2-gpipe-fsdp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE, zero=ZeroStage.PARAMETERS),
+                       {Engine.TORCHTITAN}),
+    # torchtitan's DDP (ZeRO-0) replicates over a 1-D mesh only: "DDP has not supported > 1D
+    # parallelism" (torchtitan 0.2.2 models/llama3/infra/parallelize.py)
+    "pp2-gpipe-ddp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE), set()),
+    "tp2-ddp": (plan(tp=2, dp=8, sequence_parallel=True), {Engine.MEGATRON}),
     "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS,
                              cp_comm_type=CPCommType.ALL_GATHER), {Engine.TORCHTITAN}),
     "tp2-cp4-ring": (plan(tp=2, cp=4, dp=2, sequence_parallel=True), {Engine.TORCHTITAN, Engine.MEGATRON}),

@@ -66,3 +66,27 @@ def test_engines_say_how_they_build_the_projections():
     assert TORCHTITAN.search_limits().fused_projections is False
     assert MEGATRON.adapt(make_plan(dp=8)).fused_projections is True
     assert make_plan().fused_projections is True
+
+
+def test_separate_gate_and_up_reach_the_experts_and_mla_models_dense_layers():
+    # torchtitan's MoE keeps w1 and w3 apart in its grouped experts and shared experts; an
+    # MLA model keeps its low-rank attention chain but its dense MLPs split like any other
+    model = load_model("qwen3-30b-a3b")
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=8, seq_len=4096)
+    kw = dict(dp=8, ep=8, micro_batch_size=1)
+    a = estimate(model, cluster, wl, make_plan(**kw)).layer_detail["fwd"]["MoE experts (grouped GEMMs)"]
+    b = estimate(model, cluster, wl, make_plan(fused_projections=False, **kw)).layer_detail["fwd"][
+        "MoE experts (grouped GEMMs)"]
+    assert float(b) > float(a)
+    ds = load_model("deepseek-v3")
+    kw = dict(tp=8, ep=8, pp=1, micro_batch_size=1, sequence_parallel=True)
+    fused = estimate(ds, cluster, wl, make_plan(**kw)).layer_detail["fwd"]
+    apart = estimate(ds, cluster, wl, make_plan(fused_projections=False, **kw)).layer_detail["fwd"]
+    assert float(apart["QKV GEMM"]) == float(fused["QKV GEMM"])
+    assert float(apart["MLP up GEMM"]) > float(fused["MLP up GEMM"])
+
+
+def test_deepspeed_exports_hugging_face_models_with_separate_projections():
+    from paraplan.export.deepspeed import SUPPORT as DEEPSPEED
+    assert DEEPSPEED.adapt(make_plan(dp=8)).fused_projections is False

@@ -347,7 +347,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
 
     def states(params):
         w = w_bytes * (params / np.where(z3_sharded, S, 1.0) + expert_stage / np.where(z3_sharded, edp, 1.0))
-        g = np.where(lay.fsdp2_pp, lay.reduce_bytes, mem.GRAD_BYTES) * (
+        g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes, mem.GRAD_BYTES) * (
             params / np.where(g_sharded, S, 1.0) + expert_stage / np.where(g_sharded, edp, 1.0))
         o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
         # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
@@ -418,11 +418,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
     # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_projections:
     # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
-    fused = np.asarray(plan.fused_projections, dtype=bool) | model.is_mla
+    fused = np.asarray(plan.fused_projections, dtype=bool)
     g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
     g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
     if not np.all(fused):  # (the search's batches are all one way: price the other only when asked)
-        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
+        if not model.is_mla:  # MLA's low-rank chain either way
+            g_qkv = np.where(fused, g_qkv,
+                             gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
         if model.gated_mlp:
             g_up = np.where(fused, g_up, 2.0 * gemm_time_s(gpu, T, f / t, h, prec))
     g_out = gemm_time_s(gpu, T, h, qd / t, prec)
@@ -465,7 +467,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # fused QKV and gate/up reduce once each (7 all-reduces per layer against 4, counted in
     # paraplan run with torch's CommDebugMode); with SP one reduce-scatter per block either way
     n_mlp_blk = w_dense + w_moe * has_shared
-    extra_col = np.where(~fused & ~sp, 2.0 + n_mlp_blk * (model.num_mlp_matrices - 2.0), 0.0)
+    extra_col = np.where(~fused & ~sp, np.where(model.is_mla, 0.0, 2.0) + n_mlp_blk * (model.num_mlp_matrices - 2.0),
+                         0.0)
     tp_bwd = tp_fwd + extra_col * ar
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
     tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
@@ -551,7 +554,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # per-layer gathers per pass: one at ZeRO-3; FSDP2 under torch's pipeline schedules keeps
     # what a backward gathered (about (m+1)/(2m) at ZeRO-3, and below ZeRO-3 the re-gathers of
     # evicted chunks)
-    z3_or_evicted = is_z3 | (is_z2 & f2_pp)
+    # (ZeRO-1 runs on FSDP2 as ZeRO-2; ZeRO-0's one-rank shards only copy)
+    z3_or_evicted = is_z3 | ((zc == ZeroStage.OPTIMIZER.code) | is_z2) & f2_pp
     gathers = np.where(f2_pp & z3_or_evicted, fsdp2_pp_gathers_per_pass(plan, m * np.ones_like(t), is_z3,
                                                                         rows=f2_pp & z3_or_evicted),
                        np.where(is_z3, 1.0, 0.0))

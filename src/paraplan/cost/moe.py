@@ -109,18 +109,26 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 
     local = E / ep
     m_e = lam * etp * ep * copies / E
-    g_up1 = gemm_time_s(gpu, m_e, n_up * fe / etp, h, prec)
+    # the gate and up projections as one GEMM of n_up·f, or apart (plan.fused_projections off:
+    # torchtitan's grouped experts and shared experts keep w1 and w3 apart), two GEMMs of f
+    fused = np.asarray(plan.fused_projections, dtype=bool)
+    apart = n_up == 2 and not np.all(fused)
+
+    def up_gemm(rows, width):
+        one = gemm_time_s(gpu, rows, n_up * width, h, prec)
+        return np.where(fused, one, 2.0 * gemm_time_s(gpu, rows, width, h, prec)) if apart else one
+    g_up1 = up_gemm(m_e, fe / etp)
     g_down1 = gemm_time_s(gpu, m_e, h, fe / etp, prec)
     g_up = local * g_up1
     g_down = local * g_down1
     experts = g_up + g_down
     # the same grouped GEMMs at λ = 1: what balance would save
     m_1 = etp * ep * copies / E
-    experts_1 = local * (gemm_time_s(gpu, m_1, n_up * fe / etp, h, prec) + gemm_time_s(gpu, m_1, h, fe / etp, prec))
+    experts_1 = local * (up_gemm(m_1, fe / etp) + gemm_time_s(gpu, m_1, h, fe / etp, prec))
     act_ew = elementwise_time_s(gpu, ab * act_rows * (n_up + 1) * fe / etp, 1)
 
     if fsh:
-        sh_up = gemm_time_s(gpu, _f(tokens), n_up * fsh / t, h, prec)
+        sh_up = up_gemm(_f(tokens), fsh / t)
         sh_down = gemm_time_s(gpu, _f(tokens), h, fsh / t, prec)
         sh_ew = elementwise_time_s(gpu, ab * _f(tokens) * (n_up + 1) * fsh / t, 1)
     else:

@@ -80,6 +80,11 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "recompute", str(plan.recompute), ", ".join(map(str, RECOMPUTE_MODES)))
     if plan.zero is ZeroStage.OPTIMIZER:
         raise unsupported(ENGINE, "zero", str(plan.zero), "0 (DDP), 2 (FSDP2 reshard never) or 3 (FSDP2 / HSDP)")
+    if plan.zero is ZeroStage.NONE and plan.dp > 1 and plan.cp == 1 and plan.tp * plan.pp > 1:
+        # torchtitan 0.2.2 models/llama3/infra/parallelize.py: "DDP has not supported > 1D
+        # parallelism" (with CP it applies FSDP over the CP ranks instead of DDP)
+        raise unsupported(ENGINE, "zero", str(plan.zero), "2 or 3 when data parallelism combines with TP or PP "
+                          "(its DDP replicates over 1-D meshes only)")
     if plan.tp > 1 and not plan.sequence_parallel:
         raise unsupported(ENGINE, "sequence_parallel", False, "only sequence parallel with TP>1 (torchtitan 0.2)")
     if plan.offload_optimizer:

@@ -189,37 +189,54 @@ FSDP_ACTIVE_CHUNKS = 3  # torch 2.13 _add_unshard_reshard(max_active_stages=3)
 def fsdp2_gathers_per_step(schedule: Schedule, num_stages: int, num_microbatches: int, num_chunks: int,
                            reshard_after_forward: bool) -> int:
     """All-gathers of FSDP2-sharded chunks per step on the busiest rank under torch's pipeline
-    schedules (torch 2.13 torch/distributed/pipelining/stage.py, schedules.py), replayed on this
-    module's task order:
+    schedules (torch 2.13 torch/distributed/pipelining/stage.py, schedules.py):
     - every backward runs without gradient sync and keeps its chunk gathered
       (set_reshard_after_backward(False)); a forward reshards after itself when
       `reshard_after_forward` (ZeRO-3); FSDP2 gathers a chunk only when it is not gathered;
     - lowered schedules (FSDP_LOWERED) also prefetch the next FSDP_ACTIVE_CHUNKS distinct chunks
       of the rank's task list and reshard the active chunks not among them
-      (_add_unshard_reshard): with four or more chunks per rank, chunks are evicted and gathered
-      again.
+      (_add_unshard_reshard): with four or more chunks per rank, chunks are evicted and
+      gathered again.
     Without eviction that is m + 1 gathers per chunk at ZeRO-3 (each forward is followed by one
-    pass of its chunk, which finds it resharded) and 1 below it."""
-    ranks = build_schedule(schedule, num_stages, num_microbatches, num_chunks)
+    pass of its chunk, which finds it resharded) and 1 below it. With eviction the count is
+    replayed on this module's task order (_replay_fsdp2_gathers); it grows by the same amount
+    with every p more micro-batches once the interleaved order has two rounds (m >= 2p) and
+    with every micro-batch in the looped breadth-first order from m = p + 1, so larger m are
+    extrapolated from two replays (tests/test_fsdp2_pipeline.py checks both against the full
+    replay)."""
+    p, m, v = num_stages, num_microbatches, num_chunks
+    if schedule not in FSDP_LOWERED or v <= FSDP_ACTIVE_CHUNKS:
+        return v * (m + 1) if reshard_after_forward else v
+    step = p if schedule is Schedule.INTERLEAVED_1F1B else 1
+    first = 2 * p if schedule is Schedule.INTERLEAVED_1F1B else p + 1
+    if m <= first + step:
+        return _replay_fsdp2_gathers(schedule, p, m, v, reshard_after_forward)
+    a = _replay_fsdp2_gathers(schedule, p, first, v, reshard_after_forward)
+    b = _replay_fsdp2_gathers(schedule, p, first + step, v, reshard_after_forward)
+    return a + (m - first) // step * (b - a)
+
+
+def _replay_fsdp2_gathers(schedule: Schedule, p: int, m: int, v: int, reshard_after_forward: bool) -> int:
+    """fsdp2_gathers_per_step by replaying every rank's task list (busiest rank)."""
     lowered = schedule in FSDP_LOWERED
     worst = 0
-    for tasks in ranks:
-        chunks = [t.chunk for t in tasks]
+    for tasks in build_schedule(schedule, p, m, v):
+        # the next FSDP_ACTIVE_CHUNKS distinct chunks from each task on, in one backward sweep
+        upcoming: list[list[int]] = [[]] * len(tasks)
+        ahead: list[int] = []
+        for i in range(len(tasks) - 1, -1, -1):
+            c = tasks[i].chunk
+            ahead = ([c] + [x for x in ahead if x != c])[:FSDP_ACTIVE_CHUNKS]
+            upcoming[i] = ahead
         gathered: set[int] = set()
         active: set[int] = set()
         n = 0
         for i, task in enumerate(tasks):
             if lowered:
-                upcoming: list[int] = []
-                for c in chunks[i:]:
-                    if c not in upcoming:
-                        upcoming.append(c)
-                        if len(upcoming) == FSDP_ACTIVE_CHUNKS:
-                            break
-                for c in [c for c in active if c not in upcoming]:
+                for c in [c for c in active if c not in upcoming[i]]:
                     active.discard(c)
                     gathered.discard(c)  # RESHARD
-                for c in upcoming:
+                for c in upcoming[i]:
                     if c not in active:
                         active.add(c)
                         if c not in gathered:  # UNSHARD
