@@ -90,3 +90,20 @@ def test_separate_gate_and_up_reach_the_experts_and_mla_models_dense_layers():
 def test_deepspeed_exports_hugging_face_models_with_separate_projections():
     from paraplan.export.deepspeed import SUPPORT as DEEPSPEED
     assert DEEPSPEED.adapt(make_plan(dp=8)).fused_projections is False
+
+
+def test_separate_projections_launch_nine_more_kernels_per_layer():
+    # counted the way calibrate counts them: the layer's price at a launch overhead of 1 ms
+    # less its price at none; three more GEMMs forward (wk, wv beside wq; w3 beside w1),
+    # each again twice in backward
+    from dataclasses import replace
+    wl = Workload(global_batch_size=1, seq_len=256)
+
+    def kernels(fused):
+        def layer_s(tau):
+            c = replace(CLUSTER, gpu=replace(CLUSTER.gpu, kernel_launch_overhead_s=tau))
+            d = estimate(MODEL, c, wl, make_plan(tp=2, micro_batch_size=1, sequence_parallel=True,
+                                                 fused_projections=fused)).layer_detail
+            return sum(float(x) for part in ("fwd", "bwd") for x in d[part].values())
+        return (layer_s(1e-3) - layer_s(0.0)) / 1e-3
+    assert kernels(False) - kernels(True) == pytest.approx(9.0, abs=1e-6)

@@ -28,6 +28,9 @@ FORBIDDEN = {
     "paraplan.specs": ("paraplan.plan", "paraplan.cost", "paraplan.sim", "paraplan.search"),
     "paraplan.plan": ("paraplan.cost", "paraplan.sim", "paraplan.search"),
     "paraplan.cost": ("paraplan.search", "paraplan.cli"),
+    # cost reads sim/schedules.py's task lists as data (estimate simulates them, evaluate counts
+    # FSDP2's gathers on them); the simulator never reads the cost model
+    "paraplan.sim": ("paraplan.cost", "paraplan.search"),
 }
 
 

@@ -13,7 +13,8 @@ Overlap model (docs/model.md, "What overlaps"):
   * ZeRO-3/FSDP gathers and reduce-scatters overlap the neighbouring layer as it runs
     (compute plus its exposed TP/CP; prefetch); the first gather of each pass is exposed.
   * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward; its last
-    bucket (one layer) is exposed. ZeRO-1/2 parameter all-gather overlaps the next forward.
+    bucket (one layer) is exposed (FSDP2 under pipeline schedules: all of it, after the last
+    backward). ZeRO-1/2 parameter all-gather overlaps the next forward.
   * Overlapped communication slows concurrent compute by the GPU's `overlap_slowdown`.
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
-from ..sim.schedules import FSDP_ACTIVE_CHUNKS, FSDP_LOWERED, fsdp2_gathers_per_step
+from ..sim.schedules import fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -34,7 +35,7 @@ from .comm import Collective, collective_time_s, p2p_time_s
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
-from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s
+from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s, up_projection_time_s
 
 # Adam step traffic per parameter (bytes) and launches, by implementation. Fused: read fp32
 # param, m, v, grad (16 B), write param, m, v (12 B) and the 16-bit copy (2 B), in a few
@@ -84,9 +85,8 @@ def fsdp2_pp_gathers_per_pass(plan, m, z3, rows=None):
     schedules, on average over the step, for the plans of `plan` (a Plan or PlanBatch; only
     the `rows` of a batch where given, 0 elsewhere) with m micro-batches: at ZeRO-3 (`z3`) all
     of them, below it the ones beyond the step's first (which the per-step gather already
-    prices). m + 1 per chunk at ZeRO-3 and none extra below it, unless a lowered schedule with
-    4+ chunks per rank evicts chunks and gathers them again: those are counted by replaying
-    the schedule's task order under torch's rules (sim/schedules.py fsdp2_gathers_per_step)."""
+    prices). The count per step is sim/schedules.py fsdp2_gathers_per_step's, read from the
+    schedule's task order (cost reads the schedules as data; sim never imports cost)."""
     shape = np.shape(m)
     m = np.atleast_1d(np.asarray(m, dtype=float))
     sched = np.broadcast_to(np.asarray(plan.schedule_code), shape).ravel()
@@ -94,32 +94,31 @@ def fsdp2_pp_gathers_per_pass(plan, m, z3, rows=None):
     v = np.broadcast_to(_f(plan.vp), shape).ravel()
     z3 = np.broadcast_to(np.asarray(z3, dtype=bool), shape).ravel()
     rows = np.ones(len(m), dtype=bool) if rows is None else np.broadcast_to(rows, shape).ravel()
-    out = np.where(rows & z3, (m + 1.0) / (2.0 * np.maximum(m, 1.0)), 0.0)
-    lowered = np.isin(sched, [s.code for s in FSDP_LOWERED])
-    replay = rows & lowered & (v > FSDP_ACTIVE_CHUNKS)
-    if replay.any():
-        keys = np.stack([x[replay].astype(np.int64) for x in (sched, p, v, m, z3)], axis=1)
+    out = np.zeros(len(m))
+    if rows.any():
+        keys = np.stack([x[rows].astype(np.int64) for x in (sched, p, v, m, z3)], axis=1)
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
         counted = np.empty(len(uniq))
         for j, (code, pp, vp, mm, zz) in enumerate(uniq):
             n = fsdp2_gathers_per_step(Schedule.from_code(code), int(pp), int(mm), int(vp), bool(zz))
             counted[j] = (n - (0 if zz else vp)) / (2.0 * mm * vp)
-        out[replay] = counted[inverse.ravel()]
+        out[rows] = counted[inverse.ravel()]
     return out.reshape(shape) if shape else float(out[0])
 
 
-def fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, param_bytes, m):
+def fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes_per_param, param_bytes_per_param, m):
     """FSDP2's gradient accumulation across the m micro-batches of a step it does not reduce
-    in between, per micro-batch, of `params` parameters in `tensors` tensors: the first backward's
-    gradient cast to the reduce dtype where it differs (to_accumulated_grad_if_needed: read
-    16-bit, write the reduce dtype; else autograd leaves it in .grad), each later one added in (accumulate_unsharded_grad_if_needed: read both,
-    write the sum), one kernel per parameter tensor (torch 2.13 torch/distributed/fsdp/
-    _fully_shard/_fsdp_param.py). Averaged over the m micro-batches."""
+    in between, per micro-batch, of `params` parameters in `tensors` tensors: the first
+    backward's gradient cast to the reduce dtype where it differs (to_accumulated_grad_if_needed:
+    read 16-bit, write the reduce dtype; else autograd leaves it in .grad), each later one added
+    in (accumulate_unsharded_grad_if_needed: read both, write the sum), one kernel per parameter
+    tensor (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_param.py). Averaged over the
+    m micro-batches."""
     m = np.asarray(m, dtype=float)
     params = np.asarray(params, dtype=float)
-    first = np.where(np.asarray(reduce_bytes) != np.asarray(param_bytes),
-                     elementwise_time_s(gpu, (param_bytes + reduce_bytes) * params, tensors), 0.0)
-    later = elementwise_time_s(gpu, (param_bytes + 2.0 * reduce_bytes) * params, tensors)
+    rb, pb = np.asarray(reduce_bytes_per_param), np.asarray(param_bytes_per_param)
+    first = np.where(rb != pb, elementwise_time_s(gpu, (pb + rb) * params, tensors), 0.0)
+    later = elementwise_time_s(gpu, (pb + 2.0 * rb) * params, tensors)
     return (first + (m - 1.0) * later) / np.maximum(m, 1.0)
 
 
@@ -420,13 +419,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
     fused = np.asarray(plan.fused_projections, dtype=bool)
     g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
-    g_up = gemm_time_s(gpu, T, f * (2 if model.gated_mlp else 1) / t, h, prec)
-    if not np.all(fused):  # (the search's batches are all one way: price the other only when asked)
-        if not model.is_mla:  # MLA's low-rank chain either way
-            g_qkv = np.where(fused, g_qkv,
-                             gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
-        if model.gated_mlp:
-            g_up = np.where(fused, g_up, 2.0 * gemm_time_s(gpu, T, f / t, h, prec))
+    g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
+    if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
+        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
     g_out = gemm_time_s(gpu, T, h, qd / t, prec)
     g_down = gemm_time_s(gpu, T, h, f / t, prec)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
@@ -723,6 +718,22 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         g_ar = g_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad, edp, e_stride)
         g_rs = g_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, e_grad, edp, e_stride)
         p_ag = p_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_stage, edp, e_stride)
+    # FSDP2 under torch's pipeline schedules reduces the accumulated gradients once per step,
+    # after the stage's last backward (PipelineStage perform_reduce_grad, torch 2.13
+    # distributed/pipelining/stage.py), one collective per FSDP unit (each layer, then the
+    # stage root's embedding or head): an all-reduce over the replicas at ZeRO-0 (one-rank
+    # shards), a reduce-scatter over the shard group above it (ZeRO-1 runs as ZeRO-2)
+    layer_grad_bytes = reduce_bytes * layer_params
+
+    def per_unit(kind, group):
+        out = (L_s * collective_time_s(cluster, kind, layer_grad_bytes, group, t)
+               + collective_time_s(cluster, kind, grad_bytes - L_s * layer_grad_bytes, group, t))
+        if mc:
+            out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, edp, e_stride)
+        return out
+    pp_rs = per_unit(Collective.REDUCE_SCATTER, S)
+    g_ar = np.where(f2_pp, per_unit(Collective.ALL_REDUCE, dp_group), g_ar)
+    g_rs = np.where(f2_pp, pp_rs, g_rs)
     ovl = np.asarray(plan.dp_overlap, dtype=bool)
     last_bwd = first.backward_s
     last_fwd = first.forward_s
@@ -732,8 +743,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         exposed = np.maximum(comm - window, comm * last_bucket)
         return np.where(ovl, exposed, comm), np.where(ovl, comm - exposed, 0.0)
 
-    # FSDP2 under torch's pipeline schedules reduces after the stage's last backward
-    # (perform_reduce_grad), which then waits for it: nothing to hide behind
+    # ... and waits for it: nothing to hide behind
     red_window = np.where(lay.fsdp2_pp, 0.0, last_bwd)
     z0_exp, z0_ovl = hide(g_ar, red_window)
     z1_rs_exp, z1_rs_ovl = hide(g_rs, red_window)
@@ -750,16 +760,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the hidden part still slows the backward it runs under (NCCL's SMs; a CPU's cores),
     # as for per-layer overlap above; counted as DP time
     dp_exposed = dp_exposed + slow * dp_overlapped_step
-    # FSDP2 at ZeRO-2/3 under torch's pipeline schedules reduce-scatters the accumulated
-    # gradients once per step, after the stage's last backward (PipelineStage
-    # perform_reduce_grad, torch 2.13 distributed/pipelining/stage.py): exposed, one
-    # reduce-scatter per FSDP unit (each layer, then the stage root's embedding or head)
-    layer_red = reduce_bytes * layer_params
-    pp_rs = (L_s * collective_time_s(cluster, Collective.REDUCE_SCATTER, layer_red, S, t)
-             + collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes - L_s * layer_red, S, t))
-    if mc:
-        pp_rs = pp_rs + L_s * collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, edp,
-                                                e_stride)
+    # ZeRO-2/3 reduced per micro-batch elsewhere; under pipeline schedules once, here
     dp_exposed = dp_exposed + np.where(f2_pp & (zc >= ZeroStage.GRADIENTS.code), pp_rs, 0.0)
     # FSDP2 at ZeRO-0/1/2 gathers the parameters once per step (resharded after the
     # backward) and reduces the gradients once per step where it does not per micro-batch:

@@ -38,7 +38,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from .comm import Collective, collective_time_s
 from .memory import saved_gemm_input_bytes
-from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s
+from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s, up_projection_time_s
 
 ROUTER_KERNELS = 6    # router GEMM, softmax, top-k, gather of the probabilities, aux loss, histogram
 PERMUTE_KERNELS = 6   # index sort and the gather (permute); scatter-add and the weighting (unpermute)
@@ -111,12 +111,10 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     m_e = lam * etp * ep * copies / E
     # the gate and up projections as one GEMM of n_up·f, or apart (plan.fused_projections off:
     # torchtitan's grouped experts and shared experts keep w1 and w3 apart), two GEMMs of f
-    fused = np.asarray(plan.fused_projections, dtype=bool)
-    apart = n_up == 2 and not np.all(fused)
+    fused = plan.fused_projections
 
     def up_gemm(rows, width):
-        one = gemm_time_s(gpu, rows, n_up * width, h, prec)
-        return np.where(fused, one, 2.0 * gemm_time_s(gpu, rows, width, h, prec)) if apart else one
+        return up_projection_time_s(gpu, rows, width, h, prec, n_up, fused)
     g_up1 = up_gemm(m_e, fe / etp)
     g_down1 = gemm_time_s(gpu, m_e, h, fe / etp, prec)
     g_up = local * g_up1

@@ -37,6 +37,17 @@ def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: 
     return np.maximum(compute, memory) + gpu.kernel_launch_overhead_s
 
 
+def up_projection_time_s(gpu: GPUSpec, m, n_each, k, precision: Precision, matrices: int, fused):
+    """The `matrices` column-parallel projections of one input, m×k by k×n_each each (a gated
+    MLP's gate and up), as one GEMM of matrices·n_each (Megatron-Core's fused linear_fc1) where
+    `fused`, else one GEMM each (torchtitan's w1, w3; vectorized over `fused`)."""
+    one = gemm_time_s(gpu, m, matrices * np.asarray(n_each, dtype=float), k, precision)
+    fused = np.asarray(fused, dtype=bool)
+    if matrices == 1 or np.all(fused):
+        return one
+    return np.where(fused, one, matrices * gemm_time_s(gpu, m, n_each, k, precision))
+
+
 def attention_time_s(gpu: GPUSpec, flops, precision: Precision, kernel_code):
     """Fused-attention kernel time at the kernel's calibrated efficiency (16-bit peak).
 
