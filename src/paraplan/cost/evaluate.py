@@ -566,6 +566,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     accumulate = f2 & ~mb_reduce & (m > 1)
 
     def f2_accumulate(params, tensors):
+        if not np.any(accumulate):
+            return 0.0
         return np.where(accumulate, fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, gather_bytes, m), 0.0)
     # a layer's weights: Q, K, V, output projection, the MLP's matrices, the norms
     f2_acc = f2_accumulate(layer_params + expert_params,
@@ -731,9 +733,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         if mc:
             out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, edp, e_stride)
         return out
-    pp_rs = per_unit(Collective.REDUCE_SCATTER, S)
-    g_ar = np.where(f2_pp, per_unit(Collective.ALL_REDUCE, dp_group), g_ar)
-    g_rs = np.where(f2_pp, pp_rs, g_rs)
+    pp_rs = 0.0
+    if np.any(f2_pp):  # (the search's batches are not on FSDP2 unless an engine says so)
+        pp_rs = per_unit(Collective.REDUCE_SCATTER, S)
+        g_ar = np.where(f2_pp, per_unit(Collective.ALL_REDUCE, dp_group), g_ar)
+        g_rs = np.where(f2_pp, pp_rs, g_rs)
     ovl = np.asarray(plan.dp_overlap, dtype=bool)
     last_bwd = first.backward_s
     last_fwd = first.forward_s
