@@ -546,21 +546,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # kernels on the layer's critical path: added after the overlap windows below, which
     # they neither widen nor shrink
     f2, f2_pp = lay.fsdp2, lay.fsdp2_pp
+    any_f2 = bool(np.any(f2))  # (the search's batches are not on FSDP2 unless an engine says so)
     # per-layer gathers per pass: one at ZeRO-3; FSDP2 under torch's pipeline schedules keeps
-    # what a backward gathered (about (m+1)/(2m) at ZeRO-3, and below ZeRO-3 the re-gathers of
-    # evicted chunks)
-    # (ZeRO-1 runs on FSDP2 as ZeRO-2; ZeRO-0's one-rank shards only copy)
-    z3_or_evicted = is_z3 | ((zc == ZeroStage.OPTIMIZER.code) | is_z2) & f2_pp
-    gathers = np.where(f2_pp & z3_or_evicted, fsdp2_pp_gathers_per_pass(plan, m * np.ones_like(t), is_z3,
-                                                                        rows=f2_pp & z3_or_evicted),
-                       np.where(is_z3, 1.0, 0.0))
+    # what a backward gathered (about (m+1)/(2m) at ZeRO-3) and, at ZeRO-1/2, gathers again
+    # only the chunks it evicted (ZeRO-1 runs on FSDP2 as ZeRO-2; ZeRO-0's one-rank shards
+    # only copy, not counted)
+    gathers = np.where(is_z3, 1.0, 0.0)
+    regather = f2_pp & (zc >= ZeroStage.OPTIMIZER.code)
+    if np.any(regather):
+        gathers = np.where(regather, fsdp2_pp_gathers_per_pass(plan, m * np.ones_like(t), is_z3, rows=regather),
+                           gathers)
     # per-micro-batch reduction (ZeRO-2/3), except FSDP2 under pipeline schedules: once per step
     mb_reduce = (is_z3 | is_z2) & ~f2_pp
-    f2_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * layer_params, S)
-                 + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, edp) if mc else 0.0))
-    f2_fwd = np.where(f2, gathers * f2_gather, 0.0)
-    f2_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_params, S)
-                 + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, edp) if mc else 0.0))
     # gradients accumulated unsharded across micro-batches (ZeRO-0/1, and 2/3 under pipeline
     # schedules): the first cast to the reduce dtype, then one add per micro-batch
     accumulate = f2 & ~mb_reduce & (m > 1)
@@ -569,10 +566,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         if not np.any(accumulate):
             return 0.0
         return np.where(accumulate, fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes, gather_bytes, m), 0.0)
-    # a layer's weights: Q, K, V, output projection, the MLP's matrices, the norms
-    f2_acc = f2_accumulate(layer_params + expert_params,
-                           4.0 + model.num_mlp_matrices + model.norm_params_per_layer / h)
-    f2_bwd = f2_fwd + np.where(f2 & mb_reduce, f2_reduce, 0.0) + f2_acc
+    f2_fwd = f2_bwd = 0.0
+    if any_f2:
+        f2_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * layer_params, S)
+                     + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, edp) if mc else 0.0))
+        f2_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_params, S)
+                     + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, edp) if mc else 0.0))
+        f2_fwd = np.where(f2, gathers * f2_gather, 0.0)
+        # a layer's weights as the FSDP2 engines build them: wq, wk, wv, wo, the MLP's
+        # matrices, the norms
+        f2_acc = f2_accumulate(layer_params + expert_params,
+                               4.0 + model.num_mlp_matrices + model.norm_params_per_layer / h)
+        f2_bwd = f2_fwd + np.where(f2 & mb_reduce, f2_reduce, 0.0) + f2_acc
     z3_fwd = gathers * fsdp_ag
     z3_bwd = gathers * fsdp_ag + np.where(mb_reduce, fsdp_rs, 0.0)
 
@@ -725,16 +730,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # distributed/pipelining/stage.py), one collective per FSDP unit (each layer, then the
     # stage root's embedding or head): an all-reduce over the replicas at ZeRO-0 (one-rank
     # shards), a reduce-scatter over the shard group above it (ZeRO-1 runs as ZeRO-2)
-    layer_grad_bytes = reduce_bytes * layer_params
-
-    def per_unit(kind, group):
-        out = (L_s * collective_time_s(cluster, kind, layer_grad_bytes, group, t)
-               + collective_time_s(cluster, kind, grad_bytes - L_s * layer_grad_bytes, group, t))
-        if mc:
-            out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, edp, e_stride)
-        return out
     pp_rs = 0.0
-    if np.any(f2_pp):  # (the search's batches are not on FSDP2 unless an engine says so)
+    if np.any(f2_pp):
+        layer_grad_bytes = reduce_bytes * layer_params
+
+        def per_unit(kind, group):
+            out = (L_s * collective_time_s(cluster, kind, layer_grad_bytes, group, t)
+                   + collective_time_s(cluster, kind, grad_bytes - L_s * layer_grad_bytes, group, t))
+            if mc:
+                out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, edp, e_stride)
+            return out
         pp_rs = per_unit(Collective.REDUCE_SCATTER, S)
         g_ar = np.where(f2_pp, per_unit(Collective.ALL_REDUCE, dp_group), g_ar)
         g_rs = np.where(f2_pp, pp_rs, g_rs)
@@ -769,11 +774,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # FSDP2 at ZeRO-0/1/2 gathers the parameters once per step (resharded after the
     # backward) and reduces the gradients once per step where it does not per micro-batch:
     # their copies
-    step_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * params_stage, lay.shard)
-                   + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_stage, lay.shard_e) if mc else 0.0))
-    dp_exposed = dp_exposed + np.where(f2 & ~is_z3, step_gather, 0.0) \
-        + np.where(f2 & ~mb_reduce, fsdp2_reduce_copy_s(gpu, reduce_bytes * params_stage, lay.shard)
-                   + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_stage, lay.shard_e) if mc else 0.0), 0.0)
+    if any_f2:
+        step_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * params_stage, lay.shard)
+                       + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_stage, lay.shard_e) if mc else 0.0))
+        step_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * params_stage, lay.shard)
+                       + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_stage, lay.shard_e) if mc else 0.0))
+        dp_exposed = dp_exposed + np.where(f2 & ~is_z3, step_gather, 0.0) + np.where(f2 & ~mb_reduce, step_reduce, 0.0)
     dp_exposed = np.where(dp_group > 1, dp_exposed, 0.0)
     # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
     zero_mb_exposed = m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z3_first
@@ -794,7 +800,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # buffer once per step (finalize_model_grads, _allreduce_layernorm_grads; paraplan run
     # without DP the same). FSDP2 reduces each such tensor on its own at every gradient
     # reduction (torch 2.13 _fsdp_param.py _get_grad_inner_tensor): per micro-batch under
-    # ZeRO-3, per step below it.
+    # ZeRO-2/3, per step below it or under pipeline schedules.
     sp_tensors = L_s * (model.norm_params_per_layer / model.hidden_size + w_moe) + 1.0  # w_moe: 0 when dense
     sp_params = L_s * (model.norm_params_per_layer + w_moe * model.hidden_size * model.num_experts) + model.hidden_size
     flat = collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params, t, 1) + tp_host

@@ -151,20 +151,19 @@ class TomlTable:
 
     def non_negative(self, key: str) -> float | None:
         """A number >= 0 (an overhead that may be none), or None when absent."""
-        if key not in self.data:
-            return None
-        v = self.data[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf:
-            self._bad(key, v, "a number >= 0")
-        return float(v)
+        return self._in_range(key, math.inf, "a number >= 0")
 
     def fraction(self, key: str) -> float | None:
         """A fraction in [0, 1) (a loss or a slowdown), or None when absent."""
+        return self._in_range(key, 1.0, "a number in [0, 1)")
+
+    def _in_range(self, key: str, below: float, allowed: str) -> float | None:
+        """A number in [0, below), or None when absent."""
         if key not in self.data:
             return None
         v = self.data[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
-            self._bad(key, v, "a number in [0, 1)")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < below:
+            self._bad(key, v, allowed)
         return float(v)
 
     def bool_(self, key: str) -> bool:
