@@ -5,6 +5,7 @@
 #      few layers) with each recomputation policy and two sequence lengths
 #   3. paraplan compare: measured vs predicted step time and peak memory, on the GPU's
 #      preset and on the calibrated profile.
+# Usage (through the device tool): bash calibration/gpu_check.sh
 # Everything lands in $OUT (log.txt and bundle.tar, re-packed after every step so that a
 # run stopped at its time limit still returns what it had).
 set -u
@@ -29,15 +30,19 @@ log "host"; { nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_vers
 python3 -m pip install -q --no-deps --no-build-isolation --no-index . >>"$LOG" 2>&1 || { log "install failed"; exit 1; }
 step calibrate 240 paraplan calibrate --device cuda --name calibrated-h100-1r -o "$W/h100.toml" --raw "$W/h100_raw.json"
 
-M="--model llama3-8b --layers 4 --steps 8 --warmup 3 --device cuda"
+M="--steps 6 --warmup 2 --device cuda"
+L8="--model llama3-8b --layers 4"
 i=0
 for spec in \
-  "--seq 2048 --mb 2 --batch 8 --recompute none" \
-  "--seq 2048 --mb 2 --batch 8 --recompute selective" \
-  "--seq 2048 --mb 2 --batch 8 --recompute full" \
-  "--seq 8192 --mb 1 --batch 4 --recompute none" \
-  "--seq 4096 --mb 1 --batch 4 --recompute full" \
-  "--seq 1024 --mb 4 --batch 8 --recompute none --hidden 2048 --heads 16 --kv-heads 8 --layers 8" ; do
+  "$L8 --seq 2048 --mb 2 --batch 8 --recompute none" \
+  "$L8 --seq 2048 --mb 2 --batch 8 --recompute selective" \
+  "$L8 --seq 2048 --mb 2 --batch 8 --recompute full" \
+  "$L8 --seq 8192 --mb 1 --batch 4 --recompute none" \
+  "$L8 --seq 4096 --mb 1 --batch 4 --recompute full" \
+  "$L8 --seq 1024 --mb 4 --batch 8 --recompute none --hidden 2048 --heads 16 --kv-heads 8 --layers 8" \
+  "--model llama3-70b --layers 2 --vocab 32000 --seq 4096 --mb 1 --batch 4 --recompute none" \
+  "--model gpt3-175b --layers 4 --hidden 4096 --heads 32 --seq 2048 --mb 2 --batch 8 --recompute none" \
+  "$L8 --seq 16384 --mb 1 --batch 2 --recompute full" ; do
   i=$((i + 1))
   step "run$i" 120 paraplan run $M $spec -o "$W/run$i.json"
 done

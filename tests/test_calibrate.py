@@ -236,7 +236,7 @@ def test_tp_collective_overhead_lands_on_tp_plans_only(tmp_path):
     # Megatron's fused QKV and gate/up: 4 all-reduces per layer without SP; paraplan run's
     # separate wq, wk, wv, w1, w3 each reduce their input gradient: 7 (CommDebugMode's count)
     for sp, fused, per_layer in ((True, True, 8), (False, True, 4), (True, False, 8), (False, False, 7)):
-        plan = make_plan(tp=2, sequence_parallel=sp, micro_batch_size=2, fused_projections=fused)
+        plan = make_plan(tp=2, sequence_parallel=sp, micro_batch_size=2, fused_kernels=fused)
         a, b = estimate(model, plain, wl, plan), estimate(model, slow, wl, plan)
         m = a.num_microbatches
         # every layer's collectives (tp_comm) and, with SP, the norm weights' gradient

@@ -15,6 +15,7 @@ import os
 import statistics
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -117,6 +118,12 @@ def _gemms(device, dtype, shapes, quick) -> list[GemmSample]:
 
 
 def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
+    """Each shape on every fused SDPA backend this device runs, under the kernel name the
+    cost model prices it by (run/attention.py); a backend that refuses the device or shape
+    is skipped."""
+    from torch.nn.attention import sdpa_kernel
+
+    from ..run.attention import CALIBRATED_BACKENDS
     out = []
     for b, h, s, d in shapes:
         q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -128,11 +135,31 @@ def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
 
         def fwd_bwd():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-        t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2)
-        t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2)
-        out.append(AttentionSample(batch=b, heads=h, seq=s, head_dim=d, dtype=str(dtype).removeprefix("torch."),
-                                   fwd_time_s=t_f, bwd_time_s=max(t_fb - t_f, t_f)))
+        for backend, kernel in CALIBRATED_BACKENDS:
+            with sdpa_kernel(backend), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns of each backend it cannot use before it raises
+                try:
+                    fwd_bwd()
+                except RuntimeError:  # "No available kernel": not on this device, dtype or shape
+                    continue
+                t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2)
+                t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2)
+            out.append(AttentionSample(batch=b, heads=h, seq=s, head_dim=d, dtype=str(dtype).removeprefix("torch."),
+                                       fwd_time_s=t_f, bwd_time_s=max(t_fb - t_f, t_f), kernel=kernel.value))
     return out
+
+
+def _misaligned_gemm(device, dtype, quick) -> tuple[GemmSample, ...]:
+    """An LM head's GEMM, tokens × hidden by hidden × vocabulary, with a vocabulary whose rows
+    are a multiple of 16 bytes and with the 50,257 of GPT-2's tokenizer (not one)."""
+    tokens, hidden = (256, 256) if device.type == "cpu" else (4096, 4096)
+    out = []
+    for vocab in (50264, 50257):
+        a = torch.randn(tokens, hidden, device=device, dtype=dtype)
+        b = torch.randn(hidden, vocab, device=device, dtype=dtype)
+        t = _median_time(lambda: a @ b, device, min_time_s=0.05 if quick else 0.2)
+        out.append(GemmSample(m=tokens, n=vocab, k=hidden, dtype=str(dtype).removeprefix("torch."), time_s=t))
+    return tuple(out)
 
 
 def _copies(device, sizes) -> list[CopySample]:
@@ -360,6 +387,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     launch = _launch_overhead_s(device)
     gemm = _gemms(device, dtype, sizes["gemm"], quick)
     att = _attention(device, dtype, sizes["attention"], quick)
+    misaligned = _misaligned_gemm(device, dtype, quick)
     copies = _copies(device, sizes["copies"])
     if ranks > 1:  # every rank at once, as in a run: they share the cores and the memory bus
         dist.barrier()
@@ -379,7 +407,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
-                        optimizer=optimizer, tp_layer=tp_layer,
+                        optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

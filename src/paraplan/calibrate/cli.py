@@ -65,7 +65,7 @@ def cmd_calibrate(args) -> int:
     from ..specs.catalog import load_cluster
     load_cluster(args.base_cluster)
     from .measurements import Measurements
-    from .profile import build_profile
+    from .profile import build_profile, misaligned_ratio
     from ..specs.files import read_text
     if args.from_raw is not None:
         m = Measurements.from_json(read_text(Path(args.from_raw), args.from_raw), args.from_raw)
@@ -85,7 +85,7 @@ def cmd_calibrate(args) -> int:
         write_output(args.output, prof.toml + "\n", "calibrate", "--output")
     summary = {"name": name, "device": m.device_name, "ranks": m.ranks, "threads_per_rank": m.threads_per_rank,
                "compute_dtype": m.compute_dtype, "peak_flops_per_s": prof.peak_flops_per_s,
-               "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curve,
+               "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curves,
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
                "elementwise_efficiency": prof.elementwise_efficiency,
                "layer_launch_overhead_s": prof.layer_launch_overhead_s,
@@ -95,6 +95,7 @@ def cmd_calibrate(args) -> int:
                                                        "efficiency": prof.link.curve,
                                                        "op_efficiency": dict(prof.link.op_curves)},
                "overlap_slowdown": m.overlap.slowdown if m.overlap else None,
+               "misaligned_gemm_efficiency_ratio": misaligned_ratio(m),
                "tp_collective_overhead_s": prof.tp_collective_overhead_s,
                "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
     if args.json:
@@ -120,7 +121,8 @@ def render_summary(s: dict) -> str:
              f"load average {s['load_average']:.1f} on {s['cpu_count']} CPUs",
              f"GEMM peak        {s['peak_flops_per_s'] / 1e9:,.1f} GFLOP/s; efficiency by FLOPs: "
              + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["gemm_efficiency"]),
-             "attention        efficiency by FLOPs: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["attention_efficiency"]),
+             *(f"attention {k:<7}efficiency by FLOPs: " + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in curve)
+               for k, curve in s["attention_efficiency"].items()),
              f"memory copy      {s['memory_bw_bytes_per_s'] / 1e9:,.2f} GB/s; launch overhead "
              f"{s['launch_overhead_s'] * 1e6:.1f} us"
              + (f" ({s['layer_launch_overhead_s'] * 1e6:.1f} us per kernel inside a layer)"
@@ -138,6 +140,9 @@ def render_summary(s: dict) -> str:
     if s.get("overlap_slowdown") is not None:
         lines.append(f"overlap slowdown {s['overlap_slowdown']:.2f} (share of an overlapped all-reduce's time "
                      "that concurrent GEMMs lose)")
+    if s.get("misaligned_gemm_efficiency_ratio") is not None:
+        lines.append(f"misaligned GEMM  {s['misaligned_gemm_efficiency_ratio']:.2f} of the aligned one's rate "
+                     "(rows not a multiple of 16 bytes: a vocabulary of 50,257)")
     if s.get("tp_collective_overhead_s") is not None:
         lines.append(f"TP collective    {s['tp_collective_overhead_s'] * 1e3:.2f} ms of host time each beyond its transfer "
                      "(a tensor-parallel layer at negligible size)")

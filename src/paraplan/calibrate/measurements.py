@@ -28,7 +28,9 @@ class GemmSample:
 
 @dataclass(frozen=True, kw_only=True)
 class AttentionSample:
-    """Causal fused attention (torch SDPA) of `batch` × `heads` × `seq` × `head_dim`."""
+    """Causal fused attention (torch SDPA) of `batch` × `heads` × `seq` × `head_dim`, run by
+    the SDPA backend that paraplan names `kernel` (an AttentionKernel value: flash2 for
+    FlashAttention-2, flash3 for cuDNN's fused attention; run/attention.py)."""
 
     batch: int
     heads: int
@@ -37,6 +39,7 @@ class AttentionSample:
     dtype: str
     fwd_time_s: float
     bwd_time_s: float
+    kernel: str = "flash2"  # raw files written before 2026-11-22 measured torch's default only, named flash2
 
     @property
     def fwd_flops(self) -> float:
@@ -172,6 +175,9 @@ class Measurements:
     elementwise: ElementwiseSample | None = None  # a layer's element-wise kernels (None: not measured)
     optimizer: OptimizerSample | None = None      # an AdamW step (None: not measured)
     tp_layer: TPLayerSample | None = None         # a TP layer's cost beyond its math (None: not measured)
+    # the same GEMM with a row of a multiple of 16 bytes, then with one that is not (a
+    # 50,257 vocabulary), for misaligned_gemm_efficiency_ratio (empty: not measured)
+    misaligned_gemm: tuple[GemmSample, ...] = field(default=())
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -196,7 +202,9 @@ class Measurements:
 
 # --- reading a raw file back (`calibrate --from-raw`, and the ranks of `calibrate --ranks N`)
 
-_SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample}
+_SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample,
+            "misaligned_gemm": GemmSample}
+ATTENTION_KERNELS = ("flash2", "flash3")  # the fused kernels calibrate measures (run/attention.py)
 _NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
            "tp_layer": TPLayerSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
@@ -281,6 +289,12 @@ def _check_usable(m: Measurements, source: str) -> None:
     if m.tp_layer is not None and m.tp_layer.world != m.ranks:
         raise FileFormatError(source, f"tp_layer was measured over {m.tp_layer.world} rank(s), but ranks={m.ranks}; "
                                       "they must agree")
+    bad = next((a.kernel for a in m.attention if a.kernel not in ATTENTION_KERNELS), None)
+    if bad is not None:
+        raise FileFormatError(source, f"attention: kernel={bad!r} is not allowed; allowed: {', '.join(ATTENTION_KERNELS)}")
+    if len(m.misaligned_gemm) not in (0, 2):
+        raise FileFormatError(source, f"misaligned_gemm has {len(m.misaligned_gemm)} samples; 2 are required "
+                                      "(the aligned GEMM, then the misaligned one), or none")
     e = m.elementwise
     if e is not None and (e.q_dim % e.head_dim or e.kv_dim % e.head_dim or e.q_dim % e.kv_dim):
         raise FileFormatError(source, f"elementwise: q_dim={e.q_dim} and kv_dim={e.kv_dim} must be multiples of "

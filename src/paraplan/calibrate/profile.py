@@ -6,7 +6,9 @@ How each number is derived (docs/model.md, "Calibration"):
   median of rate/peak per quarter-decade of GEMM FLOPs (as calibration/vidur_curves.py does
   for vidur's profiles); τ = the measured launch overhead of one tiny kernel.
 - Attention: forward F/((t − τ)·peak) and backward 2.5F/((t − τ)·peak) (FlashAttention-2's
-  backward FLOPs, cost/flops.py) at their FLOPs, binned the same way, as the `flash2` curve.
+  backward FLOPs, cost/flops.py) at their FLOPs, binned the same way, one curve per SDPA
+  backend measured, under the kernel name the cost model gives it (run/attention.py: on a
+  GPU FlashAttention-2 -> `flash2`, cuDNN's fused attention -> `flash3`; a CPU's -> `flash2`).
 - Memory bandwidth: the device-to-device copy of the largest size measured, 2·bytes/time
   (read + write), with memory_bw_efficiency 1 (the number is already achieved, not a
   datasheet peak). The largest copy streams from DRAM/HBM past the caches, as a training
@@ -66,7 +68,7 @@ class Profile:
 
     peak_flops_per_s: float
     gemm_curve: tuple[tuple[float, float], ...]
-    attention_curve: tuple[tuple[float, float], ...]
+    attention_curves: dict[str, tuple[tuple[float, float], ...]]  # AttentionKernel value -> curve
     memory_bw_bytes_per_s: float
     host_link_bytes_per_s: float
     launch_overhead_s: float
@@ -86,8 +88,9 @@ def _binned(points) -> tuple[tuple[float, float], ...]:
     return tuple((10 ** k, min(max(statistics.median(v), MIN_EFFICIENCY), 1.0)) for k, v in sorted(bins.items()))
 
 
-def fit_compute(m: Measurements) -> tuple[float, tuple, tuple]:
-    """(peak FLOP/s, GEMM curve, attention curve) from the compute-dtype samples."""
+def fit_compute(m: Measurements) -> tuple[float, tuple, dict]:
+    """(peak FLOP/s, GEMM curve, {attention kernel: curve}) from the compute-dtype samples;
+    without attention samples, flash2 takes the GEMM curve."""
     tau = m.launch_overhead_s
     gemms = [g for g in m.gemm if g.dtype == m.compute_dtype]
     if not gemms:
@@ -97,16 +100,25 @@ def fit_compute(m: Measurements) -> tuple[float, tuple, tuple]:
     rates = [(g.flops, g.flops / max(g.time_s - tau, g.time_s / 2)) for g in gemms]
     peak = max(r for _, r in rates)
     gemm_curve = _binned((f, r / peak) for f, r in rates)
-    att = []
+    att: dict[str, list] = {}
     for a in m.attention:
         if a.dtype != m.compute_dtype:
             continue
-        f = a.fwd_flops
-        att.append((f, f / max(a.fwd_time_s - tau, a.fwd_time_s / 2) / peak))
-        fb = FLASH_BWD_OVER_FWD * f
-        att.append((fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s / 2) / peak))
-    attention_curve = _binned(att) if att else gemm_curve
-    return peak, gemm_curve, attention_curve
+        f, fb = a.fwd_flops, FLASH_BWD_OVER_FWD * a.fwd_flops
+        att.setdefault(a.kernel, []).extend(
+            [(f, f / max(a.fwd_time_s - tau, a.fwd_time_s / 2) / peak),
+             (fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s / 2) / peak)])
+    curves = {k: _binned(v) for k, v in sorted(att.items())} or {"flash2": gemm_curve}
+    return peak, gemm_curve, curves
+
+
+def misaligned_ratio(m: Measurements) -> float | None:
+    """The misaligned GEMM's rate over the aligned one's (m.misaligned_gemm), at most 1;
+    None when not measured."""
+    if not m.misaligned_gemm:
+        return None
+    aligned, misaligned = m.misaligned_gemm
+    return min((misaligned.flops / misaligned.time_s) / (aligned.flops / aligned.time_s), 1.0)
 
 
 def fit_link(m: Measurements) -> LinkFit | None:
@@ -298,7 +310,7 @@ def layer_launch_overhead_s(m: Measurements, cluster: ClusterSpec) -> tuple[floa
 
     def layer_s(tau: float) -> float:
         c = replace(cluster, gpu=replace(cluster.gpu, kernel_launch_overhead_s=tau))
-        detail = evaluate(spec, c, wl, make_plan(fused_projections=False)).layer_detail
+        detail = evaluate(spec, c, wl, make_plan(fused_kernels=False)).layer_detail
         return sum(float(v) for part in ("fwd", "bwd") for v in detail[part].values())
     math_s = layer_s(0.0)
     kernels = (layer_s(1e-3) - math_s) / 1e-3
@@ -308,7 +320,7 @@ def layer_launch_overhead_s(m: Measurements, cluster: ClusterSpec) -> tuple[floa
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
     """The profile of the measured device; link tiers from the collectives when 2+ ranks
     were measured, else from `base_cluster` (said so in the file)."""
-    peak, gemm_curve, att_curve = fit_compute(m)
+    peak, gemm_curve, att_curves = fit_compute(m)
     _finite("peak_flops_per_s", peak)
     device = [c for c in m.copies if c.kind == "device"]
     if not device:
@@ -354,6 +366,9 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
         "sustained_compute_ratio = 1.0",
+        *([f"# {m.misaligned_gemm[1].m}x{m.misaligned_gemm[1].k}x{m.misaligned_gemm[1].n} against "
+           f"x{m.misaligned_gemm[0].n}: a row not a multiple of 16 bytes",
+           f"misaligned_gemm_efficiency_ratio = {_num(round(misaligned_ratio(m), 4))}"] if m.misaligned_gemm else []),
         *([f"# GEMMs alone {m.overlap.compute_s * 1e3:.1f} ms, all-reduce of {m.overlap.num_bytes / units.MIB:.0f} MiB "
            f"alone {m.overlap.comm_s * 1e3:.1f} ms, both at once {m.overlap.both_s * 1e3:.1f} ms",
            f"overlap_slowdown = {_num(round(m.overlap.slowdown, 4))}"] if m.overlap else []),
@@ -367,10 +382,12 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         *([f"fp32 = {_num(peak / units.TERA)}"] if compute_precision(m) is Precision.FP32 else []), "",
         "[gpu.gemm_efficiency]", "# median achieved / peak per quarter-decade of GEMM FLOPs",
         f"flops = {_arr(x for x, _ in gemm_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in gemm_curve)}", "",
-        "[gpu.attention_efficiency.flash2]",
-        "# torch scaled_dot_product_attention, causal, forward and backward (2.5x forward FLOPs)",
-        f"flops = {_arr(x for x, _ in att_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in att_curve)}", "",
     ]
+    for kernel, curve in att_curves.items():
+        lines += [f"[gpu.attention_efficiency.{kernel}]",
+                  f"# torch scaled_dot_product_attention on the backend paraplan names {kernel} (run/attention.py), "
+                  "causal, forward and backward (2.5x forward FLOPs)",
+                  f"flops = {_arr(x for x, _ in curve)}", f"efficiency = {_arr(round(y, 4) for _, y in curve)}", ""]
     if link is not None:
         note = _comment(f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
         lines += _tier_toml("nvlink", link, note)
@@ -395,7 +412,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                         f"{s.tp_layer_s * 1e3:.2f} ms, its replica on one rank {s.plain_layer_s * 1e3:.2f} ms; "
                         "the rest beyond the priced transfers, per collective",
                         f"tp_collective_overhead_us = {_num(tp_host * 1e6)}"]
-    return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curve=att_curve,
+    return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curves=att_curves,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
                    elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, tp_collective_overhead_s=tp_host,

@@ -35,7 +35,8 @@ from .comm import Collective, collective_time_s, p2p_time_s
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
-from .roofline import attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s, up_projection_time_s
+from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s, rows_aligned,
+                       up_projection_time_s)
 
 # Adam step traffic per parameter (bytes) and launches, by implementation. Fused: read fp32
 # param, m, v, grad (16 B), write param, m, v (12 B) and the 16-bit copy (2 B), in a few
@@ -324,13 +325,20 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
         model, plan, s, recompute_code=rc, mlp_weight=w_dense, extra_bytes=w_moe * moe_act,
         modules_extra_saving=w_moe * moe_act_fn_out, precision=prec)
     inflight = mem.inflight_microbatches(plan, m)
+    # a layer's input as kept: the residual stream, fp32 under autocast
+    autocast = np.asarray(plan.autocast, dtype=bool)
+    residual_bytes = np.where(autocast, np.maximum(ab, mem.AUTOCAST_RESIDUAL_BYTES), ab)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
-                                (k_rc * ab * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
+                                (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
+    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels) * logits_el
+    # a recomputed layer's working set: on the stage with the loss, only what exceeds the
+    # logits, which the backward has freed before it re-runs the last layer
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
-    acts_first = inflight * L_first * per_layer_stored + recompute_working + inflight * ab * T * h / sp_div
-    acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + recompute_working
-    logits = mem.logits_bytes_per_element(prec) * logits_el
+    working_past_loss = np.maximum(recompute_working - logits, 0.0)
+    acts_first = (inflight * L_first * per_layer_stored + np.where(only, working_past_loss, recompute_working)
+                  + inflight * residual_bytes * T * h / sp_div)
+    acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + working_past_loss
 
     # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
     # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
@@ -344,8 +352,13 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     z3_sharded = is_z3 & ~lay.fsdp2_pp
     g_sharded = (zc >= ZeroStage.GRADIENTS.code) & ~lay.fsdp2_pp
 
-    def states(params):
-        w = w_bytes * (params / np.where(z3_sharded, S, 1.0) + expert_stage / np.where(z3_sharded, edp, 1.0))
+    # under autocast the 16-bit weights are the cached casts, of every weight but the input
+    # embedding's (F.embedding runs in fp32); a tied table is cast for the output layer
+    uncast = np.where(autocast, model.embedding_params * (not model.tied_embeddings) / t, 0.0)
+
+    def states(params, embedding=0.0):
+        w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
+                       + expert_stage / np.where(z3_sharded, edp, 1.0))
         g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes, mem.GRAD_BYTES) * (
             params / np.where(g_sharded, S, 1.0) + expert_stage / np.where(g_sharded, edp, 1.0))
         o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
@@ -353,8 +366,8 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
         host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
         return w, g, o, host
 
-    w1, g1, o1, host1 = states(params_stage_first)
-    wl, gl, ol, hostl = states(params_stage_last)
+    w1, g1, o1, host1 = states(params_stage_first, uncast)
+    wl, gl, ol, hostl = states(params_stage_last, np.where(only, uncast, 0.0))
     # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
     # outgrows the first when the embedding took one of the first stage's layer slots
     wm, gm, om, hostm = states(L_s * dense_layer_params / t)
@@ -415,9 +428,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     lf = layer_forward_flops(model, T, s, causal=True)
     # QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
     # and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
-    # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_projections:
+    # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
     # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
-    fused = np.asarray(plan.fused_projections, dtype=bool)
+    fused = np.asarray(plan.fused_kernels, dtype=bool)
     g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
     g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
     if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
@@ -657,7 +670,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # backward is an all-gather of the output gradient (without SP the all-reduce's is none)
     emb_tp = np.where(sp, rs, ar) + tp_host
     emb_tp_bwd = np.where(sp, ag + tp_host, 0.0)
-    lm_gemm = gemm_time_s(gpu, T, V / t, h, prec)
+    # the head's vocabulary as the engine has it: Megatron pads it to a multiple of 128·TP
+    # (--make-vocab-size-divisible-by); an eager model keeps the tokenizer's, and a 16-bit
+    # vocabulary of 50,257 misaligns every pass of the head (roofline.rows_aligned)
+    lm_aligned = fused | rows_aligned(np.ceil(V / t), ab)
+    lm_gemm = gemm_time_s(gpu, T, V / t, h, prec, aligned=lm_aligned)
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
     loss_fwd = elementwise_time_s(gpu, logits_el * loss_fwd_b, 3)

@@ -17,6 +17,11 @@ FP8 (Transformer Engine): a linear layer saves its input already cast to FP8 for
 weight-gradient GEMM, 1 byte instead of 2, where that input is not kept in 16 bits by
 another op anyway: the QKV and MLP inputs (norm outputs) and the down-projection input; the
 attention output stays 16-bit (FlashAttention keeps it).
+An eager PyTorch layer (plan.fused_kernels off: torchtitan, Hugging Face, paraplan run) also
+keeps SiLU's output (+2f, gated MLPs) and its loss holds 12 bytes per logit; under
+torch.autocast (plan.autocast) the two norm inputs are fp32 (+4h) and each separate linear
+saves its own cast of its input (+6h). Measured on an H100 (docs/model.md, "Eager layers and
+autocast"; calibration/h100_2026-11-22).
 """
 
 from __future__ import annotations
@@ -39,10 +44,20 @@ OPTIMIZER_BYTES = 12.0
 GRAD_BYTES = 4.0
 
 
-def logits_bytes_per_element(precision) -> float:
-    """Cross-entropy over V/t logits per token: the logits in the activation dtype plus the
-    fp32 log-softmax output (6 bytes with 16-bit logits, 8 with 32-bit)."""
-    return _width(precision) + 4.0
+# Eager cross-entropy, F.cross_entropy(logits.float(), ...) (torchtitan components/loss.py,
+# paraplan run): the backward of log-softmax holds its fp32 output, the incoming gradient and
+# the input gradient at once, 12 bytes per logit whatever the logits' dtype. Measured on an
+# H100: 14.0 bytes per logit with the 16-bit logits also held (calibration/h100_2026-11-22,
+# gpu_probe.json; the run drops them after the upcast).
+EAGER_LOSS_BYTES = 12.0
+AUTOCAST_RESIDUAL_BYTES = 4.0  # the residual stream under torch.autocast stays fp32
+
+
+def logits_bytes_per_element(precision, fused=True):
+    """Cross-entropy over V/t logits per token. Fused (Megatron's vocab-parallel kernel):
+    the logits in the activation dtype plus the fp32 softmax (6 bytes with 16-bit logits, 8
+    with 32-bit); eager: EAGER_LOSS_BYTES. Vectorized over `fused`."""
+    return np.where(np.asarray(fused, dtype=bool), _width(precision) + 4.0, EAGER_LOSS_BYTES)
 
 
 def _width(precision) -> float:
@@ -62,6 +77,14 @@ class ActivationTerms:
     # less the latents kept in their place
     modules_replicated: float = 0.0
     modules_split: float = 0.0
+    # an eager layer (plan.fused_kernels off) beyond the fused one: SiLU's output, kept for
+    # the product's backward beside SiLU's input (split by TP)
+    eager_split: float = 0.0
+    # under torch.autocast (plan.autocast): the two norm inputs in fp32 rather than 16 bits,
+    # and the casts each linear layer makes of its input -- with separate projections, two
+    # more of the QKV input and one more of the MLP input (replicated unless SP)
+    autocast_replicated: float = 0.0
+    autocast_casts: float = 0.0
 
 
 def saved_gemm_input_bytes(precision) -> float:
@@ -93,7 +116,10 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     norm_outputs = (gi * h if model.is_mla else 0.0) + (1.0 - w) * a * h
     mla_qkv = a * (model.q_dim + 2 * model.kv_dim) if model.is_mla else 0.0
     return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=a * h,
-                           modules_replicated=norm_outputs, modules_split=mla_qkv)
+                           modules_replicated=norm_outputs, modules_split=mla_qkv,
+                           eager_split=w * a * f if model.gated_mlp else 0.0,
+                           autocast_replicated=2.0 * max(AUTOCAST_RESIDUAL_BYTES - a, 0.0) * h,
+                           autocast_casts=(2.0 + w) * a * h)
 
 
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,
@@ -107,14 +133,19 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     t = np.asarray(plan.tp, dtype=float)
     sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
-    base = terms.replicated / sp_div + terms.split / t
+    eager = ~np.asarray(plan.fused_kernels, dtype=bool)
+    autocast = np.asarray(plan.autocast, dtype=bool)
+    base = (terms.replicated / sp_div + terms.split / t + np.where(eager, terms.eager_split / t, 0.0)
+            + np.where(autocast, (terms.autocast_replicated + np.where(eager, terms.autocast_casts, 0.0)) / sp_div,
+                       0.0))
     unfused = np.asarray(plan.attention_code) == AttentionKernel.UNFUSED.code
     scores = np.where(unfused, terms.scores / t, 0.0)
     none = tokens * (base + scores) + extra_bytes
     selective = tokens * base + extra_bytes
     modules = (tokens * (base - terms.modules_replicated / sp_div - terms.modules_split / t)
                + extra_bytes - modules_extra_saving)
-    full = tokens * terms.layer_input / sp_div
+    full = tokens * np.where(autocast, max(terms.layer_input, AUTOCAST_RESIDUAL_BYTES * model.hidden_size),
+                             terms.layer_input) / sp_div
     rc = np.asarray(recompute_code)
     stored = np.where(rc == Recompute.FULL.code, full,
                       np.where(rc == Recompute.SELECTIVE.code, selective,

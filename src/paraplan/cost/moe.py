@@ -109,9 +109,9 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 
     local = E / ep
     m_e = lam * etp * ep * copies / E
-    # the gate and up projections as one GEMM of n_up·f, or apart (plan.fused_projections off:
+    # the gate and up projections as one GEMM of n_up·f, or apart (plan.fused_kernels off:
     # torchtitan's grouped experts and shared experts keep w1 and w3 apart), two GEMMs of f
-    fused = plan.fused_projections
+    fused = plan.fused_kernels
 
     def up_gemm(rows, width):
         return up_projection_time_s(gpu, rows, width, h, prec, n_up, fused)

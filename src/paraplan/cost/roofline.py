@@ -15,9 +15,11 @@ from ..specs.hardware import AttentionKernel, GPUSpec
 from ..specs.workload import Precision
 
 
-def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: float | None = None):
+def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: float | None = None,
+                aligned=True):
     """Time of one GEMM (vectorized); FP8 runs at the FP8 peak × fp8_gemm_efficiency_ratio.
-    Operands are `bytes_per_element` wide (default: the precision's activation width; FP8: 1)."""
+    Operands are `bytes_per_element` wide (default: the precision's activation width; FP8: 1).
+    Where not `aligned` (vectorized; rows_aligned), at misaligned_gemm_efficiency_ratio."""
     if bytes_per_element is None:
         bytes_per_element = Precision(precision).activation_bytes
     m = np.asarray(m, dtype=float)
@@ -31,10 +33,19 @@ def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: 
         bytes_per_element = 1.0
     else:
         rate = gpu.peak(precision) * eff
-    rate = rate * gpu.sustained_compute_ratio
+    rate = rate * gpu.sustained_compute_ratio * np.where(aligned, 1.0, gpu.misaligned_gemm_efficiency_ratio)
     compute = flops / rate
     memory = (m * k + k * n + m * n) * bytes_per_element / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
     return np.maximum(compute, memory) + gpu.kernel_launch_overhead_s
+
+
+GEMM_ROW_ALIGN_BYTES = 16  # the vector width cuBLAS's tensor-core kernels load rows in
+
+
+def rows_aligned(elements, bytes_per_element) -> np.ndarray:
+    """Whether rows of `elements` (a GEMM dimension that is a leading one in some pass: the
+    vocabulary of the LM head) start on GEMM_ROW_ALIGN_BYTES boundaries. Vectorized."""
+    return np.mod(np.ceil(np.asarray(elements, dtype=float)) * bytes_per_element, GEMM_ROW_ALIGN_BYTES) == 0
 
 
 def up_projection_time_s(gpu: GPUSpec, m, n_each, k, precision: Precision, matrices: int, fused):

@@ -39,7 +39,11 @@ class EngineSupport:
     checkpoint_early_stop: bool
     tp_async_backward: bool
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (Plan.fsdp2_copies); ZeRO-0 on DDP, without them
-    fused_projections: bool = True  # fused QKV and gate/up GEMMs (Plan.fused_projections)
+    fused_kernels: bool = True  # Megatron / TE's fused layer and loss (Plan.fused_kernels)
+    # without FSDP (DDP or one device) the engine trains fp32 parameters under torch.autocast
+    # (Plan.autocast; torchtitan's maybe_enable_amp). Set by `adapt` for the plans it takes;
+    # the search keeps it off
+    autocast_without_fsdp: bool = False
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
 
     def adapt(self, plan: Plan) -> Plan:
@@ -47,12 +51,14 @@ class EngineSupport:
         return replace(plan, grad_reduce_fp32=self.grad_reduce_fp32, checkpoint_early_stop=self.checkpoint_early_stop,
                        tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
-                       fused_projections=self.fused_projections)
+                       fused_kernels=self.fused_kernels,
+                       autocast=self.autocast_without_fsdp and plan.tp == 1 and plan.pp == 1 and plan.cp == 1
+                       and (plan.zero is ZeroStage.NONE or plan.dp == 1))
 
     def search_limits(self) -> SpaceLimits:
         return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,
                        checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
-                       fsdp2_copies=self.fsdp2_copies, fused_projections=self.fused_projections,
+                       fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels,
                        fp32_params=False)
 
 

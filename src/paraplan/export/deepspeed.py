@@ -33,7 +33,7 @@ SUPPORT = EngineSupport(
     grad_reduce_fp32=False,       # communication_data_type defaults to the model's 16-bit type
     checkpoint_early_stop=False,  # deepspeed.checkpointing re-runs the whole block
     tp_async_backward=False,
-    fused_projections=False,      # Hugging Face models (AutoTP): q_proj, k_proj, v_proj, gate_proj, up_proj apart
+    fused_kernels=False,      # Hugging Face models (AutoTP): q_proj, k_proj, v_proj, gate_proj, up_proj apart
     pinned={"pp": 1, "cp": 1})
 
 

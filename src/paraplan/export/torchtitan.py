@@ -66,7 +66,8 @@ SUPPORT = EngineSupport(
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
     fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
-    fused_projections=False)      # torchtitan's Llama: separate wq, wk, wv, w1, w3
+    fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
+    autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP: fp32, not modelled)
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:

@@ -60,11 +60,19 @@ class Plan:
     # _fsdp_collectives.py foreach_all_gather, foreach_reduce). Megatron's contiguous buffers,
     # DeepSpeed's flat partitions and FSDP1's flat parameters communicate in place.
     fsdp2_copies: bool = False
-    # The model's projections as the engine builds them: Megatron fuses Q, K and V into one
-    # column-parallel GEMM and the gated MLP's gate and up into another; torchtitan's Llama
-    # and paraplan run keep wq, wk, wv, w1, w3 separate (smaller GEMMs; without sequence
-    # parallelism each one's input gradient is all-reduced on its own).
-    fused_projections: bool = True
+    # The model as the engine builds it. Megatron-Core / Transformer Engine (True): Q, K and V
+    # one column-parallel GEMM and the gated MLP's gate and up another, a fused SwiGLU that
+    # keeps only its input, a fused cross-entropy keeping the logits and their fp32 softmax.
+    # Eager PyTorch (False: torchtitan's Llama, Hugging Face models under DeepSpeed, paraplan
+    # run): wq, wk, wv, w1, w3 apart (smaller GEMMs; without sequence parallelism each one's
+    # input gradient is all-reduced on its own), SiLU's output kept beside its input for the
+    # product's backward, and F.cross_entropy on upcast logits (cost/memory.py).
+    fused_kernels: bool = True
+    # fp32 parameters trained under torch.autocast, no FSDP mixed-precision policy (paraplan
+    # run and torchtitan without data-parallel sharding): the residual stream stays fp32,
+    # every linear layer casts its own input, and the 16-bit copy of each weight is cached
+    # for the micro-batch -- all but the input embedding's (F.embedding is not autocast).
+    autocast: bool = False
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

@@ -23,7 +23,7 @@ from .plan import Plan, Rejected
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code", "cp_comm_type_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
-                "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "fused_projections",
+                "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "fused_kernels", "autocast",
                 "a2a_hierarchical", "ep_overlap")
 _FLOAT_FIELDS = ("capacity_factor_value",)
 
@@ -56,7 +56,8 @@ class PlanBatch:
     checkpoint_early_stop: np.ndarray
     tp_async_backward: np.ndarray
     fsdp2_copies: np.ndarray
-    fused_projections: np.ndarray
+    fused_kernels: np.ndarray
+    autocast: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
     ep_overlap: np.ndarray
@@ -82,7 +83,7 @@ class PlanBatch:
             grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]),
             checkpoint_early_stop=bool(self.checkpoint_early_stop[i]),
             tp_async_backward=bool(self.tp_async_backward[i]), fsdp2_copies=bool(self.fsdp2_copies[i]),
-            fused_projections=bool(self.fused_projections[i]),
+            fused_kernels=bool(self.fused_kernels[i]), autocast=bool(self.autocast[i]),
             capacity_factor=float(self.capacity_factor_value[i]) if self.capacity_factor_value[i] > 0 else None,
             a2a_hierarchical=bool(self.a2a_hierarchical[i]), ep_overlap=bool(self.ep_overlap[i]))
 
@@ -257,7 +258,8 @@ class SpaceLimits:
     checkpoint_early_stop: bool = False
     tp_async_backward: bool = True
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (torchtitan: ZeRO-0 is DDP, no copies)
-    fused_projections: bool = True  # fused QKV and gate/up GEMMs (see Plan)
+    fused_kernels: bool = True  # Megatron / TE's fused layer and loss (see Plan)
+    autocast: bool = False  # fp32 parameters under torch.autocast (see Plan)
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
     # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
@@ -347,7 +349,7 @@ class SpaceBlock:
             checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
             tp_async_backward=np.full(n, limits.tp_async_backward),
             fsdp2_copies=np.full(n, limits.fsdp2_copies) & (arr[:, 9] != ZeroStage.NONE.code),
-            fused_projections=np.full(n, limits.fused_projections),
+            fused_kernels=np.full(n, limits.fused_kernels), autocast=np.full(n, limits.autocast),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
             a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)

@@ -108,6 +108,14 @@ def compare_reports(reports: list[tuple[str, dict]], metric: str = "step_time") 
         meas, pred = r["measured"].get(mkey), r["predicted"].get(pkey)
         _check_value(path, f"measured.{mkey}", meas)
         _check_value(path, f"predicted.{pkey}", pred)
+        if metric == "memory":  # what the measurement counts (run/report.py MEMORY_KIND_EXCLUDES)
+            from ..run.report import predicted_as_measured_bytes
+            try:
+                pred = predicted_as_measured_bytes(r["predicted"], r["measured"].get("memory_kind"))
+            except TypeError:
+                raise FileFormatError(path, "predicted.memory_parts_bytes must map part names to numbers "
+                                            "(as `paraplan run` writes it)") from None
+            _check_value(path, f"predicted.{pkey} less the parts measured.memory_kind leaves out", pred)
         rows.append({"report": path, "model": _described(r, "model", "name", path),
                      "plan": _described(r, "plan", "describe", path), "world_size": r.get("world_size"),
                      "device": r.get("device_name", r.get("device", "?")), "hardware": r["predicted"].get("hardware"),
@@ -130,9 +138,12 @@ def render_comparison(result: dict) -> str:
              f"{fmt(x['predicted'])}", f"{x['error_pct']:+.1f}%"] for x in result["rows"]]
     s = result["summary"]
     tau = "n/a (needs two runs that differ)" if s["kendall_tau"] is None else f"{s['kendall_tau']:+.3f}"
+    note = ("\npredicted memory counts what the measurement does: without the runtime's reserve, and "
+            "against torch.cuda.max_memory_allocated without the allocator's fragmentation"
+            if result["metric"] == "memory" else "")
     return (grid(["report", "model", "plan", "ranks", f"measured {result['label']}", "predicted", "error"], rows)
             + f"\n\n{s['n']} runs: mean |error| {s['mean_abs_pct_error']:.1f}%, max |error| "
-              f"{s['max_abs_pct_error']:.1f}%, Kendall tau (ranking) {tau}")
+              f"{s['max_abs_pct_error']:.1f}%, Kendall tau (ranking) {tau}{note}")
 
 
 def plot_comparison(result: dict, path: str) -> None:

@@ -89,14 +89,15 @@ def config_from_args(args) -> "RunConfig":
     # The plan knobs that describe what torch does here, so that the prediction is of this run:
     # non-reentrant checkpointing stops early; DTensor TP does not overlap its backward
     # reductions; FSDP2 reduces gradients in fp32 under its bf16 mixed-precision policy and
-    # copies into and out of its collective buffers.
+    # copies into and out of its collective buffers. The attention kernel is a placeholder:
+    # each worker records the one torch picks for its shapes (run/attention.py).
     plan = make_plan(tp=args.tp, pp=args.pp, dp=args.dp, vp=args.vp, micro_batch_size=args.mb, schedule=sched,
                      recompute=Recompute.parse(args.recompute, "recompute"),
                      recompute_num_layers=args.recompute_layers,
                      sequence_parallel=args.sp if args.sp is not None else args.tp > 1,
                      zero=zero, dp_shard=args.dp_shard or 0, attention=AttentionKernel.FLASH2,
                      checkpoint_early_stop=True, tp_async_backward=False, grad_reduce_fp32=args.dp > 1,
-                     fsdp2_copies=True, fused_projections=False)
+                     fsdp2_copies=True, fused_kernels=False)
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
@@ -136,9 +137,13 @@ def _summary(report: dict) -> str:
              f"{m['tokens_per_s']:,.0f} tokens/s, peak memory {fmt_bytes(m['peak_memory_bytes'])} ({m['memory_kind']})",
              f"loss       {' '.join(f'{x:.4f}' for x in m['losses'])}"]
     if pr:
+        from .report import predicted_as_measured_bytes
         err = 100 * (pr["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
+        as_measured = predicted_as_measured_bytes(pr, m["memory_kind"])
+        mem_err = 100 * (as_measured - m["peak_memory_bytes"]) / m["peak_memory_bytes"]
         lines.append(f"predicted  step {fmt_time(pr['step_time_s'])} ({err:+.1f}%), memory "
-                     f"{fmt_bytes(pr['memory_bytes'])} on {pr['hardware']}")
+                     f"{fmt_bytes(pr['memory_bytes'])} on {pr['hardware']}, {fmt_bytes(as_measured)} of it "
+                     f"counted as measured ({mem_err:+.1f}%)")
     else:
         lines.append(f"predicted  -- {report['prediction_note']}")
     return "\n".join(lines)
@@ -188,8 +193,10 @@ def cmd_run(args) -> int:
     if report is None or report.get("status") != "ok":
         sys.stderr.write(f"paraplan: error: the run wrote no report (torchrun exited with {rc}; its output is above)\n")
         return 1
-    # the workers saw the temporary path: the report says what the user ran
-    report = {**report, "command": cfg.command_line(), "config": json.loads(cfg.to_json())}
+    # the workers saw the temporary path: the report says what the user ran, and keeps the
+    # workers' config (the attention kernel and autocast as they found them)
+    report = {**report, "command": cfg.command_line(),
+              "config": {**(report.get("config") or json.loads(cfg.to_json())), "output": cfg.output}}
     write_report(cfg.output, report)
     if rc != 0:  # torch 2.13 + gloo: a rank can abort at exit after a correct, complete run
         sys.stderr.write(f"paraplan: warning: torchrun exited with {rc} after the run completed and wrote its report\n")

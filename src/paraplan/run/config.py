@@ -26,6 +26,13 @@ MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Sche
 RUN_OPTIMIZER = Optimizer.ADAM_UNFUSED
 
 
+def runs_under_autocast(plan, device_type: str, precision) -> bool:
+    """Whether a run computes under torch.autocast: a GPU run in bf16 (fp8 is predicted as
+    such, run in bf16) without data parallelism (FSDP2's mixed-precision policy casts otherwise; a CPU run is fp32), as
+    torchtitan does (worker.py; Plan.autocast)."""
+    return device_type == "cuda" and str(precision) in ("bf16", "fp8") and plan.dp == 1
+
+
 class Device(StrEnum):
     AUTO = "auto"  # cuda when torch sees a GPU, else cpu
     CPU = "cpu"
@@ -72,6 +79,8 @@ class RunConfig:
         try:
             d = json.loads(text)
             plan = d["plan"]
+            if "fused_projections" in plan:  # the knob's name in reports before 2026-11-22
+                plan["fused_kernels"] = plan.pop("fused_projections")
             for f in fields(Plan):  # every enum-valued plan field back from its string
                 if isinstance(f.default, StrEnum) and f.name in plan:
                     plan[f.name] = type(f.default)(plan[f.name])

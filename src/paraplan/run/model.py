@@ -48,7 +48,7 @@ class Attention(nn.Module):
         self.recompute_core = False
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_repeat > 1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -57,9 +57,8 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = _rotate(q, cos[:s], sin[:s]), _rotate(k, cos[:s], sin[:s])
-        if self.kv_repeat > 1:
-            k = k.repeat_interleave(self.kv_repeat, dim=1)
-            v = v.repeat_interleave(self.kv_repeat, dim=1)
+        # keys and values keep their own heads: SDPA groups the queries over them (as
+        # torchtitan's Llama calls it), with no repeated copy to store
         if self.recompute_core and torch.is_grad_enabled():
             from torch.utils.checkpoint import checkpoint
             out = checkpoint(self._core, q, k, v, use_reentrant=False)

@@ -22,9 +22,25 @@ from dataclasses import asdict, replace
 
 from ..errors import ParaplanError
 from ..specs.workload import Precision
-from .config import RUN_OPTIMIZER, RunConfig
+from .config import RUN_OPTIMIZER, RunConfig, runs_under_autocast
 
 REPORT_KIND = "paraplan-run"
+# The parts of the predicted memory that a measured peak (measure.py, by its kind) leaves
+# out: torch.cuda.max_memory_allocated counts live tensors only -- not the runtime (CUDA
+# context, NCCL, workspaces: the GPU's reserved bytes) nor the caching allocator's slack
+# (fragmentation); a CPU's peak RSS above the RSS before the model was built excludes the
+# runtime but holds the allocator's slack.
+MEMORY_KIND_EXCLUDES = {"cuda_max_memory_allocated": ("reserved_bytes", "fragmentation_bytes"),
+                        "peak_rss_above_baseline": ("reserved_bytes",)}
+
+
+def predicted_as_measured_bytes(predicted: dict, memory_kind: str | None) -> float:
+    """The predicted peak memory counted as a run of `memory_kind` measures it: the total
+    less the parts that measurement leaves out (MEMORY_KIND_EXCLUDES). A TypeError when the
+    parts are not numbers (a hand-edited report)."""
+    parts = predicted.get("memory_parts_bytes")
+    parts = parts if isinstance(parts, dict) else {}
+    return predicted["memory_bytes"] - sum(parts.get(k, 0.0) for k in MEMORY_KIND_EXCLUDES.get(memory_kind or "", ()))
 
 
 def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None, str]:
@@ -70,9 +86,12 @@ def repredict(report: dict, hardware: str, shown: str) -> dict:
     # reports written before the workload named the run's optimizer (2026-11-22) store "adam",
     # and before the plan said so, that its data parallelism copies as FSDP2 does and that its
     # model keeps wq, wk, wv, w1, w3 separate: every run's does
+    # (and, before 2026-11-22, whether it ran under autocast)
+    device = report.get("device", "cpu")
     cfg = replace(cfg, workload=replace(cfg.workload, optimizer=RUN_OPTIMIZER),
-                  plan=replace(cfg.plan, fsdp2_copies=True, fused_projections=False))
-    prediction, note = predict(cfg, report.get("device", "cpu"), report.get("device_name", "cpu"))
+                  plan=replace(cfg.plan, fsdp2_copies=True, fused_kernels=False,
+                               autocast=runs_under_autocast(cfg.plan, device, cfg.workload.precision)))
+    prediction, note = predict(cfg, device, report.get("device_name", "cpu"))
     if prediction is None:
         raise FileFormatError(shown, note)
     return {**report, "predicted": prediction, "prediction_note": ""}

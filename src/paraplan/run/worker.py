@@ -11,14 +11,16 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from ..plan.axes import ZeroStage
+from .attention import run_kernel
 from .checkpointing import apply_checkpointing
-from .config import Device, RunConfig
+from .config import Device, RunConfig, runs_under_autocast
 from .data_parallel import apply_fsdp
 from .measure import grad_norm, now_s, peak_memory_bytes, peak_rss_bytes
 from .model import build_model, loss_fn
@@ -76,7 +78,7 @@ class Runner:
                            param_dtype=self.compute_dtype if bf16 else None, gloo=gloo)
             self.modules.append(m)
         # FSDP casts parameters itself; without it a GPU run computes under autocast.
-        self.autocast = bf16 and p.dp == 1
+        self.autocast = runs_under_autocast(p, device.type, cfg.workload.precision)
         self.params = [q for m in self.modules for q in m.parameters()]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, weight_decay=0.0)
         self.schedule = None
@@ -159,6 +161,11 @@ def run(cfg: RunConfig) -> int:
     try:
         baseline_rss = peak_rss_bytes()
         runner = Runner(cfg, device)
+        # the attention kernel torch picks for these shapes and whether autocast runs, so
+        # that the report predicts what ran
+        kernel = run_kernel(cfg.model.num_heads // cfg.plan.tp, cfg.model.num_kv_heads // cfg.plan.tp,
+                            cfg.workload.seq_len, cfg.model.head_dim, device, runner.compute_dtype)
+        cfg = replace(cfg, plan=replace(cfg.plan, attention=kernel, autocast=runner.autocast))
         records = [runner.step(i) for i in range(cfg.warmup_steps + cfg.steps)]
         peak, kind = peak_memory_bytes(device, baseline_rss)
         mine = {"rank": rank, "pp_rank": runner.pp_rank, "dp_rank": runner.dp_rank, "tp_rank": runner.tp_rank,

@@ -39,6 +39,10 @@ class GPUSpec:
     attention_efficiency: dict
     # Achieved FP8 GEMM efficiency relative to the BF16 one at the same shape.
     fp8_gemm_efficiency_ratio: float = 0.75
+    # A GEMM whose operand rows are not a multiple of 16 bytes (a 16-bit vocabulary of 50,257)
+    # misses the aligned tensor-core kernels: cuBLAS falls back to an "align1" kernel. Its
+    # efficiency relative to the aligned GEMM of the same shape; 1.0 where not measured.
+    misaligned_gemm_efficiency_ratio: float = 1.0
     # Fraction of HBM bandwidth reached by streaming kernels (copies, casts, the optimizer).
     memory_bw_efficiency: float = 0.8
     # The same for a layer's element-wise kernels (norms, RoPE, activation, residual, softmax

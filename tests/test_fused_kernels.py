@@ -1,4 +1,4 @@
-"""Fused vs separate projections (Plan.fused_projections): Megatron-Core runs Q, K, V as one
+"""Fused vs separate projections (Plan.fused_kernels): Megatron-Core runs Q, K, V as one
 column-parallel GEMM and a gated MLP's gate and up as another; torchtitan's Llama and
 paraplan run keep wq, wk, wv, w1, w3 apart. Separate GEMMs are smaller (each at the
 efficiency of its own size, each its own launch) and, without sequence parallelism, each
@@ -30,7 +30,7 @@ def test_separate_projections_are_priced_as_separate_gemms():
     T, h, t, f = 4096, MODEL.hidden_size, 2, MODEL.ffn_hidden_size
     gpu, bf16 = CLUSTER.gpu, Precision.BF16
     fused = _detail(make_plan(tp=t, micro_batch_size=1))
-    apart = _detail(make_plan(tp=t, micro_batch_size=1, fused_projections=False))
+    apart = _detail(make_plan(tp=t, micro_batch_size=1, fused_kernels=False))
     assert float(fused["QKV GEMM"]) == pytest.approx(float(gemm_time_s(gpu, T, (MODEL.q_dim + 2 * MODEL.kv_dim) / t, h, bf16)))
     assert float(apart["QKV GEMM"]) == pytest.approx(float(gemm_time_s(gpu, T, MODEL.q_dim / t, h, bf16)
                                                            + 2 * gemm_time_s(gpu, T, MODEL.kv_dim / t, h, bf16)))
@@ -46,7 +46,7 @@ def test_without_sp_each_separate_projection_reduces_its_input_gradient():
     for sp, extra in ((False, 3), (True, 0)):  # wq, wk, wv + w1, w3 against QKV + gate/up
         kw = dict(tp=2, micro_batch_size=1, sequence_parallel=sp, tp_async_backward=False)
         a = estimate(MODEL, CLUSTER, WL, make_plan(**kw))
-        b = estimate(MODEL, CLUSTER, WL, make_plan(fused_projections=False, **kw))
+        b = estimate(MODEL, CLUSTER, WL, make_plan(fused_kernels=False, **kw))
         m, L = a.num_microbatches, MODEL.num_layers
         assert b.time.tp_comm_s - a.time.tp_comm_s == pytest.approx(m * L * extra * ar, rel=1e-6, abs=1e-12)
 
@@ -57,15 +57,15 @@ def test_mla_keeps_its_low_rank_chain():
     kw = dict(tp=8, ep=8, micro_batch_size=1, sequence_parallel=True)
     cluster = load_cluster("dgx-h100", num_gpus=8)
     a = estimate(model, cluster, wl, make_plan(**kw)).layer_detail["fwd"]["QKV GEMM"]
-    b = estimate(model, cluster, wl, make_plan(fused_projections=False, **kw)).layer_detail["fwd"]["QKV GEMM"]
+    b = estimate(model, cluster, wl, make_plan(fused_kernels=False, **kw)).layer_detail["fwd"]["QKV GEMM"]
     assert float(a) == float(b)
 
 
 def test_engines_say_how_they_build_the_projections():
-    assert TORCHTITAN.adapt(make_plan(dp=8)).fused_projections is False
-    assert TORCHTITAN.search_limits().fused_projections is False
-    assert MEGATRON.adapt(make_plan(dp=8)).fused_projections is True
-    assert make_plan().fused_projections is True
+    assert TORCHTITAN.adapt(make_plan(dp=8)).fused_kernels is False
+    assert TORCHTITAN.search_limits().fused_kernels is False
+    assert MEGATRON.adapt(make_plan(dp=8)).fused_kernels is True
+    assert make_plan().fused_kernels is True
 
 
 def test_separate_gate_and_up_reach_the_experts_and_mla_models_dense_layers():
@@ -76,20 +76,20 @@ def test_separate_gate_and_up_reach_the_experts_and_mla_models_dense_layers():
     wl = Workload(global_batch_size=8, seq_len=4096)
     kw = dict(dp=8, ep=8, micro_batch_size=1)
     a = estimate(model, cluster, wl, make_plan(**kw)).layer_detail["fwd"]["MoE experts (grouped GEMMs)"]
-    b = estimate(model, cluster, wl, make_plan(fused_projections=False, **kw)).layer_detail["fwd"][
+    b = estimate(model, cluster, wl, make_plan(fused_kernels=False, **kw)).layer_detail["fwd"][
         "MoE experts (grouped GEMMs)"]
     assert float(b) > float(a)
     ds = load_model("deepseek-v3")
     kw = dict(tp=8, ep=8, pp=1, micro_batch_size=1, sequence_parallel=True)
     fused = estimate(ds, cluster, wl, make_plan(**kw)).layer_detail["fwd"]
-    apart = estimate(ds, cluster, wl, make_plan(fused_projections=False, **kw)).layer_detail["fwd"]
+    apart = estimate(ds, cluster, wl, make_plan(fused_kernels=False, **kw)).layer_detail["fwd"]
     assert float(apart["QKV GEMM"]) == float(fused["QKV GEMM"])
     assert float(apart["MLP up GEMM"]) > float(fused["MLP up GEMM"])
 
 
 def test_deepspeed_exports_hugging_face_models_with_separate_projections():
     from paraplan.export.deepspeed import SUPPORT as DEEPSPEED
-    assert DEEPSPEED.adapt(make_plan(dp=8)).fused_projections is False
+    assert DEEPSPEED.adapt(make_plan(dp=8)).fused_kernels is False
 
 
 def test_separate_projections_launch_nine_more_kernels_per_layer():
@@ -103,7 +103,7 @@ def test_separate_projections_launch_nine_more_kernels_per_layer():
         def layer_s(tau):
             c = replace(CLUSTER, gpu=replace(CLUSTER.gpu, kernel_launch_overhead_s=tau))
             d = estimate(MODEL, c, wl, make_plan(tp=2, micro_batch_size=1, sequence_parallel=True,
-                                                 fused_projections=fused)).layer_detail
+                                                 fused_kernels=fused)).layer_detail
             return sum(float(x) for part in ("fwd", "bwd") for x in d[part].values())
         return (layer_s(1e-3) - layer_s(0.0)) / 1e-3
     assert kernels(False) - kernels(True) == pytest.approx(9.0, abs=1e-6)

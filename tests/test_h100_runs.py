@@ -1,0 +1,242 @@
+"""What one H100 taught the model (calibration/h100_2026-11-22, README there): eager layers
+and autocast keep more activations than Megatron's fused layer, eager cross-entropy holds
+12 bytes per logit, a 50,257 vocabulary misaligns the LM head's GEMMs, torch's SDPA runs
+cuDNN's attention (flash3) on Hopper, and `paraplan compare --metric memory` counts what
+torch.cuda.max_memory_allocated counts. The golden tests re-predict the recorded runs."""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from paraplan.calibrate.measurements import AttentionSample, GemmSample, Measurements
+from paraplan.calibrate.profile import build_profile, misaligned_ratio
+from paraplan.cost import memory as mem
+from paraplan.cost.estimate import estimate
+from paraplan.cost.roofline import gemm_time_s, rows_aligned
+from paraplan.errors import FileFormatError
+from paraplan.plan.axes import AttentionKernel, Recompute
+from paraplan.plan.plan import make_plan
+from paraplan.report.compare import compare_reports, load_reports
+from paraplan.run.report import predicted_as_measured_bytes
+from paraplan.specs.catalog import cluster_from_text, load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+RUNS = Path(__file__).resolve().parents[1] / "calibration" / "h100_2026-11-22"
+H100 = load_cluster("dgx-h100", num_gpus=1)
+WL = Workload(global_batch_size=4, seq_len=2048)
+
+
+# ---------------------------------------------------------------- golden: the recorded runs
+
+def _compare(pattern: str, metric: str, hardware: str = "dgx-h100") -> dict:
+    paths = sorted(glob.glob(str(RUNS / pattern)))
+    assert paths, pattern
+    return compare_reports(load_reports(paths, hardware), metric)
+
+
+def test_recorded_h100_runs_memory_within_three_percent():
+    """Nine one-GPU runs (Llama 3 8B/70B shapes, GPT-3 with MHA, GELU and tied embeddings;
+    2k-16k tokens; no, selective and full recomputation): peak memory as allocated."""
+    result = _compare("runs_b/run*.json", "memory")
+    errors = [abs(r["error_pct"]) for r in result["rows"]]
+    assert len(errors) == 9
+    assert max(errors) < 3.0, errors
+
+
+def test_recorded_h100_runs_step_time():
+    result = _compare("runs_b/run*.json", "step_time")
+    by_model = {r["model"] + r["plan"]: r["error_pct"] for r in result["rows"]}
+    assert result["summary"]["mean_abs_pct_error"] < 6.0
+    # GPT-3's 50,257 vocabulary: -36% before the misaligned LM head was priced
+    gpt = [e for k, e in by_model.items() if k.startswith("gpt3")]
+    assert len(gpt) == 1 and abs(gpt[0]) < 8.0
+
+
+def test_recorded_reports_keep_what_the_workers_found():
+    for path in glob.glob(str(RUNS / "runs_[bc]/run*.json")):
+        r = json.loads(Path(path).read_text())
+        assert r["plan"]["attention"] == "flash3" and r["plan"]["autocast"] is True
+        assert r["config"]["plan"]["attention"] == r["plan"]["attention"]
+
+
+def test_calibrated_h100_profile_has_both_attention_kernels_and_the_misalignment():
+    prof = RUNS / "runs_c" / "h100.toml"
+    gpu = load_cluster(str(prof), num_gpus=1).gpu
+    assert set(gpu.attention_efficiency) == {AttentionKernel.FLASH2, AttentionKernel.FLASH3}
+    # cuDNN's kernel outruns FlashAttention-2 on Hopper at every size measured
+    for flops in (1e11, 1e12):
+        assert gpu.attention_curve(AttentionKernel.FLASH3).at(flops) > gpu.attention_curve(AttentionKernel.FLASH2).at(flops)
+    assert 0.1 < gpu.misaligned_gemm_efficiency_ratio < 0.3
+
+
+# ---------------------------------------------------------------- memory terms
+
+def test_eager_layer_keeps_silu_output_of_a_gated_mlp_only():
+    llama, gpt = load_model("llama3-8b"), load_model("gpt3-175b")
+    for model, extra in ((llama, 2.0 * llama.ffn_hidden_size), (gpt, 0.0)):
+        fused, _, _ = mem.layer_activation_bytes(model, make_plan(), 2048, recompute_code=make_plan().recompute_code)
+        eager, _, _ = mem.layer_activation_bytes(model, make_plan(fused_kernels=False), 2048,
+                                                 recompute_code=make_plan().recompute_code)
+        assert eager - fused == pytest.approx(2048 * extra)
+
+
+def test_autocast_keeps_fp32_residual_and_a_cast_per_linear():
+    model, h = load_model("llama3-8b"), load_model("llama3-8b").hidden_size
+    rc = make_plan().recompute_code
+    eager, _, _ = mem.layer_activation_bytes(model, make_plan(fused_kernels=False), 1, recompute_code=rc)
+    cast, _, _ = mem.layer_activation_bytes(model, make_plan(fused_kernels=False, autocast=True), 1, recompute_code=rc)
+    # two norm inputs 2 -> 4 bytes (+4h); QKV input cast 3x, MLP input 2x instead of once (+6h)
+    assert cast - eager == pytest.approx(10.0 * h)
+    fused_cast, _, _ = mem.layer_activation_bytes(model, make_plan(autocast=True), 1, recompute_code=rc)
+    fused, _, _ = mem.layer_activation_bytes(model, make_plan(), 1, recompute_code=rc)
+    assert fused_cast - fused == pytest.approx(4.0 * h)  # one cast per fused GEMM: only the residual
+
+
+def test_eager_loss_holds_twelve_bytes_per_logit():
+    assert mem.logits_bytes_per_element(Precision.BF16) == 6.0
+    assert mem.logits_bytes_per_element(Precision.BF16, False) == mem.EAGER_LOSS_BYTES == 12.0
+    assert list(mem.logits_bytes_per_element(Precision.FP32, np.array([True, False]))) == [8.0, 12.0]
+
+
+def test_autocast_caches_no_cast_of_the_input_embedding():
+    model = load_model("llama3-8b")
+    a = estimate(model, H100, WL, make_plan(micro_batch_size=1, fused_kernels=False)).memory.weights_bytes
+    b = estimate(model, H100, WL, make_plan(micro_batch_size=1, fused_kernels=False, autocast=True)).memory.weights_bytes
+    assert a - b == pytest.approx(2.0 * model.embedding_params)
+
+
+def test_full_recomputation_working_set_beyond_the_loss_only():
+    """The loss's logits are freed before the last layer re-runs: the stage holds the larger
+    of the two, not their sum."""
+    model = load_model("llama3-8b")
+    kw = dict(micro_batch_size=1, recompute=Recompute.FULL)
+    m = estimate(model, H100, WL, make_plan(**kw)).memory
+    none = estimate(model, H100, WL, make_plan(micro_batch_size=1)).memory
+    stored_inputs = model.num_layers * 2.0 * 2048 * model.hidden_size + 2.0 * 2048 * model.hidden_size
+    working = none.activations_bytes / model.num_layers - 2.0 * 2048 * model.hidden_size / model.num_layers
+    assert m.logits_bytes > working  # a 128k vocabulary's logits outweigh one layer
+    assert m.activations_bytes == pytest.approx(stored_inputs, rel=1e-9)
+
+
+# ---------------------------------------------------------------- misaligned GEMMs
+
+def test_rows_aligned():
+    assert list(rows_aligned(np.array([50257, 50264, 128256, 64128.5]), 2.0)) == [False, True, True, False]
+    assert bool(rows_aligned(50257 * 4, 4.0)) and not bool(rows_aligned(50257, 4.0))
+
+
+def test_misaligned_vocab_slows_only_the_eager_head():
+    gpu = H100.gpu
+    t_aligned = float(gemm_time_s(gpu, 4096, 50264, 4096, Precision.BF16))
+    t_mis = float(gemm_time_s(gpu, 4096, 50257, 4096, Precision.BF16, aligned=False))
+    assert t_mis > 4.0 * t_aligned
+    model = replace(load_model("llama3-8b"), vocab_size=50257)
+    padded = replace(model, vocab_size=50264)
+    for fused, slower in ((True, False), (False, True)):
+        plan = make_plan(micro_batch_size=1, fused_kernels=fused)
+        a = estimate(model, H100, WL, plan).step_time_s
+        b = estimate(padded, H100, WL, plan).step_time_s
+        assert (a > 1.05 * b) is slower
+
+
+# ---------------------------------------------------------------- calibrate
+
+def _measurements(**kw) -> Measurements:
+    gemm = tuple(GemmSample(m=n, n=n, k=n, dtype="bfloat16", time_s=2.0 * n ** 3 / 5e14 + 1e-5)
+                 for n in (512, 1024, 2048, 4096, 8192))
+    att = tuple(AttentionSample(batch=1, heads=32, seq=s, head_dim=128, dtype="bfloat16", fwd_time_s=ft * s * s / 1e12,
+                                bwd_time_s=2.5 * ft * s * s / 1e12, kernel=k)
+                for s in (1024, 4096, 8192) for k, ft in (("flash2", 80.0), ("flash3", 40.0)))
+    base = dict(device_type="cuda", device_name="NVIDIA H100 80GB HBM3", ranks=1, threads_per_rank=16,
+                compute_dtype="bfloat16", memory_bytes=80e9, reserved_bytes=5e8, launch_overhead_s=5e-6, gemm=gemm,
+                attention=att, copies=())
+    from paraplan.calibrate.measurements import CopySample
+    base["copies"] = (CopySample(kind="device", num_bytes=2**30, time_s=2 * 2**30 / 3e12),)
+    return Measurements(**{**base, **kw})
+
+
+def test_profile_writes_a_curve_per_attention_kernel_and_the_misaligned_ratio():
+    mis = (GemmSample(m=4096, n=50264, k=4096, dtype="bfloat16", time_s=2.4e-3),
+           GemmSample(m=4096, n=50257, k=4096, dtype="bfloat16", time_s=12.5e-3))
+    m = _measurements(misaligned_gemm=mis)
+    assert misaligned_ratio(m) == pytest.approx((50257 / 12.5e-3) / (50264 / 2.4e-3))
+    prof = build_profile(m, name="t")
+    assert set(prof.attention_curves) == {"flash2", "flash3"}
+    gpu = cluster_from_text(prof.toml, "t").gpu
+    assert gpu.misaligned_gemm_efficiency_ratio == pytest.approx(misaligned_ratio(m), abs=1e-4)
+    f2, f3 = gpu.attention_curve(AttentionKernel.FLASH2), gpu.attention_curve(AttentionKernel.FLASH3)
+    assert f3.at(1e12) == pytest.approx(2.0 * f2.at(1e12), rel=0.05)  # half the time, twice the rate
+    # round trip through the raw file
+    assert Measurements.from_json(m.to_json()).misaligned_gemm == mis
+    assert "misaligned_gemm_efficiency_ratio" not in build_profile(_measurements(), name="t").toml
+
+
+def test_raw_files_with_a_bad_kernel_or_one_misaligned_sample_are_refused():
+    m = json.loads(_measurements().to_json())
+    m["attention"][0]["kernel"] = "flash9"
+    with pytest.raises(FileFormatError, match="kernel='flash9' is not allowed; allowed: flash2, flash3"):
+        Measurements.from_json(json.dumps(m))
+    m = json.loads(_measurements().to_json())
+    m["misaligned_gemm"] = [m["gemm"][0]]
+    with pytest.raises(FileFormatError, match="misaligned_gemm has 1 samples; 2 are required"):
+        Measurements.from_json(json.dumps(m))
+    old = json.loads(_measurements().to_json())  # raw files from before 2026-11-22
+    for a in old["attention"]:
+        a.pop("kernel")
+    del old["misaligned_gemm"]
+    assert {a.kernel for a in Measurements.from_json(json.dumps(old)).attention} == {"flash2"}
+
+
+# ---------------------------------------------------------------- compare: memory as measured
+
+def test_memory_is_compared_as_the_measurement_counts_it():
+    pred = {"memory_bytes": 100.0, "memory_parts_bytes": {"fragmentation_bytes": 4.0, "reserved_bytes": 10.0}}
+    assert predicted_as_measured_bytes(pred, "cuda_max_memory_allocated") == 86.0
+    assert predicted_as_measured_bytes(pred, "peak_rss_above_baseline") == 90.0
+    assert predicted_as_measured_bytes(pred, None) == 100.0
+    report = {"kind": "paraplan-run", "measured": {"step_time_s": 1.0, "peak_memory_bytes": 86.0,
+                                                   "memory_kind": "cuda_max_memory_allocated"},
+              "predicted": {"step_time_s": 1.0, **pred}}
+    row = compare_reports([("r.json", report)], "memory")["rows"][0]
+    assert row["predicted"] == 86.0 and row["error_pct"] == 0.0
+    bad = {**report, "predicted": {**report["predicted"], "memory_parts_bytes": {"reserved_bytes": "x"}}}
+    with pytest.raises(FileFormatError, match="memory_parts_bytes must map part names to numbers"):
+        compare_reports([("r.json", bad)], "memory")
+
+
+def test_run_attention_backend_names():
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention import SDPBackend
+
+    from paraplan.run import attention
+    fused = {n for n in SDPBackend.__members__ if n not in ("ERROR", "OVERRIDEABLE")}
+    assert {b.name for b in attention.BACKEND_KERNEL} == fused
+    assert attention.BACKEND_KERNEL[SDPBackend.CUDNN_ATTENTION] is AttentionKernel.FLASH3
+    # a CPU runs torch's own flash kernel, grouped-query attention included
+    assert attention.run_kernel(8, 2, 64, 32, torch.device("cpu"), torch.float32) is AttentionKernel.FLASH2
+    q = torch.zeros(1, 8, 64, 32)
+    orig = torch._fused_sdp_choice
+    try:
+        torch._fused_sdp_choice = lambda *a, **k: int(SDPBackend.CUDNN_ATTENTION)
+        assert attention.default_kernel(q, q, q) is AttentionKernel.FLASH3
+        torch._fused_sdp_choice = lambda *a, **k: int(SDPBackend.MATH)
+        assert attention.default_kernel(q, q, q) is AttentionKernel.UNFUSED
+    finally:
+        torch._fused_sdp_choice = orig
+
+
+def test_torchtitan_without_fsdp_runs_under_autocast():
+    from paraplan.export.megatron import SUPPORT as MEGATRON
+    from paraplan.export.torchtitan import SUPPORT as TORCHTITAN
+    from paraplan.plan.axes import ZeroStage
+    ddp = make_plan(dp=8, zero=ZeroStage.NONE)
+    assert TORCHTITAN.adapt(ddp).autocast and TORCHTITAN.adapt(make_plan()).autocast
+    assert not TORCHTITAN.adapt(make_plan(dp=8, zero=ZeroStage.PARAMETERS)).autocast  # FSDP2's bf16 policy
+    assert not TORCHTITAN.adapt(make_plan(tp=2, zero=ZeroStage.PARAMETERS)).autocast
+    assert not MEGATRON.adapt(ddp).autocast
