@@ -105,7 +105,8 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
     from .export.common import Engine  # no torch there
     p.add_argument("--engine", default=None, choices=[e.value for e in Engine],
                    help="predict for this engine: its policy (gradient reduction dtype, checkpointing, TP "
-                        "backward overlap, FSDP2 copies, fused or separate projections) and, in search, only "
+                        "backward overlap, FSDP2 copies, fused or eager layers and loss, autocast without FSDP) and, "
+                        "in search, only "
                         "the plans it can run (as paraplan export --format does)")
 
 

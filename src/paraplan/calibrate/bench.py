@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, Measurements,
+from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, LossSample,
+                           Measurements,
                            OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample, tp_layer_spec)
 
 KIB, MIB = 1024, 1024 * 1024
@@ -135,18 +136,40 @@ def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
 
         def fwd_bwd():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-        for backend, kernel in CALIBRATED_BACKENDS:
-            with sdpa_kernel(backend), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # torch warns of each backend it cannot use before it raises
-                try:
-                    fwd_bwd()
-                except RuntimeError:  # "No available kernel": not on this device, dtype or shape
-                    continue
-                t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2)
-                t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2)
-            out.append(AttentionSample(batch=b, heads=h, seq=s, head_dim=d, dtype=str(dtype).removeprefix("torch."),
-                                       fwd_time_s=t_f, bwd_time_s=max(t_fb - t_f, t_f), kernel=kernel.value))
+        for kernel, backends in CALIBRATED_BACKENDS:
+            for backend in backends:
+                with sdpa_kernel(backend), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # torch warns of each backend it cannot use before it raises
+                    try:
+                        fwd_bwd()
+                    except RuntimeError:  # "No available kernel": not on this device, dtype or shape
+                        continue
+                    t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2)
+                    t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2)
+                out.append(AttentionSample(batch=b, heads=h, seq=s, head_dim=d,
+                                           dtype=str(dtype).removeprefix("torch."), fwd_time_s=t_f,
+                                           bwd_time_s=max(t_fb - t_f, t_f), kernel=kernel.value))
+                break
     return out
+
+
+def _loss(device, dtype) -> LossSample:
+    """F.cross_entropy over upcast logits (run/model.py loss_fn), forward and backward."""
+    tokens, vocab = (512, 2048) if device.type == "cpu" else (8192, 32768)
+    logits = torch.randn(tokens, vocab, device=device, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,), device=device)
+
+    def fwd():
+        with torch.no_grad():
+            F.cross_entropy(logits.float(), labels)
+
+    def fwd_bwd():
+        F.cross_entropy(logits.float(), labels).backward()
+        logits.grad = None
+    t_f = _median_time(fwd, device, min_time_s=0.1)
+    t_fb = _median_time(fwd_bwd, device, min_time_s=0.1)
+    return LossSample(tokens=tokens, vocab=vocab, dtype=str(dtype).removeprefix("torch."), fwd_time_s=t_f,
+                      bwd_time_s=max(t_fb - t_f, t_f))
 
 
 def _misaligned_gemm(device, dtype, quick) -> tuple[GemmSample, ...]:
@@ -388,6 +411,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     gemm = _gemms(device, dtype, sizes["gemm"], quick)
     att = _attention(device, dtype, sizes["attention"], quick)
     misaligned = _misaligned_gemm(device, dtype, quick)
+    loss = _loss(device, dtype)
     copies = _copies(device, sizes["copies"])
     if ranks > 1:  # every rank at once, as in a run: they share the cores and the memory bus
         dist.barrier()
@@ -407,7 +431,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
-                        optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned,
+                        optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned, loss=loss,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

@@ -90,6 +90,7 @@ def cmd_calibrate(args) -> int:
                "elementwise_efficiency": prof.elementwise_efficiency,
                "layer_launch_overhead_s": prof.layer_launch_overhead_s,
                "optimizer_efficiency": prof.optimizer_efficiency,
+               "loss_efficiency": prof.loss_efficiency,
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
                                                        "bw_unidir_bytes_per_s": prof.link.bw_unidir_bytes_per_s,
                                                        "efficiency": prof.link.curve,
@@ -130,7 +131,9 @@ def render_summary(s: dict) -> str:
              + (f"; a layer's element-wise kernels at {s['elementwise_efficiency']:.3f} of it"
                 if s.get("elementwise_efficiency") is not None else "")
              + (f", the optimizer step at {s['optimizer_efficiency']:.3f}"
-                if s.get("optimizer_efficiency") is not None else "")]
+                if s.get("optimizer_efficiency") is not None else "")
+             + (f", the cross-entropy at {s['loss_efficiency']:.3f}"
+                if s.get("loss_efficiency") is not None else "")]
     if s["link"]:
         lk = s["link"]
         lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "

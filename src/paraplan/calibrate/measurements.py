@@ -112,6 +112,18 @@ class OptimizerSample:
     time_s: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class LossSample:
+    """Cross-entropy as `paraplan run` and torchtitan compute it, F.cross_entropy on logits
+    upcast to fp32 (`dtype` the logits'), over `tokens` × `vocab`: forward, and backward alone."""
+
+    tokens: int
+    vocab: int
+    dtype: str
+    fwd_time_s: float
+    bwd_time_s: float
+
+
 TP_LAYER_HEAD_DIM = 32  # the TP layer sample's heads: hidden / 32 query heads, half as many K/V heads
 
 
@@ -178,6 +190,7 @@ class Measurements:
     # the same GEMM with a row of a multiple of 16 bytes, then with one that is not (a
     # 50,257 vocabulary), for misaligned_gemm_efficiency_ratio (empty: not measured)
     misaligned_gemm: tuple[GemmSample, ...] = field(default=())
+    loss: LossSample | None = None                # the cross-entropy's kernels (None: not measured)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
@@ -206,7 +219,7 @@ _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySamp
             "misaligned_gemm": GemmSample}
 ATTENTION_KERNELS = ("flash2", "flash3")  # the fused kernels calibrate measures (run/attention.py)
 _NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
-           "tp_layer": TPLayerSample}
+           "tp_layer": TPLayerSample, "loss": LossSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
                           "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite

@@ -76,6 +76,7 @@ class Profile:
     toml: str
     elementwise_efficiency: float | None = None
     optimizer_efficiency: float | None = None
+    loss_efficiency: float | None = None
     tp_collective_overhead_s: float | None = None
     layer_launch_overhead_s: float | None = None  # per kernel inside a layer (CPU, 2+ ranks)
 
@@ -90,7 +91,7 @@ def _binned(points) -> tuple[tuple[float, float], ...]:
 
 def fit_compute(m: Measurements) -> tuple[float, tuple, dict]:
     """(peak FLOP/s, GEMM curve, {attention kernel: curve}) from the compute-dtype samples;
-    without attention samples, flash2 takes the GEMM curve."""
+    without flash2 samples, flash2 takes the GEMM curve (the profile says so)."""
     tau = m.launch_overhead_s
     gemms = [g for g in m.gemm if g.dtype == m.compute_dtype]
     if not gemms:
@@ -108,8 +109,9 @@ def fit_compute(m: Measurements) -> tuple[float, tuple, dict]:
         att.setdefault(a.kernel, []).extend(
             [(f, f / max(a.fwd_time_s - tau, a.fwd_time_s / 2) / peak),
              (fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s / 2) / peak)])
-    curves = {k: _binned(v) for k, v in sorted(att.items())} or {"flash2": gemm_curve}
-    return peak, gemm_curve, curves
+    curves = {k: _binned(v) for k, v in sorted(att.items())}
+    curves.setdefault("flash2", gemm_curve)  # a GPU spec always has it (catalog): the GEMM curve if unmeasured
+    return peak, gemm_curve, dict(sorted(curves.items()))
 
 
 def misaligned_ratio(m: Measurements) -> float | None:
@@ -271,6 +273,19 @@ def optimizer_efficiency(m: Measurements, mem_bw: float) -> float | None:
     return _streaming_share(step_bytes * o.params, o.time_s, launches, m.launch_overhead_s, mem_bw)
 
 
+def loss_efficiency(m: Measurements, mem_bw: float) -> float | None:
+    """The share of the copy bandwidth the cross-entropy reaches on the bytes the cost model
+    counts for it (cost/evaluate.py loss_bytes_per_logit, 3 kernels forward and 4 backward),
+    so that the model reproduces the measured forward + backward; None when not measured."""
+    s = m.loss
+    if s is None:
+        return None
+    from ..cost.evaluate import LOSS_BWD_KERNELS, LOSS_FWD_KERNELS, loss_bytes_per_logit
+    fwd_b, bwd_b = loss_bytes_per_logit(compute_precision(m))
+    return _streaming_share((fwd_b + bwd_b) * s.tokens * s.vocab, s.fwd_time_s + s.bwd_time_s,
+                            LOSS_FWD_KERNELS + LOSS_BWD_KERNELS, m.launch_overhead_s, mem_bw)
+
+
 def tp_collective_overhead_s(m: Measurements, cluster: ClusterSpec) -> float | None:
     """Host time per tensor-parallel collective beyond what the model prices for it: one
     more TP layer's time, less one more replica layer's (the eager dispatch of the math both
@@ -329,6 +344,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     mem_bw = _finite("memory_bw_bytes_per_s", 2.0 * largest.num_bytes / largest.time_s)
     ew_eff = elementwise_efficiency(m, mem_bw)
     opt_eff = optimizer_efficiency(m, mem_bw)
+    loss_eff = loss_efficiency(m, mem_bw)
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
     host_bw = _finite("host_link_bytes_per_s", max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0))
     link = fit_link(m)
@@ -363,6 +379,9 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         *([f"# an AdamW step over {m.optimizer.tensors} x {m.optimizer.params // m.optimizer.tensors:,} fp32 parameters, "
            f"every rank at once: {m.optimizer.time_s * 1e3:.2f} ms for the bytes the cost model counts",
            f"optimizer_efficiency = {_num(round(opt_eff, 4))}"] if opt_eff is not None else []),
+        *([f"# cross-entropy over {m.loss.tokens} x {m.loss.vocab} upcast {m.loss.dtype} logits: "
+           f"{(m.loss.fwd_time_s + m.loss.bwd_time_s) * 1e3:.2f} ms forward + backward for the bytes the cost model counts",
+           f"loss_efficiency = {_num(round(loss_eff, 4))}"] if loss_eff is not None else []),
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
         "sustained_compute_ratio = 1.0",
@@ -383,10 +402,12 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         "[gpu.gemm_efficiency]", "# median achieved / peak per quarter-decade of GEMM FLOPs",
         f"flops = {_arr(x for x, _ in gemm_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in gemm_curve)}", "",
     ]
+    measured = {a.kernel for a in m.attention if a.dtype == m.compute_dtype}
     for kernel, curve in att_curves.items():
         lines += [f"[gpu.attention_efficiency.{kernel}]",
                   f"# torch scaled_dot_product_attention on the backend paraplan names {kernel} (run/attention.py), "
-                  "causal, forward and backward (2.5x forward FLOPs)",
+                  "causal, forward and backward (2.5x forward FLOPs)" if kernel in measured else
+                  f"# not measured (no {kernel} backend ran here): the GEMM curve",
                   f"flops = {_arr(x for x, _ in curve)}", f"efficiency = {_arr(round(y, 4) for _, y in curve)}", ""]
     if link is not None:
         note = _comment(f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
@@ -415,5 +436,5 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curves=att_curves,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, tp_collective_overhead_s=tp_host,
+                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, loss_efficiency=loss_eff, tp_collective_overhead_s=tp_host,
                    layer_launch_overhead_s=in_layer[0] if in_layer is not None else None)

@@ -45,6 +45,7 @@ from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory
 # 12; sqrt(v) 8; ÷ bias correction 8; + eps 8; p.addcdiv_(m, denom) r p,m,d w p 16 = 72 B in
 # 7 passes (the 16-bit copy is made at the next all-gather or autocast, not here).
 ADAM_STEP = {Optimizer.ADAM: (30.0, 4), Optimizer.ADAM_UNFUSED: (72.0, 7)}
+LOSS_FWD_KERNELS, LOSS_BWD_KERNELS = 3, 4  # upcast, max/sum-exp, write; fill, scatter, log-softmax bwd, downcast
 EW_FWD_KERNELS = 10  # a layer's forward element-wise launches (2 norms, RoPE, 2 residual adds, activation, ...)
 EW_BWD_KERNELS = 14  # and backward's (each forward kernel's gradient, plus the residual-gradient adds)
 # the exposed CP exchange as the breakdown names it, by CPCommType code
@@ -121,6 +122,25 @@ def fsdp2_accumulate_s(gpu, params, tensors, reduce_bytes_per_param, param_bytes
     first = np.where(rb != pb, elementwise_time_s(gpu, (pb + rb) * params, tensors), 0.0)
     later = elementwise_time_s(gpu, (pb + 2.0 * rb) * params, tensors)
     return (first + (m - 1.0) * later) / np.maximum(m, 1.0)
+
+
+def autocast_weight_cast_s(gpu, params, tensors):
+    """torch.autocast with fp32 parameters: each weight cast to 16 bits at its first use in a
+    micro-batch's forward (read 4 B, write 2 B; the cache lives for one autocast region, and a
+    recomputed forward casts again), one kernel per tensor: streaming at the copy rate (a
+    weight's cast is one long contiguous pass, not a layer's mix of element-wise kernels)."""
+    return memory_bound_time_s(gpu, 6.0 * np.asarray(params, dtype=float), tensors)
+
+
+def autocast_grad_s(gpu, params, tensors, m, cast=True):
+    """... and in the backward: the 16-bit weight gradient cast back to fp32 (read 2 B, write
+    4 B; not for a weight autocast does not cast, the input embedding's) and, after the step's
+    first micro-batch, added into the fp32 .grad (read 4 + 4 B, write 4 B); averaged over the
+    m micro-batches, one kernel per tensor each."""
+    m = np.asarray(m, dtype=float)
+    params = np.asarray(params, dtype=float)
+    add = memory_bound_time_s(gpu, 12.0 * params, tensors) * (m - 1.0) / np.maximum(m, 1.0)
+    return (memory_bound_time_s(gpu, 6.0 * params, tensors) if cast else 0.0) + add
 
 
 def tp_collectives_per_pass(sp, blocks):
@@ -352,9 +372,18 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     z3_sharded = is_z3 & ~lay.fsdp2_pp
     g_sharded = (zc >= ZeroStage.GRADIENTS.code) & ~lay.fsdp2_pp
 
-    # under autocast the 16-bit weights are the cached casts, of every weight but the input
-    # embedding's (F.embedding runs in fp32); a tied table is cast for the output layer
-    uncast = np.where(autocast, model.embedding_params * (not model.tied_embeddings) / t, 0.0)
+    # under autocast the 16-bit weights are the cached casts (none where the weights are fp32
+    # already: a 32-bit workload or fp32 shards), not of the input embedding (F.embedding runs
+    # in fp32; a tied table is cast for the head on the stage that has both) nor of the layers
+    # a full or first-k recomputation re-runs: their casts went with the forward's autocast
+    # region, and the backward casts one such layer at a time again
+    cast_cache = autocast & ~lay.fp32_params
+    table = model.embedding_params / t * np.where(model.tied_embeddings & only, 0.0, 1.0)
+
+    def uncached(layers):
+        return np.maximum(np.minimum(lay.rc_layers, layers) - 1.0, 0.0) * dense_layer_params / t
+    uncast_first = np.where(cast_cache, table + uncached(L_first), 0.0)
+    uncast_last = np.where(cast_cache, np.where(only, table, 0.0) + uncached(L_last), 0.0)
 
     def states(params, embedding=0.0):
         w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
@@ -366,11 +395,11 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
         host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
         return w, g, o, host
 
-    w1, g1, o1, host1 = states(params_stage_first, uncast)
-    wl, gl, ol, hostl = states(params_stage_last, np.where(only, uncast, 0.0))
+    w1, g1, o1, host1 = states(params_stage_first, uncast_first)
+    wl, gl, ol, hostl = states(params_stage_last, uncast_last)
     # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
     # outgrows the first when the embedding took one of the first stage's layer slots
-    wm, gm, om, hostm = states(L_s * dense_layer_params / t)
+    wm, gm, om, hostm = states(L_s * dense_layer_params / t, np.where(cast_cache, uncached(L_s), 0.0))
     acts_mid = np.maximum(inflight - 1.0, 1.0) * L_s * per_layer_stored + recompute_working
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
@@ -457,6 +486,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
     ew_fwd = elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
     ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS) + 2.0 * cast
+    # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
+    # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
+    # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)
+    autocast = np.asarray(plan.autocast, dtype=bool) & ~lay.fp32_params  # (fp32 weights: nothing to cast)
+    weight_tensors = 4.0 + model.num_mlp_matrices  # wq, wk, wv, wo and the MLP's (the norms' are small)
+    if np.any(autocast):
+        ew_fwd = ew_fwd + np.where(autocast, autocast_weight_cast_s(gpu, lay.layer_params, weight_tensors), 0.0)
+        ew_bwd = ew_bwd + np.where(autocast, autocast_grad_s(gpu, lay.layer_params, weight_tensors, m), 0.0)
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
@@ -677,7 +714,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec, aligned=lm_aligned)
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
-    loss_fwd = elementwise_time_s(gpu, logits_el * loss_fwd_b, 3)
+    loss_fwd = memory_bound_time_s(gpu, logits_el * loss_fwd_b, LOSS_FWD_KERNELS, gpu.loss_bw_efficiency)
     ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, mem.MASTER_BYTES * T, t, 1)
                                              + tp_host)
     # the column-parallel head gathers its sequence-parallel input; backward reduce-scatters
@@ -687,7 +724,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (asynchronously beside the head's weight-gradient GEMM where the layers do so too)
     head_red = np.where(sp, rs, ar)
     head_red = np.where(tp_async, np.maximum(head_red - lm_gemm, 0.0), head_red)
-    lm_bwd = 2.0 * lm_gemm + elementwise_time_s(gpu, logits_el * loss_bwd_b, 4) + head_red + tp_host
+    lm_bwd = (2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * loss_bwd_b, LOSS_BWD_KERNELS, gpu.loss_bw_efficiency)
+              + head_red + tp_host)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = gathers * fsdp_ag
 
@@ -702,6 +740,19 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
     emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
     head_acc = f2_accumulate(model.lm_head_params / t + h, 2.0)  # (the final norm is not split by TP)
+    if np.any(autocast):
+        # the head's weight is cast like the layers' (a tied head casts the embedding table);
+        # the embedding's own gradient is fp32 already (F.embedding is not autocast): only
+        # accumulated, and a tied table's gradients from both uses land in the one .grad
+        tied = model.tied_embeddings
+        head_params = (model.embedding_params if tied else model.lm_head_params) / t
+        lm_fwd = lm_fwd + np.where(autocast, autocast_weight_cast_s(gpu, head_params, 1.0), 0.0)
+        # (a tied table's two gradients, the head's and the embedding's, are summed every
+        # micro-batch before they reach .grad: one add more)
+        both = memory_bound_time_s(gpu, 12.0 * head_params, 1.0) / np.maximum(m, 1.0) if tied else 0.0
+        head_acc = head_acc + np.where(autocast, autocast_grad_s(gpu, head_params, 1.0, m) + both, 0.0)
+        emb_acc = emb_acc + np.where(autocast, autocast_grad_s(gpu, model.embedding_params / t, 1.0, m, cast=False),
+                                     0.0)
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
     lm_bwd = lm_bwd + head_acc
     first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0),

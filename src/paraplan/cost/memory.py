@@ -82,7 +82,7 @@ class ActivationTerms:
     eager_split: float = 0.0
     # under torch.autocast (plan.autocast): the two norm inputs in fp32 rather than 16 bits,
     # and the casts each linear layer makes of its input -- with separate projections, two
-    # more of the QKV input and one more of the MLP input (replicated unless SP)
+    # more of the QKV input and one more of a gated MLP's input (replicated unless SP)
     autocast_replicated: float = 0.0
     autocast_casts: float = 0.0
 
@@ -119,7 +119,11 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
                            modules_replicated=norm_outputs, modules_split=mla_qkv,
                            eager_split=w * a * f if model.gated_mlp else 0.0,
                            autocast_replicated=2.0 * max(AUTOCAST_RESIDUAL_BYTES - a, 0.0) * h,
-                           autocast_casts=(2.0 + w) * a * h)
+                           # one cast per input projection beyond the first: wk, wv (MLA's
+                           # kv_a beside q_a: one) and a gated MLP's w3 (none for GELU's w1);
+                           # none at 32 bits (nothing to cast)
+                           autocast_casts=((2.0 if not model.is_mla else 1.0) + w * (model.num_mlp_matrices - 2)) * a * h
+                           if a < AUTOCAST_RESIDUAL_BYTES else 0.0)
 
 
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,

@@ -16,7 +16,7 @@ from typing import Callable
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import SpaceLimits
+from ..plan.space import SpaceLimits, without_fsdp_autocast
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -41,8 +41,7 @@ class EngineSupport:
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (Plan.fsdp2_copies); ZeRO-0 on DDP, without them
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (Plan.fused_kernels)
     # without FSDP (DDP or one device) the engine trains fp32 parameters under torch.autocast
-    # (Plan.autocast; torchtitan's maybe_enable_amp). Set by `adapt` for the plans it takes;
-    # the search keeps it off
+    # (Plan.autocast; torchtitan's maybe_enable_amp), per plan (plan/space.py without_fsdp_autocast)
     autocast_without_fsdp: bool = False
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
 
@@ -52,14 +51,14 @@ class EngineSupport:
                        tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
                        fused_kernels=self.fused_kernels,
-                       autocast=self.autocast_without_fsdp and plan.tp == 1 and plan.pp == 1 and plan.cp == 1
-                       and (plan.zero is ZeroStage.NONE or plan.dp == 1))
+                       autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp, plan.cp,
+                                                           plan.dp, plan.zero.code)))
 
     def search_limits(self) -> SpaceLimits:
         return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,
                        checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels,
-                       fp32_params=False)
+                       autocast_without_fsdp=self.autocast_without_fsdp, fp32_params=False)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -259,7 +259,9 @@ class SpaceLimits:
     tp_async_backward: bool = True
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (torchtitan: ZeRO-0 is DDP, no copies)
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (see Plan)
-    autocast: bool = False  # fp32 parameters under torch.autocast (see Plan)
+    # the engine trains fp32 parameters under torch.autocast where it runs no FSDP (Plan.autocast;
+    # torchtitan: DDP or one GPU): set per plan by without_fsdp_autocast
+    autocast_without_fsdp: bool = False
     sequence_parallel: tuple[bool, ...] = (False, True)
     tp_overlap: tuple[bool, ...] = (False, True)
     # HSDP: also try ZeRO-3 shard groups smaller than DP (replicated across the rest)
@@ -349,11 +351,22 @@ class SpaceBlock:
             checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
             tp_async_backward=np.full(n, limits.tp_async_backward),
             fsdp2_copies=np.full(n, limits.fsdp2_copies) & (arr[:, 9] != ZeroStage.NONE.code),
-            fused_kernels=np.full(n, limits.fused_kernels), autocast=np.full(n, limits.autocast),
+            fused_kernels=np.full(n, limits.fused_kernels),
+            autocast=without_fsdp_autocast(limits.autocast_without_fsdp, arr[:, 0], arr[:, 1], arr[:, 3], arr[:, 2],
+                                           arr[:, 9]),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
             a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)
         return batch.take(~bad), int(bad.sum())
+
+
+def without_fsdp_autocast(engine_does, tp, pp, cp, dp, zero_code):
+    """Plan.autocast for an engine that trains under torch.autocast without FSDP (torchtitan's
+    maybe_enable_amp: FSDP's own mixed precision when it shards, autocast for DDP or one GPU,
+    fp32 with TP or PP and no FSDP -- not modelled, autocast off). Vectorized."""
+    none = np.asarray(zero_code) == ZeroStage.NONE.code
+    return (np.asarray(engine_does, dtype=bool) & (np.asarray(tp) == 1) & (np.asarray(pp) == 1)
+            & (np.asarray(cp) == 1) & (none | (np.asarray(dp) == 1)))
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,

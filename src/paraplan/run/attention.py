@@ -10,7 +10,8 @@ paraplan names them by the kernel whose speed and memory it prices:
                                    (285-350 TFLOP/s forward on the same H100)
   EFFICIENT_ATTENTION  -> flash2   the memory-efficient kernel (xFormers): it stores no scores
                                    either, but runs slower than FlashAttention-2 (150-175
-                                   TFLOP/s there), so a run on it is over-predicted
+                                   TFLOP/s there), so a run on it is under-predicted unless
+                                   calibrate measured it (it does where FlashAttention-2 refuses)
   MATH                 -> unfused  scores materialized
 
 `paraplan run` records the kernel torch picks for its own shapes, so that the prediction
@@ -30,9 +31,11 @@ BACKEND_KERNEL = {
     SDPBackend.EFFICIENT_ATTENTION: AttentionKernel.FLASH2,
     SDPBackend.MATH: AttentionKernel.UNFUSED,
 }
-# the backends `paraplan calibrate` measures, one per kernel name
-CALIBRATED_BACKENDS = ((SDPBackend.FLASH_ATTENTION, AttentionKernel.FLASH2),
-                       (SDPBackend.CUDNN_ATTENTION, AttentionKernel.FLASH3))
+# the backends `paraplan calibrate` measures, under the kernel name they stand for: the first
+# of each name's backends that runs on the device (the memory-efficient kernel where
+# FlashAttention-2 refuses: pre-Ampere GPUs)
+CALIBRATED_BACKENDS = ((AttentionKernel.FLASH2, (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)),
+                       (AttentionKernel.FLASH3, (SDPBackend.CUDNN_ATTENTION,)))
 
 
 def default_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttentionKernel:
@@ -50,6 +53,7 @@ def run_kernel(heads: int, kv_heads: int, seq_len: int, head_dim: int, device: t
                dtype: torch.dtype) -> AttentionKernel:
     """The kernel a run's attention layer gets: `heads` and `kv_heads` per rank (divided by
     TP), one sequence of `seq_len`."""
-    q = torch.zeros(1, heads, seq_len, head_dim, device=device, dtype=dtype)
-    kv = torch.zeros(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype)
+    # (requiring gradients, as in training: some backends' constraints depend on it)
+    q = torch.zeros(1, heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
+    kv = torch.zeros(1, kv_heads, seq_len, head_dim, device=device, dtype=dtype, requires_grad=True)
     return default_kernel(q, kv, kv)

@@ -55,6 +55,11 @@ class GPUSpec:
     # kernel keeps memory_bw_efficiency); None: memory_bw_efficiency. paraplan calibrate
     # measures it with every rank stepping at once, as a run's ranks do.
     optimizer_efficiency: float | None = None
+    # The same for the cross-entropy's kernels (upcast, log-softmax, its backward) over the
+    # T×V/t logits: long streaming passes, near the copy rate on a GPU, with exp and log
+    # costing more than the memory on a CPU; None: elementwise_efficiency. paraplan
+    # calibrate measures it (F.cross_entropy on upcast logits).
+    loss_efficiency: float | None = None
     kernel_launch_overhead_s: float = 4e-6
     # Host time each tensor-parallel collective costs beyond its transfer, in the engine that
     # runs it: an eager DTensor engine (paraplan run, torchtitan) dispatches a redistribute and
@@ -77,6 +82,10 @@ class GPUSpec:
     # Host CPU Adam throughput per GPU (parameters/s), for optimizer offload (ZeRO-Offload).
     host_adam_params_per_s: float = 2.0e9
     source: str = field(default="", compare=False)
+
+    @property
+    def loss_bw_efficiency(self) -> float:
+        return self.elementwise_bw_efficiency if self.loss_efficiency is None else self.loss_efficiency
 
     @property
     def elementwise_bw_efficiency(self) -> float:
