@@ -411,11 +411,13 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     gemm = _gemms(device, dtype, sizes["gemm"], quick)
     att = _attention(device, dtype, sizes["attention"], quick)
     misaligned = _misaligned_gemm(device, dtype, quick)
-    loss = _loss(device, dtype)
     copies = _copies(device, sizes["copies"])
     if ranks > 1:  # every rank at once, as in a run: they share the cores and the memory bus
         dist.barrier()
     elementwise = _elementwise(device, dtype, *sizes["elementwise"])
+    if ranks > 1:
+        dist.barrier()
+    loss = _loss(device, dtype)
     if ranks > 1:
         dist.barrier()
     optimizer = _optimizer(device, *sizes["optimizer"])

@@ -45,6 +45,9 @@ from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory
 # 12; sqrt(v) 8; ÷ bias correction 8; + eps 8; p.addcdiv_(m, denom) r p,m,d w p 16 = 72 B in
 # 7 passes (the 16-bit copy is made at the next all-gather or autocast, not here).
 ADAM_STEP = {Optimizer.ADAM: (30.0, 4), Optimizer.ADAM_UNFUSED: (72.0, 7)}
+# the eager loss's forward peak per logit: the 16-bit logits, their fp32 upcast and the
+# log-softmax output at once (memory.EAGER_LOSS_BYTES is the backward's)
+EAGER_LOSS_FWD_BYTES = 10.0
 LOSS_FWD_KERNELS, LOSS_BWD_KERNELS = 3, 4  # upcast, max/sum-exp, write; fill, scatter, log-softmax bwd, downcast
 EW_FWD_KERNELS = 10  # a layer's forward element-wise launches (2 norms, RoPE, 2 residual adds, activation, ...)
 EW_BWD_KERNELS = 14  # and backward's (each forward kernel's gradient, plus the residual-gradient adds)
@@ -251,6 +254,7 @@ class Layout:
     is_z2: object
     fsdp2: object           # data parallelism on FSDP2 fully_shard (plan.fsdp2_copies, over 2+ ranks)
     fsdp2_pp: object        # ... under torch's pipeline schedules: no-sync accumulation, one reduction per step
+    autocast_casts: object  # weights cast by torch.autocast (plan.autocast, fp32 parameters without FSDP)
     gather_bytes: object    # bytes per parameter all-gathered
     reduce_bytes: object    # bytes per gradient reduced
     shard: object           # optimizer-state shard of the dense parameters
@@ -293,14 +297,19 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     L_first = L_s - np.clip(slack - 1.0, 0.0, 1.0)
     params_stage_first = (L_first * dense_layer_params + model.embedding_params
                           + np.where(only, model.lm_head_params + model.hidden_size, 0.0)) / t
+    # a tied table is on the last stage too when the stages differ: Megatron keeps a copy for
+    # the output layer and all-reduces the two gradients (shared_embedding), paraplan run unties it
     params_stage_last = (L_last * dense_layer_params + model.lm_head_params + model.hidden_size
-                         + np.where(only, model.embedding_params, 0.0)) / t
+                         + np.where(only | model.tied_embeddings, model.embedding_params, 0.0)) / t
     S = _f(plan.dp_shard) * c
     edp = t * c * d / ep_etp
     fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
     grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
     sharded = zc >= ZeroStage.OPTIMIZER.code
     fsdp2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
+    # weights cast by torch.autocast: fp32 parameters without FSDP (whose policy casts them
+    # itself), in a 16-bit workload (a 32-bit one and fp32 shards have nothing to cache)
+    casts = np.asarray(plan.autocast, dtype=bool) & ~fp32_params & ~fsdp2
     return Layout(
         precision=prec, act_bytes=ab, fp32_params=fp32_params, casts_gathered=fp32_params & (not wide),
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
@@ -312,7 +321,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         params_stage=np.maximum(params_stage_first, params_stage_last),
         expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
         is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
-        fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1),
+        fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp, 1.0),
@@ -372,18 +381,22 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     z3_sharded = is_z3 & ~lay.fsdp2_pp
     g_sharded = (zc >= ZeroStage.GRADIENTS.code) & ~lay.fsdp2_pp
 
-    # under autocast the 16-bit weights are the cached casts (none where the weights are fp32
-    # already: a 32-bit workload or fp32 shards), not of the input embedding (F.embedding runs
-    # in fp32; a tied table is cast for the head on the stage that has both) nor of the layers
-    # a full or first-k recomputation re-runs: their casts went with the forward's autocast
-    # region, and the backward casts one such layer at a time again
-    cast_cache = autocast & ~lay.fp32_params
+    # under autocast the 16-bit weights are the cached casts (lay.autocast_casts), not of the
+    # input embedding (F.embedding runs in fp32; a tied table is cast for the head on the
+    # stage that has both). The cache lives as long as the autocast region, which holds the
+    # loss: at the end of the forward every layer's cast is alive beside the logits (about
+    # 10 B each: 16-bit, upcast, log-softmax); the backward then frees the casts of layers a
+    # full or first-k recomputation re-runs (re-cast one at a time) while the loss's backward
+    # holds 12 B per logit. Without PP the peak is the larger of the two: the casts of those
+    # layers count only beyond 2 B per logit. paraplan run keeps one region for a pipelined
+    # step (torch's schedule runs every micro-batch inside it): there they all stay.
+    cast_cache = lay.autocast_casts
     table = model.embedding_params / t * np.where(model.tied_embeddings & only, 0.0, 1.0)
-
-    def uncached(layers):
-        return np.maximum(np.minimum(lay.rc_layers, layers) - 1.0, 0.0) * dense_layer_params / t
-    uncast_first = np.where(cast_cache, table + uncached(L_first), 0.0)
-    uncast_last = np.where(cast_cache, np.where(only, table, 0.0) + uncached(L_last), 0.0)
+    recast = np.maximum(np.minimum(lay.rc_layers, L_first) - 1.0, 0.0) * dense_layer_params / t
+    freed = np.where(only, np.minimum(recast, (mem.EAGER_LOSS_BYTES - EAGER_LOSS_FWD_BYTES) / mem.WEIGHT_BYTES
+                                      * logits_el), 0.0)
+    uncast_first = np.where(cast_cache, table + freed, 0.0)
+    uncast_last = np.where(cast_cache & only, table + freed, 0.0)
 
     def states(params, embedding=0.0):
         w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
@@ -399,7 +412,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     wl, gl, ol, hostl = states(params_stage_last, uncast_last)
     # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
     # outgrows the first when the embedding took one of the first stage's layer slots
-    wm, gm, om, hostm = states(L_s * dense_layer_params / t, np.where(cast_cache, uncached(L_s), 0.0))
+    wm, gm, om, hostm = states(L_s * dense_layer_params / t)
     acts_mid = np.maximum(inflight - 1.0, 1.0) * L_s * per_layer_stored + recompute_working
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
@@ -489,10 +502,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)
-    autocast = np.asarray(plan.autocast, dtype=bool) & ~lay.fp32_params  # (fp32 weights: nothing to cast)
+    autocast = lay.autocast_casts
     weight_tensors = 4.0 + model.num_mlp_matrices  # wq, wk, wv, wo and the MLP's (the norms' are small)
+    # (paraplan run holds one autocast region over a pipelined step: each weight cast once a step)
+    casts_per_mb = np.where(p > 1, 1.0 / np.maximum(m, 1.0), 1.0)
     if np.any(autocast):
-        ew_fwd = ew_fwd + np.where(autocast, autocast_weight_cast_s(gpu, lay.layer_params, weight_tensors), 0.0)
+        ew_fwd = ew_fwd + np.where(autocast, casts_per_mb * autocast_weight_cast_s(gpu, lay.layer_params,
+                                                                                   weight_tensors), 0.0)
         ew_bwd = ew_bwd + np.where(autocast, autocast_grad_s(gpu, lay.layer_params, weight_tensors, m), 0.0)
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
@@ -746,10 +762,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         # accumulated, and a tied table's gradients from both uses land in the one .grad
         tied = model.tied_embeddings
         head_params = (model.embedding_params if tied else model.lm_head_params) / t
-        lm_fwd = lm_fwd + np.where(autocast, autocast_weight_cast_s(gpu, head_params, 1.0), 0.0)
-        # (a tied table's two gradients, the head's and the embedding's, are summed every
-        # micro-batch before they reach .grad: one add more)
-        both = memory_bound_time_s(gpu, 12.0 * head_params, 1.0) / np.maximum(m, 1.0) if tied else 0.0
+        lm_fwd = lm_fwd + np.where(autocast, casts_per_mb * autocast_weight_cast_s(gpu, head_params, 1.0), 0.0)
+        # (a tied table on one stage gets two gradients, the head's and the embedding's: the
+        # first micro-batch adds them into one sum too, so every micro-batch adds, 12 B per
+        # parameter, where autocast_grad_s counts the m - 1 accumulations)
+        both = np.where(only, memory_bound_time_s(gpu, 12.0 * head_params, 1.0) / np.maximum(m, 1.0),
+                        0.0) if tied else 0.0
         head_acc = head_acc + np.where(autocast, autocast_grad_s(gpu, head_params, 1.0, m) + both, 0.0)
         emb_acc = emb_acc + np.where(autocast, autocast_grad_s(gpu, model.embedding_params / t, 1.0, m, cast=False),
                                      0.0)
