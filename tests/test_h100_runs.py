@@ -361,3 +361,30 @@ def test_autocast_cast_cache_under_full_recomputation_is_the_larger_peak():
     freed = min((model.num_layers - 1) * layer, (mem.EAGER_LOSS_BYTES - EAGER_LOSS_FWD_BYTES) / 2.0 * logits)
     assert none - full == pytest.approx(2.0 * freed)
     assert freed < (model.num_layers - 1) * layer  # the logits bound it here: 32 layers of casts
+
+
+def test_one_micro_batch_without_ddp_allocates_gradients_in_the_backward():
+    """paraplan run on one GPU (autocast, no DDP buffers) with one micro-batch: at the loss's
+    backward only the head's gradient exists; with more micro-batches all do."""
+    model = replace(load_model("llama3-8b"), num_layers=4)  # as the recorded run: the loss's peak wins
+    kw = dict(micro_batch_size=1, fused_kernels=False, autocast=True)
+    one = estimate(model, H100, Workload(global_batch_size=1, seq_len=4096), make_plan(**kw)).memory
+    two = estimate(model, H100, Workload(global_batch_size=2, seq_len=4096), make_plan(**kw)).memory
+    assert one.gradients_bytes == pytest.approx(4.0 * (model.lm_head_params + model.hidden_size))
+    assert two.gradients_bytes == pytest.approx(4.0 * model.num_params)
+    assert one.activations_bytes == two.activations_bytes
+    # 32 layers at 2,048 tokens: the end of the backward (every gradient, no activations) wins
+    deep = estimate(load_model("llama3-8b"), H100, Workload(global_batch_size=1, seq_len=2048), make_plan(**kw)).memory
+    assert deep.gradients_bytes == pytest.approx(4.0 * load_model("llama3-8b").num_params)
+    assert deep.activations_bytes == 0.0 and deep.logits_bytes == 0.0
+    # with DDP's buckets (torchtitan's ZeRO-0 over 8 GPUs) the gradients are there from the start
+    eight = load_cluster("dgx-h100", num_gpus=8)
+    ddp = estimate(model, eight, Workload(global_batch_size=8, seq_len=4096), make_plan(dp=8, **kw)).memory
+    assert ddp.gradients_bytes == pytest.approx(4.0 * model.num_params)
+
+
+def test_recorded_runs_of_one_and_eight_micro_batches():
+    mem_result = _compare("runs_e/run*.json", "memory")
+    assert max(abs(r["error_pct"]) for r in mem_result["rows"]) < 3.0
+    time_result = _compare("runs_e/run*.json", "step_time", str(RUNS / "runs_d" / "h100.toml"))
+    assert max(abs(r["error_pct"]) for r in time_result["rows"]) < 4.0

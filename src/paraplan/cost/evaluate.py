@@ -417,8 +417,25 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
     lo1 = np.where(only, logits, 0.0)
+    # Gradients allocated by the backward itself (eager torch without DDP's or Megatron's
+    # preallocated buffers: paraplan run and torchtitan on one GPU, under autocast), in a
+    # step of one micro-batch: at the loss's backward only the head's gradient exists; by
+    # the end of the backward all do and the activations are gone. The peak is the larger
+    # (an H100 run of one micro-batch measured 35.9 GiB where the static sum said 40.4).
+    lazy = lay.autocast_casts & (lay.d * lay.c == 1) & (m <= 1.0) & only
+    lol = logits
+    if np.any(lazy):
+        head_grad = mem.GRAD_BYTES * ((model.embedding_params if model.tied_embeddings else model.lm_head_params) / t
+                                      + h)
+
+        def peak(g, acts, lo):  # (the one stage seen as first and as last alike)
+            at_end = g > acts + lo + head_grad
+            return (np.where(lazy & ~at_end, head_grad, g), np.where(lazy & at_end, 0.0, acts),
+                    np.where(lazy & at_end, 0.0, lo))
+        g1, acts_first, lo1 = peak(g1, acts_first, lo1)
+        gl, acts_last, lol = peak(gl, acts_last, lol)
     tot1 = w1 + g1 + o1 + acts_first + lo1
-    totl = wl + gl + ol + acts_last + logits
+    totl = wl + gl + ol + acts_last + lol
     totm = np.where(has_mid, wm + gm + om + acts_mid, 0.0)
     worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
     buffers = np.where(is_z3, 2.0 * (layer_params + expert_params) * (gather_bytes + mem.WEIGHT_BYTES * lay.casts_gathered
@@ -429,7 +446,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
                        buffers)
     pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
     weights, grads, opt = pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om)
-    acts, lg = pick(acts_first, acts_last, acts_mid), pick(lo1, logits, 0.0)
+    acts, lg = pick(acts_first, acts_last, acts_mid), pick(lo1, lol, 0.0)
     alloc = weights + grads + opt + acts + lg + buffers
     memory = MemoryBreakdown(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=acts,
