@@ -388,3 +388,14 @@ def test_recorded_runs_of_one_and_eight_micro_batches():
     assert max(abs(r["error_pct"]) for r in mem_result["rows"]) < 3.0
     time_result = _compare("runs_e/run*.json", "step_time", str(RUNS / "runs_d" / "h100.toml"))
     assert max(abs(r["error_pct"]) for r in time_result["rows"]) < 4.0
+
+
+def test_run_summary_points_to_a_calibrated_profile_when_the_preset_is_fitted_at_scale():
+    from paraplan.run.cli import _summary
+    r = json.loads((RUNS / "runs_e" / "run10.json").read_text())
+    r["predicted"]["sustained_compute_ratio"] = 0.75
+    assert "note       dgx-h100 prices compute at 0.75" in _summary(r)
+    r["predicted"]["sustained_compute_ratio"] = 1.0
+    assert "note" not in _summary(r)
+    del r["predicted"]["sustained_compute_ratio"]  # reports written before 2026-11-22
+    assert "note" not in _summary(r)

@@ -144,6 +144,10 @@ def _summary(report: dict) -> str:
         lines.append(f"predicted  step {fmt_time(pr['step_time_s'])} ({err:+.1f}%), memory "
                      f"{fmt_bytes(pr['memory_bytes'])} on {pr['hardware']}, {fmt_bytes(as_measured)} of it "
                      f"counted as measured ({mem_err:+.1f}%)")
+        if pr.get("sustained_compute_ratio", 1.0) < 1.0:  # a preset fitted to published runs at scale
+            lines.append(f"note       {pr['hardware']} prices compute at {pr['sustained_compute_ratio']:g} of its GPU's "
+                         "microbenchmark rate, as published runs at scale sustain it; to check this machine, predict "
+                         "on its own profile: paraplan calibrate -o prof.toml, then --hardware prof.toml")
     else:
         lines.append(f"predicted  -- {report['prediction_note']}")
     return "\n".join(lines)
