@@ -62,6 +62,8 @@ PLANS = {
     # parallelism" (torchtitan 0.2.2 models/llama3/infra/parallelize.py)
     "pp2-gpipe-ddp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE), set()),
     "tp2-ddp": (plan(tp=2, dp=8, sequence_parallel=True), {Engine.MEGATRON}),
+    # torchtitan 0.2.2 trains TP or PP without FSDP (or CP) in fp32 (maybe_enable_amp)
+    "tp8-pp2-dp1": (plan(tp=8, pp=2, dp=1, sequence_parallel=True, zero=ZeroStage.PARAMETERS), {Engine.MEGATRON}),
     "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS,
                              cp_comm_type=CPCommType.ALL_GATHER), {Engine.TORCHTITAN}),
     "tp2-cp4-ring": (plan(tp=2, cp=4, dp=2, sequence_parallel=True), {Engine.TORCHTITAN, Engine.MEGATRON}),

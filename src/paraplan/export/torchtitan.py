@@ -67,7 +67,7 @@ SUPPORT = EngineSupport(
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
     fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
-    autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP: fp32, not modelled)
+    autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
@@ -86,6 +86,12 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         # parallelism" (with CP it applies FSDP over the CP ranks instead of DDP)
         raise unsupported(ENGINE, "zero", str(plan.zero), "2 or 3 when data parallelism combines with TP or PP "
                           "(its DDP replicates over 1-D meshes only)")
+    fsdp = (plan.zero is not ZeroStage.NONE and plan.dp_shard > 1) or plan.cp > 1
+    if plan.tp * plan.pp > 1 and not fsdp:
+        # torchtitan 0.2.2 distributed/utils.py maybe_enable_amp: mixed precision comes from
+        # FSDP's policy, or autocast for DDP and one device; TP or PP without FSDP train in fp32
+        raise unsupported(ENGINE, "dp", plan.dp, "TP or PP only beside FSDP (a shard group of 2+ at ZeRO 2/3) or "
+                          "CP: without it torchtitan trains in fp32, not the plan's precision")
     if plan.tp > 1 and not plan.sequence_parallel:
         raise unsupported(ENGINE, "sequence_parallel", False, "only sequence parallel with TP>1 (torchtitan 0.2)")
     if plan.offload_optimizer:

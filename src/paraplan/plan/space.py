@@ -363,7 +363,7 @@ class SpaceBlock:
 def without_fsdp_autocast(engine_does, tp, pp, cp, dp, zero_code):
     """Plan.autocast for an engine that trains under torch.autocast without FSDP (torchtitan's
     maybe_enable_amp: FSDP's own mixed precision when it shards, autocast for DDP or one GPU,
-    fp32 with TP or PP and no FSDP -- not modelled, autocast off). Vectorized."""
+    fp32 with TP or PP and no FSDP -- the torchtitan export refuses those, autocast off). Vectorized."""
     none = np.asarray(zero_code) == ZeroStage.NONE.code
     return (np.asarray(engine_does, dtype=bool) & (np.asarray(tp) == 1) & (np.asarray(pp) == 1)
             & (np.asarray(cp) == 1) & (none | (np.asarray(dp) == 1)))
