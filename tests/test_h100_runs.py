@@ -399,3 +399,23 @@ def test_run_summary_points_to_a_calibrated_profile_when_the_preset_is_fitted_at
     assert "note" not in _summary(r)
     del r["predicted"]["sustained_compute_ratio"]  # reports written before 2026-11-22
     assert "note" not in _summary(r)
+
+
+def test_eager_sequence_parallelism_keeps_the_gathered_projection_inputs_whole():
+    """DTensor SP (paraplan run, torchtitan) saves each projection's all-gathered input; only
+    the norm inputs are sequence shards. calibration/cpu_sp_saved_tensors.log: 2 CPU ranks,
+    hidden 256, fp32 -- 11,008 and 9,984 bytes per token per rank once the CPU's composite
+    RMSNorm's own saved tensors are set aside, which is what these give."""
+    spec = replace(load_model("llama3-8b"), num_layers=1, hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=32,
+                   ffn_hidden_size=704, vocab_size=512)
+    per_token = {}
+    for fused in (True, False):
+        for sp in (False, True):
+            p = make_plan(tp=2, sequence_parallel=sp, fused_kernels=fused)
+            stored, _, _ = mem.layer_activation_bytes(spec, p, 96, recompute_code=p.recompute_code,
+                                                      precision=Precision.FP32)
+            per_token[fused, sp] = float(stored) / 96
+    assert per_token[False, False] == 11008.0 and per_token[False, True] == 9984.0
+    h = 256
+    assert per_token[False, False] - per_token[False, True] == 2 * 4 * h / 2  # the two norm inputs only
+    assert per_token[True, False] - per_token[True, True] == 4 * 4 * h / 2    # Megatron: the GEMM inputs too

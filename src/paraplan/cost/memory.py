@@ -85,6 +85,10 @@ class ActivationTerms:
     # more of the QKV input and one more of a gated MLP's input (replicated unless SP)
     autocast_replicated: float = 0.0
     autocast_casts: float = 0.0
+    # the QKV and dense-MLP inputs, part of `replicated`: under eager sequence parallelism
+    # (DTensor's PrepareModuleInput) each projection saves its all-gathered input, whole,
+    # where Megatron saves the sequence shard and gathers it again in the backward
+    gemm_inputs: float = 0.0
 
 
 def saved_gemm_input_bytes(precision) -> float:
@@ -123,7 +127,8 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
                            # kv_a beside q_a: one) and a gated MLP's w3 (none for GELU's w1);
                            # none at 32 bits (nothing to cast)
                            autocast_casts=((2.0 if not model.is_mla else 1.0) + w * (model.num_mlp_matrices - 2)) * a * h
-                           if a < AUTOCAST_RESIDUAL_BYTES else 0.0)
+                           if a < AUTOCAST_RESIDUAL_BYTES else 0.0,
+                           gemm_inputs=gi * h + w * gi * h)
 
 
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,
@@ -139,9 +144,12 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
     eager = ~np.asarray(plan.fused_kernels, dtype=bool)
     autocast = np.asarray(plan.autocast, dtype=bool)
+    # eager SP keeps the projections' gathered inputs (and autocast's casts of them) whole
+    whole = np.where(eager, 1.0 - 1.0 / sp_div, 0.0)
     base = (terms.replicated / sp_div + terms.split / t + np.where(eager, terms.eager_split / t, 0.0)
             + np.where(autocast, (terms.autocast_replicated + np.where(eager, terms.autocast_casts, 0.0)) / sp_div,
-                       0.0))
+                       0.0)
+            + whole * (terms.gemm_inputs + np.where(autocast & eager, terms.autocast_casts, 0.0)))
     unfused = np.asarray(plan.attention_code) == AttentionKernel.UNFUSED.code
     scores = np.where(unfused, terms.scores / t, 0.0)
     none = tokens * (base + scores) + extra_bytes
