@@ -62,13 +62,6 @@ def test_recorded_h100_runs_step_time_on_the_profile_measured_there():
     assert len(gpt) == 1 and abs(gpt[0]) < 8.0
 
 
-def test_recorded_reports_keep_what_the_workers_found():
-    for path in glob.glob(str(RUNS / "runs_[bc]/run*.json")):
-        r = json.loads(Path(path).read_text())
-        assert r["plan"]["attention"] == "flash3" and r["plan"]["autocast"] is True
-        assert r["config"]["plan"]["attention"] == r["plan"]["attention"]
-
-
 def test_calibrated_h100_profile_has_both_attention_kernels_and_the_misalignment():
     prof = RUNS / "runs_c" / "h100.toml"
     gpu = load_cluster(str(prof), num_gpus=1).gpu
@@ -350,7 +343,6 @@ def test_autocast_cast_cache_under_full_recomputation_is_the_larger_peak():
     """The loss runs inside the autocast region: at the end of the forward every layer's cast
     is alive beside ~10 B per logit; the backward frees the re-run layers' casts while the
     loss holds 12. Only casts beyond 2 B per logit come off."""
-    from paraplan.cost.evaluate import EAGER_LOSS_FWD_BYTES
     model = load_model("llama3-8b")
     wl = Workload(global_batch_size=4, seq_len=2048)
     kw = dict(micro_batch_size=1, fused_kernels=False, autocast=True)
@@ -358,7 +350,7 @@ def test_autocast_cast_cache_under_full_recomputation_is_the_larger_peak():
     full = estimate(model, H100, wl, make_plan(recompute=Recompute.FULL, **kw)).memory.weights_bytes
     layer = model.layer_params / model.num_layers
     logits = 2048 * model.vocab_size
-    freed = min((model.num_layers - 1) * layer, (mem.EAGER_LOSS_BYTES - EAGER_LOSS_FWD_BYTES) / 2.0 * logits)
+    freed = min((model.num_layers - 1) * layer, (mem.EAGER_LOSS_BYTES - mem.EAGER_LOSS_FWD_BYTES) / 2.0 * logits)
     assert none - full == pytest.approx(2.0 * freed)
     assert freed < (model.num_layers - 1) * layer  # the logits bound it here: 32 layers of casts
 

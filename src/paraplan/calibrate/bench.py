@@ -23,8 +23,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, LossSample,
-                           Measurements,
-                           OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample, tp_layer_spec)
+                           Measurements, OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample,
+                           tp_layer_spec)
 
 KIB, MIB = 1024, 1024 * 1024
 # GEMM rounds: each shape timed for about this long per round, in at most this many calls

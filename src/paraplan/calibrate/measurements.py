@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import FileFormatError
+from ..specs.hardware import AttentionKernel
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,7 +218,8 @@ class Measurements:
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample,
             "misaligned_gemm": GemmSample}
-ATTENTION_KERNELS = ("flash2", "flash3")  # the fused kernels calibrate measures (run/attention.py)
+# the fused kernels calibrate measures (run/attention.py CALIBRATED_BACKENDS)
+ATTENTION_KERNELS = tuple(k.value for k in AttentionKernel if k is not AttentionKernel.UNFUSED)
 _NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
            "tp_layer": TPLayerSample, "loss": LossSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",

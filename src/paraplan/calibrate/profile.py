@@ -436,5 +436,6 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curves=att_curves,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, loss_efficiency=loss_eff, tp_collective_overhead_s=tp_host,
+                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, loss_efficiency=loss_eff,
+                   tp_collective_overhead_s=tp_host,
                    layer_launch_overhead_s=in_layer[0] if in_layer is not None else None)

@@ -45,9 +45,6 @@ from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory
 # 12; sqrt(v) 8; ÷ bias correction 8; + eps 8; p.addcdiv_(m, denom) r p,m,d w p 16 = 72 B in
 # 7 passes (the 16-bit copy is made at the next all-gather or autocast, not here).
 ADAM_STEP = {Optimizer.ADAM: (30.0, 4), Optimizer.ADAM_UNFUSED: (72.0, 7)}
-# the eager loss's forward peak per logit: the 16-bit logits, their fp32 upcast and the
-# log-softmax output at once (memory.EAGER_LOSS_BYTES is the backward's)
-EAGER_LOSS_FWD_BYTES = 10.0
 LOSS_FWD_KERNELS, LOSS_BWD_KERNELS = 3, 4  # upcast, max/sum-exp, write; fill, scatter, log-softmax bwd, downcast
 EW_FWD_KERNELS = 10  # a layer's forward element-wise launches (2 norms, RoPE, 2 residual adds, activation, ...)
 EW_BWD_KERNELS = 14  # and backward's (each forward kernel's gradient, plus the residual-gradient adds)
@@ -391,12 +388,14 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     # layers count only beyond 2 B per logit. paraplan run keeps one region for a pipelined
     # step (torch's schedule runs every micro-batch inside it): there they all stay.
     cast_cache = lay.autocast_casts
-    table = model.embedding_params / t * np.where(model.tied_embeddings & only, 0.0, 1.0)
-    recast = np.maximum(np.minimum(lay.rc_layers, L_first) - 1.0, 0.0) * dense_layer_params / t
-    freed = np.where(only, np.minimum(recast, (mem.EAGER_LOSS_BYTES - EAGER_LOSS_FWD_BYTES) / mem.WEIGHT_BYTES
-                                      * logits_el), 0.0)
-    uncast_first = np.where(cast_cache, table + freed, 0.0)
-    uncast_last = np.where(cast_cache & only, table + freed, 0.0)
+    uncast_first = uncast_last = 0.0  # (the search's batches never run under autocast)
+    if np.any(cast_cache):
+        table = model.embedding_params / t * np.where(model.tied_embeddings & only, 0.0, 1.0)
+        recast = np.maximum(np.minimum(lay.rc_layers, L_first) - 1.0, 0.0) * dense_layer_params / t
+        freed = np.where(only, np.minimum(recast, (mem.EAGER_LOSS_BYTES - mem.EAGER_LOSS_FWD_BYTES)
+                                          / mem.WEIGHT_BYTES * logits_el), 0.0)
+        uncast_first = np.where(cast_cache, table + freed, 0.0)
+        uncast_last = np.where(cast_cache & only, table + freed, 0.0)
 
     def states(params, embedding=0.0):
         w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
@@ -425,8 +424,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     lazy = lay.autocast_casts & (lay.d * lay.c == 1) & (m <= 1.0) & only
     lol = logits
     if np.any(lazy):
-        head_grad = mem.GRAD_BYTES * ((model.embedding_params if model.tied_embeddings else model.lm_head_params) / t
-                                      + h)
+        head_grad = mem.GRAD_BYTES * (model.output_weight_params / t + h)
 
         def peak(g, acts, lo):  # (the one stage seen as first and as last alike)
             at_end = g > acts + lo + head_grad
@@ -490,6 +488,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
     # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
     fused = np.asarray(plan.fused_kernels, dtype=bool)
+    # a layer's weight matrices as the eager engines keep them: wq, wk, wv, wo and the MLP's
+    # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
+    layer_matrices = 4.0 + model.num_mlp_matrices
     g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
     g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
     if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
@@ -520,13 +521,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)
     autocast = lay.autocast_casts
-    weight_tensors = 4.0 + model.num_mlp_matrices  # wq, wk, wv, wo and the MLP's (the norms' are small)
-    # (paraplan run holds one autocast region over a pipelined step: each weight cast once a step)
-    casts_per_mb = np.where(p > 1, 1.0 / np.maximum(m, 1.0), 1.0)
     if np.any(autocast):
+        # (paraplan run holds one autocast region over a pipelined step: each weight cast once a step)
+        casts_per_mb = np.where(p > 1, 1.0 / np.maximum(m, 1.0), 1.0)
         ew_fwd = ew_fwd + np.where(autocast, casts_per_mb * autocast_weight_cast_s(gpu, lay.layer_params,
-                                                                                   weight_tensors), 0.0)
-        ew_bwd = ew_bwd + np.where(autocast, autocast_grad_s(gpu, lay.layer_params, weight_tensors, m), 0.0)
+                                                                                   layer_matrices), 0.0)
+        ew_bwd = ew_bwd + np.where(autocast, autocast_grad_s(gpu, lay.layer_params, layer_matrices, m), 0.0)
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
@@ -658,8 +658,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         f2_fwd = np.where(f2, gathers * f2_gather, 0.0)
         # a layer's weights as the FSDP2 engines build them: wq, wk, wv, wo, the MLP's
         # matrices, the norms
-        f2_acc = f2_accumulate(layer_params + expert_params,
-                               4.0 + model.num_mlp_matrices + model.norm_params_per_layer / h)
+        f2_acc = f2_accumulate(layer_params + expert_params, layer_matrices + model.norm_params_per_layer / h)
         f2_bwd = f2_fwd + np.where(f2 & mb_reduce, f2_reduce, 0.0) + f2_acc
     z3_fwd = gathers * fsdp_ag
     z3_bwd = gathers * fsdp_ag + np.where(mb_reduce, fsdp_rs, 0.0)
@@ -743,7 +742,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the head's vocabulary as the engine has it: Megatron pads it to a multiple of 128·TP
     # (--make-vocab-size-divisible-by); an eager model keeps the tokenizer's, and a 16-bit
     # vocabulary of 50,257 misaligns every pass of the head (roofline.rows_aligned)
-    lm_aligned = fused | rows_aligned(np.ceil(V / t), ab)
+    lm_aligned = fused | rows_aligned(V / t, ab)
     lm_gemm = gemm_time_s(gpu, T, V / t, h, prec, aligned=lm_aligned)
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
@@ -778,7 +777,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         # the embedding's own gradient is fp32 already (F.embedding is not autocast): only
         # accumulated, and a tied table's gradients from both uses land in the one .grad
         tied = model.tied_embeddings
-        head_params = (model.embedding_params if tied else model.lm_head_params) / t
+        head_params = model.output_weight_params / t
         lm_fwd = lm_fwd + np.where(autocast, casts_per_mb * autocast_weight_cast_s(gpu, head_params, 1.0), 0.0)
         # (a tied table on one stage gets two gradients, the head's and the embedding's: the
         # first micro-batch adds them into one sum too, so every micro-batch adds, 12 B per

@@ -50,6 +50,9 @@ GRAD_BYTES = 4.0
 # H100: 14.0 bytes per logit with the 16-bit logits also held (calibration/h100_2026-11-22,
 # gpu_probe.json; the run drops them after the upcast).
 EAGER_LOSS_BYTES = 12.0
+# ... and its forward peak: the 16-bit logits, their fp32 upcast and the log-softmax output
+# at once (2 + 4 + 4 bytes per logit)
+EAGER_LOSS_FWD_BYTES = 10.0
 AUTOCAST_RESIDUAL_BYTES = 4.0  # the residual stream under torch.autocast stays fp32
 
 

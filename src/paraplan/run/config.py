@@ -26,11 +26,16 @@ MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Sche
 RUN_OPTIMIZER = Optimizer.ADAM_UNFUSED
 
 
+def computes_in_bf16(device_type: str, precision) -> bool:
+    """Whether a run computes in bf16: on a GPU for a bf16 workload (fp8 is predicted as
+    such, run in bf16); a CPU run computes in fp32."""
+    return device_type == "cuda" and str(precision) in ("bf16", "fp8")
+
+
 def runs_under_autocast(plan, device_type: str, precision) -> bool:
-    """Whether a run computes under torch.autocast: a GPU run in bf16 (fp8 is predicted as
-    such, run in bf16) without data parallelism (FSDP2's mixed-precision policy casts otherwise; a CPU run is fp32), as
-    torchtitan does (worker.py; Plan.autocast)."""
-    return device_type == "cuda" and str(precision) in ("bf16", "fp8") and plan.dp == 1
+    """Whether a run computes under torch.autocast: in bf16 without data parallelism (FSDP2's
+    mixed-precision policy casts otherwise), as torchtitan does (worker.py; Plan.autocast)."""
+    return computes_in_bf16(device_type, precision) and plan.dp == 1
 
 
 class Device(StrEnum):

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ..plan.axes import ZeroStage
 from .attention import run_kernel
 from .checkpointing import apply_checkpointing
-from .config import Device, RunConfig, runs_under_autocast
+from .config import Device, RunConfig, computes_in_bf16, runs_under_autocast
 from .data_parallel import apply_fsdp
 from .measure import grad_norm, now_s, peak_memory_bytes, peak_rss_bytes
 from .model import build_model, loss_fn
@@ -63,7 +63,7 @@ class Runner:
         self.tp_rank = self.mesh["tp"].get_local_rank()
         self.dp_rank = self.mesh["dp_replicate"].get_local_rank() * dp_shard + self.mesh["dp_shard"].get_local_rank()
         gloo = dist.get_backend() == "gloo"
-        bf16 = device.type == "cuda" and str(cfg.workload.precision) in ("bf16", "fp8")
+        bf16 = computes_in_bf16(device.type, cfg.workload.precision)
         self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
         num_stages = p.pp * p.vp
         self.stage_ids = stage_ids(self.pp_rank, p.pp, p.vp)

@@ -215,6 +215,11 @@ class ModelSpec:
         return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
 
     @property
+    def output_weight_params(self) -> int:
+        """The output layer's weight, its own or the tied embedding table (V·h either way)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
     def num_params(self) -> int:
         """Total trainable parameters (embedding + layers + final norm + untied LM head)."""
         return self.layer_params + self.embedding_params + self.lm_head_params + self.hidden_size
