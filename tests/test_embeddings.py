@@ -110,8 +110,23 @@ def test_dedup_cuts_all_to_all_by_the_unique_share():
     assert plain.cost.a2a_bytes - dd.a2a_bytes == pytest.approx(ids * (1 - u), rel=1e-6)
 
 
-def test_nothing_fits_says_why(capsys):
-    rc = main(["embeddings", "--gpus", "1"])
+def test_one_gpu_keeps_what_does_not_fit_in_host_memory():
+    # criteo-1tb's 97 GiB on one H100: the big tables row-wise in host memory behind a cache
+    res = plan_embeddings(load_embedding_workload("criteo-1tb", 512), load_cluster("dgx-h100", num_gpus=1))
+    assert res.cost.fits and any(p.kernel is ComputeKernel.UVM_CACHING for p in res.plan.placements)
+
+
+def test_tables_that_fit_one_at_a_time_but_not_together_go_to_host_memory(tmp_path):
+    # three 520M-row tables: each fits row-wise over 8 GPUs, together they do not
+    path = write(tmp_path, "t.csv", "name,num_rows,dim\na,520000000,128\nb,520000000,128\nc,520000000,128\n")
+    res = plan_embeddings(load_embedding_workload(str(path), 512), load_cluster("dgx-h100", num_gpus=8))
+    assert res.cost.fits and any(p.kernel is ComputeKernel.UVM_CACHING for p in res.plan.placements)
+
+
+def test_nothing_fits_says_why(tmp_path, capsys):
+    # 2.2 TB of rows on one GPU: beyond its HBM and its host's 2 TB of DRAM
+    path = write(tmp_path, "t.csv", "name,num_rows,dim\nhuge,4300000000,128\n")
+    rc = main(["embeddings", "--gpus", "1", "--tables", str(path)])
     err = capsys.readouterr().err
     assert rc == 2 and "no embedding plan fits" in err and "more GPUs" in err and "\n" == err[-1] and err.count("\n") == 1
 
@@ -123,8 +138,23 @@ def test_cli_json_and_export(tmp_path, capsys):
     assert d["world_size"] == 8 and d["step_time_s"] > 0
     assert d["step_time_s"] == pytest.approx(sum(d["phases_s"].values()))
     exported = json.loads(out.read_text())
-    assert set(exported) == {"t_cat_%d" % i for i in range(26)}
-    assert all(v["sharding_types"][0] in {s.value for s in ShardingType} for v in exported.values())
+    assert exported == d["torchrec"]
+    constraints, placed = exported["parameter_constraints"], exported["placement"]
+    assert set(constraints) == set(placed) == {"t_cat_%d" % i for i in range(26)}
+    assert all(v["sharding_types"][0] in {s.value for s in ShardingType} for v in constraints.values())
+    # only ParameterConstraints' own fields: TorchRec's dataclass takes each as keyword arguments
+    allowed = {"sharding_types", "compute_kernels", "pooling_factors", "min_partition", "cache_params"}
+    assert all(set(v) <= allowed for v in constraints.values())
+    assert all(len(placed[n]["ranks"]) >= 1 and max(placed[n]["ranks"]) < 8 for n in placed)
+
+
+def test_export_loads_as_torchrec_constraints(tmp_path):
+    pytest.importorskip("torchrec")
+    from paraplan.export.torchrec import export_document, load_constraints
+    wl = load_embedding_workload("criteo-1tb", 512)
+    res = plan_embeddings(wl, load_cluster("dgx-h100", num_gpus=8))
+    loaded = load_constraints(json.loads(json.dumps(export_document(res.plan, wl))))
+    assert len(loaded) == 26 and all(c.sharding_types for c in loaded.values())
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -159,3 +189,47 @@ def test_no_slower_than_torchrec_under_torchrecs_model(W, B):
     priced = price_with_torchrec(ours.plan, wl, cluster)
     assert priced.max_rank_s <= theirs.max_rank_s * (1 + 1e-9)
     assert priced.max_rank_hbm_bytes <= priced.hbm_cap_bytes
+
+
+@pytest.mark.parametrize("header_row,needle", [
+    ("name,num_rows,dim,pooling\na,100,16,30\n", "column 'pooling' is not allowed"),
+    ("name,num_rows,dim,pooling_factor\na,100,16,1e308\n", "pooling_factor"),
+    ("name,num_rows,dim,weight_bytes\na,100,16,1e308\n", "weight_bytes"),
+])
+def test_tables_csv_refuses_unknown_columns_and_absurd_cells(tmp_path, capsys, header_row, needle):
+    path = write(tmp_path, "t.csv", header_row)
+    assert main(["embeddings", "--tables", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_table_row_wise_needs_whole_nodes(tmp_path):
+    # 12 GPUs are a node and a half: a table too big for one rank is row-wise, not table-row-wise
+    path = write(tmp_path, "t.csv", "name,num_rows,dim\nbig,200000000,128\nsmall,1000,128\n")
+    res = plan_embeddings(load_embedding_workload(str(path), 512), load_cluster("dgx-h100", num_gpus=12))
+    assert res.cost.fits
+    assert all(p.sharding is not ShardingType.TABLE_ROW_WISE for p in res.plan.placements)
+
+
+def test_fully_cached_row_wise_table_costs_what_hbm_does():
+    # a row-wise shard whose cache holds all its rows reads nothing over the host link
+    t = EmbeddingTable(name="a", num_rows=100_000_000, dim=128)
+    wl = replace(load_embedding_workload("criteo-1tb", 4096), tables=(t,))
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    def step(kernel, cache):
+        p = TablePlacement(table="a", sharding=ShardingType.ROW_WISE, ranks=tuple(range(8)), kernel=kernel,
+                           cache_ratio=cache)
+        return evaluate(EmbeddingPlan(placements=(p,), world_size=8), wl, cluster).step_time_s
+    assert step(ComputeKernel.UVM_CACHING, 1.0) == pytest.approx(step(ComputeKernel.HBM, 0.0), rel=1e-9)
+    # uniform access: half the shard's rows cached serve half its lookups (not half / 8)
+    mid = (step(ComputeKernel.HBM, 0.0) + step(ComputeKernel.UVM_CACHING, 0.0)) / 2
+    assert step(ComputeKernel.UVM_CACHING, 0.5) == pytest.approx(mid, rel=1e-6)
+
+
+def test_profiled_table_never_has_more_distinct_rows_than_rows():
+    prof = load_profile()
+    t = EmbeddingTable(name="a", num_rows=10_000, dim=128, access=prof)
+    n = 1e7
+    assert t.unique_share(n) * n <= t.num_rows
+    big = EmbeddingTable(name="b", num_rows=10**9, dim=128, access=prof)
+    assert big.unique_share(n) == prof.unique_share

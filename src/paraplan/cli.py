@@ -359,10 +359,12 @@ def cmd_estimate(args) -> int:
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
 TRACE_MAX_LAYER_EVENTS = 10 * TRACE_LAYER_EVENTS  # about 2 GB: the most --max-microbatches may ask for
+# names of the per-layer operations that are communication (TP, CP, FSDP, EP collectives)
+TRACE_COMM_MARKERS = ("TP", "CP", "FSDP", "EP", "all-to-all")
 
 
 def cmd_trace(args) -> int:
-    from .cost.estimate import estimate, stage_costs
+    from .cost.estimate import chunk_layers, estimate, stage_costs
     from .cost.evaluate import evaluate
     from .outfile import check_output, write_output
     from .plan.axes import Schedule
@@ -384,29 +386,42 @@ def cmd_trace(args) -> int:
     # schedule on fewer (a multiple of PP, at least 2·PP) with the same per-micro-batch costs
     cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
     shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
+    staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
     if plan.pp > 1 and shown == m and est.sim is not None:
         sim = est.sim
     else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate
-        staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
         costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
         sim = simulate(build_schedule(staged.schedule, staged.pp, shown, staged.vp), stage_costs(costs, staged))
-    # the fullest chunk's layers (uneven splits leave the last chunks short: no events past l)
-    layers_per_chunk = -(-model.num_layers // (plan.pp * plan.vp))
+    # each virtual stage's layers as the cost model lays them out (embedding and loss slots)
+    layers = chunk_layers(model, wl, staged)
+    labels = [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
+                        + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
+    fwd = dict(est.layer_detail["fwd"])
+    # the experts' time holds their load imbalance: show the experts at λ = 1 beside it
+    if "MoE load imbalance (in experts)" in fwd and "MoE experts (grouped GEMMs)" in fwd:
+        fwd["MoE experts (grouped GEMMs)"] -= fwd["MoE load imbalance (in experts)"]
+    bwd = est.layer_detail["bwd"]
+    # ZB-H1 splits each backward: W runs the weight-gradient GEMMs, B the rest
+    wgrad = est.layer_detail.get("wgrad", {}) if staged.schedule is Schedule.ZERO_BUBBLE else {}
+    per_layer = {
+        Phase.FORWARD: list(fwd.items()),
+        Phase.BACKWARD: [(name.replace("dgrad+wgrad", "dgrad"), dur - wgrad.get(name, 0.0)) for name, dur in bwd.items()],
+        Phase.WEIGHT: [(name.split(" (")[0] + " (wgrad)", dur) for name, dur in wgrad.items()],
+    }
 
     def detail(rank, chunk, phase):
-        d = est.layer_detail["fwd" if phase == Phase.FORWARD else "bwd"]
-        out = []
-        first_layer = (chunk * plan.pp + rank) * layers_per_chunk
-        for li in range(min(layers_per_chunk, model.num_layers - first_layer)):
-            for name, dur in d.items():
-                if dur > 0:
-                    cat = "comm" if any(x in name for x in ("TP", "CP", "FSDP")) else "compute"
-                    out.append((f"{name} L{first_layer + li}", dur, cat, {"layer": first_layer + li}))
-        return out
+        span = layers[chunk * staged.pp + rank]
+        # a backward runs the chunk's layers last to first
+        order = span if phase is Phase.FORWARD else reversed(span)
+        return [(f"{name} L{li}", dur, "comm" if any(x in name for x in TRACE_COMM_MARKERS) else "compute",
+                 {"layer": li}) for li in order for name, dur in per_layer[phase] if dur > 0]
 
-    trace = chrome_trace(sim, task_detail=detail, metadata={"plan": plan.describe(), "model": model.name,
-                                                            "cluster": cluster.name, "step_time_s": est.step_time_s,
-                                                            "microbatches": m, "microbatches_shown": shown})
+    # after the pipeline: the step's exposed DP/ZeRO traffic, SP norm all-reduce and optimizer
+    after = [(name, dur, "optimizer" if "optimizer" in name else "comm", {})
+             for name, dur in est.step_detail.items() if dur > 0]
+    trace = chrome_trace(sim, task_detail=detail, layers=labels, after=after,
+                         metadata={"plan": plan.describe(), "model": model.name, "cluster": cluster.name,
+                                   "step_time_s": est.step_time_s, "microbatches": m, "microbatches_shown": shown})
     text = json.dumps(trace)
     if args.output == "-":
         print(text)
@@ -491,7 +506,7 @@ def cmd_embeddings(args) -> int:
     from .embeddings.cost import evaluate
     from .embeddings.search import plan_embeddings
     from .embeddings.tables import Optimizer, load_embedding_workload, load_profile
-    from .export.torchrec import parameter_constraints
+    from .export.torchrec import export_document
     from .report.table import grid
     from .specs.catalog import load_cluster
     from .units import fmt_bytes, fmt_count
@@ -518,9 +533,9 @@ def cmd_embeddings(args) -> int:
                                 "torchrec_max_rank_s": price_with_torchrec(plan, wl, cluster).max_rank_s},
                    "torchrec_default": {"paraplan_step_s": evaluate(tr_plan, wl, cluster, hbm_reserve_fraction=args.hbm_reserve).step_time_s,
                                         "torchrec_max_rank_s": tr_rating.max_rank_s}}
-    constraints = parameter_constraints(plan, wl)
+    exported = export_document(plan, wl)
     if args.export_torchrec is not None:
-        write_output(args.export_torchrec, json.dumps(constraints, indent=1) + "\n", "embeddings", "--export-torchrec")
+        write_output(args.export_torchrec, json.dumps(exported, indent=1) + "\n", "embeddings", "--export-torchrec")
     if args.json:
         print(json.dumps({
             "workload": wl.name, "cluster": cluster.name, "world_size": plan.world_size,
@@ -528,7 +543,7 @@ def cmd_embeddings(args) -> int:
             "step_time_s": cost.step_time_s, "phases_s": cost.phase_s, "all_to_all_bytes": cost.a2a_bytes,
             "max_rank_hbm_bytes": float(cost.hbm_bytes.max()), "usable_hbm_bytes": cost.capacity_bytes,
             "max_host_bytes": float(cost.host_bytes_per_host.max()), "host_memory_bytes": cost.host_capacity_bytes,
-            "plans_priced": res.candidates, "tables": constraints, "compare_torchrec": compare}, indent=1))
+            "plans_priced": res.candidates, "torchrec": exported, "compare_torchrec": compare}, indent=1))
         return 0
     print(f"{wl.name}: {len(wl.tables)} tables, {fmt_bytes(wl.total_weight_bytes)} of weights, batch {wl.batch_size_per_rank:,}/rank "
           f"on {plan.world_size} x {cluster.gpu.name} ({cluster.name}); optimizer {wl.optimizer.value}"

@@ -137,12 +137,13 @@ class EmbeddingCost:
         return self.fits_hbm and self.fits_host
 
 
-def _hit_rate(table: EmbeddingTable, cache_rows: float, num_ids: float) -> float:
-    """Share of lookups served by a cache of the hottest `cache_rows` rows."""
-    if cache_rows >= table.num_rows:
+def _hit_rate(table: EmbeddingTable, cache_rows: float, shard_rows: float, num_ids: float) -> float:
+    """Share of a shard's lookups served by a cache of its hottest `cache_rows` rows (of
+    `shard_rows`; `num_ids` the ids the shard looks up)."""
+    if cache_rows >= shard_rows:
         return 1.0
     if table.access is None:
-        return cache_rows / table.num_rows
+        return cache_rows / shard_rows
     distinct = table.unique_share(num_ids) * num_ids
     if cache_rows >= distinct:
         return 1.0
@@ -211,7 +212,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
             per["hbm"][j] = s.rows * (row_bytes + state)
         else:
             cache_rows = cache_ratio * s.rows if kernel is ComputeKernel.UVM_CACHING else 0.0
-            h = _hit_rate(t, cache_rows, s.ids)
+            h = _hit_rate(t, cache_rows, s.rows, s.ids)
             per["hbm"][j] = cache_rows * (row_bytes + state)
             # the whole shard lives in host memory (FBGEMM's managed UVM); the HBM cache holds
             # copies of its hottest rows (TorchRec's storage estimate counts both)

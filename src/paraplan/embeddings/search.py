@@ -33,6 +33,9 @@ HOT_ROW_FRACTIONS = (0.0, 0.01, 0.05, 0.2, 0.5)
 # rank's usable HBM one shard may take before the table is split further (room to pack others).
 DP_MAX_TABLE_SHARE = 0.05
 MAX_SHARD_SHARE = 0.5
+# HBM cache shares the local search tries for a table kept in host memory (TorchRec's
+# default UVM_CACHING_RATIO, 0.2, among them)
+UVM_CACHE_RATIOS = (0.05, 0.2, 0.5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,15 +66,22 @@ class _Planner:
             self._load_cache[key] = (alone.rank_total_s, alone.hbm_bytes)
         return self._load_cache[key]
 
+    def table_bytes(self, t: EmbeddingTable) -> float:
+        """The table's rows with their optimizer state."""
+        return t.num_rows * (t.dim * t.weight_bytes + self.wl.optimizer.state_bytes_per_row(t.dim))
+
+    def replicable(self, t: EmbeddingTable) -> bool:
+        """Small enough to replicate on every rank (DP), optimizer state included."""
+        return self.table_bytes(t) <= DP_MAX_TABLE_SHARE * self.capacity
+
     def shape(self, t: EmbeddingTable) -> tuple[ShardingType, int, ComputeKernel, float]:
         """Default split of a table: whole on one rank if it fits, else rows over a node, else
         rows over all ranks, else host memory with the largest HBM cache that fits."""
-        state = self.wl.optimizer.state_bytes_per_row(t.dim)
-        need = t.num_rows * (t.dim * t.weight_bytes + state)
+        need = self.table_bytes(t)
         cap = MAX_SHARD_SHARE * self.capacity
         if need <= cap:
             return ShardingType.TABLE_WISE, 1, ComputeKernel.HBM, 0.0
-        if self.W > self.g and need / self.g <= cap:
+        if self.W > self.g and self.W % self.g == 0 and need / self.g <= cap:
             return ShardingType.TABLE_ROW_WISE, self.g, ComputeKernel.HBM, 0.0
         if need / self.W <= cap:
             return ShardingType.ROW_WISE, self.W, ComputeKernel.HBM, 0.0
@@ -154,10 +164,12 @@ def _options(P: "_Planner", t: EmbeddingTable | None):
     out += [(ShardingType.COLUMN_WISE, k, ComputeKernel.HBM, 0.0, 0.0) for k in COLUMN_SPLITS[1:]]
     out += [(ShardingType.TABLE_ROW_WISE, g, ComputeKernel.HBM, 0.0, 0.0), (ShardingType.ROW_WISE, W, ComputeKernel.HBM, 0.0, 0.0)]
     if t is not None:
-        state = P.wl.optimizer.state_bytes_per_row(t.dim)
-        if t.num_rows * (t.dim * t.weight_bytes + state) <= DP_MAX_TABLE_SHARE * P.capacity:
+        # rows over every rank in host memory behind an HBM cache: what lets tables that fit
+        # one at a time but not together move to the host (TorchRec's default ratio among them)
+        out += [(ShardingType.ROW_WISE, W, ComputeKernel.UVM_CACHING, c, 0.0) for c in UVM_CACHE_RATIOS]
+        if P.replicable(t):
             out.append((ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE, 0.0, 0.0))
-        need = t.num_rows * (t.dim * t.weight_bytes + state)
+        need = P.table_bytes(t)
         out = [o for o in out if _valid(t, o, W, g) and (o[0] is ShardingType.ROW_WISE or
                need / (g if o[0] is ShardingType.TABLE_ROW_WISE else 1) <= MAX_SHARD_SHARE * P.capacity)]
     return out
@@ -199,7 +211,7 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
             dp_v, _ = P.load(t, ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE)
             sh_v, _ = P.load(t, *start[t.name][:4], start[t.name][4])
             return float(dp_v.max()) / max(float(sh_v.sum()) / W, 1e-30)
-        small = sorted((t for t in wl.tables if t.weight_bytes_total <= DP_MAX_TABLE_SHARE * P.capacity and W > 1), key=dp_ratio)
+        small = sorted((t for t in wl.tables if P.replicable(t) and W > 1), key=dp_ratio)
         for t in small:
             trial = dict(trial)
             trial[t.name] = (ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE, 0.0, 0.0)
@@ -212,7 +224,7 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
         improved = False
         for name in sorted(choice, key=lambda n: -float(P.load(P.tables[n], *choice[n][:4], choice[n][4])[0].max())):
             for option in _options(P, P.tables[name]):
-                if option[:2] == choice[name][:2]:
+                if option[:4] == choice[name][:4]:
                     continue
                 trial = dict(choice)
                 trial[name] = option

@@ -94,10 +94,10 @@ class EmbeddingTable:
     def unique_share(self, num_ids: float) -> float:
         """U/n for n ids: the profile's measurement, or, without one, uniform access:
         E[U] = N·(1 − (1 − 1/N)^n) (balls into bins), which matters for small tables."""
-        if self.access is not None:
-            return self.access.unique_share
         n = max(float(num_ids), 1.0)
         N = float(self.num_rows)
+        if self.access is not None:  # never more distinct rows than the table has
+            return min(self.access.unique_share, N / n)
         expected = N * -math.expm1(n * math.log1p(-1.0 / N)) if N > 1 else 1.0
         return min(1.0, expected / n)
 
@@ -205,6 +205,10 @@ def _profile_list(t: TomlTable, key: str, ok, what: str) -> list:
 
 
 INT64_MAX = 2**63 - 1  # TBE indexes rows with int64 ids
+OPTIONAL_COLUMNS = ("pooling_factor", "weight_bytes")
+# ids per sample per table: a bound on input sanity, far above any published feature
+# (the DLRM datasets' mean is some tens; TorchRec's examples use 1-100)
+MAX_POOLING_FACTOR = 1e6
 
 
 def _tables_from_csv(text: str, shown: str) -> tuple[EmbeddingTable, ...]:
@@ -218,6 +222,10 @@ def _tables_from_csv(text: str, shown: str) -> tuple[EmbeddingTable, ...]:
     try:
         header = [h.strip().lstrip("\ufeff") for h in next(reader, [])]
         need = {"name", "num_rows", "dim"}
+        unknown = [h for h in header if h not in need | set(OPTIONAL_COLUMNS)]
+        if unknown:
+            raise FileFormatError(shown, f"column {unknown[0]!r} is not allowed; allowed: name, num_rows, dim, "
+                                  f"{', '.join(OPTIONAL_COLUMNS)}", line=line_no() or None)
         if not need <= set(header):
             raise FileFormatError(shown, f"header must have columns {sorted(need)} (optional: pooling_factor, "
                                   f"weight_bytes); got {header or None}", line=line_no() or None)
@@ -237,8 +245,9 @@ def _tables_from_csv(text: str, shown: str) -> tuple[EmbeddingTable, ...]:
                                       "is required", line=i)
             out.append(EmbeddingTable(name=name, num_rows=_cell(row, "num_rows", int, shown, i, maximum=INT64_MAX),
                                       dim=_cell(row, "dim", int, shown, i),
-                                      pooling_factor=_cell(row, "pooling_factor", float, shown, i, 1.0, minimum=0),
-                                      weight_bytes=_cell(row, "weight_bytes", float, shown, i, 4.0, minimum=0.5)))
+                                      pooling_factor=_cell(row, "pooling_factor", float, shown, i, 1.0, minimum=0,
+                                                           maximum=MAX_POOLING_FACTOR),
+                                      weight_bytes=_cell(row, "weight_bytes", float, shown, i, 4.0, minimum=0.5, maximum=8)))
     except csv.Error as exc:
         raise FileFormatError(shown, f"not a valid CSV row: {exc}", line=line_no()) from None
     if not out:

@@ -22,21 +22,52 @@ TABLE_PREFIX = "t_"  # TorchRec table names; features keep the workload's names
 
 
 def parameter_constraints(plan: EmbeddingPlan, wl: EmbeddingWorkload) -> dict:
-    """The plan as TorchRec ParameterConstraints fields per table (JSON-ready).
-
-    `ranks` is paraplan's placement, which TorchRec's partitioner does not take as a
-    constraint; `apply_plan` below builds the ParameterSharding that pins it."""
+    """The plan as TorchRec `ParameterConstraints` keyword arguments per table (JSON-ready):
+    `ParameterConstraints(**v)` takes each, once `cache_params` is made `CacheParams(**...)`
+    (`load_constraints` does both). Constraints fix sharding type, kernel and column split,
+    not ranks: `placement` says where paraplan puts each shard."""
     tables = {t.name: t for t in wl.tables}
     out = {}
     for p in plan.placements:
         t = tables[p.table]
         c = {"sharding_types": [p.sharding.value], "compute_kernels": [p.kernel.value],
-             "pooling_factors": [t.pooling_factor], "ranks": list(p.ranks)}
+             "pooling_factors": [t.pooling_factor]}
         if p.sharding is ShardingType.COLUMN_WISE:
             c["min_partition"] = t.dim // len(p.ranks)
         if p.kernel is ComputeKernel.UVM_CACHING:
             c["cache_params"] = {"load_factor": p.cache_ratio}
         out[TABLE_PREFIX + p.table] = c
+    return out
+
+
+def placement(plan: EmbeddingPlan) -> dict:
+    """Per table, paraplan's ranks in shard order (column and table-row-wise shards), with its
+    sharding type, kernel and replicated hot-row share: what TorchRec's constraints cannot pin."""
+    return {TABLE_PREFIX + p.table: {"sharding_type": p.sharding.value, "compute_kernel": p.kernel.value,
+                                     "ranks": list(p.ranks), "cache_ratio": p.cache_ratio,
+                                     "hot_row_fraction": p.hot_row_fraction}
+            for p in plan.placements}
+
+
+def export_document(plan: EmbeddingPlan, wl: EmbeddingWorkload) -> dict:
+    """What `paraplan embeddings --export-torchrec` writes: TorchRec table names (the
+    workload's names prefixed `t_`, as TorchRec's DLRM examples name them; features keep
+    the workload's names), their ParameterConstraints and paraplan's placement."""
+    return {"world_size": plan.world_size, "table_name_prefix": TABLE_PREFIX,
+            "parameter_constraints": parameter_constraints(plan, wl), "placement": placement(plan)}
+
+
+def load_constraints(document: dict) -> dict:
+    """TorchRec `ParameterConstraints` objects from an exported document (needs TorchRec)."""
+    _torchrec()
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+    out = {}
+    for name, fields in document["parameter_constraints"].items():
+        c = dict(fields)
+        if "cache_params" in c:
+            c["cache_params"] = CacheParams(**c["cache_params"])
+        out[name] = ParameterConstraints(**c)
     return out
 
 
@@ -71,17 +102,10 @@ def _module(wl: EmbeddingWorkload):
 
 
 def _constraints(wl: EmbeddingWorkload, plan: EmbeddingPlan | None):
-    from torchrec.distributed.planner import ParameterConstraints
-    from torchrec.distributed.types import CacheParams
     fields = parameter_constraints(plan, wl) if plan is not None else {}
-    out = {}
-    for t in wl.tables:
-        c = dict(fields.get(TABLE_PREFIX + t.name, {"pooling_factors": [t.pooling_factor]}))
-        c.pop("ranks", None)
-        if "cache_params" in c:
-            c["cache_params"] = CacheParams(load_factor=c["cache_params"]["load_factor"])
-        out[TABLE_PREFIX + t.name] = ParameterConstraints(**c)
-    return out
+    return load_constraints({"parameter_constraints": {
+        TABLE_PREFIX + t.name: fields.get(TABLE_PREFIX + t.name, {"pooling_factors": [t.pooling_factor]})
+        for t in wl.tables}})
 
 
 def _quiet():
@@ -130,6 +154,11 @@ def price_with_torchrec(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: Clu
     return _rate(chosen, topo)
 
 
+def _uvm_caching_ratio() -> float:
+    from torchrec.distributed.planner.constants import UVM_CACHING_RATIO
+    return float(UVM_CACHING_RATIO)
+
+
 PROPOSERS = ("default", "search")
 
 
@@ -159,7 +188,10 @@ def torchrec_plan(wl: EmbeddingWorkload, cluster: ClusterSpec, world_size: int, 
     placements = []
     for o in best:
         ranks = tuple(s.rank for s in o.shards)
-        cache = o.cache_params.load_factor if (o.cache_params and o.cache_params.load_factor) else 0.0
+        cache = 0.0
+        if ComputeKernel(o.compute_kernel) is ComputeKernel.UVM_CACHING:
+            # no cache_params: TorchRec's planner sizes the cache at its UVM_CACHING_RATIO
+            cache = o.cache_params.load_factor if (o.cache_params and o.cache_params.load_factor) else _uvm_caching_ratio()
         placements.append(TablePlacement(table=o.name[len(TABLE_PREFIX):], sharding=ShardingType(o.sharding_type),
                                          ranks=ranks, kernel=ComputeKernel(o.compute_kernel), cache_ratio=cache))
     order = {t.name: i for i, t in enumerate(wl.tables)}
