@@ -10,7 +10,9 @@ import pytest
 from paraplan.errors import ParaplanError, SpecError
 from paraplan.inference.batching import simulate
 from paraplan.inference.deploy import AttentionSharding, EngineLimits, ServePlan, StoreDtype, Traffic
-from paraplan.inference.step import IterationModel, kv_share_per_gpu, serve_memory
+from paraplan.inference import step as step_module
+from paraplan.inference.step import (IterationModel, attention_gemms, kv_share_per_gpu, replicated_params_per_layer,
+                                     routed_experts, serve_memory)
 from paraplan.specs.catalog import load_cluster, load_model
 
 
@@ -158,3 +160,104 @@ def test_expert_buffering_trades_hbm_for_host_traffic(h100):
     assert t_hot == pytest.approx(t_full)  # every routed expert cached: no host traffic
     with pytest.raises(SpecError, match="expert_hit_rate"):
         ServePlan(expert_cache_fraction=0.5, expert_hit_rate=0.2)
+
+
+# ---- pipeline parallelism, MoE, MLA, admission --------------------------------------------
+
+def _lone_ttft_s(model, cluster, plan):
+    mem = serve_memory(model, cluster, plan, EngineLimits())
+    res = simulate(IterationModel(model, cluster, plan), Traffic(prompt_tokens=1024, output_tokens=8, num_requests=1),
+                   EngineLimits(), mem.kv_capacity_tokens)
+    return float(res.ttft_s[0])
+
+
+def test_pipeline_does_not_cut_a_lone_requests_latency(h100):
+    """One prompt is one sequence: it cannot split into p micro-batches, so it passes the p
+    stages in turn (Pope et al. 2022); its TTFT with PP is no less than without (same TP)."""
+    m = load_model("llama3-70b")
+    fp8 = dict(weight_dtype=StoreDtype.FP8, kv_dtype=StoreDtype.FP8)
+    for tp in (1, 2):
+        base = _lone_ttft_s(m, h100, ServePlan(tp=tp, **fp8))
+        for pp in (2, 4):
+            assert _lone_ttft_s(m, h100, ServePlan(tp=tp, pp=pp, **fp8)) >= base
+
+
+def test_pipeline_splits_a_batch_into_micro_batches_of_whole_sequences(llama8b, h100):
+    """4,096 decoding sequences run as 4 micro-batches of 1,024; a 4,096-token prompt is one
+    unit, so it passes the 4 stages whole and takes longer (compute-bound)."""
+    step = IterationModel(llama8b, h100, ServePlan(pp=4))
+    decode = step.time_s(0, 0.0, 4096, 0.0, 4096)
+    prompt = step.time_s(4096, 4096 * 2048.0, 0, 0.0, 1)
+    assert decode >= 4 * (step._linear(1024) + step.lm_head_s(1024))
+    assert prompt >= 4 * step._linear(4096) > decode
+
+
+def test_pipeline_keeps_the_lm_head_whole_in_the_last_stage(llama8b, h100, monkeypatch):
+    """The last stage runs the LM head of every micro-batch that passes it: with a 1-second
+    head, two micro-batches of 32 sequences take at least 2 s per iteration."""
+    step = IterationModel(llama8b, h100, ServePlan(pp=2))
+    monkeypatch.setattr(step, "lm_head_s", lambda rows: 1.0 if rows > 0 else 0.0)
+    assert step.time_s(0, 0.0, 64, 64 * 100.0, 64) >= 2.0
+
+
+def test_expert_parallel_inside_tp_needs_no_all_to_all(h100, monkeypatch):
+    """ep divides tp: every GPU holds all tokens, masks the experts it lacks and reduces
+    through the layer's all-reduce (vLLM, TensorRT-LLM): no all-to-all is costed."""
+    from paraplan.cost.comm import Collective
+    mix = load_model("mixtral-8x7b")
+    seen = []
+    real = step_module.collective_time_s
+
+    def spy(cluster, collective, *args, **kw):
+        seen.append(collective)
+        return real(cluster, collective, *args, **kw)
+    monkeypatch.setattr(step_module, "collective_time_s", spy)
+    for ep in (2, 8):
+        IterationModel(mix, h100, ServePlan(tp=8, ep=ep)).time_s(4096, 4096 * 2048.0, 0, 0.0, 1)
+    assert seen and Collective.ALL_TO_ALL not in seen
+
+
+@pytest.mark.parametrize("E,k", [(8, 2), (256, 8), (64, 6)])
+def test_routed_tokens_are_conserved(E, k):
+    """Uniform routing: the active experts share all T·k routed tokens, each at least one."""
+    for ep in (1, 4):
+        local = E / ep
+        for T in (1, 2, 7, 64, 5000):
+            active, per = routed_experts(T, E, k, local)
+            assert active * per == pytest.approx(local * T * k / E)
+            assert 0 < active <= local and per >= 1 - 1e-12
+
+
+def test_mla_attention_gemms_are_the_models_projections(h100):
+    """MLA's GEMMs are its low-rank projections (DeepSeek-V2 Sec. 2.1.2), not MHA's
+    (q + 2·kv)·h: on one GPU they hold ModelSpec.attn_params_per_layer less the two norms;
+    on t GPUs the down-projections stay whole and the rest splits."""
+    for name in ("deepseek-v3", "llama3-70b"):
+        m = load_model(name)
+        norms = m.q_lora_rank + m.kv_lora_rank
+        assert sum(n * k for n, k in attention_gemms(m, 1)) == m.attn_params_per_layer - norms
+        rep = replicated_params_per_layer(m)
+        split = (m.attn_params_per_layer - norms - rep) / 8
+        assert sum(n * k for n, k in attention_gemms(m, 8)) == pytest.approx(rep + split)
+    v3 = load_model("deepseek-v3")
+    assert replicated_params_per_layer(v3) == v3.hidden_size * (1536 + 512 + 64)
+
+
+def test_without_chunked_prefill_a_prompt_waits_until_it_fits_whole(llama8b, h100, monkeypatch):
+    """Chunked prefill off, prompt <= max_num_tokens: a prompt longer than the budget the
+    decode tokens leave waits for the next iterations instead of being split."""
+    plan = ServePlan()
+    limits = EngineLimits(max_num_tokens=1024, max_batch=256)
+    step = IterationModel(llama8b, h100, plan)
+    seen = []
+    real = step.time_s
+
+    def spy(P, pairs, D, read, rows, **kw):
+        seen.append((P, D))
+        return real(P, pairs, D, read, rows, **kw)
+    monkeypatch.setattr(step, "time_s", spy)
+    mem = serve_memory(llama8b, h100, plan, limits)
+    simulate(step, Traffic(prompt_tokens=1000, output_tokens=200, num_requests=100), limits, mem.kv_capacity_tokens)
+    assert all(P % 1000 == 0 for P, _ in seen)          # whole prompts only
+    assert all(P + D <= 1024 for P, D in seen)
+    assert sum(P for P, _ in seen) == 100 * 1000

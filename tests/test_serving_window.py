@@ -50,7 +50,7 @@ class _Recorder:
         self.model = model
         self.calls = []
 
-    def time_s(self, prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens, logit_rows):
+    def time_s(self, prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens, logit_rows, **chunks):
         self.calls.append((prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens))
         return 1e-3
 

@@ -6,9 +6,10 @@ and a waiting one joins at the next iteration. Admission (TensorRT-LLM's default
 GUARANTEED_NO_EVICT policy, vLLM without preemption) is first-come first-served while
 the batch has fewer than `max_batch` sequences and the KV cache can hold the newcomer's
 whole prompt + output (rounded up to KV pages). Each iteration carries at most
-`max_num_tokens` tokens; a prompt longer than the remaining budget waits for the next
-iteration, unless chunked prefill (Sarathi, Agrawal et al. 2023) splits it to fill the
-budget. Prompts longer than `max_num_tokens` are always chunked.
+`max_num_tokens` tokens, decode tokens included; a prompt longer than the budget they leave
+is not admitted until it fits whole (TensorRT-LLM's scheduler without chunked context),
+unless chunked prefill (Sarathi, Agrawal et al. 2023) splits it to fill the budget. Prompts
+longer than `max_num_tokens` are always chunked, one at a time.
 
 The loop is event-driven: the clock jumps from one iteration's end to the next, or to the
 next arrival when the replica is idle; iteration times come from step.IterationModel. No
@@ -152,7 +153,11 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
             if limits.chunked_prefill:
                 if pending >= budget:
                     break
-            elif prefilling and pending + isl > budget:
+            elif isl <= budget_cap:
+                # a whole prompt in one iteration: it waits until the decode tokens leave it room
+                if pending + isl > budget:
+                    break
+            elif prefilling:  # longer than any iteration: chunked, one prompt at a time
                 break
             prefilling.append([waiting.popleft(), 0])
             pending += isl
@@ -161,6 +166,7 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
         # this iteration's prefill chunks
         P = 0
         pairs = 0.0
+        chunks = largest = 0
         completing = []
         left = max(budget, 0)
         for entry in prefilling:
@@ -171,6 +177,8 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
             if c <= 0:
                 continue
             P += c
+            chunks += 1
+            largest = max(largest, c)
             pairs += window.prefill_pairs(d, c)
             left -= c
             entry[1] = d + c
@@ -178,11 +186,12 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
                 completing.append(r)
         D = num_decoding
         if P == 0 and D == 0:
-            # nothing fits this iteration (cannot happen: a prompt > budget is chunked)
+            # nothing fits this iteration (cannot happen: with no decode tokens the whole
+            # budget is free, and a prompt longer than it is chunked)
             raise AssertionError("serving simulation made no progress")
         max_conc = max(max_conc, len(prefilling) + D)
         read = (1.0 - window.share) * (ctx_sum + D) + window.share * (win_sum + growing)
-        dt = step.time_s(P, pairs, D, read, D + len(completing))
+        dt = step.time_s(P, pairs, D, read, D + len(completing), prefill_chunks=chunks, largest_chunk=largest)
         now += dt
         it += 1
         # decoding sequences each produced a token

@@ -89,9 +89,11 @@ def _plans(args, model, cluster):
     if not out:
         # name the pin that leaves nothing, with the values it can take given the other pins
         pins = {"tp": args.tp, "pp": args.pp, "ep": args.ep}
-        for key, value in pins.items():
-            if not value:
-                continue
+        # a value no plan has at all is the culprit before any pin it leaves without partners
+        order = sorted((k for k, v in pins.items() if v),
+                       key=lambda k: any(getattr(p, k) == pins[k] for p in plans))
+        for key in order:
+            value = pins[key]
             others = [p for p in plans if all(not v or getattr(p, k) == v for k, v in pins.items() if k != key)]
             allowed = sorted({getattr(p, key) for p in others})
             if value not in allowed:
@@ -151,12 +153,14 @@ def cmd_serve(args) -> int:
                  if args.sliding_window_kv else
                  "window; served as full attention, as TensorRT-LLM does by default (--sliding-window-kv: "
                  "the engine keeps only the window)"))
+    def tpot(x: float) -> str:
+        return _ms(x) if traffic.output_tokens > 1 else "-"   # one output token: no TPOT
     rows = []
     for e in res.ranked[:args.top]:
         rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
                      fmt_count(e.memory.kv_capacity_tokens),
                      str(max_sequences(model, e.memory, traffic, limits)),
-                     _ms(e.ttft_floor_s), _ms(e.tpot_floor_s),
+                     _ms(e.ttft_floor_s), tpot(e.tpot_floor_s),
                      f"{e.max_tokens_per_s_per_gpu:,.0f}", f"{e.slo_rate_rps:.2f}" if e.slo_rate_rps else "misses",
                      "-" if e.gpus_needed is None else str(e.gpus_needed), f"{e.usd_per_m_output_tokens:.2f}"])
     print(grid(["deployment (one replica)", "GPUs", "weights GiB/GPU", "KV tokens", "max seqs", "TTFT₁ ms", "TPOT₁ ms",
@@ -168,17 +172,22 @@ def cmd_serve(args) -> int:
         r = best.at_rate
         print(f"\nbest: {best.replicas_needed} × [{best.plan.describe()}] = {best.gpus_needed} GPUs at "
               f"{traffic.rate_rps:g} req/s:")
+        def stats(name: str) -> list[str]:
+            values = getattr(r, name)
+            if not len(values):  # TPOT of one-token outputs: there is no second token
+                return ["-"] * 4
+            return [_ms(r.percentile(name, q)) for q in (50, 90, 99)] + [_ms(values.mean())]
         print(grid(["", "p50", "p90", "p99", "mean"], [
-            ["TTFT ms"] + [_ms(r.percentile("ttft_s", q)) for q in (50, 90, 99)] + [_ms(r.ttft_s.mean())],
-            ["TPOT ms"] + [_ms(r.percentile("tpot_s", q)) for q in (50, 90, 99)] + [_ms(r.tpot_s.mean())],
-            ["e2e ms"] + [_ms(r.percentile("e2e_s", q)) for q in (50, 90, 99)] + [_ms(r.e2e_s.mean())]], align="lrrrr"))
-        print(f"goodput (requests within both targets): {best.replicas_needed * r.goodput_rps(traffic.ttft_target_s, traffic.tpot_target_s):.2f} "
-              f"of {best.replicas_needed * r.requests_per_s:.2f} req/s")
+            ["TTFT ms"] + stats("ttft_s"), ["TPOT ms"] + stats("tpot_s"), ["e2e ms"] + stats("e2e_s")], align="lrrrr"))
+        reps = best.replicas_needed
+        print(f"goodput (requests within both targets): {reps * r.goodput_rps(traffic.ttft_target_s, traffic.tpot_target_s):.2f} "
+              f"req/s of {reps * r.requests_per_s:.2f} req/s completed (requests / first arrival to last "
+              f"completion; offered {traffic.rate_rps:g} req/s)")
         if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
             print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
     print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
     print(grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
-               [[e.plan.describe(), _ms(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],
+               [[e.plan.describe(), tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],
                align="lrr"))
     if res.rejected:
         print(f"\n{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}")

@@ -8,7 +8,8 @@ An iteration of iteration-level batching (Orca, Yu et al. OSDI'22; vLLM; TensorR
 in-flight batching) runs every linear layer once over all T tokens: the weights are read
 from HBM once per iteration, which is why decode is memory-bound until T reaches the GPU's
 FLOP/byte ratio (Pope et al. Sec. 2.2). Attention is per sequence: prefill chunks do
-4·c·(c/2 + past)·a·d FLOPs (causal), each decoding sequence reads its whole KV cache.
+2·c·(c/2 + past)·(a·d + a·d_v) FLOPs (causal; 4·c·(c/2 + past)·a·d without MLA), each
+decoding sequence reads its whole KV cache.
 Every kernel is a roofline (cost/roofline.py conventions): max(FLOPs / achieved FLOP/s,
 bytes / achieved HBM bandwidth) + a launch overhead; tensor parallelism adds two
 all-reduces of T·h activations per layer (Shoeybi et al. 2019), costed by cost/comm.py.
@@ -129,6 +130,34 @@ def body_params_per_layer(model: ModelSpec) -> float:
     return (model.num_params - model.embedding_params - model.lm_head_params) / model.num_layers
 
 
+def attention_gemms(model: ModelSpec, t: int) -> list[tuple[float, float]]:
+    """The attention projections of one layer as (n, k) GEMMs on one of t GPUs.
+
+    MHA/GQA (Shoeybi et al. 2019): fused QKV (q_dim + 2·k·d)/t × h, output h × q_dim/t.
+    MLA (DeepSeek-V2 Sec. 2.1.2, the shapes of ModelSpec.attn_params_per_layer): the
+    down-projections W_DQ, W_DKV and W_KR run whole on every GPU (vLLM's replicated
+    `fused_qkv_a_proj`, TensorRT-LLM's `fused_a`); W_UQ, W_UK/W_UV and the output split by
+    heads. Decode's absorbed form multiplies by the same W_UK/W_UV, so it reads the same bytes.
+    """
+    h = model.hidden_size
+    if not model.is_mla:
+        return [((model.q_dim + 2 * model.num_kv_heads * model.head_dim) / t, h), (h, model.q_dim / t)]
+    rq, rkv, dr = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
+    d_nope, d_v = model.head_dim - dr, model.v_head_dim or model.head_dim
+    if rq:
+        gemms = [(rq + rkv + dr, h), (model.q_dim / t, rq)]
+    else:  # full-rank query projection, split by heads
+        gemms = [(rkv + dr, h), (model.q_dim / t, h)]
+    return gemms + [(model.num_heads * (d_nope + d_v) / t, rkv), (h, model.v_dim / t)]
+
+
+def replicated_params_per_layer(model: ModelSpec) -> float:
+    """Weights every tensor-parallel GPU holds whole: MLA's down-projections (attention_gemms)."""
+    if not model.is_mla:
+        return 0.0
+    return model.hidden_size * ((model.q_lora_rank or 0) + model.kv_lora_rank + model.qk_rope_head_dim)
+
+
 def kv_share_per_gpu(model: ModelSpec, plan: ServePlan) -> float:
     """Fraction of a token's KV that one of the t GPUs stores.
 
@@ -151,7 +180,8 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     layers_per_stage = math.ceil(model.num_layers / p)
     body = body_params_per_layer(model)
     ends = max(model.embedding_params + (model.lm_head_params if p == 1 else 0), model.lm_head_params)
-    weights = (body * layers_per_stage + ends) / t * wb
+    replicated = replicated_params_per_layer(model) * layers_per_stage * (1.0 - 1.0 / t)
+    weights = ((body * layers_per_stage + ends) / t + replicated) * wb
     host = 0.0
     if model.is_moe and plan.expert_cache_fraction < 1.0:
         # expert buffering (Huang et al. 2023): every expert in host memory, a share c cached in HBM
@@ -171,6 +201,19 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     return ServeMemory(weights_bytes=weights, workspace_bytes=workspace, reserved_bytes=gpu.reserved_bytes,
                        kv_cache_bytes=kv_cache, hbm_bytes=gpu.hbm_bytes, kv_bytes_per_token=per_token,
                        kv_capacity_tokens=capacity, host_bytes=host)
+
+
+def routed_experts(T: int, E: int, k: int, local_experts: float) -> tuple[float, float]:
+    """(experts of `local_experts` that get a token, tokens each gets) when T tokens each pick
+    k of E experts uniformly (dropless, "dynamic gating" of Huang et al. 2023).
+
+    An expert gets none of the T tokens with probability (1 − k/E)^T; the T·k/E tokens an
+    expert expects are shared by the active ones, so active × tokens = local_experts·T·k/E.
+    """
+    p_active = 1.0 - (1.0 - k / E) ** T
+    if p_active <= 0.0:
+        return 0.0, 0.0
+    return local_experts * p_active, T * k / E / p_active
 
 
 class IterationModel:
@@ -206,8 +249,7 @@ class IterationModel:
         t = plan.tp
         h = model.hidden_size
         # GEMMs of one layer as (n, k) of the T×k · k×n product on one GPU
-        self.dense_gemms = [((model.q_dim + 2 * model.num_kv_heads * model.head_dim) / t, h),
-                            (h, model.q_dim / t)]
+        self.dense_gemms = attention_gemms(model, t)
         f = model.ffn_hidden_size
         mlp = [((model.num_mlp_matrices - 1) * f / t, h), (h, f / t)]
         self.mlp_gemms = mlp
@@ -234,10 +276,7 @@ class IterationModel:
         t, ep = self.plan.tp, self.plan.ep
         E, k, fe = m.num_experts, m.top_k, m.moe_ffn_hidden_size
         split = t // ep
-        local_experts = E / ep
-        # experts that receive at least one of the T·k routed tokens (uniform routing)
-        active = local_experts * (1.0 - (1.0 - k / E) ** T)
-        tokens_per_expert = T * k / E
+        active, tokens_per_expert = routed_experts(T, E, k, E / ep)
         in_n, out_k = (m.num_mlp_matrices - 1) * fe / split, fe / split
         h = m.hidden_size
         s = 0.0
@@ -251,9 +290,10 @@ class IterationModel:
             fs = m.shared_expert_ffn_hidden_size
             s += self._gemm_s(T, (m.num_mlp_matrices - 1) * fs / t, h) + self._gemm_s(T, h, fs / t)
         s += self._gemm_s(T, E, h)  # router
-        if ep > 1:  # dispatch and combine all-to-alls of the routed tokens inside the node
-            a2a = T * k * h * ACT_BYTES
-            s += 2 * float(collective_time_s(self.cluster, Collective.ALL_TO_ALL, a2a, ep, 1))
+        # No all-to-all: ep divides t, and with attention split over the t GPUs every GPU
+        # holds all T tokens; it runs its local experts on the tokens routed to them and the
+        # layer's TP all-reduce sums the partial outputs (vLLM's expert_map, TensorRT-LLM's
+        # MoE EP inside the TP group).
         return s
 
     def _linear_s(self, T: int) -> float:
@@ -281,7 +321,9 @@ class IterationModel:
         L = self.layers_per_stage
         s = 0.0
         if prefill_pairs > 0:
-            flops = 4.0 * prefill_pairs * m.q_dim * self.attn_heads_share
+            # 2 FLOPs per multiply-add for QKᵀ (width a·d) and for PV (width a·d_v; MLA's
+            # d_v = 128 < d = 192): 4·pairs·a·d without MLA
+            flops = 2.0 * prefill_pairs * (m.q_dim + m.v_dim) * self.attn_heads_share
             s += flops / (self.peak16 * self.attn_curve.at(flops) * self.gpu.sustained_compute_ratio)
         if decode_ctx_tokens > 0:
             s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
@@ -298,9 +340,19 @@ class IterationModel:
         return self._gemm_s(rows, m.vocab_size / self.plan.tp, m.hidden_size)
 
     def time_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens: float,
-               logit_rows: int) -> float:
-        """Iteration time of one replica. With p > 1 stages the batch runs as p micro-batches
-        in flight, so every sequence advances one step per p stage-times of 1/p of the batch."""
+               logit_rows: int, *, prefill_chunks: int | None = None, largest_chunk: int | None = None) -> float:
+        """Iteration time of one replica: every sequence advances one step (a prompt chunk or
+        one decoded token). `prefill_chunks` prompts are being prefilled, the longest chunk
+        `largest_chunk` tokens (default: all prefill tokens are one prompt's chunk).
+
+        With p > 1 stages the batch runs as m ≤ p micro-batches of whole sequences (a chunk is
+        not split; GPipe, Huang et al. 2019; vLLM/TensorRT-LLM pipeline parallelism), each
+        slot sized by the largest micro-batch, Tm = max(longest chunk, ⌈T/m⌉) tokens. A cyclic
+        pipeline turns once per max(round trip, m × bottleneck slot): the round trip is p stage
+        times + the LM head + (p−1) activation hops, so a lone request gains nothing from PP
+        (Pope et al. 2022); the bottleneck stage is the last (stage + its whole LM
+        head) or a middle one (stage + its send).
+        """
         T = prefill_tokens + decode_seqs
         if T <= 0:
             return 0.0
@@ -308,7 +360,14 @@ class IterationModel:
         if p == 1:
             return (self._linear(T) + self.attention_s(prefill_pairs, decode_ctx_tokens)
                     + self.lm_head_s(logit_rows))
-        Tm = max(1, math.ceil(T / p))
-        stage = (self._linear(Tm) + self.attention_s(prefill_pairs / p, decode_ctx_tokens / p)
-                 + self.lm_head_s(math.ceil(logit_rows / p)) / p)
-        return p * (stage + self._hop(Tm))
+        if prefill_chunks is None:
+            prefill_chunks = 1 if prefill_tokens > 0 else 0
+        if largest_chunk is None:
+            largest_chunk = prefill_tokens if prefill_chunks <= 1 else math.ceil(prefill_tokens / prefill_chunks)
+        m = max(1, min(p, prefill_chunks + decode_seqs))
+        Tm = min(T, max(largest_chunk, 1, math.ceil(T / m)))
+        share = Tm / T   # of the attention work and the sampled rows, in the largest micro-batch
+        stage = self._linear(Tm) + self.attention_s(prefill_pairs * share, decode_ctx_tokens * share)
+        head = self.lm_head_s(-(-logit_rows * Tm // T))
+        hop = self._hop(Tm)
+        return max(p * stage + head + (p - 1) * hop, m * (stage + max(head, hop)))
