@@ -54,6 +54,8 @@ PLANS = {
                          tp_overlap=True), {Engine.TORCHTITAN, Engine.MEGATRON}),
     "autotp-zero2-offload": (plan(tp=2, dp=8, zero=ZeroStage.GRADIENTS, offload_optimizer=True, micro_batch_size=4),
                              {Engine.DEEPSPEED}),
+    "tp2-zero1-offload": (plan(tp=2, dp=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER, offload_optimizer=True),
+                          {Engine.MEGATRON}),
     "pp4-1f1b-first-k": (plan(tp=4, pp=4, dp=1, sequence_parallel=True, recompute=Recompute.FIRST_K,
                               recompute_num_layers=4), {Engine.MEGATRON}),
     "pp2-gpipe-fsdp": (plan(pp=2, dp=8, micro_batch_size=2, schedule=Schedule.GPIPE, zero=ZeroStage.PARAMETERS),
@@ -66,7 +68,16 @@ PLANS = {
     "tp8-pp2-dp1": (plan(tp=8, pp=2, dp=1, sequence_parallel=True, zero=ZeroStage.PARAMETERS), {Engine.MEGATRON}),
     "pp2-bfs-vp2-cp2": (plan(pp=2, dp=4, cp=2, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS,
                              cp_comm_type=CPCommType.ALL_GATHER), {Engine.TORCHTITAN}),
-    "tp2-cp4-ring": (plan(tp=2, cp=4, dp=2, sequence_parallel=True), {Engine.TORCHTITAN, Engine.MEGATRON}),
+    # torchtitan shards over dp_shard × CP whenever CP > 1 (ParallelDims.fsdp_enabled): no ZeRO-0 with CP
+    "tp2-cp4-ring": (plan(tp=2, cp=4, dp=2, sequence_parallel=True), {Engine.MEGATRON}),
+    "tp2-cp4-ring-zero3": (plan(tp=2, cp=4, dp=2, sequence_parallel=True, zero=ZeroStage.PARAMETERS),
+                           {Engine.TORCHTITAN, Engine.MEGATRON}),
+    "tp2-cp2-allgather-zero2": (plan(tp=2, cp=2, dp=4, sequence_parallel=True, zero=ZeroStage.GRADIENTS,
+                                     cp_comm_type=CPCommType.ALL_GATHER), {Engine.TORCHTITAN, Engine.MEGATRON}),
+    # torch's multi-stage schedules need 2+ stages per rank (torchtitan pipeline_parallel.py)
+    "pp2-bfs-vp1": (plan(pp=2, dp=8, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS), set()),
+    # torch's Schedule1F1B needs micro-batches >= stages: 64 / (4 × 8) = 2 < PP 4
+    "pp4-1f1b-m2": (plan(pp=4, dp=4, micro_batch_size=8, zero=ZeroStage.PARAMETERS), {Engine.MEGATRON}),
     "cp2-ulysses": (plan(cp=2, dp=8, cp_comm_type=CPCommType.A2A), {Engine.MEGATRON}),
     "ddp-mb8": (plan(micro_batch_size=4), {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
 }
@@ -201,6 +212,9 @@ def test_torchtitan_03_parses_the_overrides(name):
 # --------------------------------------------------------------------- Megatron-LM
 # Megatron-LM megatron/training/arguments.py (core_r0.16): the flags exported here and
 # whether each takes a value.
+# Transformer Engine 2.x attention/dot_product_attention/context_parallel.py (and
+# Megatron-Core TransformerConfig.cp_comm_type's docstring): the CP exchanges it runs.
+TE_CP_COMM_TYPES = {"p2p", "all_gather", "a2a", "a2a+p2p"}
 MEGATRON_FLAGS = {
     "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
     "--seq-length": int, "--max-position-embeddings": int, "--position-embedding-type": str,
@@ -212,7 +226,7 @@ MEGATRON_FLAGS = {
     "--num-experts": int, "--moe-router-topk": int, "--moe-ffn-hidden-size": int, "--moe-layer-freq": str,
     "--moe-token-dispatcher-type": str, "--moe-grouped-gemm": bool, "--moe-shared-expert-intermediate-size": int,
     "--moe-expert-capacity-factor": float, "--moe-pad-expert-input-to-capacity": bool,
-    "--overlap-moe-expert-parallel-comm": bool,
+    "--overlap-moe-expert-parallel-comm": bool, "--moe-shared-expert-overlap": bool,
     "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
     "--cp-comm-type": str, "--num-layers-per-virtual-pipeline-stage": int, "--sequence-parallel": bool,
     "--tp-comm-overlap": bool, "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int,
@@ -222,7 +236,8 @@ MEGATRON_FLAGS = {
     "--fp8-recipe": str,
     "--use-distributed-optimizer": bool, "--use-megatron-fsdp": bool, "--data-parallel-sharding-strategy": str,
     "--num-distributed-optimizer-instances": int, "--overlap-grad-reduce": bool, "--overlap-param-gather": bool,
-    "--optimizer-cpu-offload": bool, "--optimizer-offload-fraction": float,
+    "--optimizer-cpu-offload": bool, "--optimizer-offload-fraction": float, "--use-precision-aware-optimizer": bool,
+    "--accumulate-allreduce-grads-in-fp32": bool,
     "--bf16": bool, "--fp16": bool, "--fp8-format": str, "--attention-backend": str,
 }
 
@@ -251,7 +266,10 @@ def megatron_args(text: str) -> dict:
 def check_megatron(p, a: dict) -> None:
     assert a["tensor_model_parallel_size"] == p.tp and a["pipeline_model_parallel_size"] == p.pp
     assert a["context_parallel_size"] == p.cp
-    assert a.get("cp_comm_type", "p2p") == str(p.cp_comm_type)
+    # Transformer Engine's names (context_parallel.py raises "Unsupported communication type")
+    assert a.get("cp_comm_type", "p2p") in TE_CP_COMM_TYPES
+    assert a.get("cp_comm_type", "p2p") == {CPCommType.P2P: "p2p", CPCommType.ALL_GATHER: "all_gather",
+                                            CPCommType.A2A: "a2a"}[p.cp_comm_type]
     assert a.get("sequence_parallel", False) == p.sequence_parallel
     assert a.get("tp_comm_overlap", False) == p.tp_overlap
     assert a["micro_batch_size"] == p.micro_batch_size and a["global_batch_size"] == WL.global_batch_size
@@ -262,12 +280,15 @@ def check_megatron(p, a: dict) -> None:
                   Recompute.MODULES: ("selective", None, None), Recompute.FULL: ("full", "uniform", 1),
                   Recompute.FIRST_K: ("full", "block", p.recompute_num_layers // p.vp)}[p.recompute]
     assert "recompute_modules" not in a  # module recomputation: MoE/MLA models (test below)
+    # Megatron-FSDP reduce-scatters only with the distributed optimizer (its DDP config)
     zero = {(False, None): ZeroStage.NONE, (True, None): ZeroStage.OPTIMIZER,
-            (False, "optim_grads"): ZeroStage.GRADIENTS, (False, "optim_grads_params"): ZeroStage.PARAMETERS}
+            (True, "optim_grads"): ZeroStage.GRADIENTS, (True, "optim_grads_params"): ZeroStage.PARAMETERS}
     assert zero[(a.get("use_distributed_optimizer", False), a.get("data_parallel_sharding_strategy"))] is p.zero
     assert p.dp // a.get("num_distributed_optimizer_instances", 1) == p.dp_shard
     assert a.get("overlap_grad_reduce", False) == p.dp_overlap
     assert a.get("optimizer_cpu_offload", False) == p.offload_optimizer
+    # offloaded fp32 main parameters: the precision-aware path (else they stay on the GPU)
+    assert a.get("use_precision_aware_optimizer", False) == p.offload_optimizer
     # Megatron derives DP from the world size the launcher starts
     nodes, per_node = (int(x.split("=")[1]) for x in a["_launch"])
     assert nodes * per_node // (p.tp * p.pp * p.cp) == p.dp
@@ -288,7 +309,7 @@ def test_megatron_arguments_match_plan(name):
 
 @pytest.mark.skipif(not installed("megatron.core"), reason="megatron-core not installed")
 @pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.MEGATRON] + ["moe"])
-def test_megatron_core_accepts_the_arguments(name):
+def test_megatron_core_accepts_the_arguments(name, monkeypatch):
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer.enums import AttnBackend
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -338,8 +359,21 @@ def test_megatron_core_accepts_the_arguments(name):
         overlap_grad_reduce=a.get("overlap_grad_reduce", False), overlap_param_gather=a.get("overlap_param_gather", False),
         use_megatron_fsdp=a.get("use_megatron_fsdp", False),
         data_parallel_sharding_strategy=a.get("data_parallel_sharding_strategy", "no_shard"),
-        num_distributed_optimizer_instances=a.get("num_distributed_optimizer_instances", 1))
-    assert ddp.overlap_grad_reduce == p.dp_overlap
+        num_distributed_optimizer_instances=a.get("num_distributed_optimizer_instances", 1),
+        # validate_args: fp32 accumulation and reduction for bf16, or where the flag asks
+        grad_reduce_in_fp32=a.get("bf16", False) or a.get("accumulate_allreduce_grads_in_fp32", False))
+    assert ddp.overlap_grad_reduce == p.dp_overlap and ddp.grad_reduce_in_fp32 == p.grad_reduce_fp32
+    # megatron/training/training.py builds the OptimizerConfig from the same arguments; its
+    # precision-aware path asks for Transformer Engine >= 2.1 (a GPU install has it) after
+    # asserting Adam and the distributed optimizer
+    import megatron.core.optimizer.optimizer_config as occ
+    from megatron.core.optimizer import OptimizerConfig
+    monkeypatch.setattr(occ, "is_te_min_version", lambda *a, **k: True)
+    OptimizerConfig(optimizer="adam", bf16=a.get("bf16", False), fp16=a.get("fp16", False),
+                    use_distributed_optimizer=a.get("use_distributed_optimizer", False),
+                    use_precision_aware_optimizer=a.get("use_precision_aware_optimizer", False),
+                    optimizer_cpu_offload=a.get("optimizer_cpu_offload", False),
+                    optimizer_offload_fraction=a.get("optimizer_offload_fraction", 0.0))
 
 
 # --------------------------------------------------------------------- DeepSpeed
@@ -353,9 +387,10 @@ DEEPSPEED_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "offload
 def check_deepspeed(p, cfg: dict) -> None:
     dp = p.num_gpus // p.tp  # DeepSpeed's data-parallel size under AutoTP
     assert dp == p.dp
-    assert cfg["train_batch_size"] == WL.global_batch_size
     assert cfg["train_micro_batch_size_per_gpu"] == p.micro_batch_size
-    assert cfg["train_batch_size"] == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
+    assert WL.global_batch_size == cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp
+    # without an mpu DeepSpeedConfig counts all ranks as data parallel: no train_batch_size under AutoTP
+    assert cfg.get("train_batch_size") == (WL.global_batch_size if p.tp == 1 else None)
     z = cfg["zero_optimization"]
     assert z["stage"] == int(str(p.zero)) and z["overlap_comm"] == p.dp_overlap
     assert ("offload_optimizer" in z) == p.offload_optimizer
@@ -378,18 +413,21 @@ def test_deepspeed_config_loads(name, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
     import deepspeed.runtime.config as dsc
     p, res = exported(name, Engine.DEEPSPEED)
-    # DeepSpeedConfig asks the process group for its rank first; give it rank 0 and the
-    # plan's data-parallel size through an mpu, as a launched job would have.
+    # deepspeed.initialize() for the launcher line builds DeepSpeedConfig(config, mpu=None):
+    # rank and world size come from the process group, every rank the launcher starts
+    # (AutoTP makes its TP group later, in the engine)
+    nodes, per_node = (int(x) for x in res.launcher.split()[2:5:2])
     monkeypatch.setattr(dsc.dist, "get_rank", lambda *a, **k: 0)
-    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: p.dp)
-    c = dsc.DeepSpeedConfig(json.loads(res.text), mpu=mpu)
-    assert c.train_batch_size == WL.global_batch_size and c.train_micro_batch_size_per_gpu == p.micro_batch_size
+    monkeypatch.setattr(dsc.dist, "get_world_size", lambda *a, **k: nodes * per_node)
+    c = dsc.DeepSpeedConfig(json.loads(res.text))
+    assert c.world_size == p.num_gpus and c.train_micro_batch_size_per_gpu == p.micro_batch_size
     assert c.gradient_accumulation_steps == WL.global_batch_size // (p.dp * p.micro_batch_size)
+    assert c.train_batch_size == WL.global_batch_size * p.tp  # its count: TP ranks as data parallel
     assert c.zero_optimization_stage == int(str(p.zero)) and c.bfloat16_config.enabled
     assert c.tensor_parallel_config.autotp_size == (p.tp if p.tp > 1 else 0)
     assert (c.zero_config.offload_optimizer is not None) == p.offload_optimizer
-    with pytest.raises(AssertionError):  # the same check catches a wrong batch
-        dsc.DeepSpeedConfig(dict(json.loads(res.text), train_batch_size=WL.global_batch_size + p.dp), mpu=mpu)
+    with pytest.raises(AssertionError):  # the same check catches a wrong batch (the global batch under TP)
+        dsc.DeepSpeedConfig(dict(json.loads(res.text), train_batch_size=WL.global_batch_size + p.dp * (p.tp == 1)))
 
 
 # --------------------------------------------------------------------- refusals and CLI
@@ -415,9 +453,10 @@ def test_unfused_adam_is_refused_since_every_config_steps_fused_adam(engine, cap
 
 
 def test_cp_exchange_per_engine():
-    """Megatron names the exchange itself; torchtitan 0.2 has ring (alltoall rotation) and
-    all-gather but no Ulysses, and 0.3 the all-gather only; DeepSpeed's JSON has no CP."""
-    ring, _ = PLANS["tp2-cp4-ring"]
+    """Megatron names the exchange itself (Transformer Engine's names); torchtitan 0.2 has ring
+    (alltoall rotation) and all-gather but no Ulysses, and 0.3 the all-gather only;
+    DeepSpeed's JSON has no CP."""
+    ring, _ = PLANS["tp2-cp4-ring-zero3"]
     cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(ring), MODEL, WL)
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "alltoall"
     assert torchtitan.cli_overrides_v03(cfg, MODEL) is None  # 0.3 cannot rotate by all-to-all
@@ -431,6 +470,8 @@ def test_cp_exchange_per_engine():
         torchtitan.job_config(torchtitan.SUPPORT.adapt(replace(ring, cp_comm_type=CPCommType.A2A)), MODEL, WL)
     text = megatron.export(megatron.SUPPORT.adapt(PLANS["cp2-ulysses"][0]), MODEL, CLUSTER, WL).text
     assert "--cp-comm-type a2a" in text
+    text = megatron.export(megatron.SUPPORT.adapt(gather), MODEL, CLUSTER, WL).text
+    assert "--cp-comm-type all_gather" in text  # TE raises on "allgather"
 
 
 def test_precision_limits():
@@ -486,7 +527,8 @@ def test_cli_without_plan_flags_exports_the_best_plan_the_engine_runs(capsys, en
     assert d["plan_source"] == "search" and d["predicted_step_time_s"] > 0
     if engine is Engine.DEEPSPEED:
         cfg = json.loads(d["text"])
-        assert cfg["train_batch_size"] == 64
+        dp = 16 // cfg.get("tensor_parallel", {"autotp_size": 1})["autotp_size"]
+        assert cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"] * dp == 64
     elif engine is Engine.TORCHTITAN:
         assert tomllib.loads(d["text"])["training"]["seq_len"] == 4096
     else:

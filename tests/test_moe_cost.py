@@ -206,3 +206,39 @@ def test_ep_overlap_hides_each_all_to_all_only_behind_its_partner_block():
     assert fwd["EP all-to-all"] + bwd["EP all-to-all"] < layer_compute  # a whole-layer window would hide all
     floor = over.num_microbatches * MOE.num_layers * (combine_bwd - attn_fwd)
     assert over.time.ep_comm_s >= floor * (1 - 1e-9) > 0
+
+
+def test_imbalance_needs_expert_parallelism():
+    # with every expert on the rank (EP = 1) a dropless layer runs exactly its own copies
+    c = _cluster()
+    one = _plan(ep=1)
+    assert (estimate(MOE, c, replace(WL, moe_imbalance=1.5), one).step_time_s
+            == pytest.approx(estimate(MOE, c, WL, one).step_time_s))
+    assert estimate(MOE, c, replace(WL, moe_imbalance=1.5), _plan(ep=2)).step_time_s > estimate(
+        MOE, c, WL, _plan(ep=2)).step_time_s
+
+
+def test_hsdp_shards_experts_within_a_replica():
+    # ZeRO-3 with 8-rank shard groups over DP 16: dense states over 8 ranks, the experts'
+    # over EDP/R = (16/2)/2 = 4 ranks, not over the whole EDP of 8
+    c = _cluster()
+    full = estimate(MOE, c, WL, _plan(ep=2, zero=ZeroStage.PARAMETERS))
+    hsdp = estimate(MOE, c, WL, _plan(ep=2, zero=ZeroStage.PARAMETERS, dp_shard=8))
+    e_params = MOE.expert_params / 2  # this rank's EP shard
+    dense = MOE.layer_params - MOE.expert_params + MOE.embedding_params + MOE.lm_head_params + MOE.hidden_size
+    assert hsdp.memory.optimizer_bytes == pytest.approx(12 * (dense / 8 + e_params / 4), rel=0.02)
+    assert full.memory.optimizer_bytes == pytest.approx(12 * (dense / 16 + e_params / 8), rel=0.02)
+    # the experts must shard within a replica: EP 16 does not divide an 8-rank shard group
+    rej = check_plan(_plan(ep=16, zero=ZeroStage.PARAMETERS, dp_shard=8), MOE, c, WL)
+    assert rej is not None and "under HSDP" in rej.reason
+
+
+def test_shared_experts_hide_the_all_to_all_only_on_megatron():
+    shared = replace(MOE, shared_expert_ffn_hidden_size=2048)
+    c = _cluster()
+    fused = estimate(shared, c, WL, _plan())
+    eager = estimate(shared, c, WL, _plan(fused_kernels=False))
+    assert fused.time.ep_comm_s < eager.time.ep_comm_s
+    from paraplan.export.megatron import arguments
+    assert "--moe-shared-expert-overlap" in " ".join(map(str, arguments(_plan(), shared, WL)))
+    assert "--moe-shared-expert-overlap" not in " ".join(map(str, arguments(_plan(), MOE, WL)))

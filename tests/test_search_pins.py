@@ -62,3 +62,36 @@ def test_a_count_past_the_limit_is_a_one_line_error(capsys):
     # the plan space enumerates divisors of the count: 10^19 GPUs once hung the search
     code, out, err = run(capsys, "search", "--gpus", "10000000000000000000")
     assert code == 2 and "num_gpus" in err and "at most 100,000,000" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sequence_parallel_needs_tp_to_divide_the_sequence(capsys):
+    # Megatron scatters each CP rank's sequence over TP: 4100 tokens do not split 8 ways
+    line = assert_user_error(main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--tp", "8", "--sp",
+                                   "--seq", "4100", "--batch", "8"]), *capsys.readouterr())
+    assert "sequence parallelism" in line and "4100" in line
+    assert main(["search", "--model", "llama3-8b", "--gpus", "16", "--seq", "4100", "--batch", "64",
+                 "--tp", "4", "--cp", "2", "--json"]) == 0
+    import json
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert ranked and all(not p["plan"]["sequence_parallel"] for p in ranked)  # 2050 per CP rank, odd over 4
+
+
+def test_no_plan_repeats_another_with_a_zero_stage_that_shards_nothing(capsys):
+    # one data-parallel rank: ZeRO-1/2/3 equal ZeRO-0 for a dense model; shown once
+    import json
+    assert main(["search", "--model", "gpt3-175b", "--gpus", "128", "--batch", "32", "--seq", "2048", "--pp", "16",
+                 "--top", "20", "--json"]) == 0
+    ranked = json.loads(capsys.readouterr().out)["ranked"]
+    assert all(p["plan"]["zero"] in (0, "none", "0") or p["plan"]["dp"] * p["plan"]["cp"] > 1 for p in ranked)
+
+
+def test_offload_needs_a_sharded_optimizer(capsys):
+    line = assert_user_error(main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--zero", "0", "--offload"]),
+                             *capsys.readouterr())
+    assert "offload" in line and "ZeRO" in line
+
+
+def test_top_above_the_resimulated_count_is_honoured(capsys):
+    import json
+    assert main(BASE + ["--top", "100", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["ranked"]) == 100

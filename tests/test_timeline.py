@@ -7,7 +7,7 @@ import json
 import pytest
 
 from paraplan.plan.axes import Schedule
-from paraplan.report.timeline import DETAIL_TID, TASK_TID, chrome_trace
+from paraplan.report.timeline import DETAIL_TID, STEP_TID, TASK_TID, chrome_trace
 from paraplan.sim.engine import StageCosts, simulate
 from paraplan.sim.schedules import Phase, build_schedule
 
@@ -109,3 +109,21 @@ def test_detail_is_asked_once_per_rank_chunk_phase(result):
     chrome_trace(result, task_detail=counting)
     assert sorted(calls) == sorted({(r, c, ph) for r in range(P) for c in range(V)
                                     for ph in (Phase.FORWARD, Phase.BACKWARD)})
+
+
+def test_work_after_the_pipeline_follows_the_step_on_every_rank(result):
+    after = [("DP all-reduce", 2e-3, "comm", {}), ("optimizer step", 1e-3, "optimizer", {"kernels": 4})]
+    trace = chrome_trace(result, task_detail=detail, after=after)
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert all(threads[(r, STEP_TID)] == "after the pipeline" for r in range(P))
+    end_us = result.step_time_s * 1e6
+    for rank in range(P):
+        ops = slices(trace, pid=rank, tid=STEP_TID)
+        assert [op["name"] for op in ops] == ["DP all-reduce", "optimizer step"]
+        assert ops[0]["ts"] == pytest.approx(end_us) and ops[0]["dur"] == pytest.approx(2e3)  # not scaled
+        assert ops[1]["ts"] == pytest.approx(end_us + 2e3) and ops[1]["args"] == {"kernels": 4}
+        # the pipeline's own tracks still end at the simulated step
+        assert max(e["ts"] + e["dur"] for e in slices(trace, pid=rank, tid=TASK_TID)) == pytest.approx(end_us)
+    assert not slices(chrome_trace(result), tid=STEP_TID)
+    with pytest.raises(ValueError, match="after: sub-operation"):
+        chrome_trace(result, after=[("x", -1.0, "comm", {})])

@@ -78,3 +78,13 @@ def test_zero_bubble_h1_bubble_closed_form(f, b, w, p, m):
     # holds exactly when m >= p and T_W <= min(T_F, T_B); a larger T_W leaves more bubble.
     zb = bubble(Schedule.ZERO_BUBBLE, p, m, 1, f, b, w)
     assert zb.bubble_s == ((p - 1) * (f + b - w),) * p
+
+
+@pytest.mark.parametrize("f, b, w", [(1.0, 1.0, 0.5), (1.0, 2.0, 1.0), (2.0, 1.0, 1.0), (1.0, 1.0, 1.0)])
+@pytest.mark.parametrize("p, m", [(4, 1), (4, 3), (6, 2), (5, 4), (2, 1)])
+def test_zero_bubble_h1_with_fewer_microbatches_than_stages(f, b, w, p, m):
+    # Derived from this simulator (not in the paper): with m < p the bubble grows by one W
+    # pass per missing micro-batch, (p-1)(T_F + T_B - T_W) + (p-m)·T_W, as cost/evaluate.py's
+    # closed form has it; exact for T_W <= min(T_F, T_B)
+    zb = bubble(Schedule.ZERO_BUBBLE, p, m, 1, f, b, w)
+    assert zb.bubble_s == ((p - 1) * (f + b - w) + (p - m) * w,) * p

@@ -17,7 +17,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .evaluate import PlanCosts, evaluate
+from .evaluate import PlanCosts, evaluate, layout
 from .flops import model_flops_per_token
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES, fits
 from .reliability import Reliability, reliability
@@ -62,6 +62,7 @@ class Estimate:
     budget: Budget
     comm_detail: dict
     layer_detail: dict
+    step_detail: dict          # per-step work after the pipeline (DP/ZeRO, SP norm all-reduce, optimizer)
     sim: SimResult | None = None
 
     def misfit(self, gpu_name: str) -> str:
@@ -100,6 +101,30 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     bwd = tuple(tuple(rows[r][1] for _ in range(v)) for r in range(p))
     wgt = tuple(tuple(rows[r][2] for _ in range(v)) for r in range(p))
     return StageCosts(forward_s=fwd, backward_s=bwd, weight_s=wgt, p2p_s=_batch_index(costs.p2p_s))
+
+
+def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[range, ...]:
+    """The layers of each virtual stage j (rank j % p, chunk j // p), laid out as the cost model
+    counts them (evaluate.layout): ceil(l/(p·v)) per chunk, one fewer on the last chunk where a
+    slot is left for the loss and on the first where another is left for the embedding. Spare
+    slots beyond those two come off the middle ranks' chunks (the cost model times the middle
+    stages full: conservative), last chunks first; with no middle rank, off the other chunks."""
+    lay = layout(model, workload, PlanBatch.from_plans([plan]))
+    p, v, l = plan.pp, plan.vp, model.num_layers
+    L_s, L_first, L_last = (int(round(_batch_index(x))) for x in (lay.L_s, lay.L_first, lay.L_last))
+    counts = [L_s // v] * (p * v)
+    counts[-1] -= L_s - L_last
+    counts[0] -= L_s - L_first
+    spare = sum(counts) - l
+    inner = range(p * v - 2, 0, -1)
+    for j in [j for j in inner if 0 < j % p < p - 1] + [j for j in inner if j % p in (0, p - 1)]:
+        if spare <= 0:
+            break
+        counts[j] -= 1
+        spare -= 1
+    assert spare == 0 and min(counts) >= 0, (counts, l)
+    starts = [sum(counts[:j]) for j in range(p * v)]
+    return tuple(range(a, a + n) for a, n in zip(starts, counts))
 
 
 # micro-batches per step up to which the pipeline is simulated whole (beyond: extrapolated)
@@ -165,12 +190,13 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     comm["DP/ZeRO collectives"] = time.dp_comm_s
     comm["PP send/recv"] = time.pp_comm_s
     detail = {ph: {k: _batch_index(v) for k, v in d.items()} for ph, d in costs.layer_detail.items()}
+    step_detail = {k: _batch_index(v) for k, v in costs.step_detail.items()}
     return Estimate(plan=plan, num_gpus=n, num_microbatches=m, step_time_s=step, time=time, overlapped=overl,
                     memory=mem, fits=bool(fits(cluster, mem.total, host)), hbm_bytes=gpu.hbm_bytes,
                     host_bytes=host, host_capacity_bytes=cluster.host_memory_bytes_per_gpu,
                     tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=mfu, hfu=hfu,
                     model_tflops_per_gpu=mfu * peak / 1e12, budget=budget, comm_detail=comm,
-                    layer_detail=detail, sim=sim)
+                    layer_detail=detail, step_detail=step_detail, sim=sim)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,

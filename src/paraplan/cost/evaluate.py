@@ -12,9 +12,10 @@ Overlap model (docs/model.md, "What overlaps"):
     K/V all-gather and Ulysses all-to-alls are exposed.
   * ZeRO-3/FSDP gathers and reduce-scatters overlap the neighbouring layer as it runs
     (compute plus its exposed TP/CP; prefetch); the first gather of each pass is exposed.
-  * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward; its last
-    bucket (one layer) is exposed (FSDP2 under pipeline schedules: all of it, after the last
-    backward). ZeRO-1/2 parameter all-gather overlaps the next forward.
+  * DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward (under ZB-H1
+    its W pass only); its last bucket (one layer) is exposed (FSDP2 under pipeline
+    schedules: all of it, after the last backward). ZeRO-1/2 parameter all-gather overlaps
+    the next forward.
   * Overlapped communication slows concurrent compute by the GPU's `overlap_slowdown`.
 """
 
@@ -199,9 +200,10 @@ class PlanCosts:
     host_bytes: object            # host DRAM per GPU (offloaded optimizer), worst stage
     dp_step_s: object             # exposed DP comm, SP norm-gradient all-reduce and optimizer, after the pipeline
     critical_stage_s: object      # m × the slowest stage's per-micro-batch time (no bubble)
+    step_detail: dict             # dp_step_s by part, in the order they run after the pipeline (for the trace)
     comm_detail: dict             # per-collective totals per step (exposed, seconds)
     hardware_flops_per_step: object
-    layer_detail: dict            # per-layer op times (forward/backward), for the trace
+    layer_detail: dict            # per-layer op times (forward/backward; "wgrad": ZB-H1's W inside "bwd"), for the trace
 
     @property
     def step_time_s(self):
@@ -239,6 +241,7 @@ class Layout:
     S: object               # ZeRO-3 shard group (dp_shard × CP)
     R: object               # HSDP replicas
     edp: object             # expert data-parallel group
+    S_e: object             # the experts' ZeRO shard group: EDP within one HSDP replica, edp/R
     e_stride: object
     dense_layer_params: object
     layer_params: object    # one layer's non-expert parameters on this TP rank
@@ -312,7 +315,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
-        S=S, R=d / _f(plan.dp_shard), edp=edp, e_stride=ep_etp,
+        S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=edp * _f(plan.dp_shard) / d, e_stride=ep_etp,
         dense_layer_params=dense_layer_params, layer_params=dense_layer_params / t, expert_params=expert_params,
         params_stage_first=params_stage_first, params_stage_last=params_stage_last,
         params_stage=np.maximum(params_stage_first, params_stage_last),
@@ -321,7 +324,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
-        shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp, 1.0),
+        shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp * _f(plan.dp_shard) / d, 1.0),
         offload=np.asarray(plan.offload_optimizer, dtype=bool))
 
 
@@ -340,7 +343,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     s, h = workload.seq_len, model.hidden_size
     prec, ab, rc, zc, T, m, t, p = lay.precision, lay.act_bytes, lay.rc, lay.zc, lay.T, lay.m, lay.t, lay.p
     sp_div, L_s, L_first, L_last, only = lay.sp_div, lay.L_s, lay.L_first, lay.L_last, lay.only
-    w_moe, w_dense, k_rc, S, edp = lay.w_moe, lay.w_dense, lay.k_rc, lay.S, lay.edp
+    w_moe, w_dense, k_rc, S, S_e = lay.w_moe, lay.w_dense, lay.k_rc, lay.S, lay.S_e
     is_z3, offload, shard, shard_e = lay.is_z3, lay.offload, lay.shard, lay.shard_e
     expert_stage, dense_layer_params = lay.expert_stage, lay.dense_layer_params
     layer_params, expert_params, gather_bytes = lay.layer_params, lay.expert_params, lay.gather_bytes
@@ -350,7 +353,11 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     stored, none_act, sel_act = mem.layer_activation_bytes(
         model, plan, s, recompute_code=rc, mlp_weight=w_dense, extra_bytes=w_moe * moe_act,
         modules_extra_saving=w_moe * moe_act_fn_out, precision=prec)
+    # micro-batches in flight at each stage's peak, as the schedule simulator counts them
+    # (SimResult.peak_inflight): the first stage, the second (the fullest middle one) and the last
     inflight = mem.inflight_microbatches(plan, m)
+    inflight_mid = mem.inflight_microbatches(plan, m, 1.0)
+    inflight_last = mem.inflight_microbatches(plan, m, p - 1.0)
     # a layer's input as kept: the residual stream, fp32 under autocast
     autocast = np.asarray(plan.autocast, dtype=bool)
     residual_bytes = np.where(autocast, np.maximum(ab, mem.AUTOCAST_RESIDUAL_BYTES), ab)
@@ -364,7 +371,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
     acts_first = (inflight * L_first * per_layer_stored + np.where(only, working_past_loss, recompute_working)
                   + inflight * residual_bytes * T * h / sp_div)
-    acts_last = np.minimum(m, 1.0) * L_last * per_layer_stored + working_past_loss
+    acts_last = inflight_last * L_last * per_layer_stored + working_past_loss
 
     # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
     # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
@@ -399,9 +406,9 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
 
     def states(params, embedding=0.0):
         w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
-                       + expert_stage / np.where(z3_sharded, edp, 1.0))
+                       + expert_stage / np.where(z3_sharded, S_e, 1.0))
         g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes, mem.GRAD_BYTES) * (
-            params / np.where(g_sharded, S, 1.0) + expert_stage / np.where(g_sharded, edp, 1.0))
+            params / np.where(g_sharded, S, 1.0) + expert_stage / np.where(g_sharded, S_e, 1.0))
         o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
         # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
         host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
@@ -409,10 +416,11 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
 
     w1, g1, o1, host1 = states(params_stage_first, uncast_first)
     wl, gl, ol, hostl = states(params_stage_last, uncast_last)
-    # the second stage: all L_s layers and one micro-batch fewer in flight than the first; it
-    # outgrows the first when the embedding took one of the first stage's layer slots
+    # the second stage: all L_s layers and its own micro-batches in flight (as many as the
+    # first's under GPipe, breadth-first and ZB-H1, fewer under 1F1B); it outgrows the first
+    # when the embedding took one of the first stage's layer slots
     wm, gm, om, hostm = states(L_s * dense_layer_params / t)
-    acts_mid = np.maximum(inflight - 1.0, 1.0) * L_s * per_layer_stored + recompute_working
+    acts_mid = inflight_mid * L_s * per_layer_stored + recompute_working
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
     lo1 = np.where(only, logits, 0.0)
@@ -422,7 +430,9 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     # the end of the backward all do and the activations are gone. The peak is the larger
     # (an H100 run of one micro-batch measured 35.9 GiB where the static sum said 40.4).
     lazy = lay.autocast_casts & (lay.d * lay.c == 1) & (m <= 1.0) & only
-    lol = logits
+    # the last stage keeps each micro-batch's loss state until that micro-batch's backward:
+    # several at once where the schedule runs every forward first (GPipe, breadth-first)
+    lol = mem.inflight_logits(plan, m) * logits
     if np.any(lazy):
         head_grad = mem.GRAD_BYTES * (model.output_weight_params / t + h)
 
@@ -608,15 +618,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     cp_bwd_exp = np.where(on, np.where(is_ag, ag_bwd_exp, np.where(is_a2a, uly, ring_bwd_exp)), 0.0)
 
     # ---------------- ZeRO-3 / FSDP per-layer traffic ----------------
-    S, R, edp, e_stride = lay.S, lay.R, lay.edp, lay.e_stride
+    S, R, edp, S_e, e_stride = lay.S, lay.R, lay.edp, lay.S_e, lay.e_stride
     layer_params, expert_params = lay.layer_params, lay.expert_params
     is_z3, is_z2 = lay.is_z3, lay.is_z2
     gather_bytes, reduce_bytes = lay.gather_bytes, lay.reduce_bytes
     fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t)
     fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t)
     if mc:
-        fsdp_ag = fsdp_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_params, edp, e_stride)
-        fsdp_rs = fsdp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, edp, e_stride)
+        fsdp_ag = fsdp_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_params, S_e, e_stride)
+        fsdp_rs = fsdp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, S_e, e_stride)
     # fp32 shards: autocast casts each gathered weight to 16 bits at every use (read 4 B,
     # write 2 B per parameter), once per forward and again in a recomputed forward
     # (a 32-bit workload computes on the gathered weights as they are)
@@ -652,9 +662,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     f2_fwd = f2_bwd = 0.0
     if any_f2:
         f2_gather = (fsdp2_gather_copy_s(gpu, gather_bytes * layer_params, S)
-                     + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, edp) if mc else 0.0))
+                     + (fsdp2_gather_copy_s(gpu, gather_bytes * expert_params, S_e) if mc else 0.0))
         f2_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * layer_params, S)
-                     + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, edp) if mc else 0.0))
+                     + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_params, S_e) if mc else 0.0))
         f2_fwd = np.where(f2, gathers * f2_gather, 0.0)
         # a layer's weights as the FSDP2 engines build them: wq, wk, wv, wo, the MLP's
         # matrices, the norms
@@ -807,8 +817,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (v(p−m)+m−1)/v (docs/model.md, derived; the simulator reproduces it). Interleaved
     # 1F1B needs m a multiple of p and GPipe/1F1B have v = 1, so only looping BFS gains it.
     bubble_1f1b = ((p - 1.0) + np.maximum(p - m, 0.0) * (v - 1.0)) / v * t_avg
+    # ZB-H1 (Qi et al. 2024 Sec. 3.1): (p−1)(T_F + T_B − T_W) with B and W split; with fewer
+    # micro-batches than stages the simulated bubble grows by one W pass per micro-batch
+    # short of p (derived, docs/model.md; tests/golden/test_bubble_closed_forms.py)
     wg_avg = L_s * wgrad
-    bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg), 0.0)
+    bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg) + np.maximum(p - m, 0.0) * wg_avg, 0.0)
     bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, bubble_1f1b)
     bubble = np.where(only, 0.0, bubble)
     pp_exposed = np.where(only, 0.0, 2.0 * (p * v - 1.0) * p2p)
@@ -822,8 +835,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     g_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, dp_group, dp_stride)
     p_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * params_stage, dp_group, dp_stride)
     hsdp_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes / S, R, t * c * _f(plan.dp_shard))
-    if mc:  # expert gradients sync over EDP
+    if mc:  # expert gradients sync over EDP (HSDP: their shards all-reduced over the replicas too)
         e_grad = reduce_bytes * expert_stage
+        hsdp_ar = hsdp_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad / S_e, R, t * c * _f(plan.dp_shard))
         g_ar = g_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad, edp, e_stride)
         g_rs = g_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, e_grad, edp, e_stride)
         p_ag = p_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_stage, edp, e_stride)
@@ -836,17 +850,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     if np.any(f2_pp):
         layer_grad_bytes = reduce_bytes * layer_params
 
-        def per_unit(kind, group):
+        def per_unit(kind, group, e_group):
             out = (L_s * collective_time_s(cluster, kind, layer_grad_bytes, group, t)
                    + collective_time_s(cluster, kind, grad_bytes - L_s * layer_grad_bytes, group, t))
             if mc:
-                out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, edp, e_stride)
+                out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, e_group, e_stride)
             return out
-        pp_rs = per_unit(Collective.REDUCE_SCATTER, S)
-        g_ar = np.where(f2_pp, per_unit(Collective.ALL_REDUCE, dp_group), g_ar)
+        pp_rs = per_unit(Collective.REDUCE_SCATTER, S, S_e)
+        g_ar = np.where(f2_pp, per_unit(Collective.ALL_REDUCE, dp_group, edp), g_ar)
         g_rs = np.where(f2_pp, pp_rs, g_rs)
     ovl = np.asarray(plan.dp_overlap, dtype=bool)
-    last_bwd = first.backward_s
+    # the reduction can start once the last micro-batch's weight gradients appear: under its
+    # whole backward, but under ZB-H1 only under its W pass, which rank 0 runs after its B
+    # (Qi et al. 2024 Sec. 3.1, Fig. 3; sim/schedules.py _zero_bubble_h1)
+    last_bwd = np.where(sc == Schedule.ZERO_BUBBLE.code, first.weight_grad_s, first.backward_s)
     last_fwd = first.forward_s
     last_bucket = 1.0 / np.maximum(L_s, 1.0)
 
@@ -972,8 +989,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                                     "MoE router, permute, shared": moe_fwd - w_moe * mc.expert_gemm_fwd_s,
                                     "EP all-to-all": a2a_fwd_exp})
         layer_detail["bwd"].update({"MoE (experts, router, permute, shared)": moe_bwd, "EP all-to-all": a2a_bwd_exp})
+    # the weight-gradient GEMMs inside each "bwd" entry: what ZB-H1 runs as its W pass
+    layer_detail["wgrad"] = {"GEMMs (dgrad+wgrad)": gemms_fwd, "MoE (experts, router, permute, shared)": moe_wgrad}
+    step_detail = {"DP/ZeRO collectives (exposed)": dp_exposed, "SP norm-gradient all-reduce": sp_norm,
+                   "optimizer step": optimizer}
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
                      host_bytes=host_bytes,
                      overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer + sp_norm,
-                     critical_stage_s=m * t_max,
+                     critical_stage_s=m * t_max, step_detail=step_detail,
                      comm_detail=comm_detail, hardware_flops_per_step=hw, layer_detail=layer_detail)

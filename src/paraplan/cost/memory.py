@@ -168,24 +168,42 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     return stored, none, selective
 
 
-def inflight_microbatches(plan, num_microbatches):
-    """Micro-batches whose activations stage 0 holds at its peak (in whole-stage units).
+def inflight_microbatches(plan, num_microbatches, rank=0):
+    """Micro-batches whose activations pipeline rank `rank` holds at its peak (in whole-stage
+    units; `rank` may be an array, e.g. pp - 1 for the last stage), as the event simulator
+    measures them (sim/engine.py, SimResult.peak_inflight; tests/test_pipeline_schedule_costs.py):
 
-    1F1B / ZB-H1: p (Narayanan et al. SC'21; Qi et al. 2024); GPipe and breadth-first: m;
-    interleaved 1F1B: warm-up of 2(p−1) + (v−1)p + 1 chunks of 1/v stage each, i.e.
-    p·(1 + (p−1)/(p·v)) (Korthikanti et al. Sec. 4.2.3). Never more than m. The event
-    simulator measures the same quantity (sim/engine.py, SimResult.peak_inflight).
+    1F1B: p − r (Narayanan et al. SC'21 Sec. 2.2.1); ZB-H1: p on every rank, the W passes
+    holding what rank 0 frees in 1F1B (Qi et al. 2024 Sec. 3.1); interleaved 1F1B: a warm-up
+    of 2(p−r−1) + (v−1)p + 1 chunks of 1/v stage each, p·(1 + (p−1)/(p·v)) on rank 0
+    (Korthikanti et al. Sec. 4.2.3), and every micro-batch when m ≤ p (Megatron-LM runs all
+    forwards first); GPipe and breadth-first: m. Never more than m; p = 1: one.
     """
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vp, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)
+    r = np.asarray(rank, dtype=float)
     sc = np.asarray(plan.schedule_code)
-    one_f_one_b = np.minimum(p, m)
-    interleaved = np.minimum(m, (2.0 * (p - 1.0) + (v - 1.0) * p + 1.0) / v)
-    all_m = m
+    one_f_one_b = np.minimum(p - r, m)
+    interleaved = np.where(m <= p, m, np.minimum(m, (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0) / v))
     out = np.where((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1), interleaved, one_f_one_b)
-    out = np.where((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code), all_m, out)
+    out = np.where(sc == Schedule.ZERO_BUBBLE.code, np.minimum(p, m), out)
+    out = np.where((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code), m, out)
     return np.where(p > 1, out, 1.0)
+
+
+def inflight_logits(plan, num_microbatches):
+    """Micro-batches whose loss state (logits and softmax) the last stage holds at once: the
+    forwards its last model chunk has run and not yet back-propagated. GPipe and breadth-first
+    run every forward first (m), and so does interleaved 1F1B when m ≤ p; 1F1B, ZB-H1 and
+    interleaved 1F1B otherwise start each last-chunk backward right after its forward (one).
+    Read off the schedules' task order (sim/schedules.py; tests/test_pipeline_schedule_costs.py)."""
+    p = np.asarray(plan.pp, dtype=float)
+    m = np.asarray(num_microbatches, dtype=float)
+    sc = np.asarray(plan.schedule_code)
+    all_first = ((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code)
+                 | ((sc == Schedule.INTERLEAVED_1F1B.code) & (np.asarray(plan.vp) > 1) & (m <= p)))
+    return np.where((p > 1) & all_first, m, np.minimum(m, 1.0))
 
 
 def fits(cluster, device_bytes, host_bytes):

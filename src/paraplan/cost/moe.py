@@ -20,7 +20,7 @@ Per MoE layer and micro-batch, on the busiest rank:
   shared     a dense MLP of f_sh split over TP, like a dense layer's MLP.
 Backward: 2× the forward GEMMs, the permutation and all-to-alls once more each.
 The dispatch/combine all-to-all is exposed, except behind the shared experts' GEMMs
-(Megatron-Core --moe-shared-expert-overlap), or, with EP overlap (plan.ep_overlap), behind
+(Megatron-Core --moe-shared-expert-overlap; not in the eager engines), or, with EP overlap (plan.ep_overlap), behind
 the other micro-batch's compute: Megatron-Core's --overlap-moe-expert-parallel-comm merges
 the forward of one micro-batch with the backward of another so that each one's all-to-all
 runs under the other's compute (DeepSeek-V3 report Sec. 3.2.1, DualPipe's overlap), each
@@ -57,9 +57,10 @@ def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
 
 
 def load_factor(workload: Workload, plan):
-    """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping)."""
+    """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping). A
+    dropless rank that holds every expert (EP = 1) runs exactly its own T_r·k copies: 1."""
     cf = _f(plan.capacity_factor_value)
-    return np.where(cf > 0.0, cf, workload.moe_imbalance)
+    return np.where(cf > 0.0, cf, np.where(_f(plan.ep) > 1, workload.moe_imbalance, 1.0))
 
 
 def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):
@@ -152,7 +153,10 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                 + collective_time_s(cluster, Collective.REDUCE_SCATTER, etp_bytes, etp, 1))
     a2a_fwd = 2.0 * a2a + etp_comm
     a2a_bwd = a2a_fwd
-    shared = sh_up + sh_down
+    # the shared experts run beside the all-to-all on Megatron-Core's side stream
+    # (--moe-shared-expert-overlap, which paraplan's Megatron export sets); the eager engines
+    # (plan.fused_kernels off: torchtitan, DeepSpeed) run them in line
+    shared = np.where(np.asarray(plan.fused_kernels, dtype=bool), sh_up + sh_down, 0.0)
     a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
     a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
 

@@ -2,7 +2,11 @@
 
 Keys follow DeepSpeed's config documentation and `deepspeed/runtime/config.py` (0.19):
 the tests load every exported config with DeepSpeed's own `DeepSpeedConfig`, which checks
-train_batch_size = micro-batch × accumulation × data-parallel size, where it installs.
+train_batch_size = micro-batch × accumulation × world size, where it installs. With AutoTP
+(TP>1) and no mpu, as `deepspeed.initialize()` builds it for the launcher line here, that
+world size counts every rank, TP ranks included (the TP group is made later, by the
+engine): the JSON then gives the micro-batch and the accumulation steps only, and
+DeepSpeed derives its own train_batch_size (global batch × TP, its sample count).
 
 What the JSON can say: data parallelism with ZeRO 0–3, optimizer offload, precision,
 AutoTP tensor parallelism (`tensor_parallel.autotp_size`, no sequence parallelism) and
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -57,6 +61,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with ZeRO 1-3")
     if workload.precision not in (Precision.BF16, Precision.FP16):
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp16")
+    if plan.attention is AttentionKernel.UNFUSED:
+        raise unsupported(ENGINE, "attention", str(plan.attention), "flash2 or flash3 (the JSON names no attention "
+                          "kernel; the training script's model picks it)")
 
 
 def config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
@@ -81,6 +88,8 @@ def config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
         cfg["bf16"] = {"enabled": True}
     if plan.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": plan.tp}
+        # DeepSpeedConfig (no mpu) asserts train_batch_size = micro × accumulation × all ranks
+        del cfg["train_batch_size"]
     if plan.recompute is Recompute.FULL:
         cfg["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
                                            "contiguous_memory_optimization": False,
@@ -94,6 +103,10 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     launcher = (f"deepspeed --num_nodes {nodes} --num_gpus {per_node} train.py "
                 "--deepspeed --deepspeed_config ds_config.json")
     notes = [" / ".join(header_lines(model, cluster, workload, plan, est))]
+    if plan.tp > 1:
+        notes.append(f"AutoTP: no train_batch_size in the JSON; DeepSpeed counts the {plan.tp} TP ranks as data "
+                     f"parallel and reports {workload.global_batch_size * plan.tp}, the global batch is "
+                     f"{workload.global_batch_size} (micro-batch × accumulation × DP {plan.dp})")
     if plan.recompute is Recompute.FULL:
         notes.append("full recomputation: the training script wraps each layer in deepspeed.checkpointing.checkpoint "
                      "(or calls gradient_checkpointing_enable() on a Hugging Face model)")

@@ -8,7 +8,9 @@ Megatron-Core's validation runs on every exported plan where megatron-core is in
 Mapping (paraplan -> Megatron-LM):
 - ZeRO-0 -> DDP; ZeRO-1 -> `--use-distributed-optimizer`; ZeRO-2/3 -> Megatron-FSDP
   (`--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads[_params]`); HSDP ->
-  `--num-distributed-optimizer-instances` = DP / shard group.
+  `--num-distributed-optimizer-instances` = DP / shard group. Megatron-FSDP and optimizer
+  offload both run on the distributed optimizer (`--use-distributed-optimizer`), offload with
+  `--use-precision-aware-optimizer` so the fp32 main parameters leave the GPU too.
 - Recompute: `selective` -> `--recompute-granularity selective` (the attention core,
   Korthikanti et al.); `full` -> `full`, `uniform`, 1 layer per checkpoint; `first_k` ->
   `full`, `block`, k / VP layers per model chunk (Megatron counts per virtual stage);
@@ -17,14 +19,14 @@ Mapping (paraplan -> Megatron-LM):
   `--fp8-recipe tensorwise` (Megatron-Core refuses moe_act/layernorm recomputation with
   delayed scaling).
 - Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
-- CP: `--cp-comm-type` p2p (ring), allgather or a2a (Ulysses), paraplan's own names.
+- CP: `--cp-comm-type` p2p (ring), all_gather or a2a (Ulysses), Transformer Engine's names.
 """
 
 from __future__ import annotations
 
 import shlex
 
-from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -37,13 +39,16 @@ ENGINE = Engine.MEGATRON
 # Megatron's --attention-backend: TE's flash-attn path, TE's cuDNN fused attention, unfused.
 ATTENTION = {AttentionKernel.FLASH2: "flash", AttentionKernel.FLASH3: "fused", AttentionKernel.UNFUSED: "unfused"}
 FSDP_STRATEGY = {ZeroStage.GRADIENTS: "optim_grads", ZeroStage.PARAMETERS: "optim_grads_params"}
+# --cp-comm-type: Transformer Engine's names (p2p, all_gather, a2a, a2a+p2p; TE 2.x
+# attention/dot_product_attention/context_parallel.py raises on any other)
+CP_COMM = {CPCommType.P2P: "p2p", CPCommType.ALL_GATHER: "all_gather", CPCommType.A2A: "a2a"}
 
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # the export writes PP×VP equal chunks (layers_per_chunk): even splits only
     limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), even_pipeline=True,
                        hierarchical_a2a=False),
-    grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32
+    grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
     tp_async_backward=True)       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
 
@@ -110,7 +115,7 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     if plan.vp > 1:
         a += ["--num-layers-per-virtual-pipeline-stage", layers_per_chunk(model, plan, ENGINE)]
     if plan.cp > 1:
-        a += ["--cp-comm-type", str(plan.cp_comm_type)]  # Megatron-Core's names: p2p, allgather, a2a
+        a += ["--cp-comm-type", CP_COMM[plan.cp_comm_type]]
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
     if plan.tp_overlap:
@@ -121,6 +126,9 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
             a += ["--moe-expert-capacity-factor", plan.capacity_factor, "--moe-pad-expert-input-to-capacity"]
         if plan.ep_overlap:
             a.append("--overlap-moe-expert-parallel-comm")
+        elif model.shared_expert_ffn_hidden_size and plan.ep > 1:
+            # the shared experts under the dispatch/combine, as paraplan prices them (moe.py)
+            a.append("--moe-shared-expert-overlap")
     if plan.recompute is Recompute.SELECTIVE:
         a += ["--recompute-granularity", "selective"]
     elif plan.recompute is Recompute.MODULES:
@@ -135,7 +143,10 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     if plan.zero is ZeroStage.OPTIMIZER:
         a.append("--use-distributed-optimizer")
     elif plan.zero in FSDP_STRATEGY:
-        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero]]
+        # Megatron-FSDP reduce-scatters gradients only with the distributed optimizer (its
+        # DistributedDataParallelConfig.use_distributed_optimizer; all-reduce otherwise)
+        a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero],
+              "--use-distributed-optimizer"]
     if plan.zero is not ZeroStage.NONE and plan.dp_shard != plan.dp:
         a += ["--num-distributed-optimizer-instances", plan.dp // plan.dp_shard]
     if plan.dp_overlap:
@@ -143,9 +154,13 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         if plan.zero is not ZeroStage.NONE:
             a.append("--overlap-param-gather")
     if plan.offload_optimizer:
-        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0]
+        # without the precision-aware optimizer the distributed optimizer keeps its fp32 main
+        # parameters on the GPU (Megatron-Core distrib_optimizer.py); with it the
+        # HybridDeviceOptimizer holds them on the host with the moments
+        a += ["--optimizer-cpu-offload", "--optimizer-offload-fraction", 1.0, "--use-precision-aware-optimizer"]
     if workload.precision is Precision.FP16:
-        a.append("--fp16")
+        # Megatron-LM reduces in fp32 by default for bf16 only; the plan reduces in fp32 (SUPPORT)
+        a += ["--fp16", "--accumulate-allreduce-grads-in-fp32"]
     else:
         a.append("--bf16")
         if workload.precision is Precision.FP8:
@@ -177,6 +192,7 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
             i += 1
     lines += [")", "torchrun \"${DISTRIBUTED_ARGS[@]}\" pretrain_gpt.py \"${PARAPLAN_ARGS[@]}\" "
               "--mock-data --train-iters ${TRAIN_ITERS:-100} --lr 1e-4 \"$@\"", ""]
-    notes = ("gradients are all-reduced in fp32 for bf16 (Megatron-LM's default); the prediction assumes the same",)
+    notes = ("gradients are all-reduced in fp32 (Megatron-LM's default for bf16, "
+             "--accumulate-allreduce-grads-in-fp32 for fp16); the prediction assumes the same",)
     return ExportResult(engine=ENGINE, plan=plan, filename="megatron.sh", text="\n".join(lines),
                         launcher="bash megatron.sh", notes=notes)

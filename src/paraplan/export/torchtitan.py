@@ -10,9 +10,15 @@ Mapping (paraplan -> torchtitan):
 - DP: ZeRO-0 -> `data_parallel_replicate_degree` (DDP); ZeRO-2 -> FSDP2 with
   `fsdp_reshard_after_forward = "never"` (parameters stay gathered from forward to
   backward); ZeRO-3 -> FSDP2 `"always"`, HSDP as shard × replicate. torchtitan has no
-  optimizer-only sharding (ZeRO-1).
+  optimizer-only sharding (ZeRO-1). With CP>1 torchtitan always shards over dp_shard × CP
+  (ParallelDims.fsdp_enabled), so ZeRO-0 with CP is refused. The expert mesh folds
+  dp_shard × CP × TP into EP × ETP (never the replicate dimension) with ETP = 1 or TP.
 - PP: `pipeline_parallel_layers_per_stage` = layers / (PP × VP) with no lighter first/last
-  stage, so torchtitan builds exactly PP × VP stages, as paraplan costs them.
+  stage, so torchtitan builds exactly PP × VP stages, as paraplan costs them. torch's
+  multi-stage schedules (Interleaved1F1B, LoopedBFS) need VP ≥ 2, Schedule1F1B at least PP
+  micro-batches.
+- FP8: the float8 linear converter, and for an MoE the grouped-GEMM one on the routed
+  experts (`quantize.grouped_mm.float8`, which supports neither PP nor CP).
 - Batch: with PP the local batch (global / DP) is split into micro-batches of
   `pipeline_parallel_microbatch_size`; without PP the local batch is one micro-batch and
   torchtitan accumulates global / (DP × micro-batch) of them.
@@ -28,9 +34,11 @@ from __future__ import annotations
 
 import shlex
 
-from ..plan.axes import CPCommType, Recompute, Schedule, ZeroStage
+import numpy as np
+
+from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import SpaceLimits
+from ..plan.space import PlanBatch, SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -56,12 +64,79 @@ PRECISIONS = {Precision.BF16: "bfloat16"}
 # parallelism.context_parallel_rotate_method (torchtitan 0.2)
 CP_ROTATE = {CPCommType.P2P: "alltoall", CPCommType.ALL_GATHER: "allgather"}
 
+
+def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
+    """(field, mask of plans torchtitan 0.2.2 cannot build over a PlanBatch, the field's value in
+    a Plan, what torchtitan allows). The export check and the `--engine torchtitan` search
+    (SpaceLimits.engine_rule) share them."""
+    gbs = workload.global_batch_size
+    zero0 = ZeroStage.NONE.code
+    multi_stage = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code]
+
+    def zero(P):
+        return str(P.zero)
+
+    def fsdp(B):  # ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1 (FSDP2 over dp_shard·cp)
+        return ((B.zero_code != zero0) & (B.dp_shard > 1)) | (B.cp > 1)
+
+    def shard(B):  # torchtitan's dp_shard: ZeRO-0 is DDP over data_parallel_replicate_degree
+        return np.where(B.zero_code == zero0, 1, B.dp_shard)
+
+    rules = [
+        # models/llama3/infra/parallelize.py: "DDP has not supported > 1D parallelism"
+        ("zero", lambda B: (B.zero_code == zero0) & (B.dp > 1) & (B.cp == 1) & (B.tp * B.pp > 1), zero,
+         "2 or 3 when data parallelism combines with TP or PP (its DDP replicates over 1-D meshes only)"),
+        # parallel_dims.py: fsdp = dp_shard·cp; parallelize applies FSDP2 whenever cp > 1, so
+        # ZeRO-0 would shard parameters, gradients and optimizer over the CP ranks
+        ("zero", lambda B: (B.zero_code == zero0) & (B.cp > 1), zero,
+         "2 or 3 with CP>1 (it shards parameters over the CP ranks with FSDP2 even without data parallelism)"),
+        # distributed/utils.py maybe_enable_amp: FSDP's mixed-precision policy, or autocast for
+        # DDP and one device; TP or PP without FSDP train in fp32
+        ("dp", lambda B: (B.tp * B.pp > 1) & ~fsdp(B), lambda P: P.dp,
+         "TP or PP only beside FSDP (a shard group of 2+ at ZeRO 2/3) or CP: without it torchtitan trains "
+         "in fp32, not the plan's precision"),
+        # distributed/pipeline_parallel.py: "Multi-stage schedule requires at least 2 stages per rank"
+        ("vp", lambda B: (B.pp > 1) & np.isin(B.schedule_code, multi_stage) & (B.vp < 2), lambda P: P.vp,
+         "VP >= 2 with Interleaved1F1B or LoopedBFS (torch's multi-stage schedules need 2+ stages per rank)"),
+        # torch.distributed.pipelining Schedule1F1B: "Number of microbatches ... must be greater
+        # than or equal to the number of stages"
+        ("micro-batches", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ONE_F_ONE_B.code)
+         & (gbs // (B.dp * B.micro_batch_size) < B.pp), lambda P: gbs // (P.dp * P.micro_batch_size),
+         "at least PP micro-batches per step under 1F1B (torch's Schedule1F1B): a smaller --mb or gpipe"),
+    ]
+    if model.is_moe:
+        rules += [
+            # parallel_dims.py: "Currently we only support ETP=TP or ETP=1" (ep > 1); with ep = 1
+            # the experts take the TP plan (llama4 apply_moe_ep_tp), i.e. ETP = TP
+            ("etp", lambda B: ((B.ep > 1) & (B.etp != 1) & (B.etp != B.tp)) | ((B.ep == 1) & (B.etp != B.tp)),
+             lambda P: P.etp,
+             "1 or TP with EP>1, TP without EP (experts take the TP plan)"),
+            # parallel_dims.py build_mesh: efsdp = dp_shard·cp·tp / (ep·etp), never dp_replicate
+            ("ep", lambda B: (shard(B) * B.cp * B.tp) % (B.ep * B.etp) != 0, lambda P: P.ep,
+             "EP×ETP dividing dp_shard×CP×TP (its expert mesh folds the FSDP shard group, CP and TP, "
+             "never the DDP/HSDP replicas; ZeRO-0 has no shard group)"),
+        ]
+        if workload.precision is Precision.FP8:
+            # components/quantization/float8.py Float8GroupedMMConverter asserts both
+            rules.append(("pp×cp", lambda B: (B.pp > 1) | (B.cp > 1), lambda P: f"{P.pp}×{P.cp}",
+                          "PP = CP = 1 for an FP8 MoE (quantize.grouped_mm.float8 supports neither)"))
+    return rules
+
+
+def unbuildable(batch: PlanBatch, model: ModelSpec, workload: Workload) -> np.ndarray:
+    """Mask of the plans torchtitan cannot build (SpaceLimits.engine_rule for its search)."""
+    bad = np.zeros(len(batch), dtype=bool)
+    for _, mask, _, _ in _mesh_rules(model, workload):
+        bad |= mask(batch)
+    return bad
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
                        allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
-                       even_pipeline=True, hierarchical_a2a=False, ep_overlap=False),
+                       even_pipeline=True, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
@@ -73,7 +148,7 @@ SUPPORT = EngineSupport(
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     """Raise a one-line error for what torchtitan cannot express."""
     if workload.precision not in PRECISIONS and workload.precision is not Precision.FP8:
-        raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 linear converter)")
+        raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 converters)")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
         raise unsupported(ENGINE, "schedule", str(plan.schedule),
                           ", ".join(map(str, SCHEDULES)) + " (torch's zero-bubble schedules need 2+ stages per rank)")
@@ -81,17 +156,13 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "recompute", str(plan.recompute), ", ".join(map(str, RECOMPUTE_MODES)))
     if plan.zero is ZeroStage.OPTIMIZER:
         raise unsupported(ENGINE, "zero", str(plan.zero), "0 (DDP), 2 (FSDP2 reshard never) or 3 (FSDP2 / HSDP)")
-    if plan.zero is ZeroStage.NONE and plan.dp > 1 and plan.cp == 1 and plan.tp * plan.pp > 1:
-        # torchtitan 0.2.2 models/llama3/infra/parallelize.py: "DDP has not supported > 1D
-        # parallelism" (with CP it applies FSDP over the CP ranks instead of DDP)
-        raise unsupported(ENGINE, "zero", str(plan.zero), "2 or 3 when data parallelism combines with TP or PP "
-                          "(its DDP replicates over 1-D meshes only)")
-    fsdp = (plan.zero is not ZeroStage.NONE and plan.dp_shard > 1) or plan.cp > 1
-    if plan.tp * plan.pp > 1 and not fsdp:
-        # torchtitan 0.2.2 distributed/utils.py maybe_enable_amp: mixed precision comes from
-        # FSDP's policy, or autocast for DDP and one device; TP or PP without FSDP train in fp32
-        raise unsupported(ENGINE, "dp", plan.dp, "TP or PP only beside FSDP (a shard group of 2+ at ZeRO 2/3) or "
-                          "CP: without it torchtitan trains in fp32, not the plan's precision")
+    if plan.attention is AttentionKernel.UNFUSED:
+        # torchtitan's attention is SDPA or FlexAttention: no knob runs the unfused path
+        raise unsupported(ENGINE, "attention", str(plan.attention), "flash2 or flash3 (SDPA / FlexAttention kernels)")
+    one = PlanBatch.from_plans([plan])
+    for name, mask, value, allowed in _mesh_rules(model, workload):
+        if bool(mask(one)[0]):
+            raise unsupported(ENGINE, name, value(plan), allowed)
     if plan.tp > 1 and not plan.sequence_parallel:
         raise unsupported(ENGINE, "sequence_parallel", False, "only sequence parallel with TP>1 (torchtitan 0.2)")
     if plan.offload_optimizer:
@@ -123,8 +194,12 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
         reshard = "never" if plan.zero is ZeroStage.GRADIENTS else "always"
     name, flavor, _ = MODELS.get(model.name, ("llama3", model.name, ""))
     model_t: dict = {"name": name, "flavor": flavor}
+    quantize: dict = {}
     if workload.precision is Precision.FP8:
         model_t["converters"] = ["quantize.linear.float8"]
+        if model.is_moe:  # the routed experts' grouped GEMMs (GroupedExperts is no nn.Linear)
+            model_t["converters"].append("quantize.grouped_mm.float8")
+            quantize["fqns"] = ["experts"]
     par: dict = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
                  "fsdp_reshard_after_forward": reshard, "tensor_parallel_degree": plan.tp,
                  "enable_async_tensor_parallel": plan.tp_overlap,
@@ -140,7 +215,7 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
     ac: dict = {"mode": RECOMPUTE_MODES[plan.recompute]}
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"
-    return {
+    cfg = {
         "job": {"description": f"paraplan {plan.describe()}"},
         "model": model_t,
         "training": {"local_batch_size": local_batch if plan.pp > 1 else plan.micro_batch_size,
@@ -150,6 +225,9 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
         "activation_checkpoint": ac,
         "compile": {"enable": plan.tp_overlap},  # async TP needs torch.compile
     }
+    if quantize:
+        cfg["quantize.grouped_mm.float8"] = quantize
+    return cfg
 
 
 def cli_overrides_v03(cfg: dict, model: ModelSpec) -> list[str] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, fields, replace
+from typing import Callable
 
 import numpy as np
 
@@ -123,6 +124,12 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("ep_fold", lambda B: (B.tp * B.cp * B.dp) % (B.ep * B.etp) != 0,
          lambda P: f"EP×ETP = {P.ep}×{P.etp} must divide TP×CP×DP = {P.tp * P.cp * P.dp} "
                    "(expert layers re-slice the ranks of a pipeline stage)"),
+        # HSDP: experts shard over the shard group's part of EDP, t·c·dp_shard/(ep·etp), and
+        # replicate over the R = dp/dp_shard replicas (torchtitan ParallelDims: dp_shard·cp
+        # divisible by ep; Megatron-Core --num-distributed-optimizer-instances)
+        ("ep_hsdp", lambda B: (B.dp_shard != B.dp) & ((B.tp * B.cp * B.dp_shard) % (B.ep * B.etp) != 0),
+         lambda P: f"under HSDP, EP×ETP = {P.ep}×{P.etp} must divide TP×CP×dp_shard = {P.tp * P.cp * P.dp_shard} "
+                   "(experts shard within a replica)"),
         ("etp_ffn", lambda B: fe % B.etp != 0, lambda P: f"ETP={P.etp} must divide moe_ffn_hidden={fe}"),
         ("moe_sp", lambda B: (B.tp > 1) & ~B.sequence_parallel,
          lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
@@ -183,6 +190,15 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          & ((a % (B.tp * B.cp) != 0) | (k % (B.tp * B.cp) != 0)),
          lambda P: f"cp_comm_type=a2a (Ulysses) needs TP×CP = {P.tp * P.cp} to divide heads={a} and kv_heads={k}"),
         ("sp_tp", lambda B: B.sequence_parallel & (B.tp == 1), lambda P: "sequence parallelism needs TP>1"),
+        # Megatron's SP scatters each CP rank's sequence over TP (_split_along_first_dim)
+        ("sp_seq", lambda B: B.sequence_parallel & (((s // np.maximum(B.cp, 1)) % np.maximum(B.tp, 1) != 0)
+                                                     | (s % np.maximum(B.cp, 1) != 0)),
+         lambda P: f"sequence parallelism needs TP={P.tp} to divide the {s // max(P.cp, 1)} tokens of a "
+                   f"sequence on each CP rank (seq {s} / CP {P.cp})"),
+        # offload moves a rank's optimizer shard to the host (DeepSpeed ZeRO-Offload, Megatron
+        # --optimizer-cpu-offload with the distributed optimizer)
+        ("offload_zero", lambda B: B.offload_optimizer & (B.zero_code == ZeroStage.NONE.code),
+         lambda P: "optimizer offload needs ZeRO ≥ 1 (the engines offload a sharded optimizer)"),
         ("tpov_sp", lambda B: B.tp_overlap & ~B.sequence_parallel,
          lambda P: "TP communication overlap needs sequence parallelism"),
         # the modules Megatron-Core recomputes that Transformer Engine does not fuse away are
@@ -277,6 +293,10 @@ class SpaceLimits:
     # MoE: whether the two-dimensional all-to-all and the EP overlap may be tried (engines lack them)
     hierarchical_a2a: bool = True
     ep_overlap: bool = True
+    # what an engine cannot build beyond these bounds (its device mesh, its pipeline
+    # schedules): f(batch, model, workload) -> bool mask of the plans to drop, applied with
+    # the validity rules (export/torchtitan.py `unbuildable`); None: nothing more
+    engine_rule: Callable | None = None
 
 
 def _expert_choices(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed: dict,
@@ -357,6 +377,8 @@ class SpaceBlock:
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
             a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)
+        if limits.engine_rule is not None:
+            bad |= limits.engine_rule(batch, model, workload)
         return batch.take(~bad), int(bad.sum())
 
 
@@ -429,8 +451,14 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         L_s = -(-L // pp)
         ks = sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s}) if L_s > 1 else []
         shards = [dp]
-        if limits.hybrid_shard:
-            shards += [x for x in _divisors(dp) if x < dp and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
+        if limits.hybrid_shard:  # (a shard group of one rank, dp_shard·cp = 1, shards nothing)
+            shards += [x for x in _divisors(dp) if x < dp and x * cp > 1
+                       and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
+        # with one data-parallel rank ZeRO shards nothing: ZeRO-0 stands for all stages (a
+        # dense model's; an MoE model's experts still shard over their EDP group)
+        zeros = limits.zero_stages
+        if dp * cp == 1 and not model.is_moe and ZeroStage.NONE in zeros:
+            zeros = (ZeroStage.NONE,)
         # CP = 1 exchanges nothing (counted as the ring); a search for another exchange only
         cpcs = ([x.code for x in limits.cp_comm_types] if cp > 1
                 else [CPCommType.P2P.code] if CPCommType.P2P in limits.cp_comm_types else [])
@@ -446,10 +474,11 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                     rks = ks if rc is Recompute.FIRST_K else [0]
                     for rk in rks:
                         for sp in (limits.sequence_parallel if tp > 1 else (False,)):
-                            for zero in limits.zero_stages:
+                            for zero in zeros:
                                 zshards = shards if zero is ZeroStage.PARAMETERS else [dp]
                                 for shard in zshards:
-                                    for off in ((False, True) if limits.allow_offload and zero is not ZeroStage.PARAMETERS else (False,)):
+                                    for off in ((False, True) if limits.allow_offload and zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS)
+                                                else (False,)):
                                         for tpov in (limits.tp_overlap if sp else (False,)):
                                             for cpc in cpcs:
                                                 rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,

@@ -2,7 +2,8 @@
 
 Open the JSON in https://ui.perfetto.dev or chrome://tracing. Each pipeline rank is a
 process ("stage k"); thread 0 holds its tasks and the idle "bubble" gaps between them,
-thread 1 the optional sub-operations of each task (GEMMs, "TP all-reduce", ...).
+thread 1 the optional sub-operations of each task (GEMMs, "TP all-reduce", ...), thread 2
+the optional per-step work after the pipeline (DP collectives, optimizer step).
 Format: Chrome Trace Event Format, complete events (ph "X") with ts/dur in microseconds.
 """
 
@@ -18,7 +19,7 @@ from ..units import MEGA
 SubOp = tuple[str, float, str, dict[str, Any]]
 TaskDetail = Callable[[int, int, Phase], Sequence[SubOp]]
 
-TASK_TID, DETAIL_TID = 0, 1
+TASK_TID, DETAIL_TID, STEP_TID = 0, 1, 2
 _CATEGORY = {Phase.FORWARD: "forward", Phase.BACKWARD: "backward", Phase.WEIGHT: "weight"}
 _GAP_TOLERANCE = 1e-9  # gaps shorter than this fraction of the step are rounding, not bubbles
 
@@ -30,10 +31,13 @@ def chrome_trace(
     task_detail: TaskDetail | None = None,
     metadata: dict | None = None,
     layers: Sequence[str] | None = None,
+    after: Sequence[SubOp] = (),
 ) -> dict:
     """Trace dict for `json.dump`. `stage_labels[rank]` names processes, `layers[j]` labels
     virtual stage j's layers, `task_detail(rank, chunk, phase)` lists a task's sub-ops,
-    which are scaled to fill the task's span when their sum differs from it."""
+    which are scaled to fill the task's span when their sum differs from it; `after` lists
+    the per-step work that follows the pipeline, laid end to end from the simulated step's
+    end on every rank, at its own durations."""
     num_ranks = len(result.busy_s)
     if stage_labels is not None and len(stage_labels) != num_ranks:
         raise ValueError(f"stage_labels has {len(stage_labels)} labels; the result has {num_ranks} ranks")
@@ -47,6 +51,8 @@ def chrome_trace(
         ]
         if task_detail is not None:
             trace.append(_meta("thread_name", rank, DETAIL_TID, {"name": "operations"}))
+        if after:
+            trace.append(_meta("thread_name", rank, STEP_TID, {"name": "after the pipeline"}))
 
     details: dict[tuple[int, int, Phase], Sequence[SubOp]] = {}
     rank_end_s = [0.0] * num_ranks  # events are in start order, so per rank in list order
@@ -74,6 +80,13 @@ def chrome_trace(
     for rank, end_s in enumerate(rank_end_s):
         if result.step_time_s - end_s > min_gap_s:
             trace.append(_bubble(rank, end_s, result.step_time_s))
+    ops = _checked(after, "after")
+    for rank in range(num_ranks):
+        begin_s = result.step_time_s
+        for name, duration_s, category, args in ops:
+            trace.append({"name": name, "cat": category, "ph": "X", "pid": rank, "tid": STEP_TID,
+                          "ts": begin_s * MEGA, "dur": duration_s * MEGA, "args": dict(args)})
+            begin_s += duration_s
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
 
 
@@ -97,11 +110,12 @@ def _sub_slices(ops: Sequence[SubOp], rank: int, ts_us: float, end_us: float) ->
     return slices
 
 
-def _checked(ops: Sequence[SubOp], key: tuple[int, int, Phase]) -> Sequence[SubOp]:
+def _checked(ops: Sequence[SubOp], key: tuple[int, int, Phase] | str) -> Sequence[SubOp]:
+    where = key if isinstance(key, str) else f"task_detail{key}"
     for op in ops:
         if len(op) != 4 or not op[1] >= 0.0:
             raise ValueError(
-                f"task_detail{key}: sub-operation {op!r} is not allowed; it must be "
+                f"{where}: sub-operation {op!r} is not allowed; it must be "
                 f"(name, duration_s >= 0, category, args)"
             )
     return ops

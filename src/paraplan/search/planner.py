@@ -47,6 +47,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
     """
     t0 = _time.perf_counter()
+    resimulate = max(resimulate, top_k)  # every plan shown is simulated
     if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
         raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
                         f"applies to mixture-of-experts models only; {model.name} is dense")

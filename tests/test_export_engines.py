@@ -1,0 +1,207 @@
+"""What the engines build, beyond the schema of their configs (tests/test_export.py):
+torchtitan's device mesh and pipeline schedules, and that `--engine torchtitan` searches
+only plans it can build; its FP8 MoE converters; Megatron's fp16 gradient reduction; the
+attention kernel torchtitan and DeepSpeed cannot name. Where torchtitan 0.2.x is installed
+its ParallelDims builds each exported mesh on a fake process group.
+
+Sources (torchtitan 0.2.2): distributed/parallel_dims.py (ETP = 1 or TP; efsdp =
+dp_shard·cp·tp/(ep·etp); fsdp_enabled = dp_shard > 1 or cp > 1), distributed/
+pipeline_parallel.py ("Multi-stage schedule requires at least 2 stages per rank"),
+components/quantization/float8.py (Float8GroupedMMConverter: no PP, no CP); torch
+distributed/pipelining/schedules.py Schedule1F1B (micro-batches >= stages).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+
+import pytest
+
+from paraplan.errors import SpecError
+from paraplan.export import deepspeed, megatron, torchtitan
+from paraplan.export.common import best_exportable
+from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from paraplan.plan.plan import make_plan
+from paraplan.plan.space import enumerate_space
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+LLAMA, MIXTRAL, DSV3 = load_model("llama3-8b"), load_model("mixtral-8x7b"), load_model("deepseek-v3")
+WL = Workload(global_batch_size=64, seq_len=4096)
+WL_MOE = Workload(global_batch_size=256, seq_len=4096)
+
+
+def plan(**kw):
+    base = dict(tp=1, pp=1, dp=16, micro_batch_size=1, attention=AttentionKernel.FLASH3)
+    base.update(kw)
+    return torchtitan.SUPPORT.adapt(make_plan(**base))
+
+
+def torchtitan_02() -> bool:
+    if importlib.util.find_spec("torchtitan") is None:
+        return False
+    from importlib.metadata import version
+    return tuple(int(x) for x in version("torchtitan").split(".")[:2]) < (0, 3)
+
+
+def mesh_of(cfg: dict) -> tuple[int, ...]:
+    """(dp_replicate, dp_shard, cp, tp, pp, ep, etp) of an exported torchtitan config."""
+    par = cfg["parallelism"]
+    return tuple(par[k] for k in ("data_parallel_replicate_degree", "data_parallel_shard_degree",
+                                  "context_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
+                                  "expert_parallel_degree", "expert_tensor_parallel_degree"))
+
+
+def torchtitan_would_build(cfg: dict, workload: Workload) -> bool:
+    """torchtitan 0.2.2's rules, read off the exported config (not off paraplan's plan)."""
+    rep, shard, cp, tp, pp, ep, etp = mesh_of(cfg)
+    par = cfg["parallelism"]
+    ok = (ep == 1 or etp in (1, tp)) and (shard * cp * tp) % (ep * etp) == 0
+    if cp > 1:  # FSDP2 over dp_shard·cp: the plan must have priced sharding (ZeRO-0 writes "default")
+        ok &= par["fsdp_reshard_after_forward"] != "default"
+    if pp > 1:
+        m = cfg["training"]["local_batch_size"] // par["pipeline_parallel_microbatch_size"]
+        stages_per_rank = (cfg["_layers"] // par["pipeline_parallel_layers_per_stage"]) // pp
+        if par["pipeline_parallel_schedule"] in ("Interleaved1F1B", "LoopedBFS"):
+            ok &= stages_per_rank >= 2
+        if par["pipeline_parallel_schedule"] == "1F1B":
+            ok &= m >= pp
+    return ok
+
+
+@pytest.fixture
+def fake_world():
+    """A fake process group of N ranks for torchtitan's ParallelDims.build_mesh."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def start(n):
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def build_mesh(cfg: dict, world: int) -> None:
+    from torchtitan.distributed import ParallelDims
+    rep, shard, cp, tp, pp, ep, etp = mesh_of(cfg)
+    ParallelDims(dp_replicate=rep, dp_shard=shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
+                 world_size=world).build_mesh()
+
+
+# (model, plan, workload, field the refusal names, a neighbour plan torchtitan builds)
+REFUSED = {
+    "zero0-cp": (LLAMA, plan(cp=2, dp=8), WL, "zero", plan(cp=2, dp=8, zero=ZeroStage.GRADIENTS)),
+    "bfs-vp1": (LLAMA, plan(pp=2, dp=8, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS), WL, "vp",
+                plan(pp=2, dp=8, vp=2, schedule=Schedule.BREADTH_FIRST, zero=ZeroStage.PARAMETERS)),
+    "interleaved-vp1": (LLAMA, plan(pp=2, dp=8, schedule=Schedule.INTERLEAVED_1F1B, zero=ZeroStage.PARAMETERS), WL,
+                        "vp", plan(pp=2, dp=8, vp=2, schedule=Schedule.INTERLEAVED_1F1B, zero=ZeroStage.PARAMETERS)),
+    "1f1b-m<pp": (LLAMA, plan(pp=4, dp=4, micro_batch_size=8, zero=ZeroStage.PARAMETERS), WL, "micro-batches",
+                  plan(pp=4, dp=4, micro_batch_size=4, zero=ZeroStage.PARAMETERS)),
+    "ep-over-ddp": (MIXTRAL, plan(dp=64, ep=8), WL_MOE, "ep", plan(dp=64, ep=8, zero=ZeroStage.GRADIENTS)),
+    "ep-over-replicas": (MIXTRAL, plan(dp=64, dp_shard=4, ep=8, zero=ZeroStage.PARAMETERS), WL_MOE, "ep",
+                         plan(dp=64, dp_shard=8, ep=8, zero=ZeroStage.PARAMETERS)),
+    "etp-not-1-or-tp": (MIXTRAL, plan(tp=4, dp=16, ep=4, etp=2, sequence_parallel=True, zero=ZeroStage.PARAMETERS),
+                        WL_MOE, "etp",
+                        plan(tp=4, dp=16, ep=4, etp=4, sequence_parallel=True, zero=ZeroStage.PARAMETERS)),
+    "tp-experts-without-ep": (MIXTRAL, plan(tp=2, dp=32, sequence_parallel=True, zero=ZeroStage.PARAMETERS), WL_MOE,
+                              "etp", plan(tp=2, dp=32, etp=2, sequence_parallel=True, zero=ZeroStage.PARAMETERS)),
+    "unfused-attention": (LLAMA, plan(zero=ZeroStage.GRADIENTS, attention=AttentionKernel.UNFUSED), WL, "attention",
+                          plan(zero=ZeroStage.GRADIENTS)),
+}
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_torchtitan_refuses_what_it_cannot_build_in_one_line(name):
+    model, bad, wl, field, good = REFUSED[name]
+    with pytest.raises(SpecError) as e:
+        torchtitan.check(bad, model, wl)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"engine torchtitan: {field}=") and "torchtitan allows" in msg
+    torchtitan.check(good, model, wl)  # the neighbour passes: the rule is that narrow
+    cfg = dict(torchtitan.job_config(good, model, wl), _layers=model.num_layers)
+    assert torchtitan_would_build(cfg, wl)
+
+
+@pytest.mark.skipif(not torchtitan_02(), reason="torchtitan 0.2.x not installed")
+@pytest.mark.parametrize("name", ["ep-over-ddp", "ep-over-replicas", "etp-not-1-or-tp"])
+def test_torchtitan_builds_the_expert_mesh_it_accepts_and_not_the_refused_one(name, fake_world):
+    model, bad, wl, _, good = REFUSED[name]
+    fake_world(good.num_gpus)
+    build_mesh(torchtitan.job_config(good, model, wl), good.num_gpus)
+    shard = 1 if bad.zero is ZeroStage.NONE else bad.dp_shard
+    cfg = {"parallelism": {"data_parallel_replicate_degree": bad.dp // shard, "data_parallel_shard_degree": shard,
+                           "context_parallel_degree": bad.cp, "tensor_parallel_degree": bad.tp,
+                           "pipeline_parallel_degree": bad.pp, "expert_parallel_degree": bad.ep,
+                           "expert_tensor_parallel_degree": bad.etp}}
+    with pytest.raises((AssertionError, ValueError, RuntimeError)):
+        build_mesh(cfg, bad.num_gpus)
+
+
+SEARCHES = {  # the cases the review found: an unbuildable EP mesh, ZeRO-0 with CP
+    "mixtral-64": (MIXTRAL, 64, WL_MOE),
+    "llama3-70b-64": (load_model("llama3-70b"), 64, WL_MOE),
+}
+
+
+@pytest.mark.parametrize("name", list(SEARCHES))
+def test_export_without_plan_flags_picks_a_plan_torchtitan_builds(name, request):
+    model, gpus, wl = SEARCHES[name]
+    cluster = load_cluster("dgx-h100", num_gpus=gpus)
+    est = best_exportable(model, cluster, wl, torchtitan.SUPPORT, torchtitan.check)
+    cfg = dict(torchtitan.job_config(est.plan, model, wl), _layers=model.num_layers)
+    assert torchtitan_would_build(cfg, wl), est.plan.describe()
+    if torchtitan_02():
+        request.getfixturevalue("fake_world")(gpus)
+        build_mesh(cfg, gpus)
+
+
+def test_the_engine_search_space_holds_only_plans_the_exporter_accepts():
+    model, cluster = MIXTRAL, load_cluster("dgx-h100", num_gpus=32)
+    limits = torchtitan.SUPPORT.search_limits()
+    seen = 0
+    for batch, _ in enumerate_space(model, cluster, WL_MOE, limits):
+        for i in range(0, len(batch), max(1, len(batch) // 50)):
+            torchtitan.check(batch.plan(i), model, WL_MOE)  # raises for a plan the search should not hold
+            seen += 1
+    assert seen > 100
+
+
+def test_torchtitan_fp8_moe_converts_the_grouped_experts(tmp_path):
+    wl = Workload(global_batch_size=1024, seq_len=4096, precision=Precision.FP8)
+    p = plan(dp=256, ep=64, zero=ZeroStage.GRADIENTS)
+    res = torchtitan.export(p, DSV3, load_cluster("dgx-h100", num_gpus=256), wl)
+    cfg = tomllib.loads(res.text)
+    assert cfg["model"]["converters"] == ["quantize.linear.float8", "quantize.grouped_mm.float8"]
+    assert cfg["quantize"]["grouped_mm"]["float8"]["fqns"] == ["experts"]
+    dense = tomllib.loads(torchtitan.export(plan(zero=ZeroStage.GRADIENTS), LLAMA,
+                                            load_cluster("dgx-h100", num_gpus=16), wl).text)
+    assert dense["model"]["converters"] == ["quantize.linear.float8"] and "quantize" not in dense
+    with pytest.raises(SpecError, match="pp×cp"):  # Float8GroupedMMConverter asserts PP = CP = 1
+        torchtitan.check(plan(pp=2, dp=128, ep=64, zero=ZeroStage.GRADIENTS), DSV3, wl)
+    if torchtitan_02():
+        from torchtitan.config import ConfigManager
+        path = tmp_path / "tt.toml"
+        path.write_text(res.text)
+        job = ConfigManager().parse_args(["--job.config_file", str(path)])
+        assert job.quantize.grouped_mm.float8.fqns == ["experts"]
+        assert "quantize.grouped_mm.float8" in job.model.converters
+
+
+def test_megatron_reduces_fp16_gradients_in_fp32_as_the_plan_prices():
+    p = megatron.SUPPORT.adapt(make_plan(tp=1, pp=1, dp=16, micro_batch_size=1, zero=ZeroStage.OPTIMIZER))
+    assert p.grad_reduce_fp32
+    cluster = load_cluster("dgx-h100", num_gpus=16)
+    fp16 = megatron.export(p, LLAMA, cluster, Workload(global_batch_size=64, seq_len=4096,
+                                                       precision=Precision.FP16)).text
+    bf16 = megatron.export(p, LLAMA, cluster, WL).text
+    # validate_args sets accumulate_allreduce_grads_in_fp32 for bf16 only
+    assert "--accumulate-allreduce-grads-in-fp32" in fp16 and "--accumulate-allreduce-grads-in-fp32" not in bf16
+
+
+def test_deepspeed_refuses_the_unfused_kernel_it_cannot_name():
+    p = make_plan(tp=1, pp=1, dp=16, micro_batch_size=1, recompute=Recompute.NONE, attention=AttentionKernel.UNFUSED)
+    with pytest.raises(SpecError, match="attention='unfused'"):
+        deepspeed.check(p, LLAMA, WL)
+    deepspeed.check(make_plan(tp=1, pp=1, dp=16, micro_batch_size=1), LLAMA, WL)
