@@ -370,3 +370,12 @@ def test_sliding_window_needs_its_layer_count():
         replace(m, num_sliding_window_layers=0)
     with pytest.raises(SpecError, match="num_sliding_window_layers"):
         replace(m, num_sliding_window_layers=25)
+
+
+def test_kv_width_counts_mlas_narrower_value_heads():
+    # DeepSeek-V3: 128 heads, K of 192 (128 nope + 64 rope), V of 128 (DeepSeek-V2 Sec. 2.1)
+    ds = load_model("deepseek-v3")
+    assert ds.kv_pair_dim == 128 * (192 + 128)
+    # GQA: K and V alike, 2·k·d
+    llama = load_model("llama3-8b")
+    assert llama.kv_pair_dim == 2 * 8 * 128

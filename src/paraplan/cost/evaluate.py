@@ -581,8 +581,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     tp_fwd_exp, tp_bwd_exp = tp_fwd_exp + tp_host_fwd, tp_bwd_exp + tp_host_bwd
 
     # ---------------- CP K/V exchange per layer (CP ranks sit t apart) ----------------
-    # this rank's K and V: T tokens × 2·kvd/t; MLA exchanges its up-projected K/V as well
-    kv_bytes = ab * T * 2.0 * kvd / t
+    # this rank's K and V: T tokens × (K + V width)/t (2k·d; MLA its up-projected K and V, a·d_qk + a·d_v)
+    kv_bytes = ab * T * model.kv_pair_dim / t
     cpc = np.asarray(plan.cp_comm_type_code)
     # p2p ring (Liu et al. 2023; Megatron-Core's default): c−1 steps, each K/V chunk sent
     # under the previous step's attention kernel; backward passes K/V and returns dK/dV.
@@ -606,7 +606,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023 Sec. 3): Q, K, V from sequence shards
     # to head shards before the kernel, the output back after it; backward the same volumes
     # in reverse. Nothing to hide behind: all exposed. One rank's buffer per all-to-all.
-    a2a_qkv = collective_time_s(cluster, Collective.ALL_TO_ALL, ab * T * (qd + 2.0 * kvd) / t, c, t)
+    a2a_qkv = collective_time_s(cluster, Collective.ALL_TO_ALL, ab * T * (qd + model.kv_pair_dim) / t, c, t)
     a2a_out = collective_time_s(cluster, Collective.ALL_TO_ALL, ab * T * qd / t, c, t)
     uly = a2a_qkv + a2a_out
     is_ag = cpc == CPCommType.ALL_GATHER.code

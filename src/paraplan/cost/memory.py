@@ -112,7 +112,7 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     replicated = (2.0 * a * h + gi * h + w * gi * h + (1.0 - w) * a * h + (2.0 * h if model.dropout else 0.0)
                   + mla)
     act_in = a * f * (2 if model.gated_mlp else 1)
-    split = (a * (model.q_dim + 2 * model.kv_dim) + a * model.v_dim
+    split = (a * (model.q_dim + model.kv_pair_dim) + a * model.v_dim
              + w * (act_in + gi * f))
     # scores and softmax output (a bytes each) and the dropout mask (1 byte): 5·a·s at 16 bits
     scores = (2.0 * a + 1.0) * model.num_heads * np.asarray(seq_len, dtype=float)
@@ -121,7 +121,7 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     # other norms into the next linear layer (LayerNormLinear / LayerNormMLP), and a fused
     # norm is not recomputed (Megatron-Core transformer_layer.py, gpt_layer_specs.py).
     norm_outputs = (gi * h if model.is_mla else 0.0) + (1.0 - w) * a * h
-    mla_qkv = a * (model.q_dim + 2 * model.kv_dim) if model.is_mla else 0.0
+    mla_qkv = a * (model.q_dim + model.kv_pair_dim) if model.is_mla else 0.0
     return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=a * h,
                            modules_replicated=norm_outputs, modules_split=mla_qkv,
                            eager_split=w * a * f if model.gated_mlp else 0.0,

@@ -191,7 +191,7 @@ def serve_memory(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, limits
     # fp32 logits for max_batch rows (TensorRT-LLM sizes both at engine build).
     f_local = (model.num_mlp_matrices - 1) * max(model.ffn_hidden_size, model.moe_ffn_hidden_size * max(model.top_k, 1)) / t
     tok = limits.max_num_tokens
-    workspace = tok * (2 * model.hidden_size + (model.q_dim + 2 * model.kv_dim) / t + f_local) * ACT_BYTES
+    workspace = tok * (2 * model.hidden_size + (model.q_dim + model.kv_pair_dim) / t + f_local) * ACT_BYTES
     workspace += min(limits.max_batch, tok) * model.vocab_size / t * LOGIT_BYTES
     free = gpu.hbm_bytes - weights - workspace - gpu.reserved_bytes
     kv_cache = max(free, 0.0) * limits.kv_free_fraction

@@ -113,6 +113,13 @@ class ModelSpec:
         return (self.num_heads if self.is_mla else self.num_kv_heads) * self.head_dim
 
     @property
+    def kv_pair_dim(self) -> int:
+        """Width of K and V together as the attention kernel reads them: 2·k·d, or for MLA
+        a·d_qk + a·d_v (its value heads are narrower than its query/key heads)."""
+        heads = self.num_heads if self.is_mla else self.num_kv_heads
+        return self.kv_dim + heads * (self.v_head_dim or self.head_dim)
+
+    @property
     def v_dim(self) -> int:
         """Value / attention-output width a·d_v (d_v = head_dim unless MLA sets it)."""
         return self.num_heads * (self.v_head_dim or self.head_dim)
