@@ -353,12 +353,14 @@ def test_sliding_window_kv_needs_windows(capsys):
     assert "--sliding-window-kv" in line and "llama3-8b" in line
 
 
-def test_hf_config_counts_have_a_maximum(capsys, tmp_path):
+@pytest.mark.parametrize("field,most", [("num_hidden_layers", "10000"), ("hidden_size", "2147483647")])
+def test_hf_config_counts_have_a_maximum(capsys, tmp_path, field, most):
+    config = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096,
+              "intermediate_size": 11008, "num_attention_heads": 32, "vocab_size": 32000}
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 99999999999999, "hidden_size": 4096,
-                                "intermediate_size": 11008, "num_attention_heads": 32, "vocab_size": 32000}))
+    path.write_text(json.dumps({**config, field: 99999999999999}))
     line = _error(capsys, "estimate", "--model", str(path), "--gpus", "8", "--batch", "8", "--seq", "1024")
-    assert "num_hidden_layers" in line and "2147483647" in line
+    assert field in line and most in line
 
 
 def test_run_refuses_an_empty_hardware_before_starting(capsys):
@@ -369,3 +371,169 @@ def test_run_refuses_an_empty_hardware_before_starting(capsys):
 def test_unknown_precision_names_the_flag(capsys):
     line = _error(capsys, "estimate", "--precision", "fp9")
     assert "--precision='fp9'" in line and "bf16" in line
+
+
+# ---------------------------------------------------------------- 20. fuzzing: nested and huge numbers in files
+
+DEEP_TOML, DEEP_JSON = "x = " + "[" * 5000 + "]" * 5000 + "\n", "[" * 5000 + "]" * 5000
+HUGE_TOML = MODEL_TOML.replace("num_layers = 4", "num_layers = " + "9" * 5001)
+HUGE_JSON = '{"model_type": "llama", "num_hidden_layers": ' + "9" * 5001 + "}"
+
+
+@pytest.mark.parametrize("argv,name,text", [
+    (lambda p: ["estimate", "--model", p, *SMALL[2:]], "m.toml", DEEP_TOML),
+    (lambda p: ["estimate", "--model", p, *SMALL[2:]], "m.toml", HUGE_TOML),
+    (lambda p: ["estimate", "--model", p, *SMALL[2:]], "config.json", DEEP_JSON),
+    (lambda p: ["estimate", "--model", p, *SMALL[2:]], "config.json", HUGE_JSON),
+    (lambda p: ["estimate", *SMALL, "--cluster", p], "c.toml", DEEP_TOML),
+    (lambda p: ["validate", str(VALIDATION / "training_dev.csv"), "--hardware", p], "h.toml", DEEP_TOML),
+    (lambda p: ["embeddings", "--gpus", "8", "--profile", p], "p.toml", DEEP_TOML),
+    (lambda p: ["compare", p], "r.json", DEEP_JSON),
+    (lambda p: ["compare", p], "r.json", '{"kind": ' + "9" * 5001 + "}"),
+    (lambda p: ["calibrate", "--from-raw", p], "raw.json", DEEP_JSON),
+    (lambda p: ["calibrate", "--from-raw", p], "raw.json", '{"ranks": ' + "9" * 5001 + "}"),
+])
+def test_deeply_nested_or_huge_integer_file_is_one_line(capsys, tmp_path, argv, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    line = _error(capsys, *argv(str(path)))
+    assert f"error: {path}" in line and ("nested too deeply" in line or "more than 4300 digits" in line)
+
+
+# ---------------------------------------------------------------- 21. fuzzing: plan and workload integers
+
+@pytest.mark.parametrize("argv,flag,most", [
+    (["estimate", *SMALL, "--dp", "99999999999999999999"], "--dp", "1,048,576"),
+    (["estimate", *SMALL, "--pp", "2", "--vp", "4611686018427387904"], "--vp", "1,048,576"),
+    (["estimate", *SMALL, "--mb", "1048577"], "--mb", "1,048,576"),
+    (["estimate", *SMALL, "--dp-shard", "99999999999999999999"], "--dp-shard", "1,048,576"),
+    (["estimate", *SMALL, "--recompute", "first_k", "--recompute-layers", "99999999999"], "--recompute-layers",
+     "10,000"),
+    (["estimate", "--model", "mpt-125m", "--gpus", "8", "--seq", "1024", "--batch", "99999999999999999999"], "--batch",
+     "2,147,483,647"),
+    (["search", "--model", "mpt-125m", "--gpus", "8", "--batch", "8", "--seq", "99999999999999999999"], "--seq",
+     "2,147,483,647"),
+    (["search", "--model", "mpt-125m", "--gpus", "99999999999", "--batch", "8"], "--gpus", "1,048,576"),
+    (["estimate", "--model", "mpt-125m", "--gpus", "8", "--seq", "1", "--batch-tokens", "1099511627777"],
+     "--batch-tokens", "1,099,511,627,776"),
+    (["estimate", "--model", "mpt-125m", "--gpus", "8", "--seq", "1", "--batch-tokens", "4294967296"],
+     "--batch-tokens", "2147483647"),
+    (["scale", *SMALL, "--counts", "8,99999999999"], "--counts", "1,048,576"),
+])
+def test_plan_and_workload_integers_have_a_maximum(capsys, argv, flag, most):
+    line = _error(capsys, *argv)
+    assert flag in line and most in line
+
+
+def test_model_layers_have_a_maximum(capsys, tmp_path):
+    # per-layer lists (the MoE layout, a trace's events) of 200,000 layers took gigabytes
+    path = tmp_path / "m.toml"
+    path.write_text(MODEL_TOML.replace("num_layers = 4", "num_layers = 200000"))
+    line = _error(capsys, "estimate", "--model", str(path), *SMALL[2:])
+    assert f"{path}:2:" in line and "num_layers" in line and "10,000" in line
+
+
+def test_hf_moe_layers_have_a_maximum_before_the_layer_list(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "qwen3_moe", "num_hidden_layers": 20000, "hidden_size": 2048,
+                                "intermediate_size": 6144, "num_attention_heads": 32, "num_key_value_heads": 4,
+                                "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8,
+                                "moe_intermediate_size": 768}))
+    line = _error(capsys, "estimate", "--model", str(path), "--gpus", "8", "--batch", "8", "--seq", "1024")
+    assert "num_hidden_layers" in line and "10000" in line
+
+
+def test_the_largest_batch_and_sequence_still_estimate(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "mpt-125m", "--gpus", "2", "--pp", "2", "--batch",
+                         "2147483646", "--seq", "2147483647", "--json")
+    assert code == 0, err
+    assert "NaN" not in out and json.loads(out)["step_time_s"] > 0
+
+
+# ---------------------------------------------------------------- 22. fuzzing: --moe-imbalance
+
+MOE = ["--model", "mixtral-8x7b", "--gpus", "8", "--batch", "8", "--seq", "1024"]
+
+
+@pytest.mark.parametrize("argv,most", [
+    (["estimate", *MOE, "--ep", "8", "--moe-imbalance", "1e300"], "to 4"),    # E/k = 8/2
+    (["estimate", *MOE, "--ep", "8", "--moe-imbalance", "1e300", "--json"], "to 4"),
+    (["estimate", *MOE, "--ep", "2", "--moe-imbalance", "3"], "to 2"),       # EP = 2
+    (["search", *MOE, "--moe-imbalance", "4.5"], "to 4"),
+])
+def test_moe_imbalance_is_at_most_ep_and_experts_over_top_k(capsys, argv, most):
+    line = _error(capsys, *argv)
+    assert "--moe-imbalance" in line and most in line
+
+
+def test_moe_imbalance_at_its_maximum_is_a_number(capsys):
+    code, out, err = run(capsys, "estimate", *MOE, "--ep", "8", "--moe-imbalance", "4", "--json")
+    assert code == 0, err
+    assert "NaN" not in out and json.loads(out)["step_time_s"] > 0
+
+
+def test_a_searched_plan_takes_at_most_ep_as_its_imbalance():
+    # a rank of EP = 2 receives at most every token: λ = 4 prices it as λ = 2
+    from dataclasses import replace
+    from paraplan.cost.estimate import estimate
+    from paraplan.plan.plan import make_plan
+    from paraplan.specs.catalog import load_cluster, load_model
+    from paraplan.specs.workload import Workload
+    model, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", num_gpus=8)
+    plan = make_plan(tp=1, pp=1, dp=8, ep=2)
+    wl = Workload(global_batch_size=8, seq_len=1024, moe_imbalance=2.0)
+    assert estimate(model, cluster, replace(wl, moe_imbalance=4.0), plan).step_time_s == pytest.approx(
+        estimate(model, cluster, wl, plan).step_time_s)
+
+
+# ---------------------------------------------------------------- 23. fuzzing: serve names the engine limit
+
+def test_serve_names_max_num_tokens_when_its_workspace_fills_the_gpu(capsys):
+    line = _error(capsys, "serve", "--max-num-tokens", "10000000")
+    assert "--max-num-tokens" in line and "workspace" in line and "TP1 PP1 w:bf16" not in line
+
+
+def test_serve_still_names_the_weights_when_they_do_not_fit(capsys):
+    line = _error(capsys, "serve", "--model", "llama3.1-405b", "--gpus", "1")
+    assert "weights" in line and "--max-num-tokens" not in line
+
+
+# ---------------------------------------------------------------- 24. fuzzing: --version, subcommand hints
+
+def test_version_prints_the_package_version(capsys):
+    from importlib.metadata import version
+    code, out, err = run(capsys, "--version")
+    assert code == 0 and out.strip() == f"paraplan {version('paraplan')}" and not err
+
+
+@pytest.mark.parametrize("argv,command", [(["serve", "--seq", "4"], "serve"), (["estimate", "--foo"], "estimate"),
+                                          (["compare", "r.json", "--tp", "2"], "compare")])
+def test_unknown_option_points_to_the_subcommand_help(capsys, argv, command):
+    line = _error(capsys, *argv)
+    assert "unrecognized arguments" in line and f"see `paraplan {command} --help`" in line
+
+
+# ---------------------------------------------------------------- 25. fuzzing: names and physical bounds in files
+
+def test_hf_name_or_path_must_be_a_string(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_name_or_path": ["a", "b"], "model_type": "llama", "num_hidden_layers": 2,
+                                "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+                                "vocab_size": 100}, indent=1))
+    line = _error(capsys, "estimate", "--model", str(path), "--gpus", "1", "--batch", "1", "--seq", "64")
+    assert f"{path}:2:" in line and "_name_or_path" in line
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ("gb_per_s = 450.0", "gb_per_s = 1e-300", "nvlink.gb_per_s"),
+    ("gbit_per_s = 400.0", "gbit_per_s = 1e300", "scaleout.gbit_per_s"),
+    ("latency_us = 5.0", "latency_us = 1e9", "latency_us"),
+])
+def test_cluster_link_numbers_have_physical_bounds(capsys, tmp_path, old, new, field):
+    from paraplan.specs.catalog import CATALOG_DIR
+    text = (CATALOG_DIR / "clusters" / "dgx-h100.toml").read_text()
+    assert old in text
+    path = tmp_path / "c.toml"
+    path.write_text(text.replace(old, new, 1))
+    line = _error(capsys, "estimate", *SMALL, "--cluster", str(path))
+    assert str(path) in line and field in line and "from" in line

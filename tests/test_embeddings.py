@@ -233,3 +233,13 @@ def test_profiled_table_never_has_more_distinct_rows_than_rows():
     assert t.unique_share(n) * n <= t.num_rows
     big = EmbeddingTable(name="b", num_rows=10**9, dim=128, access=prof)
     assert big.unique_share(n) == prof.unique_share
+
+
+def test_profiled_cache_hit_rate_does_not_depend_on_the_shard_count():
+    # a row-wise shard never has more distinct rows than it holds: 20% of each shard cached
+    # serves the same share of its lookups whether the table is split 1 or 8 ways
+    from paraplan.embeddings.cost import _hit_rate
+    t = EmbeddingTable(name="a", num_rows=1_000_000, dim=128, access=load_profile())
+    one = _hit_rate(t, 0.2 * 1_000_000, 1_000_000, 1e8)
+    eight = _hit_rate(t, 0.2 * 125_000, 125_000, 1e8 / 8)
+    assert eight == pytest.approx(one)

@@ -242,3 +242,24 @@ def test_shared_experts_hide_the_all_to_all_only_on_megatron():
     from paraplan.export.megatron import arguments
     assert "--moe-shared-expert-overlap" in " ".join(map(str, arguments(_plan(), shared, WL)))
     assert "--moe-shared-expert-overlap" not in " ".join(map(str, arguments(_plan(), MOE, WL)))
+
+
+def test_expert_gradients_reduce_with_one_data_parallel_rank():
+    # TP8 EP2 on 8 GPUs: DP = 1, but each expert shard replicates over EDP = 8/2 = 4 ranks
+    c = _cluster(8)
+    wl = replace(WL, global_batch_size=8)
+    est = estimate(MOE, c, wl, _plan(tp=8, dp=1, ep=2, sequence_parallel=True, zero=ZeroStage.OPTIMIZER))
+    assert est.time.dp_comm_s > 0
+
+
+def test_shared_expert_overlap_needs_an_all_to_all():
+    # EP 1 with expert TP: no dispatch to hide behind, no flag exported, nothing hidden
+    from paraplan.cost.moe import shared_expert_overlap
+    from paraplan.export.megatron import arguments
+    shared = replace(MOE, shared_expert_ffn_hidden_size=2048)
+    c = _cluster()
+    plan = _plan(tp=2, dp=8, ep=1, etp=2, sequence_parallel=True)
+    assert not shared_expert_overlap(shared, plan)
+    assert "--moe-shared-expert-overlap" not in " ".join(map(str, arguments(plan, shared, WL)))
+    assert estimate(shared, c, WL, plan).time.ep_comm_s == pytest.approx(
+        estimate(shared, c, WL, replace(plan, fused_kernels=False)).time.ep_comm_s, rel=0.02)

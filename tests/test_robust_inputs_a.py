@@ -289,3 +289,84 @@ def test_a_bad_base_cluster_is_refused_before_measuring(capsys, tmp_path, monkey
     monkeypatch.setattr(meas.Measurements, "from_json", None)  # must not get that far
     code, out, err = run(capsys, "calibrate", "--from-raw", _raw(tmp_path), "--base-cluster", "no-such-cluster")
     assert "no-such-cluster" in assert_user_error(code, out, err)
+
+
+# ---------------------------------------------------------------- fuzzing: run checks before launching
+
+@pytest.mark.parametrize("flags,flag", [
+    (["--seed", "99999999999999999999"], "--seed"), (["--seed", "4294967296"], "--seed"),
+    (["--vocab", "99999999999999999999"], "--vocab"), (["--seq", "99999999999999999999"], "--seq"),
+    (["--batch", "99999999999999999999"], "--batch"), (["--mb", "99999999999999999999"], "--mb"),
+    (["--layers", "99999999999"], "--layers"), (["--steps", "99999999999"], "--steps"),
+    (["--warmup", "99999999999"], "--warmup"), (["--dp", "99999999999"], "--dp"),
+    (["--dp", "2048"], "ranks (--tp × --pp × --dp)"),
+    # no --batch: the default dp × mb × pp × 2 would pass the workload's bound
+    (["--batch", None, "--dp", "1024", "--mb", "1048576"], "--mb"),
+])
+def test_run_bounds_its_flags_before_launching(capsys, tmp_path, monkeypatch, flags, flag):
+    import paraplan.run.cli as run_cli
+
+    def launched(*a, **k):
+        raise AssertionError("torchrun started")
+    monkeypatch.setattr(run_cli, "_launch", launched)
+    argv = list(TINY_RUN)
+    if flags[:2] == ["--batch", None]:
+        i = argv.index("--batch")
+        del argv[i:i + 2]
+        flags = flags[2:]
+    out = tmp_path / "r.json"
+    line = assert_user_error(*run(capsys, "run", *argv, *flags, "-o", str(out)))
+    assert flag in line
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- fuzzing: calibrate writes both files or none
+
+def test_calibrate_full_disk_leaves_neither_raw_nor_profile(capsys, tmp_path, monkeypatch):
+    import errno
+    import paraplan.outfile as outfile
+    raw = _raw(tmp_path)
+    written = []
+    real = outfile._write_all
+
+    def second_fills_the_disk(fd, payload):
+        written.append(len(payload))
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, payload)
+    monkeypatch.setattr(outfile, "_write_all", second_fills_the_disk)
+    code, out, err = run(capsys, "calibrate", "--from-raw", raw, "--raw", str(tmp_path / "raw_copy.json"),
+                         "-o", str(tmp_path / "p.toml"))
+    assert "No space left on device" in assert_user_error(code, out, err)
+    assert _files(tmp_path) == ["raw.json"]
+
+
+@pytest.mark.parametrize("outputs,option", [
+    (lambda d, raw: ["--raw", str(d / "x.json"), "-o", str(d / "x.json")], "--raw"),
+    (lambda d, raw: ["--raw", str(d / "x.json"), "-o", str(d / "." / "x.json")], "--raw"),
+    (lambda d, raw: ["-o", raw], "--output"),
+    (lambda d, raw: ["--raw", raw, "-o", str(d / "p.toml")], "--raw"),
+])
+def test_calibrate_outputs_must_differ_from_each_other_and_the_input(capsys, tmp_path, outputs, option):
+    raw = _raw(tmp_path)
+    before = (tmp_path / "raw.json").read_text()
+    line = assert_user_error(*run(capsys, "calibrate", "--from-raw", raw, *outputs(tmp_path, raw)))
+    assert f"{option}=" in line and "a file other than" in line
+    assert _files(tmp_path) == ["raw.json"] and (tmp_path / "raw.json").read_text() == before
+
+
+def test_calibrate_summary_keeps_a_device_name_on_one_line(capsys, tmp_path):
+    m = json.loads(_measurements().to_json())
+    m["device_name"] = "evil\nGEMM peak 1 GFLOP/s"
+    code, out, err = run(capsys, "calibrate", "--from-raw", _raw(tmp_path, json.dumps(m)), "-o", str(tmp_path / "p.toml"))
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("evil\\nGEMM peak 1 GFLOP/s: ")
+    assert sum(line.startswith("GEMM peak") for line in out.splitlines()) == 1
+
+
+# ---------------------------------------------------------------- fuzzing: compare --hardware is checked first
+
+def test_compare_unknown_hardware_names_the_flag_not_the_report(capsys, tmp_path):
+    report = _report(tmp_path)
+    line = assert_user_error(*run(capsys, "compare", "--hardware", "dgx-h1000", report))
+    assert "--hardware='dgx-h1000'" in line and "closest: dgx-h100" in line and report not in line

@@ -108,12 +108,26 @@ def test_blank_required_cell_skips_the_row_with_its_reason(capsys, tmp_path, hea
     assert d["summary"]["n_skipped"] == 1
 
 
-def test_unknown_gpu_is_still_skipped_with_its_reason(capsys, tmp_path):
-    path = _csv(tmp_path, TRAINING_HEADER, TRAINING_ROW, gpu="Z100")
+@pytest.mark.parametrize("gpu", ["Z100", "H1000", "xH100"])
+def test_unknown_gpu_skips_its_row_with_the_closest_names(capsys, tmp_path, gpu):
+    # a GPU family counts only as a whole word ("H1000" is no H100); a GPU without a preset
+    # lacks what a prediction needs: its row is skipped, naming line, column and the
+    # closest presets (one such row must not refuse a file of published runs)
+    path = _csv(tmp_path, TRAINING_HEADER, TRAINING_ROW, gpu=gpu)
     code, out, err = run(capsys, "validate", str(path), "--json")
     assert code == 0, err
     (r,) = json.loads(out)["rows"]
-    assert "unknown cluster 'Z100'" in r["skipped"]
+    assert r["predicted"] is None
+    assert f"{path}:2" in r["skipped"] and "gpu=" in r["skipped"] and repr(gpu) in r["skipped"]
+    assert "closest: H100" in r["skipped"]
+
+
+@pytest.mark.parametrize("gpu,cluster", [("H100 80GB HBM3", "dgx-h100"), ("A100-SXM4-80GB", "dgx-a100-80gb"),
+                                         ("a100 40gb", "dgx-a100-40gb"), ("H200", "dgx-h200"),
+                                         ("dgx-h100", "dgx-h100")])
+def test_gpu_names_and_aliases_pick_their_cluster(gpu, cluster):
+    from paraplan.validate.training import _cluster_for
+    assert _cluster_for({**TRAINING_ROW, "gpu": gpu}, "rows.csv", 2) == cluster
 
 
 def test_gpus_not_a_multiple_of_the_replica_skips_the_row(capsys, tmp_path):
@@ -227,3 +241,35 @@ def test_published_files_still_parse_without_error():
     for line, row in read_rows(path, REQUIRED_COLUMNS, "a training file"):
         row_result(row, path, line, ("iteration_time_s",))
         row_setup(row, path, line)
+
+
+# ---------------------------------------------------------------- validate: fuzzing
+
+def test_a_column_named_twice_refuses_the_file(capsys, tmp_path):
+    path = tmp_path / "rows.csv"
+    header = TRAINING_HEADER + ["tp"]
+    path.write_text(",".join(header) + "\n" + ",".join([TRAINING_ROW[c] for c in TRAINING_HEADER] + ["4"]) + "\n")
+    line = _validate_error(capsys, path)
+    assert f"{path}:1:" in line and "'tp'" in line and "2 times" in line
+
+
+@pytest.mark.parametrize("column,value,rule", [("kv_heads", "3", "must divide"), ("hidden", "6145", "multiple of heads")])
+def test_an_architecture_no_model_has_skips_its_row_naming_the_cell(capsys, tmp_path, column, value, rule):
+    path = _csv(tmp_path, TRAINING_HEADER, TRAINING_ROW, **{column: value})
+    code, out, err = run(capsys, "validate", str(path), "--json")
+    assert code == 0, err
+    (r,) = json.loads(out)["rows"]
+    assert r["predicted"] is None
+    assert f"{path}:2" in r["skipped"] and f"{column}={value!r}" in r["skipped"] and rule in r["skipped"]
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda d: (d / "somedir").mkdir() or d / "somedir", "is a directory"),
+    (lambda d: Path("/dev/null"), "is empty"),
+    (lambda d: write(d, "empty.csv", ""), "is empty"),
+    (lambda d: d / "missing.csv", "no such file"),
+])
+def test_validate_says_what_the_path_is(capsys, tmp_path, make, says):
+    path = make(tmp_path)
+    line = _validate_error(capsys, path)
+    assert f"error: {path}: {says}" in line

@@ -42,7 +42,7 @@ def test_pinned_search_still_honours_a_valid_pin(capsys):
 
 
 def test_batch_too_small_for_the_gpu_count_says_what_must_divide(capsys):
-    line = assert_user_error(main(["search", "--gpus", "16777216"]), *capsys.readouterr())
+    line = assert_user_error(main(["search", "--gpus", "1048576", "--batch", "1"]), *capsys.readouterr())
     assert "must divide the batch" in line and "fewer GPUs" in line
 
 
@@ -61,7 +61,7 @@ def test_non_finite_numbers_are_refused(flags, capsys):
 def test_a_count_past_the_limit_is_a_one_line_error(capsys):
     # the plan space enumerates divisors of the count: 10^19 GPUs once hung the search
     code, out, err = run(capsys, "search", "--gpus", "10000000000000000000")
-    assert code == 2 and "num_gpus" in err and "at most 100,000,000" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--gpus" in err and "1 to 1,048,576" in err and len(err.strip().splitlines()) == 1
 
 
 def test_sequence_parallel_needs_tp_to_divide_the_sequence(capsys):
@@ -95,3 +95,18 @@ def test_top_above_the_resimulated_count_is_honoured(capsys):
     import json
     assert main(BASE + ["--top", "100", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["ranked"]) == 100
+
+
+def test_one_gpu_still_offloads_the_optimizer(capsys):
+    # one data-parallel rank: ZeRO-0 stands for every stage, but ZeRO-Offload (ZeRO-1 + offload) stays
+    import json
+    assert main(["search", "--model", "llama3-8b", "--gpus", "1", "--seq", "4096", "--batch", "8", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["ranked"][0]["plan"]
+    assert best["offload_optimizer"] and best["zero"] == "1"
+
+
+def test_engine_bounds_that_leave_nothing_are_named(capsys):
+    # TP2 is valid on 2 GPUs with one sequence, but torchtitan runs TP only beside FSDP
+    line = assert_user_error(main(["search", "--engine", "torchtitan", "--model", "llama3-8b", "--gpus", "2",
+                                   "--batch", "1", "--seq", "4098"]), *capsys.readouterr())
+    assert "the engine can build" in line and "valid without --engine" in line

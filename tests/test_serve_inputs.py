@@ -34,3 +34,14 @@ def test_serve_one_output_token_prints_no_tpot(capsys):
     assert tpot_row.split()[2:] == ["-"] * 4
     goodput = next(line for line in out.splitlines() if line.startswith("goodput"))
     assert "completed" in goodput and "offered 8 req/s" in goodput
+
+
+def test_serve_one_output_token_json_has_no_tpot(capsys):
+    """--json says the same as the table: no TPOT for one output token (null, not 0)."""
+    import json
+    code, out, err = run(capsys, "serve", "--model", "llama3.1-8b", "--gpus", "1", "--requests", "40",
+                         "--prompt", "256", "--output", "1", "--tp", "1", "--weights", "fp8", "--kv", "fp8", "--json")
+    assert code == 0, err
+    best = json.loads(out)["ranked"][0]
+    assert best["tpot_floor_s"] is None and best["ttft_floor_s"] > 0
+    assert best["at_rate"]["tpot_p50_s"] is None and best["at_rate"]["ttft_p50_s"] > 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from .specs.files import MAX_COUNT
+
 
 def _parse(text: str, kind, what: str):
     try:
@@ -30,6 +32,30 @@ def positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v} must be >= 1")
     return v
+
+
+# Upper bounds of the integer plan and workload flags, so that no product the plan space
+# forms (TP×CP×DP, DP×micro-batch, PP×VP, global batch × sequence) leaves int64 and no
+# divisor loop runs for hours. A parallel degree, a micro-batch or a GPU count up to 2**20
+# (1,048,576: several times the largest clusters built); a global batch or a sequence up to
+# 2**31 - 1, the most a model or cluster file may count (specs/files.py MAX_COUNT).
+MAX_DEGREE = 2**20
+MAX_BATCH_TOKENS = 2**40  # --batch-tokens: a trillion tokens per step (Llama 3 405B took 16M)
+
+
+def int_up_to(most: int, least: int = 1):
+    """An argparse type: a whole number from `least` (1 or 0) to `most`."""
+    def parse(text: str) -> int:
+        v = positive_int(text) if least == 1 else non_negative_int(text)
+        if v > most:
+            raise argparse.ArgumentTypeError(f"{v} is not allowed; allowed: {least} to {most:,}")
+        return v
+    parse.__name__ = f"int_up_to_{most}"
+    return parse
+
+
+degree = int_up_to(MAX_DEGREE)  # a parallel degree, a micro-batch, a GPU count
+count = int_up_to(MAX_COUNT)  # a global batch, a sequence length
 
 
 def non_negative_int(text: str) -> int:

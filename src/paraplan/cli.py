@@ -17,7 +17,10 @@ from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import non_empty as _non_empty
 from .argtypes import positive_int as _positive_int
+from .argtypes import MAX_BATCH_TOKENS, MAX_DEGREE, count as _count, degree as _degree, int_up_to as _int_up_to
 from .errors import ParaplanError, SpecError
+from .specs.files import MAX_COUNT
+from .specs.model import MAX_LAYERS
 from .specs.workload import ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S
 from .units import GIGA as _GIGA
 
@@ -39,11 +42,12 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset name, model TOML or HF config.json (default {DEFAULT_MODEL})")
     g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster preset or TOML (default {DEFAULT_CLUSTER})")
     g.add_argument("--hardware", default=None, type=_non_empty, help="a calibrated hardware profile TOML (overrides --cluster)")
-    g.add_argument("--gpus", type=_positive_int, default=DEFAULT_GPUS, help=f"number of GPUs (default {DEFAULT_GPUS})")
-    g.add_argument("--seq", type=_positive_int, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
+    g.add_argument("--gpus", type=_degree, default=DEFAULT_GPUS, help=f"number of GPUs (default {DEFAULT_GPUS})")
+    g.add_argument("--seq", type=_count, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
     b = g.add_mutually_exclusive_group()
-    b.add_argument("--batch", type=_positive_int, help="global batch in sequences")
-    b.add_argument("--batch-tokens", type=_positive_int, help=f"global batch in tokens (default {DEFAULT_BATCH_TOKENS})")
+    b.add_argument("--batch", type=_count, help="global batch in sequences")
+    b.add_argument("--batch-tokens", type=_int_up_to(MAX_BATCH_TOKENS),
+                   help=f"global batch in tokens (default {DEFAULT_BATCH_TOKENS})")
     g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, tf32 or fp32 (default bf16; tf32/fp32: "
                    "4-byte activations, weights and gradients)")
     g.add_argument("--optimizer", default="adam",
@@ -51,9 +55,10 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
     g.add_argument("--tokens", type=_positive_float, default=1e12, help="token budget to train (default 1e12)")
     g.add_argument("--price", type=_positive_float, default=None, help="$ per GPU-hour (default: the cluster's)")
-    g.add_argument("--moe-imbalance", type=float, default=1.1,
+    g.add_argument("--moe-imbalance", type=float, default=None,
                    help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
-                        "(default 1.1, an assumption; 1.0 = perfectly balanced)")
+                        "(default 1.1, an assumption; 1.0 = perfectly balanced; at most EP and "
+                        "experts/top-k, where a rank receives every token)")
     g.add_argument("--interruptions-per-gpu-day", type=_non_negative_float, default=LLAMA3_INTERRUPTIONS_PER_GPU_DAY,
                    help=f"job interruptions per GPU per day (default {LLAMA3_INTERRUPTIONS_PER_GPU_DAY:.2g}: Llama 3's "
                         "419 in 54 days on 16,384 H100; 0: no failures)")
@@ -72,15 +77,15 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                       ("cp", "context parallel"), ("ep", "expert parallel (MoE)"),
                       ("etp", "expert tensor parallel (MoE)"), ("vp", "virtual stages per pipeline rank"),
                       ("mb", "micro-batch size (sequences)")):
-        g.add_argument(f"--{name}", type=_positive_int, default=None, help=hlp)
+        g.add_argument(f"--{name}", type=_degree, default=None, help=hlp)
     if required:
         g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (default 1f1b / interleaved if --vp>1)")
         g.add_argument("--recompute", default="none",
                        help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules)")
-        g.add_argument("--recompute-layers", type=_positive_int, default=0, help="layers per stage for first_k")
+        g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
         g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")
-        g.add_argument("--dp-shard", type=_positive_int, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
+        g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
@@ -137,6 +142,25 @@ def _finite_flag(flag: str, value: float) -> float:
     return value
 
 
+def _check_moe_imbalance(args, model) -> None:
+    """--moe-imbalance is the busiest EP rank's routed tokens over the mean: a rank receives
+    each token at most min(k, E/ep) times of the k·T/ep it gets on average, so the factor is
+    at most min(EP, E/k) (cost/moe.py load_factor); EP where it is pinned, else E/k."""
+    lam = args.moe_imbalance
+    if lam is None or not model.is_moe:
+        return
+    most = model.num_experts / model.top_k
+    ep = getattr(args, "ep", None)
+    if ep is not None and ep > 1:
+        most = min(most, float(ep))
+    if not 1.0 <= lam <= most:  # also false for nan
+        pinned = f"EP = {ep} and " if ep is not None and ep > 1 else ""
+        raise SpecError("workload", "--moe-imbalance", lam,
+                        f"from 1.0 to {most:g} is allowed: the busiest rank's load over the mean is at most "
+                        f"{pinned}experts/top-k = {model.num_experts}/{model.top_k} of {model.name} "
+                        "(one rank receiving every token)")
+
+
 def _specs(args):
     from .specs.catalog import load_cluster, load_model
     from .specs.workload import Optimizer, Workload, parse_precision
@@ -146,6 +170,7 @@ def _specs(args):
         raise SpecError("workload", "--optimizer", args.optimizer,
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
+    _check_moe_imbalance(args, model)
     cluster = load_cluster(args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
@@ -154,8 +179,11 @@ def _specs(args):
         if tokens % args.seq:
             raise SpecError("workload", "batch_tokens", tokens, f"must be a multiple of --seq {args.seq}")
         gbs = tokens // args.seq
+        if gbs > MAX_COUNT:
+            raise SpecError("workload", "--batch-tokens", tokens, f"at most {MAX_COUNT} sequences of --seq {args.seq}")
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
-                  optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price, moe_imbalance=args.moe_imbalance,
+                  optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
+                  **({} if args.moe_imbalance is None else {"moe_imbalance": args.moe_imbalance}),
                   restart_s=_finite_flag("--restart-min", 60.0 * args.restart_min),
                   storage_bytes_per_s=_finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
                   interruptions_per_gpu_day=args.interruptions_per_gpu_day)
@@ -284,9 +312,9 @@ def _gpu_counts(text: str) -> tuple[int, ...]:
         counts = tuple(int(x) for x in text.split(","))
     except ValueError:
         counts = ()
-    if not counts or any(n < 1 for n in counts):
-        raise SpecError("scale", "--counts", text, "GPU counts separated by commas, each a whole number >= 1 "
-                        "(e.g. 1024,2048,4096)")
+    if not counts or any(not 1 <= n <= MAX_DEGREE for n in counts):
+        raise SpecError("scale", "--counts", text, f"GPU counts separated by commas, each a whole number from 1 to "
+                        f"{MAX_DEGREE:,} (e.g. 1024,2048,4096)")
     return tuple(sorted(set(counts)))
 
 
@@ -444,10 +472,10 @@ def cmd_validate(args) -> int:
     run = validate_inference_file if is_inference_file(args.file) else validate_file
     kw = {}
     if args.hardware:  # a bad profile is one line before any row is predicted
-        from .specs.catalog import load_cluster
+        from .specs.catalog import load_flag_cluster
         if run is not validate_file:
             raise SpecError("validate", "--hardware", args.hardware, "only training-measurement files take a profile")
-        load_cluster(args.hardware)
+        load_flag_cluster("validate", "--hardware", args.hardware)
         kw["hardware"] = args.hardware
     result = run(args.file, progress=_progress if (not args.json and sys.stderr.isatty()) else None, **kw)
     if args.json:
@@ -588,6 +616,7 @@ def cmd_embeddings(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="paraplan", description="Predict, search and rank parallel training plans.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     s = sub.add_parser("search", help="rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)")
     _add_specs(s)
@@ -656,14 +685,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _version() -> str:
+    """The installed distribution's version (package metadata), else the source tree's."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("paraplan")
+    except PackageNotFoundError:
+        from . import __version__
+        return __version__
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]):
+    """parse_args, except that an option the subcommand does not take is the subcommand's
+    error (`see paraplan serve --help`), not the top-level parser's."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub = subparsers.choices.get(getattr(args, "command", None) or "", parser)
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["search"] + argv  # options before any subcommand are search's (the default command)
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     if not getattr(args, "command", None):
-        args = parser.parse_args(["search"] + argv)
+        args = _parse(parser, ["search"] + argv)
     try:
         return args.func(args)
     except ParaplanError as exc:

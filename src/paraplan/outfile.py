@@ -66,19 +66,65 @@ def check_output(path: str, where: str, option: str) -> None:
         raise bad("its directory must be writable")
 
 
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one regular file (the same path, a link to it, a hard link);
+    devices and pipes (/dev/null, /dev/stdout) may be named twice."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        try:
+            return not _is_special(a, os.stat(a))
+        except OSError:
+            return True  # one file that does not exist yet
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return os.path.samestat(sa, sb) and not _is_special(a, sa)
+
+
 def write_output(path: str, data: str | bytes, where: str, option: str) -> None:
     """Write `data` (str: UTF-8) to `path`: atomically for a regular file, in place for a
     special one; on any failure nothing is left half-written and a one-line SpecError says why."""
-    check_output(path, where, option)
-    payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    write_outputs([(path, data, option)], where)
+
+
+def write_outputs(files: list[tuple[str, str | bytes, str]], where: str) -> None:
+    """Write each (path, data, option) of a command, all or none: every regular file goes to a
+    temporary file beside it first, and only when all of them (and the special files) are
+    written are they renamed over their paths, so a full disk leaves none of them."""
+    for path, _, option in files:
+        check_output(path, where, option)
+    staged: list[str] = []  # temporary files not yet renamed
     try:
-        st = _stat(path, where, option)
-        if _is_special(path, st):
-            _write_in_place(path, payload, st)
-        else:
-            _write_atomically(os.path.realpath(path), payload, st)
-    except OSError as e:
-        raise SpecError(where, option, path, f"writing it failed: {e.strerror or e}") from None
+        renames, in_place = [], []
+        for path, data, option in files:
+            payload = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+            try:
+                st = _stat(path, where, option)
+                if _is_special(path, st):
+                    in_place.append((path, payload, st, option))
+                else:
+                    target = os.path.realpath(path)
+                    staged.append(_stage(target, payload, st))
+                    renames.append((staged[-1], target, path, option))
+            except OSError as e:
+                raise SpecError(where, option, path, f"writing it failed: {e.strerror or e}") from None
+        for path, payload, st, option in in_place:
+            try:
+                _write_in_place(path, payload, st)
+            except OSError as e:
+                raise SpecError(where, option, path, f"writing it failed: {e.strerror or e}") from None
+        for tmp, target, path, option in renames:
+            try:
+                os.replace(tmp, target)
+            except OSError as e:
+                raise SpecError(where, option, path, f"writing it failed: {e.strerror or e}") from None
+            staged.remove(tmp)
+    finally:
+        for tmp in staged:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def _write_in_place(path: str, payload: bytes, st: os.stat_result) -> None:
@@ -108,7 +154,8 @@ def _write_all(fd: int, payload: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _write_atomically(target: str, payload: bytes, st: os.stat_result | None) -> None:
+def _stage(target: str, payload: bytes, st: os.stat_result | None) -> str:
+    """`payload` in a new temporary file beside `target` (renamed over it later); its path."""
     directory, base = os.path.split(target)
     while True:
         tmp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}.tmp")
@@ -125,10 +172,10 @@ def _write_atomically(target: str, payload: bytes, st: os.stat_result | None) ->
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+    return tmp

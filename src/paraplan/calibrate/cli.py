@@ -35,7 +35,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_calibrate(args) -> int:
     from ..errors import SpecError
-    from ..outfile import check_output, write_output
+    from ..outfile import check_output, same_file, write_outputs
     # a flag the chosen mode never reads is refused, not silently ignored
     bench = (("--ranks", args.ranks, 1), ("--device", args.device, "auto"), ("--quick", args.quick, False))
     if args.vidur is not None:
@@ -62,6 +62,12 @@ def cmd_calibrate(args) -> int:
     for option, path in (("--output", args.output), ("--raw", args.raw)):
         if path is not None:
             check_output(path, "calibrate", option)
+            if args.from_raw is not None and same_file(path, args.from_raw):
+                raise SpecError("calibrate", option, path, "a file other than --from-raw is required "
+                                "(it would overwrite the measurements it reads)")
+    if args.output is not None and args.raw is not None and same_file(args.output, args.raw):
+        raise SpecError("calibrate", "--raw", args.raw, "a file other than --output is required "
+                        "(the profile and the measurements would overwrite each other)")
     from ..specs.catalog import load_cluster
     load_cluster(args.base_cluster)
     from .measurements import Measurements
@@ -79,10 +85,10 @@ def cmd_calibrate(args) -> int:
     name = args.name or f"calibrated-{m.device_type}-{m.ranks}r"
     command = "paraplan " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["calibrate"] else ""
     prof = build_profile(m, name=name, command=command, base_cluster=args.base_cluster)
-    if args.raw is not None:
-        write_output(args.raw, m.to_json(), "calibrate", "--raw")
-    if args.output is not None:
-        write_output(args.output, prof.toml + "\n", "calibrate", "--output")
+    # both or neither: a full disk after the raw measurements must not leave them alone
+    write_outputs([(path, data, option) for path, data, option in (
+        (args.raw, m.to_json(), "--raw"), (args.output, prof.toml + "\n", "--output")) if path is not None],
+        "calibrate")
     summary = {"name": name, "device": m.device_name, "ranks": m.ranks, "threads_per_rank": m.threads_per_rank,
                "compute_dtype": m.compute_dtype, "peak_flops_per_s": prof.peak_flops_per_s,
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curves,
@@ -118,7 +124,8 @@ def check_name(name: str) -> None:
 
 
 def render_summary(s: dict) -> str:
-    lines = [f"{s['device']}: {s['ranks']} rank(s) x {s['threads_per_rank']} thread(s), {s['compute_dtype']}; "
+    from .profile import printable  # a device name from a raw file may hold a newline
+    lines = [f"{printable(s['device'])}: {s['ranks']} rank(s) x {s['threads_per_rank']} thread(s), {s['compute_dtype']}; "
              f"load average {s['load_average']:.1f} on {s['cpu_count']} CPUs",
              f"GEMM peak        {s['peak_flops_per_s'] / 1e9:,.1f} GFLOP/s; efficiency by FLOPs: "
              + ", ".join(f"{x:.2g}:{y:.2f}" for x, y in s["gemm_efficiency"]),

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..errors import FileFormatError
+from ..specs.files import parse_json
 from ..specs.hardware import AttentionKernel
 
 
@@ -200,12 +201,7 @@ class Measurements:
     def from_json(text: str, source: str = "measurements") -> "Measurements":
         """The measurements in `text` (as `to_json` writes them), checked: a one-line
         FileFormatError naming `source` and the field for anything a profile cannot use."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FileFormatError(source, f"invalid JSON: {e.msg}", e.lineno) from None
-        except RecursionError:
-            raise FileFormatError(source, "invalid JSON: nested too deeply") from None
+        d = parse_json(text, source)
         if not isinstance(d, dict):
             raise FileFormatError(source, f"must be a JSON object of `paraplan calibrate --raw` measurements, "
                                           f"not {_json_kind(d)}")

@@ -183,10 +183,12 @@ def _toml_str(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def _comment(text: str) -> str:
-    """`text` for a `# ...` line: a newline in a device name or a command-line argument must
-    not end the comment (control characters and lone surrogates shown as escapes)."""
+def printable(text: str) -> str:
+    """`text` for one line (a `# ...` comment, the summary): a newline in a device name or a
+    command-line argument must not end it (control characters and lone surrogates shown as
+    escapes)."""
     return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
 
 
 def _finite(field: str, x: float) -> float:
@@ -352,9 +354,9 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     ranks = m.ranks if link is not None else (base.gpus_per_node if base else 1)
     cpu = m.device_type == "cpu"
     lines = [
-        _comment(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
+        printable(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
                  f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives"),
-        _comment(f"# written by: {command}") if command else "# written by paraplan calibrate",
+        printable(f"# written by: {command}") if command else "# written by paraplan calibrate",
         "# Every number below is measured on this machine except where a comment says otherwise.",
         f"# load average {m.load_average:.1f} on {m.cpu_count} CPUs when measured: other jobs slow a shared machine"
         if m.cpu_count else "# load average not recorded",
@@ -394,7 +396,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         "# not measured: energy figures from this profile mean nothing",
         f"tdp_watts = {100.0 if cpu else 700.0}", "",
         "[gpu.peak_tflops]",
-        _comment(f"# fastest {m.compute_dtype} GEMM measured") + (
+        printable(f"# fastest {m.compute_dtype} GEMM measured") + (
             "; a 16-bit workload computes in fp32 on a CPU (paraplan run), so bf16/fp16 carry the fp32 rate"
             if cpu else ""),
         f"bf16 = {_num(peak / units.TERA)}", f"fp16 = {_num(peak / units.TERA)}",
@@ -410,7 +412,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                   f"# not measured (no {kernel} backend ran here): the GEMM curve",
                   f"flops = {_arr(x for x, _ in curve)}", f"efficiency = {_arr(round(y, 4) for _, y in curve)}", ""]
     if link is not None:
-        note = _comment(f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
+        note = printable(f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
         lines += _tier_toml("nvlink", link, note)
         lines += _tier_toml("scaleout", link, "one machine measured: the same local transport")
     else:

@@ -303,6 +303,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
                          + np.where(only | model.tied_embeddings, model.embedding_params, 0.0)) / t
     S = _f(plan.dp_shard) * c
     edp = t * c * d / ep_etp
+    S_e = edp * _f(plan.dp_shard) / d  # the experts' shard group: EDP within one HSDP replica
     fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
     grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
     sharded = zc >= ZeroStage.OPTIMIZER.code
@@ -315,7 +316,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
-        S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=edp * _f(plan.dp_shard) / d, e_stride=ep_etp,
+        S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=S_e, e_stride=ep_etp,
         dense_layer_params=dense_layer_params, layer_params=dense_layer_params / t, expert_params=expert_params,
         params_stage_first=params_stage_first, params_stage_last=params_stage_last,
         params_stage=np.maximum(params_stage_first, params_stage_last),
@@ -324,7 +325,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
-        shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, edp * _f(plan.dp_shard) / d, 1.0),
+        shard=np.where(sharded, S, 1.0), shard_e=np.where(sharded, S_e, 1.0),
         offload=np.asarray(plan.offload_optimizer, dtype=bool))
 
 
@@ -899,7 +900,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         step_reduce = (fsdp2_reduce_copy_s(gpu, reduce_bytes * params_stage, lay.shard)
                        + (fsdp2_reduce_copy_s(gpu, reduce_bytes * expert_stage, lay.shard_e) if mc else 0.0))
         dp_exposed = dp_exposed + np.where(f2 & ~is_z3, step_gather, 0.0) + np.where(f2 & ~mb_reduce, step_reduce, 0.0)
-    dp_exposed = np.where(dp_group > 1, dp_exposed, 0.0)
+    # nothing to reduce with one data-parallel rank, unless experts replicate over their EDP
+    dp_exposed = np.where((dp_group > 1) | ((edp > 1) if mc else False), dp_exposed, 0.0)
     # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
     zero_mb_exposed = m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z3_first
     zero_mb_overlapped = m * L_s * ((z3_fwd - z3_fwd_exp) + (z3_bwd - z3_bwd_exp))

@@ -185,11 +185,19 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     r = np.asarray(rank, dtype=float)
     sc = np.asarray(plan.schedule_code)
     one_f_one_b = np.minimum(p - r, m)
-    interleaved = np.where(m <= p, m, np.minimum(m, (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0) / v))
+    interleaved = np.minimum(m, (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0) / v)
     out = np.where((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1), interleaved, one_f_one_b)
     out = np.where(sc == Schedule.ZERO_BUBBLE.code, np.minimum(p, m), out)
-    out = np.where((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code), m, out)
+    out = np.where(_forwards_first(plan, m), m, out)
     return np.where(p > 1, out, 1.0)
+
+
+def _forwards_first(plan, m):
+    """Schedules that run every forward before any backward: GPipe and breadth-first, and
+    interleaved 1F1B when m ≤ p (Megatron-LM's warm-up then covers every micro-batch)."""
+    sc = np.asarray(plan.schedule_code)
+    return ((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code)
+            | ((sc == Schedule.INTERLEAVED_1F1B.code) & (np.asarray(plan.vp) > 1) & (m <= np.asarray(plan.pp))))
 
 
 def inflight_logits(plan, num_microbatches):
@@ -200,10 +208,7 @@ def inflight_logits(plan, num_microbatches):
     Read off the schedules' task order (sim/schedules.py; tests/test_pipeline_schedule_costs.py)."""
     p = np.asarray(plan.pp, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)
-    sc = np.asarray(plan.schedule_code)
-    all_first = ((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code)
-                 | ((sc == Schedule.INTERLEAVED_1F1B.code) & (np.asarray(plan.vp) > 1) & (m <= p)))
-    return np.where((p > 1) & all_first, m, np.minimum(m, 1.0))
+    return np.where((p > 1) & _forwards_first(plan, m), m, np.minimum(m, 1.0))
 
 
 def fits(cluster, device_bytes, host_bytes):

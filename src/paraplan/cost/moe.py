@@ -48,6 +48,16 @@ def _f(x):
     return np.asarray(x, dtype=float)
 
 
+def shared_expert_overlap(model: ModelSpec, plan):
+    """Whether the shared experts run beside the dispatch/combine all-to-all on Megatron-Core's
+    side stream (--moe-shared-expert-overlap, which the Megatron export sets by this test): a
+    model with shared experts, an all-to-all (EP > 1), no EP overlap (which pairs whole
+    blocks itself), and Megatron's fused layers; the eager engines (plan.fused_kernels off:
+    torchtitan, DeepSpeed) run them in line. Vectorized."""
+    return (np.asarray(plan.fused_kernels, dtype=bool) & bool(model.shared_expert_ffn_hidden_size)
+            & (_f(plan.ep) > 1) & ~np.asarray(plan.ep_overlap, dtype=bool))
+
+
 def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
     """MoE layers on the critical pipeline stage: one past the dense leading layers, whose
     share of MoE layers is 1/interval, or all of them when one stage holds the model."""
@@ -58,9 +68,12 @@ def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
 
 def load_factor(workload: Workload, plan):
     """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping). A
-    dropless rank that holds every expert (EP = 1) runs exactly its own T_r·k copies: 1."""
+    dropless rank that holds every expert (EP = 1) runs exactly its own T_r·k copies: 1. A
+    rank receives each token at most min(k, E/ep) times, so the imbalance is at most EP (and
+    E/k, which the CLI checks): a searched plan of a smaller EP takes min(λ, EP)."""
     cf = _f(plan.capacity_factor_value)
-    return np.where(cf > 0.0, cf, np.where(_f(plan.ep) > 1, workload.moe_imbalance, 1.0))
+    ep = _f(plan.ep)
+    return np.where(cf > 0.0, cf, np.where(ep > 1, np.minimum(workload.moe_imbalance, ep), 1.0))
 
 
 def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):
@@ -153,10 +166,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                 + collective_time_s(cluster, Collective.REDUCE_SCATTER, etp_bytes, etp, 1))
     a2a_fwd = 2.0 * a2a + etp_comm
     a2a_bwd = a2a_fwd
-    # the shared experts run beside the all-to-all on Megatron-Core's side stream
-    # (--moe-shared-expert-overlap, which paraplan's Megatron export sets); the eager engines
-    # (plan.fused_kernels off: torchtitan, DeepSpeed) run them in line
-    shared = np.where(np.asarray(plan.fused_kernels, dtype=bool), sh_up + sh_down, 0.0)
+    shared = np.where(shared_expert_overlap(model, plan), sh_up + sh_down, 0.0)
     a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
     a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
 

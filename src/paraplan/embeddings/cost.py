@@ -144,7 +144,8 @@ def _hit_rate(table: EmbeddingTable, cache_rows: float, shard_rows: float, num_i
         return 1.0
     if table.access is None:
         return cache_rows / shard_rows
-    distinct = table.unique_share(num_ids) * num_ids
+    # the ids' distinct rows, never more than the shard holds
+    distinct = min(table.unique_share(num_ids) * num_ids, shard_rows)
     if cache_rows >= distinct:
         return 1.0
     return float(table.access.access_share_of_hottest(cache_rows / max(distinct, 1.0)))

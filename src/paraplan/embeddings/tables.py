@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import tomllib
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from importlib import resources
@@ -25,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FileFormatError, SpecError, UnknownPresetError
-from ..specs.catalog import read_toml, TomlTable
-from ..specs.files import read_text
+from ..specs.catalog import TomlTable
+from ..specs.files import parse_toml, read_text, read_toml
 
 
 class Optimizer(StrEnum):
@@ -158,10 +157,7 @@ def load_profile(path_or_name: str = "dlrm-2022") -> AccessProfile:
     A bad field is one FileFormatError naming the file, its line, the field and the value."""
     if path_or_name == "dlrm-2022":
         text, shown = _catalog_text("dlrm-2022-locality.toml"), "dlrm-2022-locality.toml"
-        try:
-            d = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise FileFormatError(shown, f"invalid TOML: {exc}") from None
+        d = parse_toml(text, shown)
     else:
         shown = str(path_or_name)
         d, text = read_toml(Path(path_or_name), shown)

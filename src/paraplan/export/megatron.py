@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import shlex
 
+from ..cost.moe import shared_expert_overlap
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
@@ -126,8 +127,7 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
             a += ["--moe-expert-capacity-factor", plan.capacity_factor, "--moe-pad-expert-input-to-capacity"]
         if plan.ep_overlap:
             a.append("--overlap-moe-expert-parallel-comm")
-        elif model.shared_expert_ffn_hidden_size and plan.ep > 1:
-            # the shared experts under the dispatch/combine, as paraplan prices them (moe.py)
+        if bool(shared_expert_overlap(model, plan)):  # as paraplan prices it (cost/moe.py)
             a.append("--moe-shared-expert-overlap")
     if plan.recompute is Recompute.SELECTIVE:
         a += ["--recompute-granularity", "selective"]

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import PlanBatch, SpaceLimits
+from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -76,8 +76,6 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
     def zero(P):
         return str(P.zero)
 
-    def fsdp(B):  # ParallelDims.fsdp_enabled: dp_shard > 1 or cp > 1 (FSDP2 over dp_shard·cp)
-        return ((B.zero_code != zero0) & (B.dp_shard > 1)) | (B.cp > 1)
 
     def shard(B):  # torchtitan's dp_shard: ZeRO-0 is DDP over data_parallel_replicate_degree
         return np.where(B.zero_code == zero0, 1, B.dp_shard)
@@ -92,7 +90,7 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
          "2 or 3 with CP>1 (it shards parameters over the CP ranks with FSDP2 even without data parallelism)"),
         # distributed/utils.py maybe_enable_amp: FSDP's mixed-precision policy, or autocast for
         # DDP and one device; TP or PP without FSDP train in fp32
-        ("dp", lambda B: (B.tp * B.pp > 1) & ~fsdp(B), lambda P: P.dp,
+        ("dp", lambda B: (B.tp * B.pp > 1) & ~fsdp_shards(B.zero_code, B.dp_shard, B.cp), lambda P: P.dp,
          "TP or PP only beside FSDP (a shard group of 2+ at ZeRO 2/3) or CP: without it torchtitan trains "
          "in fp32, not the plan's precision"),
         # distributed/pipeline_parallel.py: "Multi-stage schedule requires at least 2 stages per rank"

@@ -141,7 +141,8 @@ def cmd_serve(args) -> int:
     show = not args.json and sys.stderr.isatty()
     res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None)
     if args.json:
-        print(json.dumps(_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s), indent=1))
+        print(json.dumps(_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
+                               traffic.output_tokens > 1), indent=1))
         return 0
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
@@ -194,19 +195,21 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def _json(res, top: int, tt: float | None, tp: float | None) -> dict:
+def _json(res, top: int, tt: float | None, tp: float | None, has_tpot: bool = True) -> dict:
+    """`has_tpot` false (one output token): no second token, TPOT fields null, as the table's "-"."""
     def one(e):
         d = {"plan": e.plan.describe(), "tp": e.plan.tp, "pp": e.plan.pp, "ep": e.plan.ep,
              "weight_dtype": e.plan.weight_dtype.value, "kv_dtype": e.plan.kv_dtype.value,
              "gpus_per_replica": e.plan.gpus_per_replica, "memory_bytes": e.memory.parts(),
              "kv_capacity_tokens": e.memory.kv_capacity_tokens, "host_bytes_per_gpu": e.memory.host_bytes,
              "max_concurrent_requests": e.max_concurrency, "ttft_floor_s": e.ttft_floor_s,
-             "tpot_floor_s": e.tpot_floor_s, "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
+             "tpot_floor_s": e.tpot_floor_s if has_tpot else None, "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
              "slo_rate_rps_per_replica": e.slo_rate_rps, "replicas_needed": e.replicas_needed,
              "gpus_needed": e.gpus_needed, "usd_per_m_output_tokens": e.usd_per_m_output_tokens}
         if e.at_rate is not None:
             r = e.at_rate
-            d["at_rate"] = {f"{k}_p{q}_s": r.percentile(k + "_s", q) for k in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}
+            d["at_rate"] = {f"{k}_p{q}_s": r.percentile(k + "_s", q) if (has_tpot or k != "tpot") else None
+                            for k in ("ttft", "tpot", "e2e") for q in (50, 90, 99)}
             d["at_rate"]["goodput_rps_per_replica"] = r.goodput_rps(tt, tp)
         return d
     return {"ranked": [one(e) for e in res.ranked[:top]], "pareto": [one(e) for e in res.pareto],

@@ -55,6 +55,41 @@ class ServeResult:
     pareto: tuple[ServeEstimate, ...]
 
 
+class DeploymentRejected(ParaplanError):
+    """Why one deployment cannot serve the traffic. `nearness` orders the rejections (the
+    largest came closest to fitting: it is the one a NoPlanFitsError names) and `advice`
+    says what would make it fit."""
+
+    def __init__(self, reason: str, nearness: tuple, advice: str):
+        super().__init__(reason)
+        self.nearness, self.advice = nearness, advice
+
+
+GENERAL_ADVICE = ("try more GPUs per replica (a node with more GPUs), int4/fp8 weights, an fp8 KV cache or "
+                  "shorter requests (--prompt, --output)")
+
+
+def _kv_rejection(model: ModelSpec, plan: ServePlan, mem: ServeMemory, need: float, traffic: Traffic,
+                  limits: EngineLimits) -> DeploymentRejected:
+    """The KV cache holds less than one request: say whether the engine's workspace (sized by
+    --max-num-tokens and --max-batch) is what leaves it too small, or the weights are."""
+    reason = f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {math.ceil(need)}"
+    without_workspace = max(mem.hbm_bytes - mem.weights_bytes - mem.reserved_bytes, 0.0) * limits.kv_free_fraction
+    room = mem.hbm_bytes - mem.weights_bytes - mem.workspace_bytes - mem.reserved_bytes  # < 0: over the HBM
+    nearness = (mem.kv_capacity_tokens / need, room, plan.gpus_per_replica)
+    if without_workspace // mem.kv_bytes_per_token >= need:  # the workspace alone leaves no room
+        reason += (f" (the engine's activation workspace for --max-num-tokens {limits.max_num_tokens:,} and "
+                   f"--max-batch {limits.max_batch:,} takes {fmt_bytes(mem.workspace_bytes)} of each GPU's "
+                   f"{fmt_bytes(mem.hbm_bytes)})")
+        advice = "lower --max-num-tokens (the tokens one iteration runs) or --max-batch" + (
+            " (with --chunked-prefill, --max-num-tokens may be below --prompt)" if not limits.chunked_prefill
+            and limits.max_num_tokens >= traffic.prompt_tokens else "")
+    else:
+        reason += f" (the weights take {fmt_bytes(mem.weights_bytes)} of each GPU's {fmt_bytes(mem.hbm_bytes)})"
+        advice = GENERAL_ADVICE
+    return DeploymentRejected(reason, nearness, advice)
+
+
 def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> list[ServePlan]:
     has_fp8 = Precision.FP8 in cluster.gpu.peak_flops_per_s
     # FP8 where the GPU has FP8 tensor cores (weights and KV), else int8 weight-only; int4
@@ -114,13 +149,13 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
                   limits: EngineLimits) -> ServeEstimate:
     mem = serve_memory(model, cluster, plan, limits)
     if not cluster.host_memory_holds(mem.host_bytes):
-        raise ParaplanError(
+        raise DeploymentRejected(
             f"{plan.describe()}: the experts held in host memory need {fmt_bytes(mem.host_bytes)} per GPU, more than "
-            f"its {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of its host's DRAM")
+            f"its {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of its host's DRAM",
+            (-1.0,), "raise --expert-cache (more experts in HBM) or use more GPUs per replica")
     need = request_kv_tokens(model, traffic, limits)
     if mem.kv_capacity_tokens < need:
-        raise ParaplanError(
-            f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {math.ceil(need)}")
+        raise _kv_rejection(model, plan, mem, need, traffic, limits)
     step = IterationModel(model, cluster, plan)
     alone = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=1), limits,
                      mem.kv_capacity_tokens)
@@ -161,19 +196,24 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, traffic: Traffic, limit
                  plans: list[ServePlan] | None = None, progress=None) -> ServeResult:
     """Estimate every candidate; rank by GPUs the rate needs, then $ per million output tokens."""
     plans = plans if plans is not None else candidate_plans(model, cluster, cluster.num_gpus)
-    done, rejected = [], []
+    done, rejected, nearest = [], [], None
     for i, plan in enumerate(plans):
         try:
             done.append(estimate_plan(model, cluster, plan, traffic, limits))
         except ParaplanError as exc:
             rejected.append((plan, str(exc)))
+            if isinstance(exc, DeploymentRejected) and (nearest is None or exc.nearness > nearest.nearness):
+                nearest = exc
         if progress:
             progress(i + 1, len(plans))
     if not done:
-        why = rejected[0][1] if rejected else "no candidate plans"
-        raise NoPlanFitsError(
-            f"no serving plan fits {model.name} on {cluster.gpu.name} ({why}); try more GPUs per replica "
-            "(a node with more GPUs), int4/fp8 weights, an fp8 KV cache or shorter requests")
+        # the candidate that came closest says what rules them out (the first one tried,
+        # one GPU, would blame its own size when a flag is what leaves no room)
+        if nearest is not None:
+            why, advice = f"the nearest of {len(rejected)} candidates: {nearest}", nearest.advice
+        else:
+            why, advice = rejected[0][1] if rejected else "no candidate plans", GENERAL_ADVICE
+        raise NoPlanFitsError(f"no serving plan fits {model.name} on {cluster.gpu.name} ({why}); {advice}")
     meeting = [e for e in done if e.slo_rate_rps > 0]
     # fewest GPUs for the traffic's rate first (the cheapest deployment), then $ per token
     ranked = sorted(meeting, key=lambda e: (e.gpus_needed or math.inf, e.usd_per_m_output_tokens)) + \

@@ -233,6 +233,10 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Wor
     for name in ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size"):
         if getattr(plan, name) < 1:
             return Rejected(f"{name}={getattr(plan, name)} must be >= 1")
+    # in Python integers first: pinned degrees (each up to 2**20) multiply past int64, where
+    # the vectorized rules would wrap around
+    if plan.tp * plan.pp * plan.dp * plan.cp != cluster.num_gpus:
+        return Rejected(next(reason for name, _, reason in _rules(model, cluster, workload) if name == "gpus")(plan))
     batch = PlanBatch.from_plans([plan])
     for _, mask, reason in _rules(model, cluster, workload):
         if bool(mask(batch)[0]):
@@ -372,8 +376,8 @@ class SpaceBlock:
             tp_async_backward=np.full(n, limits.tp_async_backward),
             fsdp2_copies=np.full(n, limits.fsdp2_copies) & (arr[:, 9] != ZeroStage.NONE.code),
             fused_kernels=np.full(n, limits.fused_kernels),
-            autocast=without_fsdp_autocast(limits.autocast_without_fsdp, arr[:, 0], arr[:, 1], arr[:, 3], arr[:, 2],
-                                           arr[:, 9]),
+            autocast=without_fsdp_autocast(limits.autocast_without_fsdp, arr[:, 0], arr[:, 1], arr[:, 9],
+                                           arr[:, 10], arr[:, 3]),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],
             a2a_hierarchical=ex[:, 3].astype(bool), ep_overlap=ex[:, 4].astype(bool))
         bad = invalid_mask(batch, model, cluster, workload)
@@ -382,13 +386,19 @@ class SpaceBlock:
         return batch.take(~bad), int(bad.sum())
 
 
-def without_fsdp_autocast(engine_does, tp, pp, cp, dp, zero_code):
+def fsdp_shards(zero_code, dp_shard, cp):
+    """Whether torchtitan shards with FSDP2 (ParallelDims.fsdp_enabled: over dp_shard·cp, when
+    ZeRO ≥ 1 gives a shard group of 2+ or CP > 1). Vectorized."""
+    return (((np.asarray(zero_code) != ZeroStage.NONE.code) & (np.asarray(dp_shard) > 1))
+            | (np.asarray(cp) > 1))
+
+
+def without_fsdp_autocast(engine_does, tp, pp, zero_code, dp_shard, cp):
     """Plan.autocast for an engine that trains under torch.autocast without FSDP (torchtitan's
     maybe_enable_amp: FSDP's own mixed precision when it shards, autocast for DDP or one GPU,
     fp32 with TP or PP and no FSDP -- the torchtitan export refuses those, autocast off). Vectorized."""
-    none = np.asarray(zero_code) == ZeroStage.NONE.code
     return (np.asarray(engine_does, dtype=bool) & (np.asarray(tp) == 1) & (np.asarray(pp) == 1)
-            & (np.asarray(cp) == 1) & (none | (np.asarray(dp) == 1)))
+            & ~fsdp_shards(zero_code, dp_shard, cp))
 
 
 def enumerate_space(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
@@ -455,10 +465,13 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             shards += [x for x in _divisors(dp) if x < dp and x * cp > 1
                        and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
         # with one data-parallel rank ZeRO shards nothing: ZeRO-0 stands for all stages (a
-        # dense model's; an MoE model's experts still shard over their EDP group)
+        # dense model's; an MoE model's experts still shard over their EDP group), and ZeRO-1
+        # only for optimizer offload (ZeRO-Offload on one GPU)
         zeros = limits.zero_stages
-        if dp * cp == 1 and not model.is_moe and ZeroStage.NONE in zeros:
-            zeros = (ZeroStage.NONE,)
+        collapsed = dp * cp == 1 and not model.is_moe and ZeroStage.NONE in zeros
+        if collapsed:
+            zeros = (ZeroStage.NONE,) + ((ZeroStage.OPTIMIZER,) if limits.allow_offload
+                                         and ZeroStage.OPTIMIZER in limits.zero_stages else ())
         # CP = 1 exchanges nothing (counted as the ring); a search for another exchange only
         cpcs = ([x.code for x in limits.cp_comm_types] if cp > 1
                 else [CPCommType.P2P.code] if CPCommType.P2P in limits.cp_comm_types else [])
@@ -477,8 +490,9 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                             for zero in zeros:
                                 zshards = shards if zero is ZeroStage.PARAMETERS else [dp]
                                 for shard in zshards:
-                                    for off in ((False, True) if limits.allow_offload and zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS)
-                                                else (False,)):
+                                    offs = ((False, True) if limits.allow_offload
+                                            and zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) else (False,))
+                                    for off in ((True,) if collapsed and zero is not ZeroStage.NONE else offs):
                                         for tpov in (limits.tp_overlap if sp else (False,)):
                                             for cpc in cpcs:
                                                 rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,

@@ -8,14 +8,13 @@ order, −1 reversed. matplotlib is imported only to draw the plot.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import FileFormatError, ParaplanError
-from ..specs.files import read_text
+from ..specs.files import parse_json, read_text
 
 REPORT_KIND = "paraplan-run"  # run/report.py writes it
 # metric -> (key under "measured", key under "predicted", label)
@@ -65,11 +64,7 @@ def load_reports(paths: list[str], hardware: str | None = None) -> list[tuple[st
     `hardware` (a cluster preset or calibrated profile) each run is predicted again on it."""
     out = []
     for path in paths:
-        text = read_text(Path(path), path)
-        try:
-            report = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FileFormatError(path, f"invalid JSON: {e.msg}", e.lineno) from None
+        report = parse_json(read_text(Path(path), path), path)
         if not isinstance(report, dict) or report.get("kind") != REPORT_KIND:
             raise FileFormatError(path, f"not a paraplan run report (no \"kind\": \"{REPORT_KIND}\"; "
                                         "write one with `paraplan run -o FILE`)")

@@ -23,14 +23,23 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from ..argtypes import non_empty as _non_empty
-from ..argtypes import non_negative_int as _non_negative_int
-from ..argtypes import positive_int as _positive_int
+from ..argtypes import count as _count
+from ..argtypes import degree as _degree
+from ..argtypes import int_up_to as _int_up_to
 from ..errors import FileFormatError, ParaplanError, SpecError
+from ..specs.files import MAX_COUNT
+from ..specs.model import MAX_LAYERS
+from .config import MAX_LOCAL_RANKS
 
 if TYPE_CHECKING:
     from .config import RunConfig
 
 DEFAULT_MODEL = "llama3-8b"
+# Bounds checked before torchrun starts (with run/config.py MAX_LOCAL_RANKS): a seed past
+# 2**32 overflows the generators' seeds (run/worker.py), and a measurement needs tens of
+# steps, not millions.
+MAX_STEPS = 10_000
+MAX_SEED = 2**32 - 1
 
 
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,28 +48,32 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     for name, hlp in (("layers", "number of layers"), ("hidden", "hidden size (ffn scales with it)"),
                       ("heads", "attention heads"), ("kv-heads", "key/value heads"), ("ffn", "ffn hidden size"),
                       ("vocab", "vocabulary size")):
-        g.add_argument(f"--{name}", type=_positive_int, default=None, help=f"{hlp} (default: the model's)")
-    g.add_argument("--seq", type=_positive_int, default=256, help="sequence length (default 256)")
-    g.add_argument("--batch", type=_positive_int, default=None,
+        g.add_argument(f"--{name}", type=_int_up_to(MAX_LAYERS) if name == "layers" else _count, default=None,
+                       help=f"{hlp} (default: the model's)")
+    g.add_argument("--seq", type=_count, default=256, help="sequence length (default 256)")
+    g.add_argument("--batch", type=_count, default=None,
                    help="global batch in sequences (default: dp × mb × max(pp, 1) × 2)")
     g.add_argument("--precision", default="bf16",
                    help="bf16 (default; GPU runs compute in bf16, CPU runs in fp32 and are predicted as fp32), "
                         "fp16, fp8 (prediction only)")
-    g = p.add_argument_group("plan (as in `paraplan estimate`; world size = tp × pp × dp)")
+    g = p.add_argument_group(f"plan (as in `paraplan estimate`; world size = tp × pp × dp, at most {MAX_LOCAL_RANKS})")
     for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel (default 1)"),
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
-        g.add_argument(f"--{name}", type=_positive_int, default=1, help=hlp)
+        g.add_argument(f"--{name}", type=_degree, default=1, help=hlp)
     g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (default 1f1b / interleaved if --vp>1)")
     g.add_argument("--recompute", default="none", help="none, selective, full, first_k "
                    "(modules, Megatron-Core's module recomputation, is estimated, not run)")
-    g.add_argument("--recompute-layers", type=_positive_int, default=0, help="layers per stage for first_k")
+    g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
     g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")
-    g.add_argument("--dp-shard", type=_positive_int, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
+    g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
     g = p.add_argument_group("run")
-    g.add_argument("--steps", type=_positive_int, default=10, help="measured steps (default 10)")
-    g.add_argument("--warmup", type=_non_negative_int, default=3, help="warm-up steps, not measured (default 3)")
-    g.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the weights and the synthetic tokens")
+    g.add_argument("--steps", type=_int_up_to(MAX_STEPS), default=10,
+                   help=f"measured steps (default 10, at most {MAX_STEPS:,})")
+    g.add_argument("--warmup", type=_int_up_to(MAX_STEPS, least=0), default=3,
+                   help=f"warm-up steps, not measured (default 3, at most {MAX_STEPS:,})")
+    g.add_argument("--seed", type=_int_up_to(MAX_SEED, least=0), default=0,
+                   help=f"seed of the weights and the synthetic tokens (0 to {MAX_SEED})")
     g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     g.add_argument("--device", default="auto", help="auto (GPU if torch sees one), cpu or cuda")
     g.add_argument("--hardware", default=None, type=_non_empty,
@@ -73,7 +86,7 @@ def config_from_args(args) -> "RunConfig":
     from ..plan.plan import make_plan
     from ..specs.catalog import load_model
     from ..specs.workload import Workload, parse_precision
-    from .config import RUN_OPTIMIZER, Device, RunConfig, check_runnable, scale_model
+    from .config import RUN_OPTIMIZER, Device, RunConfig, check_runnable, check_world_size, scale_model
     scaled = {k: v for k, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads),
                                 ("kv-heads", args.kv_heads), ("ffn", args.ffn), ("vocab", args.vocab)) if v is not None}
     model = scale_model(load_model(args.model), **{k.replace("-", "_"): v for k, v in scaled.items()})
@@ -100,7 +113,11 @@ def config_from_args(args) -> "RunConfig":
                      fsdp2_copies=True, fused_kernels=False)
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
+    check_world_size(args.tp * args.pp * args.dp)  # before the batch below multiplies them
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
+    if gbs > MAX_COUNT:
+        raise SpecError("run", "--mb", args.mb, f"leaves a default --batch (dp × mb × pp × 2) of {gbs}, above "
+                        f"{MAX_COUNT}; lower --mb or give --batch")
     wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
                   optimizer=RUN_OPTIMIZER)
     cfg = RunConfig(model=model, model_name=args.model, plan=plan, workload=wl, steps=args.steps,
@@ -108,8 +125,8 @@ def config_from_args(args) -> "RunConfig":
                     output=args.output, scaled=scaled or None)
     check_runnable(cfg)
     if cfg.hardware:  # a bad profile or preset is the user's mistake: say so before starting
-        from ..specs.catalog import load_cluster
-        load_cluster(cfg.hardware, num_gpus=cfg.world_size)
+        from ..specs.catalog import load_flag_cluster
+        load_flag_cluster("run", "--hardware", cfg.hardware, num_gpus=cfg.world_size)
     return cfg
 
 
@@ -210,6 +227,9 @@ def cmd_run(args) -> int:
 
 def cmd_compare(args) -> int:
     from ..report.compare import compare_reports, load_reports, plot_comparison, render_comparison
+    if args.hardware is not None:  # a bad profile or preset is the flag's error, before any report
+        from ..specs.catalog import load_flag_cluster
+        load_flag_cluster("compare", "--hardware", args.hardware)
     reports = load_reports(args.reports, hardware=args.hardware)
     result = compare_reports(reports, metric=args.metric)
     if args.plot is not None:  # --plot '' is a bad path, not "no plot"

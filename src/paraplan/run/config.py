@@ -22,6 +22,10 @@ from ..specs.workload import Optimizer, Precision, Workload
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE)
 
 
+# torchrun --standalone starts every rank on this machine: more processes than this is no
+# machine's (1024 is 128 per GPU of an 8-GPU node, or several per core of the largest CPUs)
+MAX_LOCAL_RANKS = 1024
+
 # run/worker.py steps torch.optim.AdamW without fused=True: every run is predicted with it
 RUN_OPTIMIZER = Optimizer.ADAM_UNFUSED
 
@@ -156,9 +160,17 @@ def scale_model(spec: ModelSpec, *, layers: int | None = None, hidden: int | Non
                    ffn_hidden_size=f, vocab_size=vocab or spec.vocab_size)
 
 
+def check_world_size(ranks: int) -> None:
+    """SpecError for more ranks than torchrun --standalone starts on one machine."""
+    if ranks > MAX_LOCAL_RANKS:
+        raise SpecError("run", "ranks (--tp × --pp × --dp)", ranks,
+                        f"at most {MAX_LOCAL_RANKS} (torchrun starts every rank on this machine)")
+
+
 def check_runnable(cfg: RunConfig) -> None:
     """SpecError for a plan this runner (torch's parallel APIs) cannot execute."""
     p, m, wl = cfg.plan, cfg.model, cfg.workload
+    check_world_size(cfg.world_size)
     if p.cp > 1 or p.ep > 1 or p.etp > 1:
         raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
     if p.offload_optimizer:

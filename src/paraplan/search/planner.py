@@ -178,6 +178,14 @@ def _explain_pins(model, cluster, workload, limits, fixed) -> None:
 
 
 def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
+    if n_valid == 0 and limits.engine_rule is not None:
+        # the engine's own bounds (its device mesh, its schedules) may be what left nothing
+        for batch, _ in enumerate_space(model, cluster, workload, replace(limits, engine_rule=None)):
+            if len(batch):
+                return (f"no plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
+                        f"{workload.global_batch_size} that the engine can build (its device mesh and "
+                        f"pipeline schedules): plans such as {batch.plan(0).describe()} are valid without "
+                        "--engine; `paraplan export` with that plan's flags names the rule it breaks")
     if n_valid == 0:
         max_tp = limits.max_tp or cluster.gpus_per_node
         return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import sys
+import tomllib
 from pathlib import Path
 
 from ..errors import FileFormatError
@@ -20,6 +23,51 @@ def read_text(path: Path, shown: str) -> str:
         raise FileFormatError(shown, "no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise FileFormatError(shown, f"cannot read: {e}") from None
+
+
+# What the parsers raise beyond their own decode errors: RecursionError for arrays or tables
+# nested thousands deep, ValueError for an integer past Python's 4300-digit conversion limit.
+_TOO_DEEP = "nested too deeply"
+
+
+def _too_large(e: ValueError) -> str:
+    if "digits" in str(e):
+        return f"an integer has more than {sys.get_int_max_str_digits()} digits"
+    return str(e)
+
+
+def parse_toml(text: str, shown: str) -> dict:
+    """The TOML document in `text`, or a one-line FileFormatError naming `shown` (and the line)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = re.search(r"\(at line (\d+), column \d+\)", msg)
+        line = int(m.group(1)) if m else getattr(e, "lineno", None)
+        detail = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg) or "invalid TOML"
+        raise FileFormatError(shown, f"invalid TOML: {detail}", line) from None
+    except RecursionError:
+        raise FileFormatError(shown, f"invalid TOML: {_TOO_DEEP}") from None
+    except ValueError as e:
+        raise FileFormatError(shown, f"invalid TOML: {_too_large(e)}") from None
+
+
+def read_toml(path: Path, shown: str) -> tuple[dict, str]:
+    """(the parsed TOML, its text) of the file; a one-line FileFormatError naming it."""
+    text = read_text(path, shown)
+    return parse_toml(text, shown), text
+
+
+def parse_json(text: str, shown: str):
+    """The JSON value in `text`, or a one-line FileFormatError naming `shown` (and the line)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FileFormatError(shown, f"invalid JSON: {e.msg} (column {e.colno})", e.lineno) from None
+    except RecursionError:
+        raise FileFormatError(shown, f"invalid JSON: {_TOO_DEEP}") from None
+    except ValueError as e:
+        raise FileFormatError(shown, f"invalid JSON: {_too_large(e)}") from None
 
 
 def without_note(text: str) -> str:

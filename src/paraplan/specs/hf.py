@@ -13,7 +13,6 @@ that does not fit, or an MoE family not listed here, is refused with the field t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..errors import FileFormatError, SpecError
-from .files import MAX_COUNT, read_text
-from .model import ModelSpec, make_model
+from .files import MAX_COUNT, parse_json, read_text
+from .model import MAX_LAYERS, ModelSpec, make_model
 
 
 @dataclass(frozen=True)
@@ -93,14 +92,15 @@ class _Config:
     def fail(self, key: str, detail: str) -> NoReturn:
         raise FileFormatError(self.shown, detail, _line_of(self.text, key, self.start))
 
-    def int_(self, keys: tuple[str, ...], required: bool = True, minimum: int = 1) -> int | None:
-        """The first of `keys` present and not null; an integer >= `minimum`."""
+    def int_(self, keys: tuple[str, ...], required: bool = True, minimum: int = 1,
+             maximum: int = MAX_COUNT) -> int | None:
+        """The first of `keys` present and not null; an integer from `minimum` to `maximum`."""
         for key in keys:
             v = self.data.get(key)
             if v is None:
                 continue
-            if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= MAX_COUNT:
-                self.fail(key, f"field '{key}' = {v!r} is not allowed; an integer from {minimum} to {MAX_COUNT} "
+            if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= maximum:
+                self.fail(key, f"field '{key}' = {v!r} is not allowed; an integer from {minimum} to {maximum} "
                                "is required")
             return v
         if required:
@@ -230,10 +230,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         path = path / "config.json"
     shown = str(path)
     text = read_text(path, shown)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FileFormatError(shown, f"invalid JSON: {e.msg} (column {e.colno})", e.lineno) from None
+    data = parse_json(text, shown)
     if not isinstance(data, dict):
         raise FileFormatError(shown, "a Hugging Face config.json must hold one JSON object")
     top = _Config(data, shown, text)
@@ -260,7 +257,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
                             f"{model_type!r} are not supported (supported: "
                             f"{', '.join(_MOE_FAMILIES)}, llama4)")
 
-    num_layers = c.int_(family.layers)
+    num_layers = c.int_(family.layers, maximum=MAX_LAYERS)  # before any per-layer list is built
     hidden_size = c.int_(family.hidden)
     num_heads = c.int_(family.heads)
     ffn = c.int_(family.ffn, required=family.ffn_default_mult is None)
@@ -298,7 +295,11 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         if model_type in _DEEPSEEK:
             num_kv_heads = num_heads  # MLA expands K and V per head from the shared latent
 
-    name = data.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)
+    name = data.get("_name_or_path")
+    if name is not None and not isinstance(name, str):
+        c.fail("_name_or_path", f"field '_name_or_path' = {name!r:.60} is not allowed; a string (the model's "
+                                  "name or path) is required")
+    name = name or (path.parent.name if path.name == "config.json" else path.stem)
     try:
         return make_model(
             name=str(name) or "hf-model", num_layers=num_layers, hidden_size=hidden_size,

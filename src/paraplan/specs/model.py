@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 
 from ..errors import SpecError
 
+# The most layers a model may have: 80 times the 126 of Llama 3 405B. The engine keeps
+# per-layer lists (the MoE layout, a trace's events), which a count in the billions would
+# never finish building.
+MAX_LAYERS = 10_000
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSpec:
@@ -57,6 +62,8 @@ class ModelSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise SpecError(where, f, v, "a positive integer is required")
+        if self.num_layers > MAX_LAYERS:
+            raise SpecError(where, "num_layers", self.num_layers, f"at most {MAX_LAYERS:,} layers are allowed")
         if self.num_heads % self.num_kv_heads:
             raise SpecError(where, "num_kv_heads", self.num_kv_heads,
                             f"must divide num_heads={self.num_heads} (MHA: equal; GQA: a divisor; MQA: 1)")

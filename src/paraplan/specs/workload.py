@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..errors import SpecError
-from .files import without_note
+from .files import MAX_COUNT, without_note
 
 
 class Precision(StrEnum):
@@ -74,10 +74,12 @@ class Workload:
     storage_bytes_per_s: float = LLAMA3_STORAGE_BYTES_PER_S
 
     def __post_init__(self) -> None:
-        if self.global_batch_size <= 0:
-            raise SpecError("workload", "global_batch_size", self.global_batch_size, "must be >= 1 sequence")
-        if self.seq_len <= 0:
-            raise SpecError("workload", "seq_len", self.seq_len, "must be >= 1 token")
+        # at most MAX_COUNT each: their product (tokens per step) stays within int64
+        if not 1 <= self.global_batch_size <= MAX_COUNT:
+            raise SpecError("workload", "global_batch_size", self.global_batch_size,
+                            f"must be from 1 to {MAX_COUNT} sequences")
+        if not 1 <= self.seq_len <= MAX_COUNT:
+            raise SpecError("workload", "seq_len", self.seq_len, f"must be from 1 to {MAX_COUNT} tokens")
         if not 1.0 <= self.moe_imbalance < math.inf:
             raise SpecError("workload", "moe_imbalance", self.moe_imbalance,
                             "must be a finite number >= 1.0 (busiest expert-parallel rank's load over the mean)")

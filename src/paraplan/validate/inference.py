@@ -51,10 +51,10 @@ def is_inference_file(path: str) -> bool:
     return "input_len" in cols and "output_len" in cols
 
 
-def _cluster_for(row: dict) -> str:
+def _cluster_for(row: dict, path: str, line: int) -> str:
     if row["gpu"].lower().startswith("tpu"):
         return "tpu-v4-pod"
-    return _gpu_cluster_for(row)
+    return _gpu_cluster_for(row, path, line)
 
 
 def _dtypes(precision: str, path: str, line: int):
@@ -127,7 +127,7 @@ def _scenario(row: dict, path: str, line: int):
     key = (model.name, row["gpu"], tp, pp, gpus, row["precision"], kind, rate, isl, osl)
     if key in _CACHE:
         return _CACHE[key]
-    cluster = load_cluster(_cluster_for(row), num_gpus=gpus)
+    cluster = load_cluster(_cluster_for(row, path, line), num_gpus=gpus)
     wd, kd = _dtypes(row["precision"], path, line)
     plan = ServePlan(tp=tp, pp=pp, replicas=max(1, gpus // (tp * pp)), weight_dtype=wd, kv_dtype=kd)
     limits = EngineLimits()

@@ -3,11 +3,11 @@ result record (the `validate --json` contract of ../shared/validation/README.md)
 that skips a row with its reason, and the error summary.
 
 A malformed cell (a non-integer where a count is required, a count below its minimum, a
-measured value that is not a positive finite number, a row with the wrong number of cells,
-a file that is not UTF-8) is a FileFormatError naming the file, line, column and value: the
-whole file is refused, since a partial table would hide it. A row that lacks what a
-prediction needs (a blank sequence length, an unknown GPU or metric) is skipped with the
-reason (SpecError)."""
+measured value that is not a positive finite number, a GPU no preset names, a row with the
+wrong number of cells, a header naming a column twice, a file that is not UTF-8) is a
+FileFormatError naming the file, line, column and value: the whole file is refused, since a
+partial table would hide it. A row that lacks what a prediction needs (a blank sequence
+length or GPU, an unknown metric) is skipped with the reason (SpecError)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import codecs
 import csv
 import io
 import math
+import os
 import re
+import stat
 from pathlib import Path
 
 from ..errors import FileFormatError, ParaplanError, SpecError
@@ -44,14 +46,27 @@ def read_rows(path: str, required: tuple[str, ...], kind: str) -> list[tuple[int
     """(line number, row) of every data row; a missing column names the file and line 1, a
     row with more or fewer cells than the header its line."""
     try:
-        is_file = Path(path).is_file()
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise FileFormatError(path, "no such file") from None
     except OSError as exc:  # a name too long for a file, a symbolic-link loop
         raise FileFormatError(path, f"cannot use path: {exc.strerror or exc}") from None
-    if not is_file:
-        raise FileFormatError(path, "no such file")
-    reader = csv.DictReader(io.StringIO(_text(path), newline=""))
+    if stat.S_ISDIR(st.st_mode):
+        raise FileFormatError(path, f"is a directory; {kind} (CSV) is required")
+    if os.path.samestat(st, os.stat(os.devnull)):
+        raise FileFormatError(path, f"is empty; {kind} needs a header and at least one row")
+    if not stat.S_ISREG(st.st_mode):  # a pipe or a device may never end
+        raise FileFormatError(path, f"is not a regular file; {kind} (CSV) is required")
+    text = _text(path)
+    if not text.strip():
+        raise FileFormatError(path, f"is empty; {kind} needs a header and at least one row")
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames or []
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:  # csv.DictReader would keep the last cell of each and drop the others
+            raise FileFormatError(path, f"column {twice[0]!r} appears {header.count(twice[0])} times in the header; "
+                                  "each column may appear once", 1)
         missing = [c for c in required if c not in header]
         if missing:
             raise FileFormatError(path, f"missing column(s) {', '.join(missing)}; {kind} needs "

@@ -8,14 +8,15 @@ row's metric with the row's own FLOP convention (read from its `notes`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
-from ..errors import FileFormatError, NoPlanFitsError, ParaplanError, SpecError
+from ..errors import FileFormatError, NoPlanFitsError, ParaplanError, SpecError, UnknownPresetError
 from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from ..plan.space import SpaceLimits
 from ..search.planner import search
-from ..specs.catalog import load_cluster, load_model
+from ..specs.catalog import load_cluster, load_model, preset_name
 from ..specs.files import without_note
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload, parse_precision
@@ -65,20 +66,43 @@ def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
     return (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
 
 
-def _cluster_for(row: dict) -> str:
-    gpu = row["gpu"].lower()
+# The cluster preset a row's GPU is predicted on (its GPU preset's canonical name -> cluster).
+GPU_CLUSTERS = {"a100-sxm-80gb": "dgx-a100-80gb", "a100-sxm-40gb": "dgx-a100-40gb", "h100-sxm-80gb": "dgx-h100",
+                "h200-sxm-141gb": "dgx-h200", "b200": "dgx-b200", "gb200": "gb200-nvl72", "mi300x": "mi300x-8",
+                "tpu-v4": "tpu-v4-pod"}
+
+
+# GPU families named inside a longer GPU cell ("NVIDIA H100 SXM5 80GB"), as whole words
+# ("H1000" is none of them); the A100's memory size picks its preset
+_GPU_FAMILIES = (("gb200", "gb200"), ("b200", "b200"), ("h200", "h200-sxm-141gb"), ("h100", "h100-sxm-80gb"),
+                 ("a100", "a100-sxm-80gb"), ("mi300x", "mi300x"))
+
+
+def _cluster_for(row: dict, path: str, line: int) -> str:
+    """The cluster preset of the row's GPU: a GPU preset or alias, a GPU family named as a
+    whole word in the cell, or a cluster preset. A GPU paraplan has no preset for skips the
+    row (it lacks what a prediction needs), naming the line, the column and the closest presets."""
+    text = without_note(row.get("gpu") or "")
+    if not text:
+        raise SpecError("row", "gpu", "", "a row needs it (a GPU preset name or alias)")
+    try:
+        gpu = preset_name("gpu", text)
+    except UnknownPresetError as exc:
+        words = re.findall(r"[a-z0-9]+", text.lower())
+        gpu = next((preset for family, preset in _GPU_FAMILIES if family in words), None)
+        if gpu is None:
+            try:
+                return preset_name("cluster", text)
+            except UnknownPresetError:
+                raise SpecError(f"{path}:{line}", "gpu", text, f"a GPU with a preset; {exc}") from None
+        if gpu == "a100-sxm-80gb" and "40" in text and "80" not in text:
+            gpu = "a100-sxm-40gb"
     src = (row.get("source", "") + " " + row.get("notes", "")).lower()
-    if "a100" in gpu:
-        if "1600 gbps" in src or "roce" in src:
-            return "a100-roce-1600"
-        return "dgx-a100-80gb" if "80" in gpu or "40" not in gpu else "dgx-a100-40gb"
-    if "h100" in gpu:
-        return "dgx-h100"
-    if "h200" in gpu:
-        return "dgx-h200"
-    if "b200" in gpu:
-        return "dgx-b200"
-    return row["gpu"]
+    if gpu == "a100-sxm-80gb" and ("1600 gbps" in src or "roce" in src):
+        return "a100-roce-1600"
+    if gpu not in GPU_CLUSTERS:
+        raise SpecError(f"{path}:{line}", "gpu", text, f"a GPU with a cluster preset ({', '.join(GPU_CLUSTERS)})")
+    return GPU_CLUSTERS[gpu]
 
 
 def _pytorch_fsdp_whole_group(row: dict) -> bool:
@@ -166,7 +190,14 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     return cells
 
 
-def row_setup(row: dict, path: str, line: int) -> RowSetup:
+# ModelSpec field -> the training column it comes from
+_SHAPE_COLUMNS = {"num_layers": "layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
+                  "num_heads": "heads", "num_kv_heads": "kv_heads", "vocab_size": "vocab"}
+
+
+def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> RowSetup:
+    """The row's model, cluster (`hardware`, a profile or preset, replaces the row's GPU),
+    workload and search space."""
     c = row_cells(row, path, line)
     name = row["model"].strip()
     shape = {k: c[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
@@ -180,11 +211,20 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
             raise FileFormatError(path, f"model {name!r}: architecture columns blank and no preset", line)
         model = preset
     else:
-        model = ModelSpec(name=name, num_layers=shape["layers"], hidden_size=shape["hidden"],
-                          ffn_hidden_size=shape["ffn_hidden"], num_heads=shape["heads"], num_kv_heads=shape["kv_heads"],
-                          head_dim=shape["hidden"] // shape["heads"], vocab_size=shape["vocab"],
-                          gated_mlp=bool(c["gated_mlp"]),
-                          tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
+        # a row whose architecture no model can have is skipped with the line and column (not
+        # predicted on a guessed shape; one bad row does not refuse the file)
+        if shape["hidden"] % shape["heads"]:
+            raise SpecError(f"{path}:{line}", "hidden", row["hidden"].strip(),
+                            f"a multiple of heads={shape['heads']} (head dim = hidden / heads)")
+        try:
+            model = ModelSpec(name=name, num_layers=shape["layers"], hidden_size=shape["hidden"],
+                              ffn_hidden_size=shape["ffn_hidden"], num_heads=shape["heads"],
+                              num_kv_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
+                              vocab_size=shape["vocab"], gated_mlp=bool(c["gated_mlp"]),
+                              tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
+        except SpecError as e:  # the row states an architecture no model has: skipped, naming the cell
+            col = _SHAPE_COLUMNS.get(e.field, e.field)
+            raise SpecError(f"{path}:{line}", col, (row.get(col) or "").strip(), e.allowed) from None
     legacy = _is_legacy_megatron(row)
     model = replace(model, dropout=legacy)
     for col in ("global_batch", "seq_len", "num_gpus"):
@@ -235,7 +275,7 @@ def row_setup(row: dict, path: str, line: int) -> RowSetup:
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms)
-    return RowSetup(model=model, cluster_name=_cluster_for(row), num_gpus=c["num_gpus"],
+    return RowSetup(model=model, cluster_name=hardware or _cluster_for(row, path, line), num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits)
 
 
@@ -274,9 +314,7 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
     if out["skipped"]:
         return out
     metric = out["metric_id"]
-    setup = row_setup(row, path, line)
-    if hardware:
-        setup = replace(setup, cluster_name=hardware)
+    setup = row_setup(row, path, line, hardware)
     cluster = load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
     memory_metric = metric.endswith("_gib")
     kw = dict(limits=setup.limits, fixed=setup.fixed, top_k=1, resimulate=4)

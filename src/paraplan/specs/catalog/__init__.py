@@ -14,7 +14,6 @@ import functools
 import math
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -22,13 +21,13 @@ from typing import NoReturn
 from ... import units
 from ...errors import FileFormatError, SpecError, UnknownPresetError
 from ..curves import EfficiencyCurve
-from ..files import MAX_COUNT, read_text
+from ..files import MAX_COUNT, parse_toml, read_toml
 from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
 from ..model import ModelSpec, make_model
 from ..workload import Precision
 
 __all__ = ["list_models", "list_gpus", "list_clusters", "load_model", "load_gpu", "load_cluster",
-           "CATALOG_DIR"]
+           "load_flag_cluster", "preset_name", "CATALOG_DIR"]
 
 CATALOG_DIR = Path(__file__).resolve().parent
 _DIRS = {"model": "models", "gpu": "gpus", "cluster": "clusters"}
@@ -55,6 +54,13 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
                      "host_memory_gb_per_host", "gpus_per_host")
+# Physical bounds on bandwidths and latencies (a 1e-300 GB/s link would price a step at
+# centuries): 1 MB/s is slower than any network or memory, 1 PB/s a thousand times NVLink 5;
+# a latency from 1 ns to 1 s. Calibrated CPU profiles (gloo, DRAM) sit well inside them.
+_GB_PER_S = (1e-3, 1e6)
+_GBIT_PER_S = (8e-3, 8e6)
+_TB_PER_S = (1e-6, 1e3)
+_LATENCY_US = (1e-3, 1e6)
 _TIER_REQUIRED = ("latency_us", "efficiency")
 _TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes", "all_gather", "reduce_scatter")
 
@@ -65,20 +71,9 @@ def _norm(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# Reading TOML with errors that name the file, the line and the field.
+# Checking TOML fields with errors that name the file, the line and the field (the file is
+# read by specs/files.py read_toml).
 # ---------------------------------------------------------------------------------------
-
-def read_toml(path: Path, shown: str) -> tuple[dict, str]:
-    text = read_text(path, shown)
-    try:
-        return tomllib.loads(text), text
-    except tomllib.TOMLDecodeError as e:
-        msg = str(e)
-        m = re.search(r"\(at line (\d+), column \d+\)", msg)
-        line = int(m.group(1)) if m else getattr(e, "lineno", None)
-        detail = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg) or "invalid TOML"
-        raise FileFormatError(shown, f"invalid TOML: {detail}", line) from None
-
 
 def _line_of(text: str, section: str, key: str) -> int | None:
     current = ""
@@ -140,13 +135,16 @@ class TomlTable:
             self._bad(key, v, f"an integer from 0 to {MAX_COUNT} (0: not used)")
         return v
 
-    def num(self, key: str, default: float | None = None, *, at_most_one: bool = False) -> float | None:
+    def num(self, key: str, default: float | None = None, *, at_most_one: bool = False,
+            within: tuple[float, float] | None = None) -> float | None:
+        """A positive number; at most 1 with `at_most_one`; in [low, high] with `within`."""
         if key not in self.data:
             return default
         v = self.data[key]
         if (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf
-                or (at_most_one and v > 1)):
-            self._bad(key, v, "a number in (0, 1]" if at_most_one else "a positive number")
+                or (at_most_one and v > 1) or (within is not None and not within[0] <= v <= within[1])):
+            self._bad(key, v, "a number in (0, 1]" if at_most_one else
+                      f"a number from {within[0]:g} to {within[1]:g}" if within is not None else "a positive number")
         return float(v)
 
     def non_negative(self, key: str) -> float | None:
@@ -276,9 +274,9 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         # the driver's memory.total when known (the datasheet's "80GB" is 80 GiB on A100)
         hbm_bytes=(t.num("hbm_usable_mib") * units.MIB if "hbm_usable_mib" in t.data
                    else units.gbytes(t.num("hbm_gb"))),
-        hbm_bw_bytes_per_s=t.num("hbm_tb_per_s") * units.TERA,  # TB/s (decimal) -> bytes/s
+        hbm_bw_bytes_per_s=t.num("hbm_tb_per_s", within=_TB_PER_S) * units.TERA,  # TB/s (decimal) -> bytes/s
         tdp_watts=t.num("tdp_watts"),
-        host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s")),
+        host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s", within=_GB_PER_S)),
         gemm_efficiency=t.curve("gemm_efficiency", "flops"),
         attention_efficiency=_attention_curves(t),
         source=t.str_("source"), **extra)
@@ -292,10 +290,11 @@ def _tier_from_table(t: TomlTable, name: str) -> LinkTier:
         raise FileFormatError(t.shown, f"[{name}] needs exactly one of 'gb_per_s' (GB/s, per GPU, one "
                                        f"direction) or 'gbit_per_s' (network line rate per GPU, Gb/s)",
                               t.line_of("gb_per_s") or t.line_of("gbit_per_s"))
-    bw = units.gbytes_per_s(t.num("gb_per_s")) if has_gb else units.gbits_per_s(t.num("gbit_per_s"))
+    bw = (units.gbytes_per_s(t.num("gb_per_s", within=_GB_PER_S)) if has_gb
+          else units.gbits_per_s(t.num("gbit_per_s", within=_GBIT_PER_S)))
     # [tier.all_gather] / [tier.reduce_scatter]: that collective's own efficiency curve
     ops = tuple((op, t.curve(op, "efficiency_bytes")) for op in ("all_gather", "reduce_scatter") if op in t.data)
-    return LinkTier(name=name, bw_unidir_bytes_per_s=bw, latency_s=units.us(t.num("latency_us")),
+    return LinkTier(name=name, bw_unidir_bytes_per_s=bw, latency_s=units.us(t.num("latency_us", within=_LATENCY_US)),
                     efficiency=t.curve("", "efficiency_bytes"), op_efficiency=ops)
 
 
@@ -355,7 +354,7 @@ def _cluster_from_file(path: Path) -> ClusterSpec:
 def cluster_from_text(text: str, shown: str) -> ClusterSpec:
     """A cluster from TOML text in the cluster schema with its GPU inline (a hardware profile
     that calibrate is writing); errors name `shown`."""
-    return _cluster_from_table(TomlTable(tomllib.loads(text), shown, text), None)
+    return _cluster_from_table(TomlTable(parse_toml(text, shown), shown, text), None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -398,6 +397,15 @@ def _lookup(kind: str, name: str) -> str | None:
     canonical = reg.keys.get(_norm(name))
     if canonical is None and "/" in name:  # "meta-llama/Meta-Llama-3-8B" -> "Meta-Llama-3-8B"
         canonical = reg.keys.get(_norm(name.rsplit("/", 1)[1]))
+    return canonical
+
+
+def preset_name(kind: str, name: str) -> str:
+    """The canonical name of the `kind` preset named `name` (or an alias; never a file);
+    UnknownPresetError, with the closest names, otherwise."""
+    canonical = _lookup(kind, name)
+    if canonical is None:
+        raise UnknownPresetError(kind, name, list(_registry(kind).known))
     return canonical
 
 
@@ -487,6 +495,15 @@ def load_gpu(name_or_path: str | os.PathLike) -> GPUSpec:
     """A GPU preset (name or alias) or a TOML file in the GPU schema."""
     how, what = _resolve("gpu", name_or_path, (".toml",))
     return _preset_gpu(what) if how == "preset" else _gpu_from_file(what)
+
+
+def load_flag_cluster(where: str, flag: str, name_or_path: str, num_gpus: int | None = None) -> ClusterSpec:
+    """load_cluster of a command-line flag's value (`--hardware`): an unknown preset is that
+    flag's one-line error, with the closest names."""
+    try:
+        return load_cluster(name_or_path, num_gpus=num_gpus)
+    except UnknownPresetError as e:
+        raise SpecError(where, flag, name_or_path, str(e)) from None
 
 
 def load_cluster(name_or_path: str | os.PathLike, num_gpus: int | None = None) -> ClusterSpec:
