@@ -483,3 +483,12 @@ def test_validate_predicts_rows_on_a_profile(tmp_path, capsys):
     assert main(["validate", str(csv), "--hardware", str(tmp_path / "missing.toml")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing.toml" in err
+
+
+@pytest.mark.parametrize("ranks", ["0", "5000"])
+def test_calibrate_ranks_are_bounded_before_any_benchmark(capsys, ranks):
+    # local processes side by side, as paraplan run launches them: 1 to MAX_LOCAL_RANKS
+    from paraplan.cli import main
+    assert main(["calibrate", "--ranks", ranks]) == 2
+    err = capsys.readouterr().err
+    assert f"ranks={ranks}" in err and "1 to 1024" in err and err.count("\n") == 1

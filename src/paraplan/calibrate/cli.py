@@ -54,8 +54,9 @@ def cmd_calibrate(args) -> int:
         result = compare_with_presets(args.vidur)
         print(json.dumps(result, indent=1) if args.json else render_comparison(result))
         return 0
-    if args.ranks < 1:
-        raise SpecError("calibrate", "ranks", args.ranks, "a positive integer is required")
+    from ..run.config import MAX_LOCAL_RANKS
+    if not 1 <= args.ranks <= MAX_LOCAL_RANKS:  # local processes, as paraplan run launches them
+        raise SpecError("calibrate", "ranks", args.ranks, f"a whole number from 1 to {MAX_LOCAL_RANKS} is required")
     # everything the user typed is checked before minutes of benchmarks
     if args.name is not None:
         check_name(args.name)
