@@ -81,3 +81,29 @@ def test_cli_prints_the_budget_through_failures(capsys):
     with pytest.raises(SystemExit) as e:
         main(["estimate", "--restart-min", "-3"])
     assert e.value.code == 2 and "--restart-min" in capsys.readouterr().err
+
+
+def test_checkpoint_writes_experts_once_over_their_expert_data_parallel_group():
+    # Qwen3-30B-A3B on 64 GPUs, EP 8: the experts replicate over EDP = 8, not over DP = 64,
+    # so each GPU writes 1/8 of its expert weights, not 1/64 (the dense part: 1/64)
+    from paraplan.cost.estimate import checkpoint_bytes_per_gpu, estimate
+    from paraplan.plan.axes import ZeroStage
+    from paraplan.plan.plan import make_plan
+    from paraplan.specs.catalog import load_cluster, load_model
+    from paraplan.specs.workload import Workload
+    model = load_model("qwen3-30b-a3b")
+    wl = Workload(global_batch_size=512, seq_len=4096, precision="bf16")
+    plan = make_plan(tp=1, pp=1, dp=64, ep=8, micro_batch_size=1, zero=ZeroStage.GRADIENTS)
+    est = estimate(model, load_cluster("dgx-h100", num_gpus=64), wl, plan)
+    written = checkpoint_bytes_per_gpu(model, wl, plan, est.memory)
+    experts = model.expert_params / 8                     # this GPU's expert shard, in parameters
+    dense = model.num_params - model.expert_params
+    w_share = est.memory.weights_bytes / (dense + experts)  # bytes per parameter held
+    o = est.memory.optimizer_bytes                        # sharded over all 64 (dense) / EDP 8 (experts)
+    assert written == pytest.approx(w_share * (dense / 64 + experts / 8) + o, rel=1e-6)
+    # a dense model: unchanged, weights over DP, the optimizer shard whole
+    dense_model = load_model("llama3-8b")
+    p2 = make_plan(tp=1, pp=1, dp=64, micro_batch_size=1, zero=ZeroStage.GRADIENTS)
+    e2 = estimate(dense_model, load_cluster("dgx-h100", num_gpus=64), wl, p2)
+    assert checkpoint_bytes_per_gpu(dense_model, wl, p2, e2.memory) == pytest.approx(
+        e2.memory.weights_bytes / 64 + e2.memory.optimizer_bytes)

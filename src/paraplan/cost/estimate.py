@@ -131,6 +131,27 @@ def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[rang
 SIM_MICROBATCHES = 256
 
 
+def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, mem) -> float:
+    """Bytes of model states one GPU writes in a checkpoint: each tensor once over its
+    replicas (DCP dedup, Megatron fully-parallel save). Dense weights replicate over DP×CP
+    (ZeRO-3: over the HSDP replicas R), routed experts over their EDP group (ZeRO-3: R);
+    optimizer shards over R (ZeRO-0: the whole DP×CP, or EDP for experts)."""
+    lay = layout(model, workload, plan)
+    zero3, zero0 = plan.zero is ZeroStage.PARAMETERS, plan.zero is ZeroStage.NONE
+    r, edp = plan.dp // plan.dp_shard, float(lay.edp)
+    dense, experts = float(lay.params_stage), float(lay.expert_stage)
+    # this GPU's dense and expert parameters as its weights and optimizer hold them
+    w_dense, w_exp = dense / (float(lay.S) if zero3 else 1.0), experts / (float(lay.S_e) if zero3 else 1.0)
+    o_dense, o_exp = dense / float(lay.shard), experts / float(lay.shard_e)
+    w_rep_dense, w_rep_exp = (r, r) if zero3 else (plan.dp * plan.cp, edp)
+    o_rep_dense, o_rep_exp = (plan.dp * plan.cp, edp) if zero0 else (r, r)
+
+    def written(total, d, e, rep_d, rep_e):  # total bytes split as the parameters are
+        return total * (d / max(rep_d, 1) + e / max(rep_e, 1)) / max(d + e, 1e-30)
+    return (written(mem.weights_bytes, w_dense, w_exp, w_rep_dense, w_rep_exp)
+            + written(mem.optimizer_bytes, o_dense, o_exp, o_rep_dense, o_rep_exp))
+
+
 def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
            *, simulate_pipeline: bool = True) -> Estimate:
     """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
@@ -173,11 +194,7 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     # replicated tensors are written once over their replicas (DCP dedup, Megatron fully-
     # parallel save); the storage must take a whole checkpoint (16-bit weights + fp32 master
     # and moments) between two of them
-    zero3 = plan.zero is ZeroStage.PARAMETERS
-    w_replicas = plan.dp // plan.dp_shard if zero3 else plan.dp * plan.cp
-    o_replicas = plan.dp * plan.cp if plan.zero is ZeroStage.NONE else plan.dp // plan.dp_shard
-    checkpoint_s = ((mem.weights_bytes / max(w_replicas, 1) + mem.optimizer_bytes / max(o_replicas, 1))
-                    / gpu.host_link_bw_unidir_bytes_per_s)
+    checkpoint_s = checkpoint_bytes_per_gpu(model, workload, plan, mem) / gpu.host_link_bw_unidir_bytes_per_s
     ckpt_bytes = model.num_params * (WEIGHT_BYTES + OPTIMIZER_BYTES)
     failures = reliability(num_gpus=n, step_s=step, work_s=train_s, checkpoint_s=checkpoint_s,
                            interruptions_per_gpu_day=workload.interruptions_per_gpu_day,
