@@ -337,13 +337,7 @@ def test_model_file_counts_have_a_maximum(capsys, tmp_path, old, new, field):
 
 
 # ---------------------------------------------------------------- 18. embeddings: the advice names a real knob
-
-def test_embeddings_no_fit_names_the_weight_bytes_column(capsys, tmp_path):
-    # 2.2 TB of rows on one GPU: beyond its HBM and its host's DRAM
-    tables = tmp_path / "t.csv"
-    tables.write_text("name,num_rows,dim\nhuge,4300000000,128\n")
-    line = _error(capsys, "embeddings", "--gpus", "1", "--tables", str(tables))
-    assert "weight_bytes=2" in line and "fp16 weights" not in line
+# (tests/test_embeddings.py test_nothing_fits_says_why: the weight_bytes column)
 
 
 # ---------------------------------------------------------------- 19. --sliding-window-kv on a model without windows

@@ -129,6 +129,8 @@ def test_nothing_fits_says_why(tmp_path, capsys):
     rc = main(["embeddings", "--gpus", "1", "--tables", str(path)])
     err = capsys.readouterr().err
     assert rc == 2 and "no embedding plan fits" in err and "more GPUs" in err and "\n" == err[-1] and err.count("\n") == 1
+    # the advice names a real knob: the tables CSV's weight_bytes column
+    assert "weight_bytes=2" in err and "fp16 weights" not in err
 
 
 def test_cli_json_and_export(tmp_path, capsys):

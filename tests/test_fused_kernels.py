@@ -75,9 +75,9 @@ def test_separate_gate_and_up_reach_the_experts_and_mla_models_dense_layers():
     cluster = load_cluster("dgx-h100", num_gpus=8)
     wl = Workload(global_batch_size=8, seq_len=4096)
     kw = dict(dp=8, ep=8, micro_batch_size=1)
-    a = estimate(model, cluster, wl, make_plan(**kw)).layer_detail["fwd"]["MoE experts (grouped GEMMs)"]
+    a = estimate(model, cluster, wl, make_plan(**kw)).layer_detail["fwd"]["MoE experts at λ = 1 (grouped GEMMs)"]
     b = estimate(model, cluster, wl, make_plan(fused_kernels=False, **kw)).layer_detail["fwd"][
-        "MoE experts (grouped GEMMs)"]
+        "MoE experts at λ = 1 (grouped GEMMs)"]
     assert float(b) > float(a)
     ds = load_model("deepseek-v3")
     kw = dict(tp=8, ep=8, pp=1, micro_batch_size=1, sequence_parallel=True)

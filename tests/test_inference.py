@@ -226,6 +226,12 @@ def test_routed_tokens_are_conserved(E, k):
             active, per = routed_experts(T, E, k, local)
             assert active * per == pytest.approx(local * T * k / E)
             assert 0 < active <= local and per >= 1 - 1e-12
+        # one token picks k of E: k/E of the local experts are active, each with that token
+        assert routed_experts(1, E, k, local) == pytest.approx((local * k / E, 1.0))
+        # two tokens: an expert is idle when both miss it, (1 − k/E)²
+        assert routed_experts(2, E, k, local)[0] == pytest.approx(local * (1 - (1 - k / E) ** 2))
+        # many tokens: every expert active, T·k/E each
+        assert routed_experts(100_000, E, k, local) == pytest.approx((local, 100_000 * k / E))
 
 
 def test_mla_attention_gemms_are_the_models_projections(h100):

@@ -424,10 +424,7 @@ def cmd_trace(args) -> int:
     layers = chunk_layers(model, wl, staged)
     labels = [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
                         + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
-    fwd = dict(est.layer_detail["fwd"])
-    # the experts' time holds their load imbalance: show the experts at λ = 1 beside it
-    if "MoE load imbalance (in experts)" in fwd and "MoE experts (grouped GEMMs)" in fwd:
-        fwd["MoE experts (grouped GEMMs)"] -= fwd["MoE load imbalance (in experts)"]
+    fwd = est.layer_detail["fwd"]
     bwd = est.layer_detail["bwd"]
     # ZB-H1 splits each backward: W runs the weight-gradient GEMMs, B the rest
     wgrad = est.layer_detail.get("wgrad", {}) if staged.schedule is Schedule.ZERO_BUBBLE else {}

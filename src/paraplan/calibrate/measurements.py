@@ -41,7 +41,7 @@ class AttentionSample:
     dtype: str
     fwd_time_s: float
     bwd_time_s: float
-    kernel: str = "flash2"  # raw files written before 2026-11-22 measured torch's default only, named flash2
+    kernel: str = AttentionKernel.FLASH2.value  # raw files written before 2026-11-22 measured torch's default only, named flash2
 
     @property
     def fwd_flops(self) -> float:
@@ -214,7 +214,8 @@ class Measurements:
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample,
             "misaligned_gemm": GemmSample}
-# the fused kernels calibrate measures (run/attention.py CALIBRATED_BACKENDS)
+# the fused kernels a raw file may name (every AttentionKernel but unfused; calibrate measures
+# those in run/attention.py CALIBRATED_BACKENDS)
 ATTENTION_KERNELS = tuple(k.value for k in AttentionKernel if k is not AttentionKernel.UNFUSED)
 _NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
            "tp_layer": TPLayerSample, "loss": LossSample}

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from .. import units
 from ..errors import SpecError
 from ..specs.catalog import cluster_from_text, load_cluster
-from ..specs.hardware import ClusterSpec
+from ..specs.hardware import AttentionKernel, ClusterSpec
 from ..specs.workload import Precision
 from .measurements import Measurements, tp_layer_spec
 
@@ -110,7 +110,7 @@ def fit_compute(m: Measurements) -> tuple[float, tuple, dict]:
             [(f, f / max(a.fwd_time_s - tau, a.fwd_time_s / 2) / peak),
              (fb, fb / max(a.bwd_time_s - tau, a.bwd_time_s / 2) / peak)])
     curves = {k: _binned(v) for k, v in sorted(att.items())}
-    curves.setdefault("flash2", gemm_curve)  # a GPU spec always has it (catalog): the GEMM curve if unmeasured
+    curves.setdefault(AttentionKernel.FLASH2.value, gemm_curve)  # a GPU spec always has it (catalog): the GEMM curve if unmeasured
     return peak, gemm_curve, dict(sorted(curves.items()))
 
 

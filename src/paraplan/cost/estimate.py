@@ -131,23 +131,24 @@ def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[rang
 SIM_MICROBATCHES = 256
 
 
-def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, mem) -> float:
+def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, mem: MemoryBreakdown) -> float:
     """Bytes of model states one GPU writes in a checkpoint: each tensor once over its
     replicas (DCP dedup, Megatron fully-parallel save). Dense weights replicate over DP×CP
     (ZeRO-3: over the HSDP replicas R), routed experts over their EDP group (ZeRO-3: R);
     optimizer shards over R (ZeRO-0: the whole DP×CP, or EDP for experts)."""
-    lay = layout(model, workload, plan)
+    lay = layout(model, workload, PlanBatch.from_plans([plan]))
     zero3, zero0 = plan.zero is ZeroStage.PARAMETERS, plan.zero is ZeroStage.NONE
-    r, edp = plan.dp // plan.dp_shard, float(lay.edp)
-    dense, experts = float(lay.params_stage), float(lay.expert_stage)
+    r, edp = _batch_index(lay.R), _batch_index(lay.edp)
+    dense, experts = _batch_index(lay.params_stage), _batch_index(lay.expert_stage)
     # this GPU's dense and expert parameters as its weights and optimizer hold them
-    w_dense, w_exp = dense / (float(lay.S) if zero3 else 1.0), experts / (float(lay.S_e) if zero3 else 1.0)
-    o_dense, o_exp = dense / float(lay.shard), experts / float(lay.shard_e)
+    w_dense = dense / (_batch_index(lay.S) if zero3 else 1.0)
+    w_exp = experts / (_batch_index(lay.S_e) if zero3 else 1.0)
+    o_dense, o_exp = dense / _batch_index(lay.shard), experts / _batch_index(lay.shard_e)
     w_rep_dense, w_rep_exp = (r, r) if zero3 else (plan.dp * plan.cp, edp)
     o_rep_dense, o_rep_exp = (plan.dp * plan.cp, edp) if zero0 else (r, r)
 
     def written(total, d, e, rep_d, rep_e):  # total bytes split as the parameters are
-        return total * (d / max(rep_d, 1) + e / max(rep_e, 1)) / max(d + e, 1e-30)
+        return total * (d / rep_d + e / rep_e) / (d + e)
     return (written(mem.weights_bytes, w_dense, w_exp, w_rep_dense, w_rep_exp)
             + written(mem.optimizer_bytes, o_dense, o_exp, o_rep_dense, o_rep_exp))
 

@@ -985,8 +985,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                 "FSDP2 copies, gradient accumulation": f2_bwd},
     }
     if mc:
-        # MoE layers, averaged over the stage's layers like every entry here
-        layer_detail["fwd"].update({"MoE experts (grouped GEMMs)": w_moe * mc.expert_gemm_fwd_s,
+        # MoE layers, averaged over the stage's layers like every entry here; the experts at
+        # λ = 1 and what the imbalance adds to them, so that the entries add up
+        layer_detail["fwd"].update({"MoE experts at λ = 1 (grouped GEMMs)":
+                                    w_moe * (mc.expert_gemm_fwd_s - mc.imbalance_fwd_s),
                                     "MoE load imbalance (in experts)": w_moe * mc.imbalance_fwd_s,
                                     "MoE router, permute, shared": moe_fwd - w_moe * mc.expert_gemm_fwd_s,
                                     "EP all-to-all": a2a_fwd_exp})
@@ -997,6 +999,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                    "optimizer step": optimizer}
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,
                      host_bytes=host_bytes,
-                     overlapped=overlapped, memory=memory, dp_step_s=dp_exposed + optimizer + sp_norm,
+                     overlapped=overlapped, memory=memory, dp_step_s=sum(step_detail.values()),
                      critical_stage_s=m * t_max, step_detail=step_detail,
                      comm_detail=comm_detail, hardware_flops_per_step=hw, layer_detail=layer_detail)

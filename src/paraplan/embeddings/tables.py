@@ -202,6 +202,7 @@ def _profile_list(t: TomlTable, key: str, ok, what: str) -> list:
 
 INT64_MAX = 2**63 - 1  # TBE indexes rows with int64 ids
 OPTIONAL_COLUMNS = ("pooling_factor", "weight_bytes")
+MAX_WEIGHT_BYTES = 8.0  # bytes per weight element: int4 (0.5) up to fp64 (8)
 # ids per sample per table: a bound on input sanity, far above any published feature
 # (the DLRM datasets' mean is some tens; TorchRec's examples use 1-100)
 MAX_POOLING_FACTOR = 1e6
@@ -243,7 +244,8 @@ def _tables_from_csv(text: str, shown: str) -> tuple[EmbeddingTable, ...]:
                                       dim=_cell(row, "dim", int, shown, i),
                                       pooling_factor=_cell(row, "pooling_factor", float, shown, i, 1.0, minimum=0,
                                                            maximum=MAX_POOLING_FACTOR),
-                                      weight_bytes=_cell(row, "weight_bytes", float, shown, i, 4.0, minimum=0.5, maximum=8)))
+                                      weight_bytes=_cell(row, "weight_bytes", float, shown, i, 4.0, minimum=0.5,
+                                                         maximum=MAX_WEIGHT_BYTES)))
     except csv.Error as exc:
         raise FileFormatError(shown, f"not a valid CSV row: {exc}", line=line_no()) from None
     if not out:

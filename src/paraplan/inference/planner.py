@@ -69,7 +69,7 @@ GENERAL_ADVICE = ("try more GPUs per replica (a node with more GPUs), int4/fp8 w
                   "shorter requests (--prompt, --output)")
 
 
-def _kv_rejection(model: ModelSpec, plan: ServePlan, mem: ServeMemory, need: float, traffic: Traffic,
+def _kv_rejection(plan: ServePlan, mem: ServeMemory, need: float, traffic: Traffic,
                   limits: EngineLimits) -> DeploymentRejected:
     """The KV cache holds less than one request: say whether the engine's workspace (sized by
     --max-num-tokens and --max-batch) is what leaves it too small, or the weights are."""
@@ -155,7 +155,7 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
             (-1.0,), "raise --expert-cache (more experts in HBM) or use more GPUs per replica")
     need = request_kv_tokens(model, traffic, limits)
     if mem.kv_capacity_tokens < need:
-        raise _kv_rejection(model, plan, mem, need, traffic, limits)
+        raise _kv_rejection(plan, mem, need, traffic, limits)
     step = IterationModel(model, cluster, plan)
     alone = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=1), limits,
                      mem.kv_capacity_tokens)

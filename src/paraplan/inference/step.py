@@ -141,7 +141,7 @@ def attention_gemms(model: ModelSpec, t: int) -> list[tuple[float, float]]:
     """
     h = model.hidden_size
     if not model.is_mla:
-        return [((model.q_dim + 2 * model.num_kv_heads * model.head_dim) / t, h), (h, model.q_dim / t)]
+        return [((model.q_dim + model.kv_pair_dim) / t, h), (h, model.q_dim / t)]
     rq, rkv, dr = model.q_lora_rank, model.kv_lora_rank, model.qk_rope_head_dim
     d_nope, d_v = model.head_dim - dr, model.v_head_dim or model.head_dim
     if rq:

@@ -191,8 +191,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda P: f"cp_comm_type=a2a (Ulysses) needs TP×CP = {P.tp * P.cp} to divide heads={a} and kv_heads={k}"),
         ("sp_tp", lambda B: B.sequence_parallel & (B.tp == 1), lambda P: "sequence parallelism needs TP>1"),
         # Megatron's SP scatters each CP rank's sequence over TP (_split_along_first_dim)
-        ("sp_seq", lambda B: B.sequence_parallel & (((s // np.maximum(B.cp, 1)) % np.maximum(B.tp, 1) != 0)
-                                                     | (s % np.maximum(B.cp, 1) != 0)),
+        # (cp_seq already makes s a multiple of CP)
+        ("sp_seq", lambda B: B.sequence_parallel & ((s // np.maximum(B.cp, 1)) % np.maximum(B.tp, 1) != 0),
          lambda P: f"sequence parallelism needs TP={P.tp} to divide the {s // max(P.cp, 1)} tokens of a "
                    f"sequence on each CP rank (seq {s} / CP {P.cp})"),
         # offload moves a rank's optimizer shard to the host (DeepSpeed ZeRO-Offload, Megatron

@@ -200,7 +200,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     workload and search space."""
     c = row_cells(row, path, line)
     name = row["model"].strip()
-    shape = {k: c[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab")}
+    shape = {col: c[col] for col in _SHAPE_COLUMNS.values()}
     preset = _preset(name)
     moe_row = (c["num_experts"] or 0) > 0
     if moe_row and preset is None:
@@ -217,10 +217,8 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
             raise SpecError(f"{path}:{line}", "hidden", row["hidden"].strip(),
                             f"a multiple of heads={shape['heads']} (head dim = hidden / heads)")
         try:
-            model = ModelSpec(name=name, num_layers=shape["layers"], hidden_size=shape["hidden"],
-                              ffn_hidden_size=shape["ffn_hidden"], num_heads=shape["heads"],
-                              num_kv_heads=shape["kv_heads"], head_dim=shape["hidden"] // shape["heads"],
-                              vocab_size=shape["vocab"], gated_mlp=bool(c["gated_mlp"]),
+            model = ModelSpec(name=name, **{f: shape[col] for f, col in _SHAPE_COLUMNS.items()},
+                              head_dim=shape["hidden"] // shape["heads"], gated_mlp=bool(c["gated_mlp"]),
                               tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
         except SpecError as e:  # the row states an architecture no model has: skipped, naming the cell
             col = _SHAPE_COLUMNS.get(e.field, e.field)

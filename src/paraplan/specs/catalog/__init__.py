@@ -58,8 +58,8 @@ _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "
 # centuries): 1 MB/s is slower than any network or memory, 1 PB/s a thousand times NVLink 5;
 # a latency from 1 ns to 1 s. Calibrated CPU profiles (gloo, DRAM) sit well inside them.
 _GB_PER_S = (1e-3, 1e6)
-_GBIT_PER_S = (8e-3, 8e6)
-_TB_PER_S = (1e-6, 1e3)
+_GBIT_PER_S = tuple(8.0 * x for x in _GB_PER_S)  # 8 bits per byte
+_TB_PER_S = tuple(x / 1e3 for x in _GB_PER_S)
 _LATENCY_US = (1e-3, 1e6)
 _TIER_REQUIRED = ("latency_us", "efficiency")
 _TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes", "all_gather", "reduce_scatter")
