@@ -250,6 +250,17 @@ def test_inference_unknown_precision_refuses_the_file(capsys, tmp_path, value):
     assert f"{path}:2:" in line and "'precision'" in line and repr(value) in line
 
 
+def test_inference_tpot_row_with_one_output_token_is_skipped_with_the_reason(tmp_path):
+    # one output token has no time between tokens: the row is skipped naming output_len
+    # (it used to print NaN and numpy's "Mean of empty slice" warning)
+    from paraplan.validate.inference import validate_inference_file
+    row = {**GPU_ROW, "metric": "mean ITL", "metric_id": "tpot_mean_ms", "output_len": "1"}
+    res = validate_inference_file(str(write_csv(tmp_path, INFERENCE_HEADER, [row, {**row, "id": "two", "output_len": "2"}])))
+    one, two = res["rows"]
+    assert one["predicted"] is None and "output_len" in one["skipped"] and "2 output tokens" in one["skipped"]
+    assert two["skipped"] is None and two["predicted"] > 0
+
+
 @pytest.mark.parametrize("value", ["lots", "QPS", "batch 8"])
 def test_inference_non_numeric_batch_refuses_the_file(capsys, tmp_path, value):
     path = _csv(tmp_path, INFERENCE_HEADER, [{**GPU_ROW, "batch_or_concurrency": value}])

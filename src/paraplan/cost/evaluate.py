@@ -360,8 +360,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     inflight_mid = mem.inflight_microbatches(plan, m, 1.0)
     inflight_last = mem.inflight_microbatches(plan, m, p - 1.0)
     # a layer's input as kept: the residual stream, fp32 under autocast
-    autocast = np.asarray(plan.autocast, dtype=bool)
-    residual_bytes = np.where(autocast, np.maximum(ab, mem.AUTOCAST_RESIDUAL_BYTES), ab)
+    residual_bytes = mem.residual_bytes_per_element(ab, plan.autocast)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)

@@ -56,6 +56,12 @@ EAGER_LOSS_FWD_BYTES = 10.0
 AUTOCAST_RESIDUAL_BYTES = 4.0  # the residual stream under torch.autocast stays fp32
 
 
+def residual_bytes_per_element(act_bytes, autocast):
+    """Bytes per element of the residual stream (a layer's input as kept): the activation
+    width, and fp32 at least under torch.autocast (plan.autocast). Vectorized over both."""
+    return np.where(np.asarray(autocast, dtype=bool), np.maximum(act_bytes, AUTOCAST_RESIDUAL_BYTES), act_bytes)
+
+
 def logits_bytes_per_element(precision, fused=True):
     """Cross-entropy over V/t logits per token. Fused (Megatron's vocab-parallel kernel):
     the logits in the activation dtype plus the fp32 softmax (6 bytes with 16-bit logits, 8
@@ -125,7 +131,7 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     return ActivationTerms(replicated=replicated, split=split, scores=scores, layer_input=a * h,
                            modules_replicated=norm_outputs, modules_split=mla_qkv,
                            eager_split=w * a * f if model.gated_mlp else 0.0,
-                           autocast_replicated=2.0 * max(AUTOCAST_RESIDUAL_BYTES - a, 0.0) * h,
+                           autocast_replicated=2.0 * float(residual_bytes_per_element(a, True) - a) * h,
                            # one cast per input projection beyond the first: wk, wv (MLA's
                            # kv_a beside q_a: one) and a gated MLP's w3 (none for GELU's w1);
                            # none at 32 bits (nothing to cast)
@@ -159,8 +165,7 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     selective = tokens * base + extra_bytes
     modules = (tokens * (base - terms.modules_replicated / sp_div - terms.modules_split / t)
                + extra_bytes - modules_extra_saving)
-    full = tokens * np.where(autocast, max(terms.layer_input, AUTOCAST_RESIDUAL_BYTES * model.hidden_size),
-                             terms.layer_input) / sp_div
+    full = tokens * (residual_bytes_per_element(_width(precision), autocast) * model.hidden_size) / sp_div
     rc = np.asarray(recompute_code)
     stored = np.where(rc == Recompute.FULL.code, full,
                       np.where(rc == Recompute.SELECTIVE.code, selective,

@@ -37,6 +37,12 @@ from .step import AttentionWindow, IterationModel
 KV_PAGE_TOKENS = 64  # tokens per KV-cache page (TensorRT-LLM tokens_per_block default: 64)
 
 
+def has_tpot(output_tokens: int) -> bool:
+    """Whether a request of `output_tokens` output tokens has a TPOT, (finish − first token) / (n − 1):
+    a single output token has no second one."""
+    return output_tokens > 1
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServingResult:
     ttft_s: np.ndarray        # per request
@@ -52,6 +58,11 @@ class ServingResult:
     @property
     def num_requests(self) -> int:
         return len(self.e2e_s)
+
+    @property
+    def has_tpot(self) -> bool:
+        """Whether tpot_s holds one value per request (every request has output_tokens / num_requests)."""
+        return has_tpot(self.output_tokens // self.num_requests)
 
     @property
     def requests_per_s(self) -> float:
@@ -74,7 +85,7 @@ class ServingResult:
         ok = np.ones(self.num_requests, dtype=bool)
         if ttft_target_s is not None:
             ok &= self.ttft_s <= ttft_target_s
-        if tpot_target_s is not None and len(self.tpot_s) == self.num_requests:
+        if tpot_target_s is not None and self.has_tpot:
             ok &= self.tpot_s <= tpot_target_s
         return float(ok.sum()) / self.makespan_s
 
@@ -237,7 +248,7 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
                     num_decoding += 1
     start = float(arrivals.min())
     ttft = first - arrivals
-    tpot = (finish - first) / (osl - 1) if osl > 1 else np.zeros(0)
+    tpot = (finish - first) / (osl - 1) if has_tpot(osl) else np.zeros(0)
     return ServingResult(ttft_s=ttft, tpot_s=tpot, e2e_s=finish - arrivals, makespan_s=float(np.nanmax(finish)) - start,
                          num_iterations=it, output_tokens=n * osl, prompt_tokens=n * isl,
                          max_concurrency=max_conc, kv_capacity_tokens=kv_capacity_tokens)

@@ -113,6 +113,7 @@ def cmd_serve(args) -> int:
     from ..report.table import grid
     from ..specs.catalog import load_cluster, load_model
     from ..units import GIB, fmt_count
+    from .batching import has_tpot
     from .deploy import EngineLimits, Traffic
     from .planner import max_sequences, plan_serving
     from ..errors import SpecError
@@ -142,7 +143,7 @@ def cmd_serve(args) -> int:
     res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None)
     if args.json:
         print(json.dumps(_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
-                               traffic.output_tokens > 1), indent=1))
+                               has_tpot(traffic.output_tokens)), indent=1))
         return 0
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
@@ -155,7 +156,7 @@ def cmd_serve(args) -> int:
                  "window; served as full attention, as TensorRT-LLM does by default (--sliding-window-kv: "
                  "the engine keeps only the window)"))
     def tpot(x: float) -> str:
-        return _ms(x) if traffic.output_tokens > 1 else "-"   # one output token: no TPOT
+        return _ms(x) if has_tpot(traffic.output_tokens) else "-"
     rows = []
     for e in res.ranked[:args.top]:
         rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
@@ -175,7 +176,7 @@ def cmd_serve(args) -> int:
               f"{traffic.rate_rps:g} req/s:")
         def stats(name: str) -> list[str]:
             values = getattr(r, name)
-            if not len(values):  # TPOT of one-token outputs: there is no second token
+            if name == "tpot_s" and not r.has_tpot:
                 return ["-"] * 4
             return [_ms(r.percentile(name, q)) for q in (50, 90, 99)] + [_ms(values.mean())]
         print(grid(["", "p50", "p90", "p99", "mean"], [

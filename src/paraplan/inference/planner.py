@@ -114,7 +114,7 @@ def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> li
 def _meets(res: ServingResult, traffic: Traffic) -> bool:
     if traffic.ttft_target_s is not None and res.percentile("ttft_s", SLO_PERCENTILE) > traffic.ttft_target_s:
         return False
-    if traffic.tpot_target_s is not None and len(res.tpot_s) and res.tpot_s.mean() > traffic.tpot_target_s:
+    if traffic.tpot_target_s is not None and res.has_tpot and res.tpot_s.mean() > traffic.tpot_target_s:
         return False
     return True
 
@@ -175,7 +175,7 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
     usd = cluster.usd_per_gpu_hour * plan.gpus_per_replica / SECONDS_PER_HOUR
     tokens_per_s = (rate if rate > 0 else full.requests_per_s) * traffic.output_tokens
     return ServeEstimate(plan=plan, memory=mem, ttft_floor_s=float(alone.ttft_s[0]),
-                         tpot_floor_s=float(alone.tpot_s[0]) if len(alone.tpot_s) else 0.0,
+                         tpot_floor_s=float(alone.tpot_s[0]) if alone.has_tpot else 0.0,
                          max_tokens_per_s_per_gpu=per_gpu, max_concurrency=full.max_concurrency,
                          slo_rate_rps=rate, replicas_needed=replicas,
                          usd_per_m_output_tokens=usd / tokens_per_s * 1e6, at_rate=at_rate)

@@ -156,6 +156,9 @@ def _predict(metric: str, plan, res) -> float:
     if metric in ("ttft_mean_ms", "ttft_ms"):
         return float(res.ttft_s.mean()) / MILLI
     if metric == "tpot_mean_ms":
+        if not res.has_tpot:  # one output token: no time between tokens to compare
+            raise SpecError("row", "output_len", str(res.output_tokens // res.num_requests),
+                            "a tpot_mean_ms row needs at least 2 output tokens")
         return float(res.tpot_s.mean()) / MILLI
     raise AssertionError(metric)
 
