@@ -3,7 +3,7 @@ formulas at λ = 1) and print measured vs predicted, per shape.
 
 Usage: python calibration/compare_moe.py calibration/h100_2026-11-23/moe.json [hardware ...]
 (hardware: cluster presets or `paraplan calibrate` profiles; default dgx-h100 and the
-calibrated profile of 2026-11-22).
+profile calibrated beside these measurements).
 """
 import json
 import sys
@@ -25,7 +25,7 @@ def predicted(gpu, r, prec):
 
 def main(argv):
     data = json.load(open(argv[0]))
-    hardware = argv[1:] or ["dgx-h100", "calibration/h100_2026-11-22/runs_d/h100.toml"]
+    hardware = argv[1:] or ["dgx-h100", "calibration/h100_2026-11-23/calibrate/h100.toml"]
     print(f"measured on {data['device']}, torch {data['torch']}")
     for hw in hardware:
         gpu = load_cluster(hw).gpu
@@ -36,8 +36,8 @@ def main(argv):
         for r in data["rows"]:
             flops_fwd = r["local"] * 2.0 * r["m"] * r["h"] * 3 * r["f"]
             for key, prec in (("bf16", Precision.BF16), ("fp8", Precision.FP8)):
-                if f"{key}_fwd_s" not in r:
-                    continue
+                if f"{key}_fwd_s" not in r or prec not in gpu.peak_flops_per_s:
+                    continue  # not measured, or a profile with no FP8 rate (calibrate measures 16 bits)
                 pf, pb = predicted(gpu, r, prec)
                 mf, mb = r[f"{key}_fwd_s"], r[f"{key}_bwd_s"]
                 ef, eb = pf / mf - 1.0, pb / mb - 1.0

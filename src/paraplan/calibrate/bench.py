@@ -62,7 +62,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _median_time(fn, device, *, warmup: int = 2, min_repeats: int = 3, min_time_s: float = 0.05) -> float:
+def _median_time(fn, device, *, warmup: int = 2, min_repeats: int = 3, min_time_s: float = 0.05,
+                 calls: int = 1) -> float:
+    """Median time of one call; each sample times `calls` calls issued back to back with one
+    synchronization after them (_back_to_back_calls), as a training step queues its kernels."""
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -70,12 +73,26 @@ def _median_time(fn, device, *, warmup: int = 2, min_repeats: int = 3, min_time_
     start = time.perf_counter()
     while len(times) < min_repeats or time.perf_counter() - start < min_time_s:
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         _sync(device)
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / calls)
         if len(times) >= 200:
             break
     return statistics.median(times)
+
+
+def _back_to_back_calls(fn, device, round_s: float = GEMM_ROUND_S) -> int:
+    """How many calls of `fn` to issue back to back per timed sample: about `round_s` of
+    them, at most GEMM_ROUND_MAX_CALLS. A kernel timed alone would carry the host's
+    synchronization round trip (about 15 us on an H100 host, more than a 2048^3 GEMM's
+    fixed costs), which a training step, queueing kernels ahead of the GPU, does not pay."""
+    fn()
+    _sync(device)
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return max(1, min(GEMM_ROUND_MAX_CALLS, int(round_s / max(time.perf_counter() - t0, 1e-7))))
 
 
 def _launch_overhead_s(device) -> float:
@@ -89,30 +106,26 @@ def _launch_overhead_s(device) -> float:
 
 
 def _gemms(device, dtype, shapes, quick) -> list[GemmSample]:
-    """Every shape once (a few individually timed calls, about 5 ms) per round, rounds until
-    the time budget is spent (at least 5), and the median per shape over all its calls: a
-    slow spell on a shared machine then touches every shape a little, not one shape wholly."""
+    """Every shape once per round (about 5 ms of calls issued back to back, one
+    synchronization after them: _back_to_back_calls), rounds until the time budget is spent
+    (at least 5), and the median per shape over its rounds: a slow spell on a shared machine
+    then touches every shape a little, not one shape wholly."""
     ops = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device, dtype=dtype)
         b = torch.randn(k, n, device=device, dtype=dtype)
         fn = (lambda a=a, b=b: torch.matmul(a, b))
-        for _ in range(2):  # warm-up; the second call also sizes the per-round count
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            first = time.perf_counter() - t0
-        ops.append(((m, n, k), fn, max(1, min(GEMM_ROUND_MAX_CALLS, int(GEMM_ROUND_S / max(first, 1e-7))))))
+        ops.append(((m, n, k), fn, _back_to_back_calls(fn, device)))
     budget = (0.05 if quick else 0.2) * len(ops)
     times: list[list[float]] = [[] for _ in ops]
     start, rounds = time.perf_counter(), 0
     while rounds < 5 or (time.perf_counter() - start < budget and rounds < 200):
         for i, (_, fn, reps) in enumerate(ops):
+            t0 = time.perf_counter()
             for _ in range(reps):
-                t0 = time.perf_counter()
                 fn()
-                _sync(device)
-                times[i].append(time.perf_counter() - t0)
+            _sync(device)
+            times[i].append((time.perf_counter() - t0) / reps)
         rounds += 1
     return [GemmSample(m=m, n=n, k=k, dtype=str(dtype).removeprefix("torch."), time_s=statistics.median(times[i]))
             for i, ((m, n, k), _, _) in enumerate(ops)]
@@ -144,8 +157,10 @@ def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
                         fwd_bwd()
                     except RuntimeError:  # "No available kernel": not on this device, dtype or shape
                         continue
-                    t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2)
-                    t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2)
+                    t_f = _median_time(fwd, device, min_time_s=0.05 if quick else 0.2,
+                                       calls=_back_to_back_calls(fwd, device))
+                    t_fb = _median_time(fwd_bwd, device, min_time_s=0.05 if quick else 0.2,
+                                        calls=_back_to_back_calls(fwd_bwd, device))
                 out.append(AttentionSample(batch=b, heads=h, seq=s, head_dim=d,
                                            dtype=str(dtype).removeprefix("torch."), fwd_time_s=t_f,
                                            bwd_time_s=max(t_fb - t_f, t_f), kernel=kernel.value))
