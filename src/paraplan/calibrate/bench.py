@@ -232,14 +232,25 @@ def _elementwise(device, dtype, tokens: int, hidden: int) -> ElementwiseSample:
         a, b = t.chunk(2, dim=-1)
         return t * cos + torch.cat((-b, a), dim=-1) * sin
 
-    def layer():
+    def layer():  # every result returned: a compiler would drop unused ones
         z = r + F.rms_norm(x, (hidden,), w)
-        rope(q), rope(k)
-        F.silu(gate) * up
-        return z + F.rms_norm(z, (hidden,), w)
+        return rope(q), rope(k), F.silu(gate) * up, z + F.rms_norm(z, (hidden,), w)
     t = _median_time(layer, device, min_repeats=9, min_time_s=0.0)  # the same count on every rank
     return ElementwiseSample(tokens=tokens, hidden=hidden, ffn=ffn, q_dim=heads * d, kv_dim=kv_heads * d, head_dim=d,
-                             time_s=t)
+                             time_s=t, compiled_time_s=_compiled_time_s(layer, device))
+
+
+def _compiled_time_s(fn, device) -> float | None:
+    """`fn` under torch.compile (inductor, as torchtitan compiles each block), on a GPU; None on
+    a CPU (inductor there needs a C++ toolchain and minutes) or where compiling fails."""
+    if device.type != "cuda":
+        return None
+    try:
+        compiled = torch.compile(fn)
+        compiled()  # compiles
+        return _median_time(compiled, device, min_repeats=9, min_time_s=0.0)
+    except Exception:  # noqa: BLE001 - no compiler, an unsupported op: the profile leaves it out
+        return None
 
 
 def _optimizer(device, tensors: int, numel: int) -> OptimizerSample:

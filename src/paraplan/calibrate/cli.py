@@ -95,6 +95,7 @@ def cmd_calibrate(args) -> int:
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curves,
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
                "elementwise_efficiency": prof.elementwise_efficiency,
+               "compiled_elementwise_ratio": prof.compiled_elementwise_ratio,
                "layer_launch_overhead_s": prof.layer_launch_overhead_s,
                "optimizer_efficiency": prof.optimizer_efficiency,
                "loss_efficiency": prof.loss_efficiency,
@@ -138,6 +139,8 @@ def render_summary(s: dict) -> str:
                 if s.get("layer_launch_overhead_s") is not None else "")
              + (f"; a layer's element-wise kernels at {s['elementwise_efficiency']:.3f} of it"
                 if s.get("elementwise_efficiency") is not None else "")
+             + (f" (compiled: {s['compiled_elementwise_ratio']:.2f} of the eager time)"
+                if s.get("compiled_elementwise_ratio") is not None else "")
              + (f", the optimizer step at {s['optimizer_efficiency']:.3f}"
                 if s.get("optimizer_efficiency") is not None else "")
              + (f", the cross-entropy at {s['loss_efficiency']:.3f}"

@@ -92,7 +92,8 @@ class OverlapSample:
 class ElementwiseSample:
     """One forward of a Llama layer's element-wise kernels over `tokens` tokens: two RMS
     norms and two residual adds of [tokens, hidden], RoPE on q and k ([tokens, q_dim] and
-    [tokens, kv_dim]), and SiLU(gate)·up over [tokens, ffn], in the compute dtype."""
+    [tokens, kv_dim]), and SiLU(gate)·up over [tokens, ffn], in the compute dtype; eager, and
+    (on a GPU) the same function under torch.compile."""
 
     tokens: int
     hidden: int
@@ -101,6 +102,7 @@ class ElementwiseSample:
     kv_dim: int
     time_s: float
     head_dim: int = 128
+    compiled_time_s: float | None = None  # under torch.compile (inductor); None: not measured
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -278,7 +280,10 @@ def _build(cls, d: dict, where: str, source: str):
             if not isinstance(raw, str):
                 raise FileFormatError(source, f"{shown} must be a string, not {_json_kind(raw)}")
             kwargs[name] = raw
+        elif kind == "float | None" and raw is None:  # an optional measurement not taken
+            kwargs[name] = None
         else:
+            kind = kind.removesuffix(" | None")
             assert kind in ("int", "float"), (cls, name, kind)
             kwargs[name] = _number(source, shown, name, kind, raw)
     return cls(**kwargs)

@@ -75,6 +75,7 @@ class Profile:
     link: LinkFit | None
     toml: str
     elementwise_efficiency: float | None = None
+    compiled_elementwise_ratio: float | None = None
     optimizer_efficiency: float | None = None
     loss_efficiency: float | None = None
     tp_collective_overhead_s: float | None = None
@@ -250,6 +251,15 @@ def elementwise_efficiency(m: Measurements, mem_bw: float) -> float | None:
     return _streaming_share(counted, e.time_s, EW_FWD_KERNELS, m.launch_overhead_s, mem_bw)
 
 
+def compiled_elementwise_ratio(m: Measurements) -> float | None:
+    """The layer's element-wise kernels under torch.compile over the same eager: their time
+    ratio, within [MIN_EFFICIENCY, 1] (GPU only; None when not measured)."""
+    e = m.elementwise
+    if e is None or e.compiled_time_s is None:
+        return None
+    return min(max(e.compiled_time_s / e.time_s, MIN_EFFICIENCY), 1.0)
+
+
 def _streaming_share(counted_bytes: float, time_s: float, launches: int, launch_s: float, mem_bw: float) -> float:
     """bytes / ((t − launches·τ)·bandwidth) within [MIN_EFFICIENCY, 1]: the efficiency with
     which the model's memory_bound_time_s reproduces a measured time."""
@@ -345,6 +355,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     largest = max(device, key=lambda c: c.num_bytes)
     mem_bw = _finite("memory_bw_bytes_per_s", 2.0 * largest.num_bytes / largest.time_s)
     ew_eff = elementwise_efficiency(m, mem_bw)
+    ew_compiled = compiled_elementwise_ratio(m)
     opt_eff = optimizer_efficiency(m, mem_bw)
     loss_eff = loss_efficiency(m, mem_bw)
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
@@ -378,6 +389,8 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         *([f"# a layer's element-wise kernels ({m.elementwise.tokens} tokens, hidden {m.elementwise.hidden}, "
            f"{m.compute_dtype}): {m.elementwise.time_s * 1e3:.2f} ms for the bytes the cost model counts",
            f"elementwise_efficiency = {_num(round(ew_eff, 4))}"] if ew_eff is not None else []),
+        *([f"# the same kernels under torch.compile (inductor): {m.elementwise.compiled_time_s * 1e3:.2f} ms",
+           f"compiled_elementwise_ratio = {_num(round(ew_compiled, 4))}"] if ew_compiled is not None else []),
         *([f"# an AdamW step over {m.optimizer.tensors} x {m.optimizer.params // m.optimizer.tensors:,} fp32 parameters, "
            f"every rank at once: {m.optimizer.time_s * 1e3:.2f} ms for the bytes the cost model counts",
            f"optimizer_efficiency = {_num(round(opt_eff, 4))}"] if opt_eff is not None else []),
@@ -438,6 +451,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curves=att_curves,
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff, optimizer_efficiency=opt_eff, loss_efficiency=loss_eff,
+                   elementwise_efficiency=ew_eff, compiled_elementwise_ratio=ew_compiled,
+                   optimizer_efficiency=opt_eff, loss_efficiency=loss_eff,
                    tp_collective_overhead_s=tp_host,
                    layer_launch_overhead_s=in_layer[0] if in_layer is not None else None)

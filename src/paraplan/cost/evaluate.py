@@ -525,8 +525,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B): streaming kernels
     cast_bytes = 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t) if prec is Precision.FP8 else 0.0
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
-    ew_fwd = elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
-    ew_bwd = elementwise_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS) + 2.0 * cast
+    # an eager block under torch.compile (plan.compiled): inductor's fused element-wise kernels
+    # take the GPU's measured compiled_elementwise_ratio of the eager ones' time
+    ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
+    ew_fwd = ew_scale * elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
+    ew_bwd = ew_scale * elementwise_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS) + 2.0 * cast
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)

@@ -40,6 +40,7 @@ class EngineSupport:
     tp_async_backward: bool
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (Plan.fsdp2_copies); ZeRO-0 on DDP, without them
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (Plan.fused_kernels)
+    compiled: bool = False      # the eager blocks under torch.compile (Plan.compiled)
     # without FSDP (DDP or one device) the engine trains fp32 parameters under torch.autocast
     # (Plan.autocast; torchtitan's maybe_enable_amp), per plan (plan/space.py without_fsdp_autocast)
     autocast_without_fsdp: bool = False
@@ -50,14 +51,14 @@ class EngineSupport:
         return replace(plan, grad_reduce_fp32=self.grad_reduce_fp32, checkpoint_early_stop=self.checkpoint_early_stop,
                        tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
-                       fused_kernels=self.fused_kernels,
+                       fused_kernels=self.fused_kernels, compiled=self.compiled,
                        autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp,
                                                            plan.zero.code, plan.dp_shard, plan.cp)))
 
     def search_limits(self) -> SpaceLimits:
         return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,
                        checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
-                       fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels,
+                       fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels, compiled=self.compiled,
                        autocast_without_fsdp=self.autocast_without_fsdp, fp32_params=False)
 
 

@@ -140,6 +140,7 @@ SUPPORT = EngineSupport(
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
     fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
+    compiled=True,                # each block under torch.compile (compile.enable): async TP and float8 need it
     autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)
 
 
@@ -166,6 +167,8 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if plan.offload_optimizer:
         raise unsupported(ENGINE, "offload_optimizer", True,
                           "no optimizer-only offload (training.enable_cpu_offload also moves parameters and gradients)")
+    if plan.tp_overlap and not plan.compiled:
+        raise unsupported(ENGINE, "compiled", False, "torch.compile with async TP (tp_overlap)")
     if not plan.dp_overlap:
         raise unsupported(ENGINE, "dp_overlap", False, "only overlapped data-parallel communication (FSDP2 prefetch)")
     if plan.cp > 1 and plan.cp_comm_type not in CP_ROTATE:
@@ -221,7 +224,7 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
                      "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
         "parallelism": par,
         "activation_checkpoint": ac,
-        "compile": {"enable": plan.tp_overlap},  # async TP needs torch.compile
+        "compile": {"enable": plan.compiled},  # each TransformerBlock (async TP needs it)
     }
     if quantize:
         cfg["quantize.grouped_mm.float8"] = quantize

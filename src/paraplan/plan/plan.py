@@ -73,6 +73,12 @@ class Plan:
     # every linear layer casts its own input, and the 16-bit copy of each weight is cached
     # for the micro-batch -- all but the input embedding's (F.embedding is not autocast).
     autocast: bool = False
+    # Each transformer block under torch.compile (inductor; torchtitan's --compile.enable, paraplan
+    # run --compile), on an eager engine (fused_kernels off): the block's element-wise kernels
+    # fused (priced at the GPU's compiled_elementwise_ratio of their eager time) and SiLU's
+    # output no longer kept beside its input -- what one H100 measured, calibration/h100_2026-11-23.
+    # GEMMs stay separate (wq, wk, wv, w1, w3), the loss eager.
+    compiled: bool = False
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property
@@ -135,6 +141,8 @@ class Plan:
             parts.append("offload")
         if self.tp_overlap:
             parts.append("tpov")
+        if self.compiled and not self.fused_kernels:
+            parts.append("compiled")
         if self.capacity_factor is not None:
             parts.append(f"cf{self.capacity_factor:g}")
         if self.a2a_hierarchical:

@@ -24,7 +24,7 @@ from .plan import Plan, Rejected
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
                "schedule_code", "recompute_code", "zero_code", "attention_code", "cp_comm_type_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
-                "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "fused_kernels", "autocast",
+                "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "fused_kernels", "autocast", "compiled",
                 "a2a_hierarchical", "ep_overlap")
 _FLOAT_FIELDS = ("capacity_factor_value",)
 
@@ -59,6 +59,7 @@ class PlanBatch:
     fsdp2_copies: np.ndarray
     fused_kernels: np.ndarray
     autocast: np.ndarray
+    compiled: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
     ep_overlap: np.ndarray
@@ -84,7 +85,7 @@ class PlanBatch:
             grad_reduce_fp32=bool(self.grad_reduce_fp32[i]), fp32_params=bool(self.fp32_params[i]),
             checkpoint_early_stop=bool(self.checkpoint_early_stop[i]),
             tp_async_backward=bool(self.tp_async_backward[i]), fsdp2_copies=bool(self.fsdp2_copies[i]),
-            fused_kernels=bool(self.fused_kernels[i]), autocast=bool(self.autocast[i]),
+            fused_kernels=bool(self.fused_kernels[i]), autocast=bool(self.autocast[i]), compiled=bool(self.compiled[i]),
             capacity_factor=float(self.capacity_factor_value[i]) if self.capacity_factor_value[i] > 0 else None,
             a2a_hierarchical=bool(self.a2a_hierarchical[i]), ep_overlap=bool(self.ep_overlap[i]))
 
@@ -279,6 +280,7 @@ class SpaceLimits:
     tp_async_backward: bool = True
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (torchtitan: ZeRO-0 is DDP, no copies)
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (see Plan)
+    compiled: bool = False      # eager blocks under torch.compile (see Plan)
     # the engine trains fp32 parameters under torch.autocast where it runs no FSDP (Plan.autocast;
     # torchtitan: DDP or one GPU): set per plan by without_fsdp_autocast
     autocast_without_fsdp: bool = False
@@ -375,7 +377,7 @@ class SpaceBlock:
             checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
             tp_async_backward=np.full(n, limits.tp_async_backward),
             fsdp2_copies=np.full(n, limits.fsdp2_copies) & (arr[:, 9] != ZeroStage.NONE.code),
-            fused_kernels=np.full(n, limits.fused_kernels),
+            fused_kernels=np.full(n, limits.fused_kernels), compiled=np.full(n, limits.compiled),
             autocast=without_fsdp_autocast(limits.autocast_without_fsdp, arr[:, 0], arr[:, 1], arr[:, 9],
                                            arr[:, 10], arr[:, 3]),
             ep=ex[:, 0].astype(np.int64), etp=ex[:, 1].astype(np.int64), capacity_factor_value=ex[:, 2],

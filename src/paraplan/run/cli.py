@@ -67,6 +67,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
     g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")
     g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
+    g.add_argument("--compile", action="store_true",
+                   help="each transformer block under torch.compile, as torchtitan's --compile.enable "
+                        "(a CPU run needs a C++ compiler)")
     g = p.add_argument_group("run")
     g.add_argument("--steps", type=_int_up_to(MAX_STEPS), default=10,
                    help=f"measured steps (default 10, at most {MAX_STEPS:,})")
@@ -110,7 +113,7 @@ def config_from_args(args) -> "RunConfig":
                      sequence_parallel=args.sp if args.sp is not None else args.tp > 1,
                      zero=zero, dp_shard=args.dp_shard or 0, attention=AttentionKernel.FLASH2,
                      checkpoint_early_stop=True, tp_async_backward=False, grad_reduce_fp32=args.dp > 1,
-                     fsdp2_copies=True, fused_kernels=False)
+                     fsdp2_copies=True, fused_kernels=False, compiled=args.compile)
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     check_world_size(args.tp * args.pp * args.dp)  # before the batch below multiplies them

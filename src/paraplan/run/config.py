@@ -122,6 +122,8 @@ class RunConfig:
             args.append(f"--zero {p.zero}")
             if p.dp_shard != p.dp:
                 args.append(f"--dp-shard {p.dp_shard}")
+        if p.compiled:
+            args.append("--compile")
         if wl.precision is not Precision.BF16:
             args.append(f"--precision {wl.precision}")
         args += [f"--steps {self.steps}", f"--warmup {self.warmup_steps}"]

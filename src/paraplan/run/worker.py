@@ -73,6 +73,9 @@ class Runner:
             if p.tp > 1:
                 apply_tensor_parallel(m, self.mesh["tp"], sequence_parallel=p.sequence_parallel)
             apply_checkpointing(m, p.recompute, p.recompute_num_layers)
+            if p.compiled:  # each block, after TP and checkpointing and before FSDP, as torchtitan does
+                for block in m.layers.values():
+                    block.compile()
             if p.dp > 1:
                 apply_fsdp(m, self.mesh["dp_replicate", "dp_shard"], zero=p.zero,
                            param_dtype=self.compute_dtype if bf16 else None, gloo=gloo)

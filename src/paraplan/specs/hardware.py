@@ -61,6 +61,11 @@ class GPUSpec:
     # calibrate measures it (F.cross_entropy on upcast logits).
     loss_efficiency: float | None = None
     kernel_launch_overhead_s: float = 4e-6
+    # A layer's element-wise kernels under torch.compile (inductor fuses the norms, RoPE,
+    # SiLU·up and residual adds into fewer kernels) over the same kernels eager: the time
+    # ratio, measured by paraplan calibrate on a GPU (calibrate/bench.py _elementwise); 1: not
+    # measured, priced as eager.
+    compiled_elementwise_ratio: float = 1.0
     # Host time each tensor-parallel collective costs beyond its transfer, in the engine that
     # runs it: an eager DTensor engine (paraplan run, torchtitan) dispatches a redistribute and
     # waits on its rank-to-rank handshake at every one; on a CPU device nothing hides it.
