@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample, LossSample,
+from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample,
+                           HostLayerSample, LossSample,
                            Measurements, OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample,
                            tp_layer_spec)
 
@@ -350,6 +351,38 @@ def _tp_layers(device, world: int, rounds: int = 9) -> TPLayerSample:
                          tp_3_layers_s=tp3, plain_1_layer_s=plain1, plain_3_layers_s=plain3)
 
 
+def _host_layers(device, rounds: int = 9) -> HostLayerSample:
+    """paraplan run's layer (run/model.py) at negligible size on a GPU, forward + backward of
+    1 and of 3 layers under bf16 autocast (fp32 parameters, as a one-GPU run): each kernel
+    takes the GPU a few microseconds, so the time is the host's -- Python, the dispatcher,
+    autograd and autocast issuing the layer's kernels. Rounds interleave the two."""
+    from ..run.model import Transformer
+    batch, seq, hidden = 1, 16, 2 * TP_LAYER_HEAD_DIM
+    spec = tp_layer_spec(hidden, num_layers=3)
+    steps = []
+    for layers in (1, 3):
+        torch.manual_seed(0)
+        model = Transformer(spec, seq, layer_ids=range(layers), first=False, last=False).to(device)
+        x = torch.randn(batch, seq, hidden, device=device, requires_grad=True)
+
+        def step(model=model, x=x):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                y = model(x)
+            y.float().sum().backward()
+        step()
+        steps.append(step)
+    times: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for i, step in enumerate(steps):
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times[i].append(time.perf_counter() - t0)
+    return HostLayerSample(tokens=batch * seq, hidden=hidden, one_layer_s=statistics.median(times[0]),
+                           three_layers_s=statistics.median(times[1]))
+
+
 def _overlap(device, dtype, nbytes: int) -> OverlapSample:
     """How much a collective in flight slows compute: on a GPU NCCL takes some SMs; on a CPU
     gloo's threads take the cores the GEMMs run on. Every rank runs the same sequence."""
@@ -453,6 +486,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
         coll = _collectives(device, sizes["collectives"], ranks, rank)
         overlap = _overlap(device, dtype, sizes["overlap_bytes"])
         tp_layer = _tp_layers(device, ranks) if device.type == "cpu" else None
+    host_layer = _host_layers(device) if device.type == "cuda" else None
     return Measurements(device_type=device.type, device_name=_device_name(device), ranks=ranks, threads_per_rank=threads,
                         compute_dtype=str(dtype).removeprefix("torch."), memory_bytes=memory, reserved_bytes=reserved,
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
@@ -460,6 +494,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
                         optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned, loss=loss,
+                        host_layer=host_layer,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

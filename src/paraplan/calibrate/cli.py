@@ -97,6 +97,7 @@ def cmd_calibrate(args) -> int:
                "elementwise_efficiency": prof.elementwise_efficiency,
                "compiled_elementwise_ratio": prof.compiled_elementwise_ratio,
                "layer_launch_overhead_s": prof.layer_launch_overhead_s,
+               "eager_layer_host_s": prof.eager_layer_host_s,
                "optimizer_efficiency": prof.optimizer_efficiency,
                "loss_efficiency": prof.loss_efficiency,
                "link": None if prof.link is None else {"latency_s": prof.link.latency_s,
@@ -137,6 +138,8 @@ def render_summary(s: dict) -> str:
              f"{s['launch_overhead_s'] * 1e6:.1f} us"
              + (f" ({s['layer_launch_overhead_s'] * 1e6:.1f} us per kernel inside a layer)"
                 if s.get("layer_launch_overhead_s") is not None else "")
+             + (f" ({s['eager_layer_host_s'] * 1e6:.0f} us of host time per eager layer forward + backward)"
+                if s.get("eager_layer_host_s") is not None else "")
              + (f"; a layer's element-wise kernels at {s['elementwise_efficiency']:.3f} of it"
                 if s.get("elementwise_efficiency") is not None else "")
              + (f" (compiled: {s['compiled_elementwise_ratio']:.2f} of the eager time)"

@@ -142,6 +142,24 @@ def tp_layer_spec(hidden: int, num_layers: int = 1):
 
 
 @dataclass(frozen=True, kw_only=True)
+class HostLayerSample:
+    """`paraplan run`'s transformer layer (tp_layer_spec) at negligible size on a GPU,
+    forward and backward of one micro-batch of `tokens` tokens under bf16 autocast with fp32
+    parameters (as a one-GPU run computes), 1 and 3 layers: what eager PyTorch's host spends
+    issuing one layer's kernels (calibrate/bench.py `_host_layers`)."""
+
+    tokens: int
+    hidden: int
+    one_layer_s: float     # median fwd+bwd of 1 layer
+    three_layers_s: float  # ... of 3 layers
+
+    @property
+    def layer_s(self) -> float:
+        """One more layer (the difference removes what every call pays once)."""
+        return max((self.three_layers_s - self.one_layer_s) / 2.0, 0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
 class TPLayerSample:
     """One transformer layer of `paraplan run` (Llama-style, SwiGLU, GQA; forward and
     backward of one micro-batch of `tokens` tokens, fp32), per layer: tensor-parallel over
@@ -191,6 +209,7 @@ class Measurements:
     elementwise: ElementwiseSample | None = None  # a layer's element-wise kernels (None: not measured)
     optimizer: OptimizerSample | None = None      # an AdamW step (None: not measured)
     tp_layer: TPLayerSample | None = None         # a TP layer's cost beyond its math (None: not measured)
+    host_layer: HostLayerSample | None = None     # an eager layer's host time on a GPU (None: not measured)
     # the same GEMM with a row of a multiple of 16 bytes, then with one that is not (a
     # 50,257 vocabulary), for misaligned_gemm_efficiency_ratio (empty: not measured)
     misaligned_gemm: tuple[GemmSample, ...] = field(default=())
@@ -220,7 +239,7 @@ _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySamp
 # those in run/attention.py CALIBRATED_BACKENDS)
 ATTENTION_KERNELS = tuple(k.value for k in AttentionKernel if k is not AttentionKernel.UNFUSED)
 _NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
-           "tp_layer": TPLayerSample, "loss": LossSample}
+           "tp_layer": TPLayerSample, "loss": LossSample, "host_layer": HostLayerSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
                           "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite

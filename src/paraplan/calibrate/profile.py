@@ -80,6 +80,7 @@ class Profile:
     loss_efficiency: float | None = None
     tp_collective_overhead_s: float | None = None
     layer_launch_overhead_s: float | None = None  # per kernel inside a layer (CPU, 2+ ranks)
+    eager_layer_host_s: float | None = None       # an eager layer's host time (GPU)
 
 
 def _binned(points) -> tuple[tuple[float, float], ...]:
@@ -440,6 +441,14 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                             f"{math_s * 1e3:.2f} ms, over the {kernels:.0f} kernels the model counts (a bare one-element add "
                             f"takes {m.launch_overhead_s * 1e6:.1f} us)",
                             f"kernel_launch_overhead_us = {_num(tau_layer * 1e6)}"]
+    host_layer = m.host_layer.layer_s if m.host_layer is not None else None
+    if host_layer is not None:
+        s = m.host_layer
+        at = lines.index("sustained_compute_ratio = 1.0")
+        lines[at:at] = [f"# paraplan run's layer at negligible size ({s.tokens} tokens, hidden {s.hidden}, bf16 autocast, "
+                        f"fp32 parameters): one more layer's forward + backward took {host_layer * 1e6:.0f} us, the "
+                        "host's time issuing its kernels; a layer whose GPU work is shorter waits for it",
+                        f"eager_layer_host_us = {_num(host_layer * 1e6)}"]
     tp_host = tp_collective_overhead_s(m, measured_cluster) if link is not None else None
     if tp_host:
         s = m.tp_layer
@@ -454,4 +463,5 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                    elementwise_efficiency=ew_eff, compiled_elementwise_ratio=ew_compiled,
                    optimizer_efficiency=opt_eff, loss_efficiency=loss_eff,
                    tp_collective_overhead_s=tp_host,
-                   layer_launch_overhead_s=in_layer[0] if in_layer is not None else None)
+                   layer_launch_overhead_s=in_layer[0] if in_layer is not None else None,
+                   eager_layer_host_s=host_layer)

@@ -465,6 +465,23 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     return memory, host_bytes
 
 
+def eager_host_wait(gpu, plan, layer_fwd_s, layer_bwd_s):
+    """(forward, backward) time a layer waits for its host: eager PyTorch issues each kernel
+    from Python, ahead of the GPU, and spends gpu.eager_layer_host_s on one layer's forward and
+    backward (paraplan calibrate, a layer at negligible size); a layer whose GPU work takes
+    less runs at its host's pace: max(host − GPU, 0), split like the GPU work. Megatron's fused
+    layers and compiled blocks (plan.fused_kernels, mem.compiled_blocks) issue far fewer
+    kernels and are not bound here. Vectorized."""
+    host = gpu.eager_layer_host_s
+    if host <= 0.0:
+        return 0.0, 0.0
+    eager = ~np.asarray(plan.fused_kernels, dtype=bool) & ~mem.compiled_blocks(plan)
+    gpu_s = np.asarray(layer_fwd_s, dtype=float) + layer_bwd_s
+    wait = np.where(eager, np.maximum(host - gpu_s, 0.0), 0.0)
+    share = np.divide(layer_fwd_s, gpu_s, out=np.full(np.shape(gpu_s), 1.0 / 3.0), where=gpu_s > 0)
+    return wait * share, wait * (1.0 - share)
+
+
 def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *, memory=None) -> PlanCosts:
     """Time, memory and the rest for a plan or a batch; `memory`: its (MemoryBreakdown, host
     bytes) from plan_memory when the caller has them already (the search)."""
@@ -543,6 +560,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
+    host_fwd, host_bwd = eager_host_wait(gpu, plan, layer_fwd, layer_bwd)
+    layer_fwd, layer_bwd = layer_fwd + host_fwd, layer_bwd + host_bwd
 
     # ---------------- TP communication per layer ----------------
     act_bytes_full = ab * T * h  # one [T, h] activation, the TP buffer
@@ -981,10 +1000,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     layer_detail = {
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,
                 "MLP down GEMM": w_dense * g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
-                "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp, "FSDP2 copies": f2_fwd},
+                "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp, "FSDP2 copies": f2_fwd,
+                "waiting for the host (eager)": host_fwd},
         "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
                 "TP collectives": tp_bwd_exp, "CP K/V exchange": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp,
-                "FSDP2 copies, gradient accumulation": f2_bwd},
+                "FSDP2 copies, gradient accumulation": f2_bwd, "waiting for the host (eager)": host_bwd},
     }
     if mc:
         # MoE layers, averaged over the stage's layers like every entry here; the experts at

@@ -73,6 +73,12 @@ class GPUSpec:
     # 0 for the presets, whose engines (Megatron-Core) issue NCCL calls from a host that runs
     # ahead of the GPU.
     tp_collective_overhead_s: float = 0.0
+    # Host time eager PyTorch spends issuing one transformer layer's forward + backward
+    # kernels (Python, dispatcher, autograd, autocast): the host runs ahead of the GPU, so a
+    # layer whose GPU work takes less waits for its host (cost/evaluate.py eager_host_wait).
+    # paraplan calibrate measures it on a GPU (paraplan run's layer at negligible size); 0 in
+    # the presets (host unknown: not modelled), and for fused or compiled layers.
+    eager_layer_host_s: float = 0.0
     # End-to-end fraction of microbenchmark compute throughput sustained in training: clock
     # under the power cap over hours of dense load, SM/L2 contention with concurrent kernels.
     # Isolated microbenchmarks (vidur's) run at boost clock. Fitted per GPU type against the

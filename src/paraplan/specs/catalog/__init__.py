@@ -44,7 +44,8 @@ _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_
 _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
-_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "memory_bw_efficiency",
+_GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "eager_layer_host_us",
+                 "memory_bw_efficiency",
                  "elementwise_efficiency",
                  "optimizer_efficiency", "loss_efficiency",
                  "fp8_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio", "compiled_elementwise_ratio",
@@ -254,6 +255,8 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
     if "tp_collective_overhead_us" in t.data:
         extra["tp_collective_overhead_s"] = units.us(t.non_negative("tp_collective_overhead_us"))
+    if "eager_layer_host_us" in t.data:
+        extra["eager_layer_host_s"] = units.us(t.non_negative("eager_layer_host_us"))
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "loss_efficiency",
                 "fp8_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                 "misaligned_gemm_efficiency_ratio", "sustained_compute_ratio"):
