@@ -465,21 +465,58 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     return memory, host_bytes
 
 
-def eager_host_wait(gpu, plan, layer_fwd_s, layer_bwd_s):
-    """(forward, backward) time a layer waits for its host: eager PyTorch issues each kernel
-    from Python, ahead of the GPU, and spends gpu.eager_layer_host_s on one layer's forward and
-    backward (paraplan calibrate, a layer at negligible size); a layer whose GPU work takes
-    less runs at its host's pace: max(host − GPU, 0), split like the GPU work. Megatron's fused
-    layers and compiled blocks (plan.fused_kernels, mem.compiled_blocks) issue far fewer
-    kernels and are not bound here. Vectorized."""
+# Of an eager layer's host time, the share spent issuing its forward: the backward issues about
+# two kernels per forward kernel (autograd's input- and weight-gradient ops), so a third
+HOST_FORWARD_SHARE = 1.0 / 3.0
+
+
+def host_idle_s(n, gpu_s, host_s, slack_s):
+    """(GPU idle time, slack after) of n like kernels-groups issued by a host that runs ahead of
+    the GPU through a FIFO stream: each takes `host_s` to issue and `gpu_s` to run, and the
+    GPU starts with `slack_s` of queued work. Issuing one: the GPU waits max(host − slack, 0),
+    then slack' = max(slack − host, 0) + gpu. Closed form over the n (vectorized): GPU-bound
+    groups wait at most at the first; host-bound ones drain the slack by host − gpu each,
+    then every one waits host − gpu."""
+    n, g, h, s0 = (np.asarray(x, dtype=float) for x in (n, gpu_s, host_s, slack_s))
+    d = h - g
+    # GPU-bound (g >= h): only the first may wait
+    idle_gb = np.where(n > 0, np.maximum(h - s0, 0.0), 0.0)
+    end_gb = np.where(n > 0, np.maximum(s0 - h, 0.0) + g + np.maximum(n - 1.0, 0.0) * (g - h), s0)
+    # host-bound (g < h): k groups run from the slack before the first wait
+    dd = np.where(d > 0, d, 1.0)
+    k = np.where(s0 >= h, np.floor((s0 - h) / dd) + 1.0, 0.0)
+    waits = k < n
+    s_k = s0 - k * d
+    idle_hb = np.where(waits, (h - s_k) + np.maximum(n - k - 1.0, 0.0) * d, 0.0)
+    end_hb = np.where(waits, g, s0 - n * d)
+    host_bound = d > 0
+    return np.where(host_bound, idle_hb, idle_gb), np.where(host_bound, end_hb, end_gb)
+
+
+def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_microbatches):
+    """(forward, backward) time per micro-batch a stage's GPU waits for its host. Eager PyTorch
+    issues each kernel from Python ahead of the GPU and spends gpu.eager_layer_host_s on one
+    layer's forward and backward (paraplan calibrate: a layer at negligible size; a third of
+    it in the forward); the stage's micro-batch is the queue [layers × forward][the head, the
+    loss and the embedding: `extra_s`, next to no host time][layers × backward] (host_idle_s).
+    The first micro-batch starts on an idle GPU; the rest start with what the one before left
+    queued (its state after one micro-batch stands for the steady state). Megatron's fused
+    layers and compiled blocks issue far fewer kernels: not bound here. Vectorized."""
     host = gpu.eager_layer_host_s
     if host <= 0.0:
         return 0.0, 0.0
     eager = ~np.asarray(plan.fused_kernels, dtype=bool) & ~mem.compiled_blocks(plan)
-    gpu_s = np.asarray(layer_fwd_s, dtype=float) + layer_bwd_s
-    wait = np.where(eager, np.maximum(host - gpu_s, 0.0), 0.0)
-    share = np.divide(layer_fwd_s, gpu_s, out=np.full(np.shape(gpu_s), 1.0 / 3.0), where=gpu_s > 0)
-    return wait * share, wait * (1.0 - share)
+    hf, hb = HOST_FORWARD_SHARE * host, (1.0 - HOST_FORWARD_SHARE) * host
+
+    def one_microbatch(slack):
+        idle_f, slack = host_idle_s(layers, layer_fwd_s, hf, slack)
+        slack = slack + extra_s
+        idle_b, slack = host_idle_s(layers, layer_bwd_s, hb, slack)
+        return idle_f, idle_b, slack
+    f1, b1, after = one_microbatch(0.0)
+    f2, b2, _ = one_microbatch(after)
+    m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
+    return (np.where(eager, (f1 + (m - 1.0) * f2) / m, 0.0), np.where(eager, (b1 + (m - 1.0) * b2) / m, 0.0))
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *, memory=None) -> PlanCosts:
@@ -560,8 +597,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
     wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
-    host_fwd, host_bwd = eager_host_wait(gpu, plan, layer_fwd, layer_bwd)
-    layer_fwd, layer_bwd = layer_fwd + host_fwd, layer_bwd + host_bwd
 
     # ---------------- TP communication per layer ----------------
     act_bytes_full = ab * T * h  # one [T, h] activation, the TP buffer
@@ -796,10 +831,17 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # recomputation scales with the stage's layers, except first-k's fixed k per stage
     rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
 
+    def host_wait(layers, extra_fwd, extra_bwd):
+        # an eager engine's GPU waiting for its host (gpu.eager_layer_host_s; 0 in the presets)
+        return eager_host_wait(gpu, plan, layers, layer_fwd_total,
+                               layer_bwd_total + rc_share(layers) * rc_stage / np.maximum(layers, 1.0),
+                               extra_fwd + extra_bwd, m)
+
     def stage(layers, extra_fwd, extra_bwd):
         fwd = layers * layer_fwd_total + extra_fwd + z3_first
         bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
-        return StageTimes(forward_s=fwd, backward_s=bwd, weight_grad_s=layers * wgrad)
+        wait_f, wait_b = host_wait(layers, extra_fwd, extra_bwd)
+        return StageTimes(forward_s=fwd + wait_f, backward_s=bwd + wait_b, weight_grad_s=layers * wgrad)
 
     # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
     emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
@@ -824,7 +866,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0),
                   emb_bwd_total + np.where(only, lm_bwd, 0.0))
     middle = stage(L_s, 0.0, 0.0)
-    last = stage(L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0))
+    last_extra = (np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0))
+    last = stage(L_last, *last_extra)
+    # per layer of the last stage, for the breakdown
+    host_wait_layer = tuple(w / np.maximum(L_last, 1.0) for w in host_wait(L_last, *last_extra))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
@@ -1001,10 +1046,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,
                 "MLP down GEMM": w_dense * g_down, "element-wise": ew_fwd, "TP collectives": tp_fwd_exp,
                 "CP K/V exchange": cp_fwd_exp, "FSDP gather": z3_fwd_exp, "FSDP2 copies": f2_fwd,
-                "waiting for the host (eager)": host_fwd},
+                "waiting for the host (eager)": host_wait_layer[0]},
         "bwd": {"GEMMs (dgrad+wgrad)": 2.0 * gemms_fwd, "attention": attn_bwd, "element-wise": ew_bwd,
                 "TP collectives": tp_bwd_exp, "CP K/V exchange": cp_bwd_exp, "FSDP gather/reduce": z3_bwd_exp,
-                "FSDP2 copies, gradient accumulation": f2_bwd, "waiting for the host (eager)": host_bwd},
+                "FSDP2 copies, gradient accumulation": f2_bwd, "waiting for the host (eager)": host_wait_layer[1]},
     }
     if mc:
         # MoE layers, averaged over the stage's layers like every entry here; the experts at
