@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample,
-                           HostLayerSample, LossSample,
+                           HostLayerSample, LossSample, ScatterSample,
                            Measurements, OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample,
                            tp_layer_spec)
 
@@ -167,6 +167,20 @@ def _attention(device, dtype, shapes, quick) -> list[AttentionSample]:
                                            bwd_time_s=max(t_fb - t_f, t_f), kernel=kernel.value))
                 break
     return out
+
+
+def _scatter(device, dtype) -> ScatterSample:
+    """index_add_ of token copies back onto their tokens (top-8 routing: each token hit 8
+    times, in expert order), as an eager MoE combines its experts' outputs."""
+    tokens, hidden, k = (512, 256, 8) if device.type == "cpu" else (4096, 2048, 8)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.arange(tokens).repeat_interleave(k)[torch.randperm(tokens * k, generator=gen)].to(device)
+    src = torch.randn(tokens * k, hidden, device=device, dtype=dtype)
+    out = torch.zeros(tokens, hidden, device=device, dtype=dtype)
+    fn = (lambda: out.index_add_(0, idx, src))
+    t = _median_time(fn, device, min_time_s=0.05, calls=_back_to_back_calls(fn, device))
+    return ScatterSample(rows=tokens * k, tokens=tokens, hidden=hidden, dtype=str(dtype).removeprefix("torch."),
+                         time_s=t)
 
 
 def _loss(device, dtype) -> LossSample:
@@ -477,6 +491,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
     if ranks > 1:
         dist.barrier()
     loss = _loss(device, dtype)
+    scatter = _scatter(device, dtype)
     if ranks > 1:
         dist.barrier()
     optimizer = _optimizer(device, *sizes["optimizer"])
@@ -494,7 +509,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
                         optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned, loss=loss,
-                        host_layer=host_layer,
+                        host_layer=host_layer, scatter=scatter,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

@@ -96,6 +96,7 @@ def cmd_calibrate(args) -> int:
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
                "elementwise_efficiency": prof.elementwise_efficiency,
                "compiled_elementwise_ratio": prof.compiled_elementwise_ratio,
+               "scatter_add_efficiency": prof.scatter_add_efficiency,
                "layer_launch_overhead_s": prof.layer_launch_overhead_s,
                "eager_layer_host_s": prof.eager_layer_host_s,
                "optimizer_efficiency": prof.optimizer_efficiency,
@@ -147,7 +148,9 @@ def render_summary(s: dict) -> str:
              + (f", the optimizer step at {s['optimizer_efficiency']:.3f}"
                 if s.get("optimizer_efficiency") is not None else "")
              + (f", the cross-entropy at {s['loss_efficiency']:.3f}"
-                if s.get("loss_efficiency") is not None else "")]
+                if s.get("loss_efficiency") is not None else "")
+             + (f", a scatter-add at {s['scatter_add_efficiency']:.3f}"
+                if s.get("scatter_add_efficiency") is not None else "")]
     if s["link"]:
         lk = s["link"]
         lines.append(f"all-reduce link  {lk['bw_unidir_bytes_per_s'] / 1e9:,.2f} GB/s, {lk['latency_s'] * 1e6:.1f} us "

@@ -128,6 +128,19 @@ class LossSample:
     bwd_time_s: float
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScatterSample:
+    """`index_add_` of `rows` rows of `hidden` elements (`dtype`) into `tokens` rows, each row
+    hit rows/tokens times: an eager MoE's combine (torchtitan's scatter_add, Megatron's
+    unfused unpermute) and its permutation's backward."""
+
+    rows: int
+    tokens: int
+    hidden: int
+    dtype: str
+    time_s: float
+
+
 TP_LAYER_HEAD_DIM = 32  # the TP layer sample's heads: hidden / 32 query heads, half as many K/V heads
 
 
@@ -210,6 +223,7 @@ class Measurements:
     optimizer: OptimizerSample | None = None      # an AdamW step (None: not measured)
     tp_layer: TPLayerSample | None = None         # a TP layer's cost beyond its math (None: not measured)
     host_layer: HostLayerSample | None = None     # an eager layer's host time on a GPU (None: not measured)
+    scatter: ScatterSample | None = None          # a scatter-add of token rows (None: not measured)
     # the same GEMM with a row of a multiple of 16 bytes, then with one that is not (a
     # 50,257 vocabulary), for misaligned_gemm_efficiency_ratio (empty: not measured)
     misaligned_gemm: tuple[GemmSample, ...] = field(default=())
@@ -239,7 +253,8 @@ _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySamp
 # those in run/attention.py CALIBRATED_BACKENDS)
 ATTENTION_KERNELS = tuple(k.value for k in AttentionKernel if k is not AttentionKernel.UNFUSED)
 _NESTED = {"overlap": OverlapSample, "elementwise": ElementwiseSample, "optimizer": OptimizerSample,
-           "tp_layer": TPLayerSample, "loss": LossSample, "host_layer": HostLayerSample}
+           "tp_layer": TPLayerSample, "loss": LossSample, "host_layer": HostLayerSample,
+           "scatter": ScatterSample}
 _MAY_BE_ZERO = frozenset({"reserved_bytes", "launch_overhead_s", "load_average", "cpu_count", "host_memory_bytes",
                           "device_count"})
 _MAX_NUMBER = float(2 ** 53)  # sizes stay exact as floats and products of them finite

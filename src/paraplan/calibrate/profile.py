@@ -78,6 +78,7 @@ class Profile:
     compiled_elementwise_ratio: float | None = None
     optimizer_efficiency: float | None = None
     loss_efficiency: float | None = None
+    scatter_add_efficiency: float | None = None
     tp_collective_overhead_s: float | None = None
     layer_launch_overhead_s: float | None = None  # per kernel inside a layer (CPU, 2+ ranks)
     eager_layer_host_s: float | None = None       # an eager layer's host time (GPU)
@@ -299,6 +300,17 @@ def loss_efficiency(m: Measurements, mem_bw: float) -> float | None:
                             LOSS_FWD_KERNELS + LOSS_BWD_KERNELS, m.launch_overhead_s, mem_bw)
 
 
+def scatter_add_efficiency(m: Measurements, mem_bw: float) -> float | None:
+    """The share of the copy bandwidth a scatter-add of token rows reaches on the bytes the
+    cost model counts for it (cost/moe.py: read and write each row, 2 × its bytes), so that
+    the model reproduces the measured time; None when not measured."""
+    s = m.scatter
+    if s is None:
+        return None
+    width = 4 if s.dtype == "float32" else 2
+    return _streaming_share(2.0 * width * s.rows * s.hidden, s.time_s, 1, m.launch_overhead_s, mem_bw)
+
+
 def tp_collective_overhead_s(m: Measurements, cluster: ClusterSpec) -> float | None:
     """Host time per tensor-parallel collective beyond what the model prices for it: one
     more TP layer's time, less one more replica layer's (the eager dispatch of the math both
@@ -359,6 +371,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     ew_compiled = compiled_elementwise_ratio(m)
     opt_eff = optimizer_efficiency(m, mem_bw)
     loss_eff = loss_efficiency(m, mem_bw)
+    scatter_eff = scatter_add_efficiency(m, mem_bw)
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
     host_bw = _finite("host_link_bytes_per_s", max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0))
     link = fit_link(m)
@@ -398,6 +411,9 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         *([f"# cross-entropy over {m.loss.tokens} x {m.loss.vocab} upcast {m.loss.dtype} logits: "
            f"{(m.loss.fwd_time_s + m.loss.bwd_time_s) * 1e3:.2f} ms forward + backward for the bytes the cost model counts",
            f"loss_efficiency = {_num(round(loss_eff, 4))}"] if loss_eff is not None else []),
+        *([f"# index_add_ of {m.scatter.rows:,} {m.scatter.dtype} rows of {m.scatter.hidden} onto {m.scatter.tokens:,} "
+           f"(an eager MoE's combine): {m.scatter.time_s * 1e3:.3f} ms for the bytes the cost model counts",
+           f"scatter_add_efficiency = {_num(round(scatter_eff, 4))}"] if scatter_eff is not None else []),
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
         "sustained_compute_ratio = 1.0",
@@ -461,7 +477,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                    memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
                    elementwise_efficiency=ew_eff, compiled_elementwise_ratio=ew_compiled,
-                   optimizer_efficiency=opt_eff, loss_efficiency=loss_eff,
+                   optimizer_efficiency=opt_eff, loss_efficiency=loss_eff, scatter_add_efficiency=scatter_eff,
                    tp_collective_overhead_s=tp_host,
                    layer_launch_overhead_s=in_layer[0] if in_layer is not None else None,
                    eager_layer_host_s=host_layer)

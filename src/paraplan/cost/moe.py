@@ -10,7 +10,8 @@ are dropped and padded to capacity (GShard, Lepikhin et al. 2021; Switch, Fedus 
 Per MoE layer and micro-batch, on the busiest rank:
   router     GEMM T_r×h×E, softmax/top-k over T_r·E fp32 logits;
   permute    gather T_r·k token copies in expert order (read + write h elements each),
-             unpermute scatters them back weighted by the router probabilities;
+             unpermute scatters them back weighted by the router probabilities (an eager
+             engine's scatter-add at the GPU's scatter_add_efficiency);
   dispatch   all-to-all of λ·T_r·k·h activation elements over the EP group (stride etp),
              combine the same back; with etp > 1 an all-gather / reduce-scatter of the
              received tokens inside the ETP group (Megatron-Core "parallel folding");
@@ -118,8 +119,16 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
     router_ew = elementwise_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
-    # permute reads and writes each copy once (2 × ab bytes per element), unpermute the same
-    permute = memory_bound_time_s(gpu, 2.0 * 2.0 * ab * lam * copies * h, PERMUTE_KERNELS)
+    # permute gathers the copies (reads and writes each once: 2 × ab bytes per element), and
+    # unpermute scatters them back, forward; the backward the other way round. Transformer
+    # Engine's fused permutation (Megatron) streams both at the copy rate; an eager engine's
+    # scatter is an index_add_ / scatter_add with atomics (torchtitan's combine, and its
+    # gather's gradient), at the GPU's measured scatter_add_efficiency
+    # (calibration/h100_2026-11-23/moe_layer)
+    one_pass = 2.0 * ab * lam * copies * h
+    gather = memory_bound_time_s(gpu, one_pass, PERMUTE_KERNELS / 2)
+    atomic = memory_bound_time_s(gpu, one_pass, PERMUTE_KERNELS / 2, gpu.scatter_bw_efficiency)
+    permute = gather + np.where(np.asarray(plan.fused_kernels, dtype=bool), gather, atomic)
 
     local = E / ep
     m_e = lam * etp * ep * copies / E

@@ -60,6 +60,11 @@ class GPUSpec:
     # costing more than the memory on a CPU; None: elementwise_efficiency. paraplan
     # calibrate measures it (F.cross_entropy on upcast logits).
     loss_efficiency: float | None = None
+    # A scatter-add of token rows (index_add_ / scatter_add with atomics: an eager MoE's
+    # combine and its permutation's backward) as a share of the copy bandwidth, on the bytes
+    # cost/moe.py counts (read and write each row); None: memory_bw_efficiency. paraplan
+    # calibrate measures it.
+    scatter_add_efficiency: float | None = None
     kernel_launch_overhead_s: float = 4e-6
     # A layer's element-wise kernels under torch.compile (inductor fuses the norms, RoPE,
     # SiLU·up and residual adds into fewer kernels) over the same kernels eager: the time
@@ -93,6 +98,10 @@ class GPUSpec:
     # Host CPU Adam throughput per GPU (parameters/s), for optimizer offload (ZeRO-Offload).
     host_adam_params_per_s: float = 2.0e9
     source: str = field(default="", compare=False)
+
+    @property
+    def scatter_bw_efficiency(self) -> float:
+        return self.memory_bw_efficiency if self.scatter_add_efficiency is None else self.scatter_add_efficiency
 
     @property
     def loss_bw_efficiency(self) -> float:

@@ -47,7 +47,7 @@ _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "
 _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "eager_layer_host_us",
                  "memory_bw_efficiency",
                  "elementwise_efficiency",
-                 "optimizer_efficiency", "loss_efficiency",
+                 "optimizer_efficiency", "loss_efficiency", "scatter_add_efficiency",
                  "fp8_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio",
@@ -258,6 +258,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     if "eager_layer_host_us" in t.data:
         extra["eager_layer_host_s"] = units.us(t.non_negative("eager_layer_host_us"))
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "loss_efficiency",
+                "scatter_add_efficiency",
                 "fp8_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                 "misaligned_gemm_efficiency_ratio", "sustained_compute_ratio"):
         if key in t.data:
