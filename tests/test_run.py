@@ -167,6 +167,29 @@ def test_bad_run_input_is_one_line_exit_2_before_any_process(flags, needle, tmp_
     assert not out.exists()
 
 
+def test_a_run_larger_than_the_host_is_refused_in_one_line_before_its_model_is_built(tmp_path, capfd):
+    """A billion-row vocabulary (256 GB of embedding in fp32): the workers agree, before
+    building the model, that the memory model's bytes exceed what the host has, and the run
+    says so in one line (it used to die in torch's allocator with a traceback per rank)."""
+    pytest.importorskip("torch")
+    out = tmp_path / "r.json"
+    argv = [a if a != "256" else "1000000000" for a in TINY]
+    assert main(["run", *argv, "--steps", "1", "--warmup", "0", "-o", str(out)]) == 2
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("paraplan:")]
+    assert len(lines) == 1 and "the memory model predicts" in lines[0] and "--vocab" in lines[0], err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_preflight_refuses_only_beyond_the_margin():
+    from paraplan.run.report import PREFLIGHT_MARGIN, preflight_bytes, preflight_refusal
+    need = preflight_bytes(_cfg(TINY), "cpu")
+    assert need > 0
+    assert preflight_refusal(need, need / PREFLIGHT_MARGIN * 1.001, "here") == ""
+    assert "per rank" in preflight_refusal(need, need / PREFLIGHT_MARGIN * 0.999, "here")
+
+
 def test_run_without_torch_is_one_line_exit_2(monkeypatch, tmp_path, capfd):
     import importlib.util
     real = importlib.util.find_spec

@@ -214,6 +214,8 @@ def cmd_run(args) -> int:
         if os.path.exists(report_path):
             with open(report_path, encoding="utf-8") as fh:
                 report = json.load(fh)
+    if report is not None and report.get("status") == "refused":
+        raise ParaplanError(f"run: {report.get('reason')}")
     if report is None or report.get("status") != "ok":
         sys.stderr.write(f"paraplan: error: the run wrote no report (torchrun exited with {rc}; its output is above)\n")
         return 1

@@ -43,6 +43,37 @@ def predicted_as_measured_bytes(predicted: dict, memory_kind: str | None) -> flo
     return predicted["memory_bytes"] - sum(parts.get(k, 0.0) for k in MEMORY_KIND_EXCLUDES.get(memory_kind or "", ()))
 
 
+# a run is refused before it builds its model when the model's memory exceeds what the rank
+# has by more than this (the memory model is within a few percent of measured runs:
+# calibration/h100_2026-11-23): an out-of-memory crash deep in a worker says less
+PREFLIGHT_MARGIN = 1.05
+
+
+def preflight_bytes(cfg: RunConfig, device: str) -> float:
+    """The model's peak memory per rank for this run, counted as the run measures it (live
+    tensors on a GPU; on a CPU the allocator's slack too): any cluster will do, the memory
+    model does not depend on the GPU's rates."""
+    from ..cost.estimate import estimate
+    from ..specs.catalog import load_cluster
+    cpu = device == "cpu"
+    workload = replace(cfg.workload, precision=Precision.FP32) if cpu else cfg.workload
+    plan = replace(cfg.plan, autocast=runs_under_autocast(cfg.plan, device, cfg.workload.precision))
+    est = estimate(cfg.model, load_cluster("dgx-h100", num_gpus=cfg.world_size), workload, plan)
+    kind = "peak_rss_above_baseline" if cpu else "cuda_max_memory_allocated"
+    return predicted_as_measured_bytes({"memory_bytes": est.memory.total, "memory_parts_bytes": est.memory.parts()},
+                                       kind)
+
+
+def preflight_refusal(need_bytes: float, have_bytes: float, where: str) -> str:
+    """Why a run does not start ("" when it may): the model's bytes against the rank's."""
+    from ..units import fmt_bytes
+    if need_bytes <= PREFLIGHT_MARGIN * have_bytes:
+        return ""
+    return (f"the memory model predicts {fmt_bytes(need_bytes)} per rank for this run, more than the "
+            f"{fmt_bytes(have_bytes)} {where}; lower --vocab, --hidden, --layers, --seq or --mb, add "
+            "--recompute full, or spread the model over more ranks (--tp, --pp, --zero 3)")
+
+
 def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None, str]:
     """paraplan's estimate of this run on `cfg.hardware` (or, on a GPU, the cluster preset of
     its GPU); (None, why) when there is no hardware to predict for or the plan is rejected."""

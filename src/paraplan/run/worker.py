@@ -162,6 +162,13 @@ def run(cfg: RunConfig) -> int:
     device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
+        refusal = _preflight(cfg, device)
+        if refusal:
+            if rank == 0:
+                write_report(cfg.output, {"kind": "paraplan-run", "version": 1, "status": "refused",
+                                          "reason": refusal})
+            dist.barrier()
+            return 0  # a clean exit: the parent reads the refusal and says it in one line
         baseline_rss = peak_rss_bytes()
         runner = Runner(cfg, device)
         # the attention kernel torch picks for these shapes and whether autocast runs, so
@@ -185,6 +192,30 @@ def run(cfg: RunConfig) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _available_bytes(device: torch.device) -> tuple[float, str]:
+    """(bytes this rank may use, what they are): a GPU's free memory; on a CPU the host's
+    available memory over the ranks on it (inf where the OS does not say)."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[0]), f"free on {torch.cuda.get_device_name(device)}"
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
+        return kib * 1024.0 / ranks, f"available per rank on this host ({ranks} rank(s))"
+    except (OSError, StopIteration, ValueError):
+        return float("inf"), ""
+
+
+def _preflight(cfg: RunConfig, device: torch.device) -> str:
+    """The refusal every rank agrees on ("" to run): the model's memory against the least any
+    rank has, before a model larger than the device is built."""
+    from .report import preflight_bytes, preflight_refusal
+    have, where = _available_bytes(device)
+    least = torch.tensor([have], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    return preflight_refusal(preflight_bytes(cfg, device.type), float(least.item()), where)
 
 
 def main(argv: list[str] | None = None) -> int:
