@@ -75,18 +75,6 @@ def test_recorded_compiled_runs_on_the_profile_measured_beside_them():
         assert result["summary"]["max_abs_pct_error"] < worst, metric
 
 
-def test_compiled_runs_were_faster_and_smaller_than_the_same_runs_eager():
-    """The measurement the model is held to: each compiled run against its eager twin."""
-    twins = {"c1.json": DIR.parent / "h100_2026-11-22" / "runs_b" / "run1.json",
-             "c4.json": DIR.parent / "h100_2026-11-22" / "runs_b" / "run4.json",
-             "cs1.json": DIR / "calibrate" / "small1.json"}
-    for name, eager_path in twins.items():
-        c = json.loads((DIR / "compiled" / name).read_text())
-        e = json.loads(eager_path.read_text())
-        assert c["measured"]["step_time_s"] < e["measured"]["step_time_s"], name
-        assert c["measured"]["peak_memory_bytes"] < e["measured"]["peak_memory_bytes"], name
-
-
 def test_compiled_element_wise_is_the_gpus_ratio_of_eager():
     cluster = load_cluster("dgx-h100", num_gpus=8)
     gpu = cluster.gpu
@@ -184,6 +172,22 @@ def test_small_eager_runs_wait_for_their_host_as_measured(tmp_path):
     for a, b in zip(with_host[1:], without[1:]):
         assert abs(a["predicted"] - b["predicted"]) / b["predicted"] < 0.005
         assert abs(a["error_pct"]) < 2.0
+
+
+def test_full_recomputation_reissues_the_forward_from_the_host():
+    """A host-bound eager plan (8 layers of hidden 1536, one 1,024-token sequence per
+    micro-batch, 64 of them): full recomputation re-issues every layer's forward inside the
+    backward, so it costs at least the forward's host time per layer and micro-batch."""
+    from paraplan.plan.axes import Recompute
+    cluster = load_cluster(str(HOST_PROFILE), num_gpus=1)
+    spec = replace(load_model("llama3-8b"), num_layers=8, hidden_size=1536, ffn_hidden_size=5376, num_heads=12,
+                   num_kv_heads=12, head_dim=128)
+    wl = Workload(global_batch_size=64, seq_len=1024)
+    step = {rc: float(np.ravel(evaluate(spec, cluster, wl, make_plan(fused_kernels=False, recompute=rc))
+                               .critical_stage_s)[0]) for rc in (Recompute.NONE, Recompute.FULL)}
+    from paraplan.cost.evaluate import HOST_FORWARD_SHARE
+    reissue = 64 * 8 * HOST_FORWARD_SHARE * cluster.gpu.eager_layer_host_s
+    assert step[Recompute.FULL] - step[Recompute.NONE] >= 0.95 * reissue
 
 
 def test_host_wait_applies_to_eager_layers_only():

@@ -113,7 +113,7 @@ TORCHTITAN_SCHEMA = {
                     "pipeline_parallel_last_stage_less_layers", "context_parallel_degree", "expert_parallel_degree",
                     "expert_tensor_parallel_degree", "context_parallel_rotate_method"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
-    "compile": {"enable"},
+    "compile": {"enable", "components"},
 }
 
 
@@ -175,6 +175,7 @@ def test_torchtitan_02_reads_the_toml(name, tmp_path):
     cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"]},
            "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
            "activation_checkpoint": {"mode": job.activation_checkpoint.mode}}
+    assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
     check_torchtitan(p, cfg)
     dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
                         cp=par.context_parallel_degree, tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
@@ -200,6 +201,7 @@ def test_torchtitan_03_parses_the_overrides(name):
            "activation_checkpoint": {"mode": {FullAC.Config: "full", SelectiveAC.Config: "selective",
                                               type(None): "none"}[type(job.activation_checkpoint)]}}
     cfg["parallelism"]["enable_async_tensor_parallel"] = job.compile.enable_async_tensor_parallel
+    assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
     check_torchtitan(p, cfg)
     dims = ParallelDims.from_config(par, p.num_gpus)  # torchtitan's own mesh validation
     if p.pp > 1:  # torchtitan's own stage split: PP×VP stages of equal layers

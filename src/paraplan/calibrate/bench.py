@@ -83,6 +83,12 @@ def _median_time(fn, device, *, warmup: int = 2, min_repeats: int = 3, min_time_
     return statistics.median(times)
 
 
+def _gpu_calls(fn, device) -> int:
+    """Back-to-back calls per sample on a GPU; one on a CPU, which runs each call to its end
+    anyway (and where every rank then makes the same number)."""
+    return _back_to_back_calls(fn, device) if device.type == "cuda" else 1
+
+
 def _back_to_back_calls(fn, device, round_s: float = GEMM_ROUND_S) -> int:
     """How many calls of `fn` to issue back to back per timed sample: about `round_s` of
     them, at most GEMM_ROUND_MAX_CALLS. A kernel timed alone would carry the host's
@@ -250,7 +256,8 @@ def _elementwise(device, dtype, tokens: int, hidden: int) -> ElementwiseSample:
     def layer():  # every result returned: a compiler would drop unused ones
         z = r + F.rms_norm(x, (hidden,), w)
         return rope(q), rope(k), F.silu(gate) * up, z + F.rms_norm(z, (hidden,), w)
-    t = _median_time(layer, device, min_repeats=9, min_time_s=0.0)  # the same count on every rank
+    # back to back on a GPU (one synchronization per ~5 ms of calls); the same count on every rank
+    t = _median_time(layer, device, min_repeats=9, min_time_s=0.0, calls=_gpu_calls(layer, device))
     return ElementwiseSample(tokens=tokens, hidden=hidden, ffn=ffn, q_dim=heads * d, kv_dim=kv_heads * d, head_dim=d,
                              time_s=t, compiled_time_s=_compiled_time_s(layer, device))
 
@@ -263,7 +270,7 @@ def _compiled_time_s(fn, device) -> float | None:
     try:
         compiled = torch.compile(fn)
         compiled()  # compiles
-        return _median_time(compiled, device, min_repeats=9, min_time_s=0.0)
+        return _median_time(compiled, device, min_repeats=9, min_time_s=0.0, calls=_gpu_calls(compiled, device))
     except Exception:  # noqa: BLE001 - no compiler, an unsupported op: the profile leaves it out
         return None
 

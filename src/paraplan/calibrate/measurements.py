@@ -331,6 +331,9 @@ def _check_usable(m: Measurements, source: str) -> None:
     if worlds and worlds != [m.ranks]:
         raise FileFormatError(source, f"collectives were measured over {', '.join(map(str, worlds))} rank(s), "
                                       f"but ranks={m.ranks}; they must agree")
+    if m.scatter is not None and m.scatter.dtype not in ("float32", "bfloat16", "float16"):
+        raise FileFormatError(source, f"scatter.dtype={m.scatter.dtype!r} is not allowed; allowed: float32, "
+                                      "bfloat16, float16")
     if not any(g.dtype == m.compute_dtype for g in m.gemm):
         raise FileFormatError(source, f"gemm has no sample in the compute dtype {m.compute_dtype!r} "
                                       f"({len(m.gemm)} samples); the GEMM peak needs at least one")

@@ -307,8 +307,9 @@ def scatter_add_efficiency(m: Measurements, mem_bw: float) -> float | None:
     s = m.scatter
     if s is None:
         return None
-    width = 4 if s.dtype == "float32" else 2
-    return _streaming_share(2.0 * width * s.rows * s.hidden, s.time_s, 1, m.launch_overhead_s, mem_bw)
+    from ..cost.moe import PERMUTE_KERNELS, permutation_pass_bytes
+    counted = permutation_pass_bytes(s.rows, s.hidden, _DTYPE_PRECISION[s.dtype].activation_bytes)
+    return _streaming_share(float(counted), s.time_s, PERMUTE_KERNELS // 2, m.launch_overhead_s, mem_bw)
 
 
 def tp_collective_overhead_s(m: Measurements, cluster: ClusterSpec) -> float | None:

@@ -493,12 +493,14 @@ def host_idle_s(n, gpu_s, host_s, slack_s):
     return np.where(host_bound, idle_hb, idle_gb), np.where(host_bound, end_hb, end_gb)
 
 
-def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_microbatches):
+def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_microbatches, recomputed=0.0):
     """(forward, backward) time per micro-batch a stage's GPU waits for its host. Eager PyTorch
     issues each kernel from Python ahead of the GPU and spends gpu.eager_layer_host_s on one
     layer's forward and backward (paraplan calibrate: a layer at negligible size; a third of
     it in the forward); the stage's micro-batch is the queue [layers × forward][the head, the
     loss and the embedding: `extra_s`, next to no host time][layers × backward] (host_idle_s).
+    A backward layer also re-issues its forward where it is recomputed whole: `recomputed`,
+    the stage's share of layers that full or first-k recomputation re-runs.
     The first micro-batch starts on an idle GPU; the rest start with what the one before left
     queued (its state after one micro-batch stands for the steady state). Megatron's fused
     layers and compiled blocks issue far fewer kernels: not bound here. Vectorized."""
@@ -506,7 +508,8 @@ def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_mi
     if host <= 0.0:
         return 0.0, 0.0
     eager = ~np.asarray(plan.fused_kernels, dtype=bool) & ~mem.compiled_blocks(plan)
-    hf, hb = HOST_FORWARD_SHARE * host, (1.0 - HOST_FORWARD_SHARE) * host
+    hf = HOST_FORWARD_SHARE * host
+    hb = (1.0 - HOST_FORWARD_SHARE) * host + hf * np.asarray(recomputed, dtype=float)
 
     def one_microbatch(slack):
         idle_f, slack = host_idle_s(layers, layer_fwd_s, hf, slack)
@@ -833,9 +836,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     def host_wait(layers, extra_fwd, extra_bwd):
         # an eager engine's GPU waiting for its host (gpu.eager_layer_host_s; 0 in the presets)
+        per_layer = 1.0 / np.maximum(layers, 1.0)
         return eager_host_wait(gpu, plan, layers, layer_fwd_total,
-                               layer_bwd_total + rc_share(layers) * rc_stage / np.maximum(layers, 1.0),
-                               extra_fwd + extra_bwd, m)
+                               layer_bwd_total + rc_share(layers) * rc_stage * per_layer,
+                               extra_fwd + extra_bwd, m,
+                               recomputed=np.minimum(rc_share(layers) * rc_layers * per_layer, 1.0))
 
     def stage(layers, extra_fwd, extra_bwd):
         fwd = layers * layer_fwd_total + extra_fwd + z3_first
@@ -863,13 +868,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                                      0.0)
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
     lm_bwd = lm_bwd + head_acc
-    first = stage(L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0),
-                  emb_bwd_total + np.where(only, lm_bwd, 0.0))
+    first_extra = (emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_bwd_total + np.where(only, lm_bwd, 0.0))
+    first = stage(L_first, *first_extra)
     middle = stage(L_s, 0.0, 0.0)
     last_extra = (np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0))
     last = stage(L_last, *last_extra)
-    # per layer of the last stage, for the breakdown
-    host_wait_layer = tuple(w / np.maximum(L_last, 1.0) for w in host_wait(L_last, *last_extra))
+    # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head
+    # lets its host catch up; a middle stage has nothing to hide its host behind)
+    waits = [tuple(w / np.maximum(n, 1.0) for w in host_wait(n, *extra))
+             for n, extra in ((L_first, first_extra), (L_s, (0.0, 0.0)), (L_last, last_extra))]
+    host_wait_layer = tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) for w in waits]) for i in (0, 1))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div

@@ -49,6 +49,12 @@ def _f(x):
     return np.asarray(x, dtype=float)
 
 
+def permutation_pass_bytes(rows, hidden, act_bytes):
+    """HBM bytes of one pass of the token permutation over `rows` copies of `hidden` elements:
+    each row read once and written once (the gather into expert order, or the scatter back)."""
+    return 2.0 * act_bytes * _f(rows) * hidden
+
+
 def shared_expert_overlap(model: ModelSpec, plan):
     """Whether the shared experts run beside the dispatch/combine all-to-all on Megatron-Core's
     side stream (--moe-shared-expert-overlap, which the Megatron export sets by this test): a
@@ -125,7 +131,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # scatter is an index_add_ / scatter_add with atomics (torchtitan's combine, and its
     # gather's gradient), at the GPU's measured scatter_add_efficiency
     # (calibration/h100_2026-11-23/moe_layer)
-    one_pass = 2.0 * ab * lam * copies * h
+    one_pass = permutation_pass_bytes(lam * copies, h, ab)
     gather = memory_bound_time_s(gpu, one_pass, PERMUTE_KERNELS / 2)
     atomic = memory_bound_time_s(gpu, one_pass, PERMUTE_KERNELS / 2, gpu.scatter_bw_efficiency)
     permute = gather + np.where(np.asarray(plan.fused_kernels, dtype=bool), gather, atomic)
