@@ -190,6 +190,21 @@ def test_full_recomputation_reissues_the_forward_from_the_host():
     assert step[Recompute.FULL] - step[Recompute.NONE] >= 0.95 * reissue
 
 
+def test_the_step_breakdown_shows_the_gpu_waiting_for_its_host():
+    from paraplan.cost.estimate import estimate
+    from paraplan.report.table import time_table
+    cluster = load_cluster(str(HOST_PROFILE), num_gpus=1)
+    spec = replace(load_model("llama3-8b"), num_layers=8, hidden_size=1536, ffn_hidden_size=5376, num_heads=12,
+                   num_kv_heads=12, head_dim=128)
+    wl = Workload(global_batch_size=64, seq_len=1024)
+    est = estimate(spec, cluster, wl, make_plan(fused_kernels=False))
+    assert est.time.host_wait_s > 0.1 * est.step_time_s  # host-bound: hidden 1536, 1,024 tokens
+    assert sum(est.time.parts().values()) == pytest.approx(est.step_time_s)
+    assert "GPU waiting for the host" in time_table(est)
+    fused = estimate(spec, cluster, wl, make_plan())
+    assert fused.time.host_wait_s == 0.0 and "GPU waiting for the host" not in time_table(fused)
+
+
 def test_host_wait_applies_to_eager_layers_only():
     gpu = load_cluster(str(HOST_PROFILE), num_gpus=8)
     wl = Workload(global_batch_size=8, seq_len=512)

@@ -846,7 +846,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         fwd = layers * layer_fwd_total + extra_fwd + z3_first
         bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
         wait_f, wait_b = host_wait(layers, extra_fwd, extra_bwd)
+        stage_waits.append(wait_f + wait_b)
         return StageTimes(forward_s=fwd + wait_f, backward_s=bwd + wait_b, weight_grad_s=layers * wgrad)
+    stage_waits: list = []  # per micro-batch, in the order first, middle, last (stage() appends)
 
     # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
     emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
@@ -886,6 +888,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
+    # the critical stage's wait for its host, reported apart from its compute
+    wait_first, wait_middle, wait_last = stage_waits
+    crit_wait = np.where(t_max == per_mb[2], wait_last, np.where(t_max == per_mb[0], wait_first, wait_middle))
     t_avg = np.where(only, per_mb[0], (per_mb[0] + per_mb[2] + (p - 2.0) * per_mb[1]) / np.maximum(p, 1.0))
     # (p−1)/v of a micro-batch's time (SC'21 §2.2); a breadth-first loop with fewer
     # micro-batches than stages also waits p−m chunk slots in each of its v−1 later loops,
@@ -1007,9 +1012,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
     crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
     crit_ep = L_s * (a2a_fwd_exp + a2a_bwd_exp) + rc_ep_stage
-    compute_mb = t_max - (crit_tp + crit_cp + crit_ep) - rc_compute_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
+    compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_compute_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
+                  - crit_wait)
     time = TimeBreakdown(
         compute_s=m * compute_mb,
+        host_wait_s=m * crit_wait,
         recompute_s=m * rc_compute_stage,
         tp_comm_s=m * crit_tp + sp_norm,
         cp_comm_s=m * crit_cp,
