@@ -63,11 +63,14 @@ def test_recorded_blocks_keep_what_the_model_counts_eager_and_compiled():
 
 
 def test_recorded_compiled_runs_on_the_profile_measured_beside_them():
-    """Four `paraplan run --compile` steps on one H100 (embedding, LM head, loss and AdamW
+    """Six `paraplan run --compile` steps on one H100 (embedding, LM head, loss and AdamW
     eager, as torchtitan), predicted on the profile calibrate measured in the same lease:
     its compiled_elementwise_ratio came from a microbenchmark, not from these runs."""
     paths = sorted(glob.glob(str(DIR / "compiled" / "c*.json")))
     assert len(paths) == 4
+    # and two with recomputation (full, selective), measured in a later lease
+    paths += sorted(glob.glob(str(DIR / "compiled_rc" / "c*.json")))
+    assert len(paths) == 6
     for metric, mean, worst in (("step_time", 4.0, 6.0), ("memory", 2.0, 2.5)):
         result = compare_reports(load_reports(paths, str(PROFILE)), metric)
         assert all("compiled" in r["plan"] for r in result["rows"])
