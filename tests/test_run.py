@@ -158,6 +158,7 @@ def test_scaled_model_keeps_ratios():
     (["--recompute", "first_k", "--recompute-layers", "5"], "--recompute-layers=5"),  # 4 layers
     (["--recompute", "first_k"], "--recompute-layers=0"),
     (["--lr", "inf"], "--lr=inf"),
+    (["--tp", "2", "--compile"], "--compile"),
 ])
 def test_bad_run_input_is_one_line_exit_2_before_any_process(flags, needle, tmp_path, capfd):
     out = tmp_path / "r.json"

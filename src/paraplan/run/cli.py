@@ -116,6 +116,11 @@ def config_from_args(args) -> "RunConfig":
                      fsdp2_copies=True, fused_kernels=False, compiled=args.compile)
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
+    if plan.compiled and plan.tp > 1:
+        # compiled blocks over this runner's DTensor layers fail in the backward (torch 2.13:
+        # "'Tensor' object has no attribute '_local_tensor'" in a redistribute)
+        raise SpecError("run", "--compile", True, "only with --tp 1 (compiled tensor-parallel blocks are not run "
+                        "here; --pp, --dp and --zero compile)")
     check_world_size(args.tp * args.pp * args.dp)  # before the batch below multiplies them
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
     if gbs > MAX_COUNT:
