@@ -211,11 +211,16 @@ def _available_bytes(device: torch.device) -> tuple[float, str]:
 def _preflight(cfg: RunConfig, device: torch.device) -> str:
     """The refusal every rank agrees on ("" to run): the model's memory against the least any
     rank has, before a model larger than the device is built."""
+    from ..errors import ParaplanError
     from .report import preflight_bytes, preflight_refusal
     have, where = _available_bytes(device)
     least = torch.tensor([have], dtype=torch.float64, device=device if device.type == "cuda" else "cpu")
     dist.all_reduce(least, op=dist.ReduceOp.MIN)
-    return preflight_refusal(preflight_bytes(cfg, device.type), float(least.item()), where)
+    try:
+        need = preflight_bytes(cfg, device.type)
+    except ParaplanError:  # a plan the cost model does not price: the run itself decides
+        return ""
+    return preflight_refusal(need, float(least.item()), where)
 
 
 def main(argv: list[str] | None = None) -> int:
