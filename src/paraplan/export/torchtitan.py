@@ -282,6 +282,9 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     if plan.recompute is Recompute.SELECTIVE:
         notes.append("selective recomputation is torchtitan's per-op SAC (keeps matmul and attention outputs)")
     notes.append("gradients are reduced in fp32 (FSDP2 mixed_precision_reduce); the prediction assumes the same")
+    if plan.compiled:
+        notes.append("each block under torch.compile, the loss eager (compile.components = [\"model\"]): the "
+                     "prediction prices compiled blocks as measured on an H100 (docs/model.md, Compiled blocks)")
     text = "".join(f"# {line}\n" for line in head + notes) + "\n" + toml_text(cfg)
     return ExportResult(engine=ENGINE, plan=plan, filename="torchtitan.toml", text=text, launcher=launcher,
                         notes=tuple(notes))
