@@ -183,6 +183,20 @@ def test_a_run_larger_than_the_host_is_refused_in_one_line_before_its_model_is_b
     assert not out.exists()
 
 
+def test_a_refusal_under_torchrun_by_hand_is_said_by_the_worker_and_writes_nothing(tmp_path):
+    """The multi-node path (torchrun ... -m paraplan.run FLAGS): no paraplan run to read a
+    refusal from a report, so rank 0 says it on stderr and nothing lands at -o."""
+    pytest.importorskip("torch")
+    out = tmp_path / "w.json"
+    argv = [a if a != "256" else "1000000000" for a in TINY]
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                        "-m", "paraplan.run", *argv, "--steps", "1", "--warmup", "0", "-o", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("paraplan:")]
+    assert p.returncode != 0 and len(lines) == 1 and "the memory model predicts" in lines[0], p.stderr
+    assert not out.exists()
+
+
 def test_preflight_refuses_only_beyond_the_margin():
     from paraplan.run.report import PREFLIGHT_MARGIN, preflight_bytes, preflight_refusal
     need = preflight_bytes(_cfg(TINY), "cpu")

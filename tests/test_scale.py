@@ -129,3 +129,14 @@ def test_a_count_without_a_plan_is_a_short_row_and_a_note(capsys):
     row = next(line for line in out.splitlines() if line.startswith("1 "))
     assert "no plan (note 1)" in row and len(row) < 200
     assert any(line.startswith("note 1: 1 GPUs: no plan fits") for line in out.splitlines())
+
+
+def test_the_scaling_plot_stacks_every_part_of_the_step_once():
+    """Each bar of `paraplan scale --plot` is the best plan's step: the groups cover every
+    TimeBreakdown field once (the GPU waiting for its host was left out when it was added)."""
+    from dataclasses import fields
+
+    from paraplan.cost.breakdown import TimeBreakdown
+    from paraplan.report.plots import STEP_PART_GROUPS
+    grouped = [f for group in STEP_PART_GROUPS.values() for f in group]
+    assert sorted(grouped) == sorted(f.name for f in fields(TimeBreakdown))

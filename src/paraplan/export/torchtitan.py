@@ -284,7 +284,9 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     notes.append("gradients are reduced in fp32 (FSDP2 mixed_precision_reduce); the prediction assumes the same")
     if plan.compiled:
         notes.append("each block under torch.compile, the loss eager (compile.components = [\"model\"]): the "
-                     "prediction prices compiled blocks as measured on an H100 (docs/model.md, Compiled blocks)")
+                     f"prediction prices the blocks' element-wise kernels at {cluster.gpu.compiled_elementwise_ratio:g} "
+                     f"of their eager time ({cluster.gpu.name}'s compiled_elementwise_ratio; docs/model.md, "
+                     "Compiled blocks)")
     text = "".join(f"# {line}\n" for line in head + notes) + "\n" + toml_text(cfg)
     return ExportResult(engine=ENGINE, plan=plan, filename="torchtitan.toml", text=text, launcher=launcher,
                         notes=tuple(notes))

@@ -10,6 +10,12 @@ from pathlib import Path
 from ..errors import ParaplanError, SpecError
 from ..units import SECONDS_PER_DAY
 
+# The step's parts (TimeBreakdown fields) as the scaling plot stacks them: every one, once
+# (tests/test_scale.py checks), so that each bar reaches the step
+STEP_PART_GROUPS = {"compute": ("compute_s",), "recompute": ("recompute_s",),
+                    "exposed comm.": ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s"),
+                    "bubble": ("bubble_s",), "optimizer": ("optimizer_s",), "waiting for the host": ("host_wait_s",)}
+
 # what --plot writes, by extension (matplotlib's own writers, none needing LaTeX or more);
 # no extension: PNG, at exactly the path given
 PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp")
@@ -61,12 +67,9 @@ def plot_scaling(result, path: str, title: str) -> None:
         raise ParaplanError("scale: --plot: no GPU count has a plan to draw")
     labels = [f"{p.num_gpus:,}" for p in pts]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    parts = {"compute": lambda t: t.compute_s, "recompute": lambda t: t.recompute_s,
-             "exposed comm.": lambda t: t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.pp_comm_s + t.dp_comm_s,
-             "bubble": lambda t: t.bubble_s, "optimizer": lambda t: t.optimizer_s}
     bottom = [0.0] * len(pts)
-    for name, part in parts.items():
-        share = [100 * part(p.best.time) / p.best.step_time_s for p in pts]
+    for name, fields in STEP_PART_GROUPS.items():
+        share = [100 * sum(getattr(p.best.time, f) for f in fields) / p.best.step_time_s for p in pts]
         ax1.bar(labels, share, bottom=bottom, label=name)
         bottom = [b + x for b, x in zip(bottom, share)]
     for i, p in enumerate(pts):

@@ -156,7 +156,9 @@ class Runner:
                 "loss": float(loss) if loss is not None else None}
 
 
-def run(cfg: RunConfig) -> int:
+def run(cfg: RunConfig, *, from_cli: bool = True) -> int:
+    """One worker's run. `from_cli`: started by `paraplan run` (`--config`), which reads a
+    refusal from the report it waits for; started by hand with torchrun, the worker says it."""
     from .report import build_report, write_report
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
@@ -164,11 +166,14 @@ def run(cfg: RunConfig) -> int:
     try:
         refusal = _preflight(cfg, device)
         if refusal:
-            if rank == 0:
+            if rank == 0 and from_cli:  # (into paraplan run's temporary directory)
                 write_report(cfg.output, {"kind": "paraplan-run", "version": 1, "status": "refused",
                                           "reason": refusal})
+            elif rank == 0:  # torchrun by hand: nothing at -o, the reason on stderr
+                sys.stderr.write(f"paraplan: error: run: {refusal}\n")
             dist.barrier()
-            return 0  # a clean exit: the parent reads the refusal and says it in one line
+            # paraplan run's workers exit cleanly and it says the refusal in one line
+            return 0 if from_cli else 2
         baseline_rss = peak_rss_bytes()
         runner = Runner(cfg, device)
         # the attention kernel torch picks for these shapes and whether autocast runs, so
@@ -236,4 +241,5 @@ def main(argv: list[str] | None = None) -> int:
     except ParaplanError as exc:
         sys.stderr.write(f"paraplan: error: {exc}\n")
         return 2
-    return run(cfg)
+    args = sys.argv[1:] if argv is None else argv
+    return run(cfg, from_cli=bool(args) and args[0] == "--config")
