@@ -279,3 +279,18 @@ def test_fused_permutation_keeps_the_copy_rate():
     extra = copies_bytes / cluster.gpu.hbm_bw_bytes_per_s * (1 / 0.149 - 1 / cluster.gpu.memory_bw_efficiency)
     for got, base in zip(cost(cluster, False), cost(no_atomics, False)):
         assert got - base == pytest.approx(extra, rel=1e-9)
+
+
+def test_the_ranking_shows_a_host_column_only_where_a_plan_waits_for_its_host():
+    from paraplan.cost.estimate import estimate
+    from paraplan.report.table import ranking_table
+    spec = replace(load_model("llama3-8b"), num_layers=8, hidden_size=1536, ffn_hidden_size=5376, num_heads=12,
+                   num_kv_heads=12, head_dim=128)
+    wl = Workload(global_batch_size=64, seq_len=1024)
+    waits = estimate(spec, load_cluster(str(HOST_PROFILE), num_gpus=1), wl, make_plan(fused_kernels=False))
+    fused = estimate(spec, load_cluster("dgx-h100", num_gpus=1), wl, make_plan())
+    header = ranking_table([waits, fused]).splitlines()[0].split()
+    assert "host" in header
+    row = ranking_table([waits]).splitlines()[2].split()
+    assert row[-3] == f"{100 * waits.time.host_wait_s / waits.step_time_s:.1f}%"  # host, then "N GiB"
+    assert "host" not in ranking_table([fused]).splitlines()[0].split()

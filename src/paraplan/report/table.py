@@ -92,15 +92,18 @@ def estimate_report(est: Estimate) -> str:
 
 def ranking_table(ests) -> str:
     rows = []
+    # the share of the step the GPU waits for an eager host (calibrated profiles), where any plan has it
+    host = any(e.time.host_wait_s > 0 for e in ests)
     for i, e in enumerate(ests, 1):
         t = e.time
         comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.pp_comm_s + t.dp_comm_s
         rows.append([str(i), e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
                      f"{100 * e.mfu:.1f}%", _pct(t.bubble_s, e.step_time_s).strip(),
                      _pct(comm, e.step_time_s).strip(), _pct(t.recompute_s, e.step_time_s).strip(),
+                     *([_pct(t.host_wait_s, e.step_time_s).strip()] if host else []),
                      fmt_bytes(e.memory.total)])
-    return grid(["#", "plan", "step", "tok/s/GPU", "MFU", "bubble", "exp.comm", "recomp", "mem/GPU"], rows,
-                align="llrrrrrrr")
+    return grid(["#", "plan", "step", "tok/s/GPU", "MFU", "bubble", "exp.comm", "recomp",
+                 *(["host"] if host else []), "mem/GPU"], rows, align="llrrrrrrr" + ("r" if host else ""))
 
 
 def scaling_table(result) -> str:
