@@ -294,3 +294,32 @@ def test_the_ranking_shows_a_host_column_only_where_a_plan_waits_for_its_host():
     row = ranking_table([waits]).splitlines()[2].split()
     assert row[-3] == f"{100 * waits.time.host_wait_s / waits.step_time_s:.1f}%"  # host, then "N GiB"
     assert "host" not in ranking_table([fused]).splitlines()[0].split()
+
+
+def test_no_compile_prices_and_exports_torchtitan_eager(capsys, tmp_path):
+    from support import run
+    out = tmp_path / "tt.toml"
+    args = ["--model", "llama3-8b", "--gpus", "16", "--batch", "64", "--seq", "4096"]
+    code, text, err = run(capsys, "export", "--format", "torchtitan", *args, "-o", str(out), "--no-compile")
+    assert code == 0, err
+    assert "compiled" not in text.splitlines()[0] and "tpov" not in text.splitlines()[0]
+    toml = out.read_text()
+    assert "\nenable = false\n" in toml and "enable_async_tensor_parallel = false" in toml
+    code, compiled_text, _ = run(capsys, "export", "--format", "torchtitan", *args, "-o", str(tmp_path / "c.toml"))
+    assert code == 0 and "compiled" in compiled_text.splitlines()[0]
+    # the eager plan is slower, as measured: its predicted step is longer
+    step = lambda t: float(t.splitlines()[0].rsplit("predicted step ", 1)[1].split()[0])  # noqa: E731
+    assert step(text) > step(compiled_text)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["export", "--format", "megatron", "-o", "m.sh", "--no-compile"], "--no-compile is for torchtitan"),
+    (["search", "--no-compile"], "needs --engine torchtitan"),
+    (["estimate", "--engine", "deepspeed", "--no-compile"], "--no-compile is for torchtitan"),
+])
+def test_no_compile_elsewhere_is_one_line_exit_2(capsys, tmp_path, monkeypatch, argv, needle):
+    from support import assert_user_error, run
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *argv, "--model", "llama3-8b", "--gpus", "16")
+    assert_user_error(code, out, err)
+    assert needle in err

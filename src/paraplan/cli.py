@@ -113,11 +113,15 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
                         "backward overlap, FSDP2 copies, fused or eager layers and loss, autocast without FSDP) and, "
                         "in search, only "
                         "the plans it can run (as paraplan export --format does)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="with --engine torchtitan: price its blocks eager, not under torch.compile (and no async TP)")
 
 
 def _engine(args, workload):
     """The export module of --engine with its optimizer rule checked; None without the flag."""
     if getattr(args, "engine", None) is None:
+        if getattr(args, "no_compile", False):
+            raise SpecError("flag", "--no-compile", True, "needs --engine torchtitan (the engine that compiles)")
         return None
     from .export.common import Engine, check_optimizer, engine_module
     engine = Engine(args.engine)
@@ -130,9 +134,15 @@ def _engine_plan(args, model, cluster, workload):
     plan = _plan_from_args(args, cluster)
     mod = _engine(args, workload)
     if mod is not None:
-        plan = mod.SUPPORT.adapt(plan)
+        plan = _support(mod, args).adapt(plan)
         mod.check(plan, model, workload)
     return plan
+
+
+def _support(mod, args):
+    """--engine's EngineSupport, with --no-compile applied (export/common.py engine_support)."""
+    from .export.common import engine_support
+    return engine_support(mod, getattr(args, "no_compile", False))
 
 
 def _finite_flag(flag: str, value: float) -> float:
@@ -247,11 +257,11 @@ def cmd_search(args) -> int:
     fixed, limits = _search_pins(args)
     mod = _engine(args, wl)
     if mod is not None:
-        fixed, limits = _engine_space(mod.SUPPORT, fixed, limits)
+        fixed, limits = _engine_space(_support(mod, args), fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
     res = search(model, cluster, wl, limits=limits, fixed=fixed,
                  top_k=args.top if mod is None else max(args.top, ENGINE_CANDIDATES), progress=_progress if show else None)
-    ranked = res.ranked if mod is None else _expressible(mod, res.ranked, model, wl)[: args.top]
+    ranked = res.ranked if mod is None else _expressible(mod, args, res.ranked, model, wl)[: args.top]
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
                           "engine": args.engine,
@@ -285,10 +295,10 @@ def _engine_space(support, fixed: dict, limits):
                                                 cp_comm_types=cp_comms)
 
 
-def _expressible(mod, ranked, model, wl):
+def _expressible(mod, args, ranked, model, wl):
     """The ranked plans the --engine's exporter accepts, in order (export/common.py)."""
     from .export.common import expressible
-    return expressible(ranked, model, wl, mod.SUPPORT, mod.check)
+    return expressible(ranked, model, wl, _support(mod, args), mod.check)
 
 
 def _search_pins(args):
@@ -334,7 +344,7 @@ def cmd_scale(args) -> int:
     fixed, limits = _search_pins(args)
     mod = _engine(args, wl)
     if mod is not None:
-        fixed, limits = _engine_space(mod.SUPPORT, fixed, limits)
+        fixed, limits = _engine_space(_support(mod, args), fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
 
     def progress(i, n, gpus):
@@ -343,7 +353,7 @@ def cmd_scale(args) -> int:
 
     try:
         result = scale(model, clusters, wl, limits=limits, fixed=fixed, progress=progress if show else None,
-                       choose=None if mod is None else (lambda ranked: _expressible(mod, ranked, model, wl)),
+                       choose=None if mod is None else (lambda ranked: _expressible(mod, args, ranked, model, wl)),
                        choose_among=ENGINE_CANDIDATES)
     finally:
         if show:

@@ -23,6 +23,8 @@ def add_parser(subparsers) -> None:
     from ..cli import _add_plan, _add_specs
     p = subparsers.add_parser("export", help="write a torchtitan, Megatron-LM or DeepSpeed config for a plan")
     p.add_argument("--format", required=True, choices=[e.value for e in Engine], help="target engine")
+    p.add_argument("--no-compile", action="store_true",
+                   help="torchtitan: blocks eager, compile.enable = false (and no async TP)")
     p.add_argument("-o", "--output", default=None, help="write the config to this file (default: stdout)")
     _add_specs(p)
     _add_plan(p, required=True)
@@ -33,23 +35,24 @@ def cmd_export(args) -> int:
     from ..cli import _plan_from_args, _specs
     from ..cost.estimate import estimate
     from ..outfile import check_output, write_output
-    from .common import best_exportable, check_optimizer, engine_module
+    from .common import best_exportable, check_optimizer, engine_module, engine_support
     if args.output is not None:  # a path that cannot be written fails before the search
         check_output(args.output, "export", "--output")
     engine = Engine(args.format)
     mod = engine_module(engine)
     model, cluster, wl = _specs(args)
     check_optimizer(engine, wl)  # the configs written here step the engine's fused Adam
+    support = engine_support(mod, args.no_compile)
     from_flags = any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
                      for k in PLAN_FLAGS)
     if from_flags:
         args.recompute = args.recompute or "none"
         args.zero = args.zero or "0"
-        plan = mod.SUPPORT.adapt(_plan_from_args(args, cluster))
+        plan = support.adapt(_plan_from_args(args, cluster))
         mod.check(plan, model, wl)
         est = estimate(model, cluster, wl, plan)
     else:
-        est = best_exportable(model, cluster, wl, mod.SUPPORT, mod.check)
+        est = best_exportable(model, cluster, wl, support, mod.check)
         plan = est.plan
     res = mod.export(plan, model, cluster, wl, est)
     if not est.fits:

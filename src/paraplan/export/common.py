@@ -90,6 +90,19 @@ def engine_module(engine: Engine):
     return mod
 
 
+def engine_support(mod, no_compile: bool = False) -> EngineSupport:
+    """The engine's support (mod.SUPPORT); with `no_compile` (--no-compile) its blocks run
+    eager, and async TP, which needs torch.compile, is not searched. Only an engine that
+    compiles (torchtitan) takes the flag."""
+    support = mod.SUPPORT
+    if not no_compile:
+        return support
+    if not support.compiled:
+        raise unsupported(support.engine, "--no-compile", True,
+                          "its blocks as they are: --no-compile is for torchtitan, which compiles them")
+    return replace(support, compiled=False, limits=replace(support.limits, tp_overlap=(False,)))
+
+
 def check_optimizer(engine: Engine, workload: Workload) -> None:
     """The engines here step their fused Adam (Megatron/DeepSpeed FusedAdam, torchtitan's
     default fused implementation): a prediction for another optimizer would not match."""
