@@ -9,9 +9,7 @@ forward leaves allocated (what the backward needs, without the input), and the s
 token per hidden unit per layer, in elements of 2 bytes (as docs/model.md counts them).
 Writes $OUT/compile.json. Usage (device tool): python3 calibration/gpu_compile.py
 """
-import json
 import os
-import statistics
 import sys
 import time
 from dataclasses import replace
@@ -21,6 +19,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from paraplan.run.model import Transformer  # noqa: E402
 from paraplan.specs.catalog import load_model  # noqa: E402
+from gpu_common import add_row, results, timed  # noqa: E402
 
 dev = "cuda"
 CASES = [  # (label, hidden, heads, kv_heads, ffn, layers, micro-batch, seq)
@@ -65,47 +64,26 @@ def measure(label, h, heads, kv, ffn, layers, b, s, compiled):
     torch.cuda.synchronize()
     peak_bwd = torch.cuda.max_memory_allocated() - base
     del y
-    times = []
-    for _ in range(5):
-        a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(5):
-            fwd().float().sum().backward()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(e) / 1e3 / 5)
-    fwd_times = []
+    step_s = timed(lambda: fwd().float().sum().backward(), reps=5, warmup=0)
     with torch.no_grad():
-        for _ in range(5):
-            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(5):
-                fwd()
-            e.record()
-            torch.cuda.synchronize()
-            fwd_times.append(a.elapsed_time(e) / 1e3 / 5)
+        fwd_s = timed(fwd, reps=5, warmup=0)
     r = {"label": label, "compiled": compiled, "hidden": h, "heads": heads, "kv_heads": kv, "ffn": ffn,
-         "layers": layers, "micro_batch": b, "seq": s, "step_s": statistics.median(times),
-         "fwd_nograd_s": statistics.median(fwd_times), "warmup_wall_s": warm_s,
+         "layers": layers, "micro_batch": b, "seq": s, "step_s": step_s,
+         "fwd_nograd_s": fwd_s, "warmup_wall_s": warm_s,
          "kept_bytes": kept, "peak_bwd_bytes": peak_bwd,
          "kept_elements_per_token_per_h_per_layer": kept / 2 / (b * s) / h / layers}
     return r
 
 
 def main():
-    out_dir = os.environ.get("OUT", "/tmp")
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
+    res = results("compile.json")
     for case in CASES:
         for compiled in (False, True):
             try:
                 r = measure(*case, compiled)
             except Exception as e:  # noqa: BLE001 - record and go on
                 r = {"label": case[0], "compiled": compiled, "error": repr(e)[:400]}
-            print(json.dumps(r), flush=True)
-            res["rows"].append(r)
-            torch.cuda.empty_cache()
-            with open(os.path.join(out_dir, "compile.json"), "w") as fh:
-                json.dump(res, fh, indent=1)
+            add_row(res, r)
 
 
 if __name__ == "__main__":

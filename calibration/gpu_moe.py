@@ -13,11 +13,9 @@ The shapes are written beside each time so that calibration/compare_moe.py can p
 with paraplan's cost model (no paraplan import here: the GPU machine needs torch only).
 Usage (device tool): python3 calibration/gpu_moe.py
 """
-import json
-import os
-import statistics
-
 import torch
+
+from gpu_common import add_row, results, timed
 
 dev = "cuda"
 torch.manual_seed(0)
@@ -31,23 +29,6 @@ SHAPES = [
     ("qwen3-235b ep32 (moe-003/007/010)", 4096, 4096, 1536, 4, 4096, 2048, 128, 8),
     ("deepseek-v3 ep64 (moe-008)", 4096, 7168, 2048, 4, 4096, 2048, 256, 8),
 ]
-REPS, RUNS = 10, 5
-
-
-def timed(fn):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(RUNS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(REPS):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / REPS)
-    return statistics.median(out)
 
 
 def bf16_experts(local, m, h, f):
@@ -152,9 +133,8 @@ def router_and_permute(T, h, E, k):
 
 
 def main():
-    out_dir = os.environ.get("OUT", "/tmp")
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "reps": REPS, "runs": RUNS,
-           "rows": []}
+    res = results("moe.json")
+    res.update(reps=10, runs=5)
     for label, _, h, f, local, m, T, E, k in SHAPES:
         r = {"label": label, "h": h, "f": f, "local": local, "m": m, "T_r": T, "E": E, "k": k}
         for key, fn in (("bf16", lambda: bf16_experts(local, m, h, f)), ("fp8", lambda: fp8_experts(local, m, h, f))):
@@ -170,11 +150,7 @@ def main():
             r["router_s"], r["permute_s"], r["unpermute_s"] = router_and_permute(T, h, E, k)
         except Exception as e:  # noqa: BLE001
             r["router_error"] = repr(e)[:300]
-        print(json.dumps(r), flush=True)
-        res["rows"].append(r)
-        torch.cuda.empty_cache()
-    with open(os.path.join(out_dir, "moe.json"), "w") as fh:
-        json.dump(res, fh, indent=1)
+        add_row(res, r)
 
 
 if __name__ == "__main__":

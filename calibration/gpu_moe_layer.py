@@ -14,12 +14,10 @@ Forward, and forward + backward (autograd), bf16 parameters, CUDA events, median
 5 after warm-up. Writes $OUT/moe_layer.json; calibration/compare_moe_layer.py prices the same.
 Usage (device tool): python3 calibration/gpu_moe_layer.py
 """
-import json
-import os
-import statistics
-
 import torch
 import torch.nn.functional as F
+
+from gpu_common import add_row, results, timed
 
 dev = "cuda"
 # (label, hidden, expert ffn, experts, top-k, ep, tokens a rank routes)
@@ -30,22 +28,6 @@ SHAPES = [
     ("qwen3-235b-a22b ep32, 2048 tokens", 4096, 1536, 128, 8, 32, 2048),
     ("deepseek-v3 ep64, 2048 tokens", 7168, 2048, 256, 8, 64, 2048),
 ]
-
-
-def timed(fn, reps=5, runs=5):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(runs):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b) / 1e3 / reps)
-    return statistics.median(out)
 
 
 def layer(h, f, E, k, ep, T, grouped=True):
@@ -82,14 +64,13 @@ def layer(h, f, E, k, ep, T, grouped=True):
             t.grad = None
 
     with torch.no_grad():
-        t_f = timed(fwd)
-    t_fb = timed(fwd_bwd)
+        t_f = timed(fwd, reps=5)
+    t_fb = timed(fwd_bwd, reps=5)
     return t_f, t_fb
 
 
 def main():
-    out_dir = os.environ.get("OUT", "/tmp")
-    res = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "rows": []}
+    res = results("moe_layer.json")
     for label, h, f, E, k, ep, T in SHAPES:
         r = {"label": label, "hidden": h, "moe_ffn": f, "experts": E, "top_k": k, "ep": ep, "tokens": T}
         for key, grouped in (("", True), ("loop_", False)):
@@ -97,11 +78,7 @@ def main():
                 r[f"{key}fwd_s"], r[f"{key}fwd_bwd_s"] = layer(h, f, E, k, ep, T, grouped)
             except Exception as e:  # noqa: BLE001 - record and go on
                 r[f"{key}error"] = repr(e)[:400]
-        print(json.dumps(r), flush=True)
-        res["rows"].append(r)
-        torch.cuda.empty_cache()
-        with open(os.path.join(out_dir, "moe_layer.json"), "w") as fh:
-            json.dump(res, fh, indent=1)
+        add_row(res, r)
 
 
 if __name__ == "__main__":

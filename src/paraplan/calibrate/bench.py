@@ -330,6 +330,23 @@ def _collectives(device, sizes, world: int, rank: int, rounds: int = 15) -> list
             for i, (op, nbytes, _, _) in enumerate(calls)]
 
 
+def _interleaved_medians(steps, device, rounds: int, before=None) -> list[float]:
+    """Median time of each of `steps` (each call timed alone, synchronized), over `rounds`
+    rounds that call them in turn, so that a slow spell touches each a little; `before`
+    (e.g. a barrier) runs before each call."""
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(rounds):
+        for i, step in enumerate(steps):
+            if before is not None:
+                before()
+            _sync(device)
+            t0 = time.perf_counter()
+            step()
+            _sync(device)
+            times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) for t in times]
+
+
 def _tp_layers(device, world: int, rounds: int = 9) -> TPLayerSample:
     """paraplan run's own transformer layers (run/model.py) at a size where their math is
     negligible, forward and backward of one micro-batch, 1 and 3 layers: tensor-parallel over
@@ -358,16 +375,7 @@ def _tp_layers(device, world: int, rounds: int = 9) -> TPLayerSample:
                 model(x).sum().backward()
             step()
             cases.append(step)
-    times: list[list[float]] = [[] for _ in cases]
-    for _ in range(rounds):
-        for i, step in enumerate(cases):
-            dist.barrier()
-            _sync(device)
-            t0 = time.perf_counter()
-            step()
-            _sync(device)
-            times[i].append(time.perf_counter() - t0)
-    tp1, plain1, tp3, plain3 = (statistics.median(t) for t in times)
+    tp1, plain1, tp3, plain3 = _interleaved_medians(cases, device, rounds, before=dist.barrier)
     return TPLayerSample(world=world, tokens=batch * seq, hidden=hidden, bytes_per_element=4, tp_1_layer_s=tp1,
                          tp_3_layers_s=tp3, plain_1_layer_s=plain1, plain_3_layers_s=plain3)
 
@@ -392,16 +400,8 @@ def _host_layers(device, rounds: int = 9) -> HostLayerSample:
             y.float().sum().backward()
         step()
         steps.append(step)
-    times: list[list[float]] = [[], []]
-    for _ in range(rounds):
-        for i, step in enumerate(steps):
-            _sync(device)
-            t0 = time.perf_counter()
-            step()
-            _sync(device)
-            times[i].append(time.perf_counter() - t0)
-    return HostLayerSample(tokens=batch * seq, hidden=hidden, one_layer_s=statistics.median(times[0]),
-                           three_layers_s=statistics.median(times[1]))
+    one, three = _interleaved_medians(steps, device, rounds)
+    return HostLayerSample(tokens=batch * seq, hidden=hidden, one_layer_s=one, three_layers_s=three)
 
 
 def _overlap(device, dtype, nbytes: int) -> OverlapSample:

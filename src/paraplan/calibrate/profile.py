@@ -373,6 +373,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     opt_eff = optimizer_efficiency(m, mem_bw)
     loss_eff = loss_efficiency(m, mem_bw)
     scatter_eff = scatter_add_efficiency(m, mem_bw)
+    host_layer = m.host_layer.layer_s if m.host_layer is not None else None
     host = [c for c in m.copies if c.kind in ("h2d", "d2h")]
     host_bw = _finite("host_link_bytes_per_s", max((c.num_bytes / c.time_s for c in host), default=mem_bw / 2.0))
     link = fit_link(m)
@@ -417,6 +418,10 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
            f"scatter_add_efficiency = {_num(round(scatter_eff, 4))}"] if scatter_eff is not None else []),
         f"host_link_gb_per_s = {_num(host_bw / units.GIGA)}",
         f"kernel_launch_overhead_us = {_num(m.launch_overhead_s * 1e6)}",
+        *([f"# paraplan run's layer at negligible size ({m.host_layer.tokens} tokens, hidden {m.host_layer.hidden}, "
+           f"bf16 autocast, fp32 parameters): one more layer's forward + backward took {host_layer * 1e6:.0f} us, "
+           "the host's time issuing its kernels; a layer whose GPU work is shorter waits for it",
+           f"eager_layer_host_us = {_num(host_layer * 1e6)}"] if host_layer is not None else []),
         "sustained_compute_ratio = 1.0",
         *([f"# {m.misaligned_gemm[1].m}x{m.misaligned_gemm[1].k}x{m.misaligned_gemm[1].n} against "
            f"x{m.misaligned_gemm[0].n}: a row not a multiple of 16 bytes",
@@ -458,14 +463,6 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                             f"{math_s * 1e3:.2f} ms, over the {kernels:.0f} kernels the model counts (a bare one-element add "
                             f"takes {m.launch_overhead_s * 1e6:.1f} us)",
                             f"kernel_launch_overhead_us = {_num(tau_layer * 1e6)}"]
-    host_layer = m.host_layer.layer_s if m.host_layer is not None else None
-    if host_layer is not None:
-        s = m.host_layer
-        at = lines.index("sustained_compute_ratio = 1.0")
-        lines[at:at] = [f"# paraplan run's layer at negligible size ({s.tokens} tokens, hidden {s.hidden}, bf16 autocast, "
-                        f"fp32 parameters): one more layer's forward + backward took {host_layer * 1e6:.0f} us, the "
-                        "host's time issuing its kernels; a layer whose GPU work is shorter waits for it",
-                        f"eager_layer_host_us = {_num(host_layer * 1e6)}"]
     tp_host = tp_collective_overhead_s(m, measured_cluster) if link is not None else None
     if tp_host:
         s = m.tp_layer

@@ -835,20 +835,20 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
 
     def host_wait(layers, extra_fwd, extra_bwd):
-        # an eager engine's GPU waiting for its host (gpu.eager_layer_host_s; 0 in the presets)
+        # an eager engine's GPU waiting for its host, (forward, backward) per micro-batch
+        # (gpu.eager_layer_host_s; 0 in the presets: nothing computed in the search's batches)
+        if gpu.eager_layer_host_s <= 0.0:
+            return 0.0, 0.0
         per_layer = 1.0 / np.maximum(layers, 1.0)
         return eager_host_wait(gpu, plan, layers, layer_fwd_total,
                                layer_bwd_total + rc_share(layers) * rc_stage * per_layer,
                                extra_fwd + extra_bwd, m,
                                recomputed=np.minimum(rc_share(layers) * rc_layers * per_layer, 1.0))
 
-    def stage(layers, extra_fwd, extra_bwd):
+    def stage(layers, extra_fwd, extra_bwd, wait):
         fwd = layers * layer_fwd_total + extra_fwd + z3_first
         bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
-        wait_f, wait_b = host_wait(layers, extra_fwd, extra_bwd)
-        stage_waits.append(wait_f + wait_b)
-        return StageTimes(forward_s=fwd + wait_f, backward_s=bwd + wait_b, weight_grad_s=layers * wgrad)
-    stage_waits: list = []  # per micro-batch, in the order first, middle, last (stage() appends)
+        return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad)
 
     # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
     emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
@@ -870,16 +870,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                                      0.0)
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
     lm_bwd = lm_bwd + head_acc
-    first_extra = (emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_bwd_total + np.where(only, lm_bwd, 0.0))
-    first = stage(L_first, *first_extra)
-    middle = stage(L_s, 0.0, 0.0)
-    last_extra = (np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0))
-    last = stage(L_last, *last_extra)
+    # (layers, forward extra, backward extra) of the first, a middle and the last stage
+    stage_parts = ((L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_bwd_total + np.where(only, lm_bwd, 0.0)),
+                   (L_s, 0.0, 0.0),
+                   (L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0)))
+    stage_waits = [host_wait(*parts) for parts in stage_parts]
+    first, middle, last = (stage(*parts, wait) for parts, wait in zip(stage_parts, stage_waits))
     # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head
     # lets its host catch up; a middle stage has nothing to hide its host behind)
-    waits = [tuple(w / np.maximum(n, 1.0) for w in host_wait(n, *extra))
-             for n, extra in ((L_first, first_extra), (L_s, (0.0, 0.0)), (L_last, last_extra))]
-    host_wait_layer = tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) for w in waits]) for i in (0, 1))
+    host_wait_layer = tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) / np.maximum(parts[0], 1.0)
+                                               for parts, w in zip(stage_parts, stage_waits)]) for i in (0, 1))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
@@ -889,7 +889,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
     # the critical stage's wait for its host, reported apart from its compute
-    wait_first, wait_middle, wait_last = stage_waits
+    wait_first, wait_middle, wait_last = (f + b for f, b in stage_waits)
     crit_wait = np.where(t_max == per_mb[2], wait_last, np.where(t_max == per_mb[0], wait_first, wait_middle))
     t_avg = np.where(only, per_mb[0], (per_mb[0] + per_mb[2] + (p - 2.0) * per_mb[1]) / np.maximum(p, 1.0))
     # (p−1)/v of a micro-batch's time (SC'21 §2.2); a breadth-first loop with fewer

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from ..units import KIB
+from .report import CPU_MEMORY_KIND, GPU_MEMORY_KIND
 
 
 def sync(device: torch.device) -> None:
@@ -37,8 +38,8 @@ def peak_rss_bytes() -> int:
 def peak_memory_bytes(device: torch.device, baseline_rss_bytes: int) -> tuple[int, str]:
     """(peak bytes, what was measured)."""
     if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device)), "cuda_max_memory_allocated"
-    return peak_rss_bytes() - baseline_rss_bytes, "peak_rss_above_baseline"
+        return int(torch.cuda.max_memory_allocated(device)), GPU_MEMORY_KIND
+    return peak_rss_bytes() - baseline_rss_bytes, CPU_MEMORY_KIND
 
 
 def grad_norm(params: list[torch.nn.Parameter], pp_group) -> float:

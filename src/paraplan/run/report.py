@@ -30,8 +30,9 @@ REPORT_KIND = "paraplan-run"
 # context, NCCL, workspaces: the GPU's reserved bytes) nor the caching allocator's slack
 # (fragmentation); a CPU's peak RSS above the RSS before the model was built excludes the
 # runtime but holds the allocator's slack.
-MEMORY_KIND_EXCLUDES = {"cuda_max_memory_allocated": ("reserved_bytes", "fragmentation_bytes"),
-                        "peak_rss_above_baseline": ("reserved_bytes",)}
+GPU_MEMORY_KIND, CPU_MEMORY_KIND = "cuda_max_memory_allocated", "peak_rss_above_baseline"  # (measure.py)
+MEMORY_KIND_EXCLUDES = {GPU_MEMORY_KIND: ("reserved_bytes", "fragmentation_bytes"),
+                        CPU_MEMORY_KIND: ("reserved_bytes",)}
 
 
 def predicted_as_measured_bytes(predicted: dict, memory_kind: str | None) -> float:
@@ -55,13 +56,22 @@ def preflight_bytes(cfg: RunConfig, device: str) -> float:
     model does not depend on the GPU's rates."""
     from ..cost.estimate import estimate
     from ..specs.catalog import load_cluster
-    cpu = device == "cpu"
-    workload = replace(cfg.workload, precision=Precision.FP32) if cpu else cfg.workload
     plan = replace(cfg.plan, autocast=runs_under_autocast(cfg.plan, device, cfg.workload.precision))
-    est = estimate(cfg.model, load_cluster("dgx-h100", num_gpus=cfg.world_size), workload, plan)
-    kind = "peak_rss_above_baseline" if cpu else "cuda_max_memory_allocated"
+    est = estimate(cfg.model, load_cluster("dgx-h100", num_gpus=cfg.world_size), run_workload(cfg, device), plan)
     return predicted_as_measured_bytes({"memory_bytes": est.memory.total, "memory_parts_bytes": est.memory.parts()},
-                                       kind)
+                                       CPU_MEMORY_KIND if device == "cpu" else GPU_MEMORY_KIND)
+
+
+def run_workload(cfg: RunConfig, device: str):
+    """The workload as the run computes it: a CPU run in fp32, keeping and gathering fp32
+    parameters (no FSDP2 mixed-precision policy there): an fp32 workload (4-byte
+    activations, weights and all-gathers, no master copy; cost/evaluate.py `layout`)."""
+    return replace(cfg.workload, precision=Precision.FP32) if device == "cpu" else cfg.workload
+
+
+def refused_report(reason: str) -> dict:
+    """What a run refused before it started leaves for `paraplan run` to say."""
+    return {"kind": REPORT_KIND, "version": 1, "status": "refused", "reason": reason}
 
 
 def preflight_refusal(need_bytes: float, have_bytes: float, where: str) -> str:
@@ -90,11 +100,8 @@ def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None,
             return None, f"no cluster preset has a {gpu.name}; pass --hardware"
     if hardware is None:
         return None, "no hardware profile for this CPU; pass --hardware (a `paraplan calibrate` profile)"
-    # a CPU run computes in fp32 and keeps and gathers fp32 parameters (no FSDP2
-    # mixed-precision policy there): an fp32 workload (4-byte activations, weights and
-    # all-gathers, no master copy; cost/evaluate.py `layout`)
     cpu = device == "cpu"
-    workload = replace(cfg.workload, precision=Precision.FP32) if cpu else cfg.workload
+    workload = run_workload(cfg, device)
     try:
         cluster = load_cluster(hardware, num_gpus=cfg.world_size)
         if cpu and Precision.FP32 not in cluster.gpu.peak_flops_per_s:

@@ -159,7 +159,7 @@ class Runner:
 def run(cfg: RunConfig, *, from_cli: bool = True) -> int:
     """One worker's run. `from_cli`: started by `paraplan run` (`--config`), which reads a
     refusal from the report it waits for; started by hand with torchrun, the worker says it."""
-    from .report import build_report, write_report
+    from .report import build_report, refused_report, write_report
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = pick_device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -167,8 +167,7 @@ def run(cfg: RunConfig, *, from_cli: bool = True) -> int:
         refusal = _preflight(cfg, device)
         if refusal:
             if rank == 0 and from_cli:  # (into paraplan run's temporary directory)
-                write_report(cfg.output, {"kind": "paraplan-run", "version": 1, "status": "refused",
-                                          "reason": refusal})
+                write_report(cfg.output, refused_report(refusal))
             elif rank == 0:  # torchrun by hand: nothing at -o, the reason on stderr
                 sys.stderr.write(f"paraplan: error: run: {refusal}\n")
             dist.barrier()
