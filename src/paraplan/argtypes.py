@@ -81,3 +81,11 @@ def non_negative_float(text: str) -> float:
     if not (v >= 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"{v} must be a finite number >= 0")
     return v
+
+
+def percent_below_100(text: str) -> float:
+    """A percentage above 0 and below 100 (--whatif: how far each assumption moves)."""
+    v = _float(text)
+    if not 0 < v < 100:
+        raise argparse.ArgumentTypeError(f"{v:g} must be a percentage above 0 and below 100")
+    return v

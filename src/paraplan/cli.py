@@ -17,6 +17,7 @@ from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import non_empty as _non_empty
 from .argtypes import positive_int as _positive_int
+from .argtypes import percent_below_100 as _percent
 from .argtypes import MAX_BATCH_TOKENS, MAX_DEGREE, count as _count, degree as _degree, int_up_to as _int_up_to
 from .errors import ParaplanError, SpecError
 from .specs.files import MAX_COUNT
@@ -115,6 +116,13 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
                         "the plans it can run (as paraplan export --format does)")
     p.add_argument("--no-compile", action="store_true",
                    help="with --engine torchtitan: price its blocks eager, not under torch.compile (and no async TP)")
+
+
+def _add_whatif(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--whatif", type=_percent, nargs="?", const=20.0, default=None, metavar="PCT",
+                   help=f"also show, for each hardware and workload assumption (compute rate, attention kernels, "
+                        f"HBM, NVLink and network bandwidth, latency, overheads, MoE imbalance) made PCT%% worse and "
+                        f"better (default 20), {what}")
 
 
 def _engine(args, workload):
@@ -252,21 +260,39 @@ def cmd_search(args) -> int:
     from .export.common import ENGINE_CANDIDATES
     from .report.jsonout import estimate_dict
     from .report.table import estimate_report, ranking_table
+    from .errors import NoPlanFitsError
+    from .report.whatif import whatif_dict, whatif_table
     from .search.planner import search
+    from .search.whatif import WHATIF_CANDIDATES, what_if
     model, cluster, wl = _specs(args)
     fixed, limits = _search_pins(args)
     mod = _engine(args, wl)
     if mod is not None:
         fixed, limits = _engine_space(_support(mod, args), fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
-    res = search(model, cluster, wl, limits=limits, fixed=fixed,
-                 top_k=args.top if mod is None else max(args.top, ENGINE_CANDIDATES), progress=_progress if show else None)
-    ranked = res.ranked if mod is None else _expressible(mod, args, res.ranked, model, wl)[: args.top]
+
+    def ranked_on(cl, w, top, progress=None):
+        res = search(model, cl, w, limits=limits, fixed=fixed,
+                     top_k=top if mod is None else max(top, ENGINE_CANDIDATES), progress=progress)
+        return res, (res.ranked if mod is None else _expressible(mod, args, res.ranked, model, w))
+
+    def fastest_on(cl, w):  # --whatif: the whole space searched again on a changed cluster
+        try:
+            return ranked_on(cl, w, 1)[1][0]
+        except NoPlanFitsError:
+            return None
+
+    res, pool = ranked_on(cluster, wl, args.top if args.whatif is None else max(args.top, WHATIF_CANDIDATES),
+                          _progress if show else None)
+    ranked = pool[: args.top]
+    wi = None if args.whatif is None else what_if(model, cluster, wl, pool[:WHATIF_CANDIDATES], args.whatif / 100.0,
+                                                  search_again=fastest_on)
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
                           "engine": args.engine,
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
-                          "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked]}, indent=1))
+                          "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked],
+                          **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
         return 0
     print(_header(model, cluster, wl) + (f"; plans {args.engine} runs, predicted with its policy" if mod else ""))
     print(f"searched {res.num_candidates:,} candidate plans ({res.num_valid:,} valid, {res.num_fit:,} fit in memory) "
@@ -274,6 +300,8 @@ def cmd_search(args) -> int:
     print(ranking_table(ranked))
     print("\nbest plan:\n")
     print(estimate_report(ranked[0]))
+    if wi:
+        print("\n" + whatif_table(wi, ranked))
     return 0
 
 
@@ -385,13 +413,18 @@ def cmd_estimate(args) -> int:
     from .cost.estimate import estimate
     from .report.jsonout import estimate_dict
     from .report.table import estimate_report
+    from .report.whatif import whatif_dict, whatif_table
+    from .search.whatif import what_if
     model, cluster, wl = _specs(args)
     est = estimate(model, cluster, wl, _engine_plan(args, model, cluster, wl))
+    wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
     if args.json:
-        print(json.dumps(estimate_dict(est), indent=1))
+        print(json.dumps({**estimate_dict(est), **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
         print(_header(model, cluster, wl) + "\n")
         print(estimate_report(est))
+        if wi:
+            print("\n" + whatif_table(wi))
     return 0
 
 
@@ -630,6 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(s, required=False)
     _add_engine(s)
     s.add_argument("--top", type=_positive_int, default=10, help="plans to show (default 10)")
+    _add_whatif(s, "the best plan's step time, and the fastest of the 64 best plans re-timed")
     s.set_defaults(func=cmd_search)
     c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
                                      "time and cost to train the budget (fixed global batch)")
@@ -645,6 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_specs(e)
     _add_plan(e, required=True)
     _add_engine(e)
+    _add_whatif(e, "the plan's step time")
     e.set_defaults(func=cmd_estimate)
     t = sub.add_parser("trace", help="write the simulated step as a Chrome/Perfetto trace JSON")
     _add_specs(t)

@@ -106,6 +106,15 @@ def fmt_flops_rate(flops_per_s: float) -> str:
     return f"{flops_per_s / TERA:.0f} TFLOP/s"
 
 
+def fmt_bw(bytes_per_s: float) -> str:
+    """Decimal units, as datasheets quote links and memory (GB/s, TB/s)."""
+    if bytes_per_s >= TERA:
+        return f"{bytes_per_s / TERA:.2f} TB/s"
+    if bytes_per_s >= GIGA:
+        return f"{bytes_per_s / GIGA:.0f} GB/s"
+    return f"{bytes_per_s / MEGA:.0f} MB/s"
+
+
 def fmt_usd(x: float) -> str:
     if x >= 1e12:
         return f"${x:.3g}"

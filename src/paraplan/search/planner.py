@@ -122,15 +122,16 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)
     order = np.argsort(times, kind="stable")[:resimulate]
-    cand = cand.take(order)
-    costs = evaluate(model, cluster, workload, cand)
-    ests = []
-    for i in range(len(cand)):
-        one = _slice_costs(costs, i)
-        ests.append(finish(model, cluster, workload, cand.plan(i), one))
+    ests = finished(model, cluster, workload, cand.take(order))
     ests.sort(key=lambda e: e.step_time_s)
     return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=n_cand, num_valid=n_valid, num_fit=n_fit,
                         elapsed_s=_time.perf_counter() - t0)
+
+
+def finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list[Estimate]:
+    """Every plan of `batch` priced, its pipeline simulated, in the batch's order."""
+    costs = evaluate(model, cluster, workload, batch)
+    return [finish(model, cluster, workload, batch.plan(i), _slice_costs(costs, i)) for i in range(len(batch))]
 
 
 def _slice_costs(costs, i):

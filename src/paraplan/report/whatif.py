@@ -1,0 +1,80 @@
+"""What-if tables and JSON (search/whatif.py): which assumption a plan's step time hangs on,
+and which plan is the better bet if that assumption turns out worse."""
+
+from __future__ import annotations
+
+import math
+
+from ..search.whatif import Unit, WhatIf
+from ..units import fmt_bw, fmt_time
+from .jsonout import plan_dict
+from .table import grid
+
+
+def _value(value: float, unit: Unit) -> str:
+    match unit:
+        case Unit.OF_PEAK:
+            return f"{value:.2f} of peak"
+        case Unit.OF_MEASURED:
+            return f"{value:.2f} of measured"
+        case Unit.SHARE:
+            return f"{value:.2f}"
+        case Unit.BYTES_PER_S:
+            return fmt_bw(value)
+        case Unit.SECONDS:
+            return fmt_time(value)
+        case Unit.FACTOR:
+            return f"{value:.2f}x"
+    raise AssertionError(unit)  # pragma: no cover - closed enum
+
+
+def _delta(step_s: float, base_s: float) -> str:
+    return f"{100.0 * (step_s / base_s - 1.0):+.1f}%"
+
+
+def whatif_table(w: WhatIf, ranked=()) -> str:
+    """One row per assumption: the plan's step time δ worse and δ better; over several plans,
+    the fastest under the worse value and how much the plan loses by staying."""
+    pct = f"{100 * w.change:g}%"
+    base = w.plan.step_time_s
+    index = {e.plan: i for i, e in enumerate(ranked, 1)}
+    rows = []
+    for r in w.rows:
+        row = [str(r.assumption), _value(r.nominal, r.unit), _delta(r.worse_step_s, base) + ("" if r.worse_fits else " (no fit)"),
+               _delta(r.better_step_s, base)]
+        if w.num_plans > 1:
+            b = r.best_if_worse
+            if b is None:
+                row += ["none fits", ""]
+            elif b.plan == w.plan.plan:
+                row += ["the same", "-"]
+            else:
+                rank = f"#{index[b.plan]} " if b.plan in index else ""
+                row += [f"{rank}{b.plan.describe()} ({fmt_time(b.step_time_s)})",
+                        "no fit" if math.isinf(r.regret) else f"{100 * r.regret:.1f}%"]
+        rows.append(row)
+    heads = ["assumption", "nominal", f"{pct} worse", f"{pct} better"]
+    if w.num_plans > 1:
+        heads += ["fastest plan if worse", "this plan slower by"]
+    intro = (f"what if one assumption is {pct} off: the step time of {w.plan.plan.describe()} "
+             f"({fmt_time(base)})" + (f", and the fastest of the {w.num_plans} best plans re-timed" if w.num_plans > 1 else ""))
+    notes = [f"worse: rates and bandwidths ×(1 − {pct}), latencies, overheads and imbalance ×(1 + {pct}); "
+             "'of measured': the share of the microbenchmarked compute rate sustained in training"]
+    return intro + "\n\n" + grid(heads, rows, align="ll" + "r" * 2 + ("lr" if w.num_plans > 1 else "")) + "\n" + "\n".join(notes)
+
+
+def whatif_dict(w: WhatIf) -> dict:
+    return {
+        "change": w.change,
+        "plan": w.plan.plan.describe(),
+        "step_time_s": w.plan.step_time_s,
+        "num_plans_reranked": w.num_plans,
+        "assumptions": [
+            {"assumption": str(r.assumption), "nominal": r.nominal, "unit": str(r.unit),
+             "worse_step_time_s": r.worse_step_s, "better_step_time_s": r.better_step_s, "fits_if_worse": r.worse_fits,
+             **({"fastest_if_worse": None if r.best_if_worse is None else
+                 {"plan": plan_dict(r.best_if_worse.plan), "step_time_s": r.best_if_worse.step_time_s},
+                 "regret": None if r.best_if_worse is None or math.isinf(r.regret) else r.regret}
+                if w.num_plans > 1 else {})}
+            for r in w.rows],
+    }

@@ -1,0 +1,230 @@
+"""What if an assumption is off: re-time a plan, and re-rank the best plans, with one hardware
+or workload assumption made δ worse and δ better at a time.
+
+A prediction rests on numbers the user may not know for their cluster: the compute rate
+sustained over hours (fitted), the attention kernels' efficiency (fitted), the network's
+achieved bandwidth (an assumption unless calibrated), the expert load imbalance (an
+assumption). Before committing a run, an engineer wants to know which of them the chosen
+plan's step time hangs on, and whether another plan would be the better bet if one of them
+turns out worse (the regret of keeping the nominal best). Each assumption is scaled where
+the cost model reads it (specs), so every number here comes from the same model.
+
+Worse means slower hardware: a rate or bandwidth × (1 − δ); a latency, launch overhead,
+overlap slowdown, host time or load imbalance × (1 + δ). Better is the opposite, with
+efficiencies capped at 1 and imbalance floored at 1. Memory does not depend on these, except
+the routed tokens' activations on the busiest expert rank (imbalance): a plan that stops
+fitting under a scenario is not ranked there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Callable, Sequence
+
+from ..cost.estimate import Estimate
+from ..errors import SpecError
+from ..plan.space import PlanBatch
+from ..specs.curves import EfficiencyCurve
+from ..specs.hardware import ClusterSpec, GPUSpec, LinkTier
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from .planner import finished
+
+DEFAULT_CHANGE = 0.2  # ±20%: about the spread between a datasheet and what a cluster achieves
+WHATIF_CANDIDATES = 64  # plans re-ranked per scenario: the search's simulated set (planner.search)
+# the fastest plan on a changed cluster and workload (a whole search), None when none fits
+SearchAgain = Callable[[ClusterSpec, Workload], Estimate | None]
+
+
+class Assumption(StrEnum):
+    """The assumptions a what-if varies, each scaled where the cost model reads it."""
+
+    COMPUTE = "compute rate"                  # GPUSpec.sustained_compute_ratio: GEMMs and attention
+    ATTENTION = "attention kernels"           # GPUSpec.attention_efficiency curves
+    HBM = "HBM bandwidth"                     # GPUSpec.hbm_bw_bytes_per_s: element-wise, optimizer, casts
+    NVLINK = "NVLink bandwidth"               # ClusterSpec.nvlink.bw_unidir_bytes_per_s
+    SCALEOUT = "scale-out bandwidth"          # ClusterSpec.scaleout.bw_unidir_bytes_per_s
+    SCALEOUT_LATENCY = "scale-out latency"    # ClusterSpec.scaleout.latency_s
+    DCN = "data-centre bandwidth"             # ClusterSpec.dcn.bw_unidir_bytes_per_s (islands)
+    OVERLAP = "overlap slowdown"              # GPUSpec.overlap_slowdown
+    LAUNCH = "kernel launch overhead"         # GPUSpec.kernel_launch_overhead_s
+    HOST = "eager host time"                  # GPUSpec.eager_layer_host_s (calibrated profiles)
+    IMBALANCE = "MoE load imbalance"          # Workload.moe_imbalance (dropless MoE)
+
+
+class Unit(StrEnum):
+    """How an assumption's nominal value reads."""
+
+    OF_PEAK = "of peak"            # a fraction of the GPU's peak FLOP/s
+    OF_MEASURED = "of measured"    # a fraction of the microbenchmarked rate, sustained in training
+    SHARE = "share"                # a plain fraction (of compute lost while a collective overlaps)
+    BYTES_PER_S = "bytes/s"
+    SECONDS = "s"
+    FACTOR = "x"
+
+
+# higher is worse for these (a delay or a load); for the rest (rates) lower is worse
+_HIGHER_IS_WORSE = {Assumption.SCALEOUT_LATENCY, Assumption.OVERLAP, Assumption.LAUNCH, Assumption.HOST,
+                    Assumption.IMBALANCE}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sensitivity:
+    """One assumption: the plan's step time with it δ worse and δ better, and (over several
+    plans) the fastest plan under the worse value."""
+
+    assumption: Assumption
+    nominal: float               # the assumption's value, in `unit`
+    unit: Unit
+    worse_step_s: float          # the plan's step time with the assumption δ worse
+    better_step_s: float
+    worse_fits: bool = True      # whether the plan still fits under the worse value
+    best_if_worse: Estimate | None = None  # the fastest plan that fits under the worse value
+    searched_again: bool = False  # found by searching the changed cluster whole (not by re-timing)
+
+    @property
+    def regret(self) -> float:
+        """How much slower the plan is than the fastest plan under the worse value (0: still best)."""
+        if self.best_if_worse is None or not self.worse_fits:
+            return 0.0 if self.best_if_worse is None else math.inf
+        return max(self.worse_step_s / self.best_if_worse.step_time_s - 1.0, 0.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WhatIf:
+    change: float                 # δ, a fraction
+    plan: Estimate                # the plan in question, at the nominal assumptions
+    num_plans: int                # plans re-ranked under each scenario (1: the plan alone)
+    rows: tuple[Sensitivity, ...]
+
+
+def assumptions(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans) -> tuple[Assumption, ...]:
+    """The assumptions that can move these plans on this cluster."""
+    out = [Assumption.COMPUTE, Assumption.ATTENTION, Assumption.HBM]
+    if min(cluster.gpus_per_node, cluster.num_gpus) > 1:
+        out.append(Assumption.NVLINK)
+    if cluster.num_gpus > cluster.gpus_per_node:
+        out += [Assumption.SCALEOUT, Assumption.SCALEOUT_LATENCY]
+    if cluster.dcn is not None and cluster.gpus_per_island and cluster.num_gpus > cluster.gpus_per_island:
+        out.append(Assumption.DCN)
+    out += [Assumption.OVERLAP, Assumption.LAUNCH]
+    if cluster.gpu.eager_layer_host_s > 0:
+        out.append(Assumption.HOST)
+    if model.is_moe and any(p.capacity_factor is None for p in plans):
+        out.append(Assumption.IMBALANCE)
+    return tuple(out)
+
+
+def nominal(assumption: Assumption, cluster: ClusterSpec, workload: Workload, plan) -> tuple[float, Unit]:
+    """The assumption's value as the model reads it for `plan`."""
+    gpu = cluster.gpu
+    match assumption:
+        case Assumption.COMPUTE:
+            return gpu.sustained_compute_ratio, Unit.OF_MEASURED
+        case Assumption.ATTENTION:
+            return max(gpu.attention_curve(plan.attention).y) if plan.attention in gpu.attention_efficiency \
+                else max(gpu.gemm_efficiency.y), Unit.OF_PEAK
+        case Assumption.HBM:
+            return gpu.hbm_bw_bytes_per_s, Unit.BYTES_PER_S
+        case Assumption.NVLINK:
+            return cluster.nvlink.bw_unidir_bytes_per_s, Unit.BYTES_PER_S
+        case Assumption.SCALEOUT:
+            return cluster.scaleout.bw_unidir_bytes_per_s, Unit.BYTES_PER_S
+        case Assumption.SCALEOUT_LATENCY:
+            return cluster.scaleout.latency_s, Unit.SECONDS
+        case Assumption.DCN:
+            return cluster.dcn.bw_unidir_bytes_per_s, Unit.BYTES_PER_S
+        case Assumption.OVERLAP:
+            return gpu.overlap_slowdown, Unit.SHARE
+        case Assumption.LAUNCH:
+            return gpu.kernel_launch_overhead_s, Unit.SECONDS
+        case Assumption.HOST:
+            return gpu.eager_layer_host_s, Unit.SECONDS
+        case Assumption.IMBALANCE:
+            return workload.moe_imbalance, Unit.FACTOR
+    raise AssertionError(assumption)  # pragma: no cover - closed enum
+
+
+def _scaled_curve(curve: EfficiencyCurve, factor: float) -> EfficiencyCurve:
+    return EfficiencyCurve(x=curve.x, y=tuple(min(1.0, y * factor) for y in curve.y))
+
+
+def _tier(tier: LinkTier, **scale) -> LinkTier:
+    return replace(tier, **{k: getattr(tier, k) * f for k, f in scale.items()})
+
+
+def _gpu(gpu: GPUSpec, **scale) -> GPUSpec:
+    return replace(gpu, **{k: getattr(gpu, k) * f for k, f in scale.items()})
+
+
+def scenario(assumption: Assumption, cluster: ClusterSpec, workload: Workload, change: float,
+             worse: bool) -> tuple[ClusterSpec, Workload]:
+    """The cluster and workload with `assumption` moved by `change` (worse or better)."""
+    up = (assumption in _HIGHER_IS_WORSE) == worse  # the value grows in this scenario
+    f = 1.0 + change if up else 1.0 - change
+    gpu = cluster.gpu
+    match assumption:
+        case Assumption.COMPUTE:
+            # the product with the GEMM curve stays a fraction of peak
+            cap = 1.0 / max(max(gpu.gemm_efficiency.y), *(max(c.y) for c in gpu.attention_efficiency.values()))
+            return replace(cluster, gpu=replace(gpu, sustained_compute_ratio=min(gpu.sustained_compute_ratio * f, cap))), workload
+        case Assumption.ATTENTION:
+            curves = {k: _scaled_curve(c, f) for k, c in gpu.attention_efficiency.items()}
+            return replace(cluster, gpu=replace(gpu, attention_efficiency=curves)), workload
+        case Assumption.HBM:
+            return replace(cluster, gpu=_gpu(gpu, hbm_bw_bytes_per_s=f)), workload
+        case Assumption.NVLINK:
+            return replace(cluster, nvlink=_tier(cluster.nvlink, bw_unidir_bytes_per_s=f)), workload
+        case Assumption.SCALEOUT:
+            return replace(cluster, scaleout=_tier(cluster.scaleout, bw_unidir_bytes_per_s=f)), workload
+        case Assumption.SCALEOUT_LATENCY:
+            return replace(cluster, scaleout=_tier(cluster.scaleout, latency_s=f)), workload
+        case Assumption.DCN:
+            return replace(cluster, dcn=_tier(cluster.dcn, bw_unidir_bytes_per_s=f)), workload
+        case Assumption.OVERLAP:
+            return replace(cluster, gpu=replace(gpu, overlap_slowdown=min(gpu.overlap_slowdown * f, 1.0))), workload
+        case Assumption.LAUNCH:
+            return replace(cluster, gpu=_gpu(gpu, kernel_launch_overhead_s=f)), workload
+        case Assumption.HOST:
+            return replace(cluster, gpu=_gpu(gpu, eager_layer_host_s=f)), workload
+        case Assumption.IMBALANCE:
+            return cluster, replace(workload, moe_imbalance=max(1.0, workload.moe_imbalance * f))
+    raise AssertionError(assumption)  # pragma: no cover - closed enum
+
+
+def _retime(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans) -> list[Estimate]:
+    return finished(model, cluster, workload, PlanBatch.from_plans(list(plans)))
+
+
+def what_if(model: ModelSpec, cluster: ClusterSpec, workload: Workload, ranked: Sequence[Estimate],
+            change: float = DEFAULT_CHANGE, search_again: SearchAgain | None = None) -> WhatIf:
+    """Each assumption δ worse and δ better for ranked[0]; with more than one plan, the fastest
+    plan that fits under the worse value too.
+
+    `ranked` is a search's best plans in order (or one plan). Making an assumption worse never
+    makes a plan faster, so a plan ranked below them, nominally no faster than the last, cannot
+    beat a re-timed plan that is no slower than that: then re-timing `ranked` finds the fastest.
+    Otherwise (a plan the change hurt less could be further down, or none of them fits any more)
+    `search_again` searches the changed cluster and workload whole, where given."""
+    if not 0.0 < change < 1.0:
+        raise SpecError("what-if", "change", change, "a fraction above 0 and below 1")
+    plans = [e.plan for e in ranked]
+    last_nominal_s = ranked[-1].step_time_s
+    rows = []
+    for a in assumptions(model, cluster, workload, plans):
+        value, unit = nominal(a, cluster, workload, plans[0])
+        changed = scenario(a, cluster, workload, change, worse=True)
+        worse = _retime(model, *changed, plans)
+        better = _retime(model, *scenario(a, cluster, workload, change, worse=False), plans[:1])
+        best, again = None, False
+        if len(plans) > 1:
+            fit = [e for e in worse if e.fits]
+            best = min(fit, key=lambda e: e.step_time_s) if fit else None
+            if search_again is not None and (best is None or best.step_time_s > last_nominal_s):
+                best, again = search_again(*changed), True
+        rows.append(Sensitivity(assumption=a, nominal=value, unit=unit, worse_step_s=worse[0].step_time_s,
+                                better_step_s=better[0].step_time_s, worse_fits=worse[0].fits, best_if_worse=best,
+                                searched_again=again))
+    return WhatIf(change=change, plan=ranked[0], num_plans=len(plans), rows=tuple(rows))
