@@ -140,3 +140,45 @@ def test_the_scaling_plot_stacks_every_part_of_the_step_once():
     from paraplan.report.plots import STEP_PART_GROUPS
     grouped = [f for group in STEP_PART_GROUPS.values() for f in group]
     assert sorted(grouped) == sorted(f.name for f in fields(TimeBreakdown))
+
+
+def test_scale_sweeps_several_clusters_and_picks_across_them(capsys):
+    code, out, err = run(capsys, "scale", *SMALL, "--counts", "16,8", "--cluster", "dgx-h100,dgx-a100-80gb", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["clusters"] == ["dgx-h100", "dgx-a100-80gb"]
+    pts = d["points"]
+    assert [(p["cluster"], p["num_gpus"]) for p in pts] == [("dgx-h100", 8), ("dgx-h100", 16),
+                                                             ("dgx-a100-80gb", 8), ("dgx-a100-80gb", 16)]
+    for p in pts:  # each point is that cluster's own search
+        code, out1, _ = run(capsys, "search", *SMALL, "--cluster", p["cluster"], "--gpus", str(p["num_gpus"]),
+                            "--top", "1", "--json")
+        assert math.isclose(json.loads(out1)["ranked"][0]["step_time_s"], p["best"]["step_time_s"], rel_tol=1e-12)
+    # scaling is against the same cluster's smallest count
+    assert pts[0]["scaling_efficiency"] == 1.0 and pts[2]["scaling_efficiency"] == 1.0
+    assert math.isclose(pts[3]["scaling_efficiency"],
+                        pts[3]["best"]["tokens_per_s_per_gpu"] / pts[2]["best"]["tokens_per_s_per_gpu"], rel_tol=1e-12)
+    # the soonest by wall time and the cheapest by dollars, across both clusters (their prices differ)
+    wall = {(p["cluster"], p["num_gpus"]): p["best"]["budget"]["with_failures"]["wall_time_s"] for p in pts}
+    usd = {(p["cluster"], p["num_gpus"]): p["best"]["budget"]["with_failures"]["wall_usd"] for p in pts}
+    assert (d["fastest_cluster"], d["fastest_num_gpus"]) == min(wall, key=wall.get)
+    assert (d["cheapest_cluster"], d["cheapest_num_gpus"]) == min(usd, key=usd.get)
+    code, out, err = run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-a100-80gb")
+    assert code == 0 and "cluster" in out.splitlines()[2] and "dgx-a100-80gb" in out
+
+
+@pytest.mark.parametrize("clusters, says", [("dgx-h100,,dgx-b200", "separated by commas"),
+                                            ("dgx-h100,dgx-h1OO", "dgx-h100"),
+                                            ("dgx-h100,DGX H100", "distinct names")])
+def test_bad_cluster_lists_are_one_line_errors(capsys, clusters, says):
+    line = assert_user_error(*run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", clusters))
+    assert says in line
+
+
+def test_a_gpu_no_measured_run_checks_is_named(capsys):
+    code, out, _ = run(capsys, "estimate", *SMALL, "--gpus", "8", "--dp", "8", "--cluster", "dgx-b200")
+    assert code == 0 and "no measured run checks b200" in out.splitlines()[1]
+    code, out, _ = run(capsys, "estimate", *SMALL, "--gpus", "8", "--dp", "8", "--cluster", "dgx-h100")
+    assert code == 0 and "no measured run checks" not in out
+    code, out, _ = run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-b200,mi300x-8")
+    assert code == 0 and "no measured run checks b200, mi300x" in out

@@ -179,7 +179,8 @@ def _check_moe_imbalance(args, model) -> None:
                         "(one rank receiving every token)")
 
 
-def _specs(args):
+def _specs(args, cluster_name: str | None = None):
+    """The model, cluster (`cluster_name`, else --hardware or --cluster) and workload of the flags."""
     from .specs.catalog import load_cluster, load_model
     from .specs.workload import Optimizer, Workload, parse_precision
     try:
@@ -189,7 +190,7 @@ def _specs(args):
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
     _check_moe_imbalance(args, model)
-    cluster = load_cluster(args.hardware or args.cluster, num_gpus=args.gpus)
+    cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
     else:
@@ -241,10 +242,13 @@ def _plan_from_args(args, cluster):
                      else cluster.gpu.attention_kernels[-1])
 
 
-def _header(model, cluster, wl) -> str:
+def _header(model, cluster, wl, suffix: str = "") -> str:
+    from .report.table import unchecked_note
     from .units import fmt_count
+    note = unchecked_note([cluster.gpu])
     return (f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
-            f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}")
+            f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"
+            + (f"\n{note}" if note else ""))
 
 
 def _progress(done: int, total: int) -> None:
@@ -294,7 +298,7 @@ def cmd_search(args) -> int:
                           "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked],
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
         return 0
-    print(_header(model, cluster, wl) + (f"; plans {args.engine} runs, predicted with its policy" if mod else ""))
+    print(_header(model, cluster, wl, f"; plans {args.engine} runs, predicted with its policy" if mod else ""))
     print(f"searched {res.num_candidates:,} candidate plans ({res.num_valid:,} valid, {res.num_fit:,} fit in memory) "
           f"in {res.elapsed_s:.1f} s\n")
     print(ranking_table(ranked))
@@ -344,6 +348,15 @@ def _search_pins(args):
 DEFAULT_SCALE_COUNTS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
+def _cluster_names(text: str) -> list[str]:
+    """scale --cluster: one preset or TOML, or several separated by commas (each once)."""
+    names = [x.strip() for x in text.split(",")]
+    if not all(names):
+        raise SpecError("scale", "--cluster", text, "cluster presets or TOML files separated by commas "
+                        "(e.g. dgx-h100,dgx-b200)")
+    return list(dict.fromkeys(names))
+
+
 def _gpu_counts(text: str) -> tuple[int, ...]:
     """--counts: GPU counts separated by commas, each a whole number >= 1."""
     try:
@@ -359,7 +372,7 @@ def _gpu_counts(text: str) -> tuple[int, ...]:
 def cmd_scale(args) -> int:
     from .export.common import ENGINE_CANDIDATES
     from .report.jsonout import estimate_dict
-    from .report.table import scaling_table
+    from .report.table import scaling_table, unchecked_note
     from .search.scaling import scale
     from .specs.catalog import load_cluster
     from .units import fmt_count
@@ -367,8 +380,12 @@ def cmd_scale(args) -> int:
     if args.plot is not None:  # a path that cannot be written fails before the searches
         from .report.plots import plot_format
         plot_format(args.plot, "scale")
-    model, cluster, wl = _specs(args)
-    clusters = [load_cluster(args.hardware or args.cluster, num_gpus=n) for n in counts]
+    names = [args.hardware] if args.hardware else _cluster_names(args.cluster)
+    model, cluster, wl = _specs(args, names[0])
+    clusters = [load_cluster(name, num_gpus=n) for name in names for n in counts]
+    loaded = [c.name for c in clusters[::len(counts)]]
+    if len(set(loaded)) < len(loaded):  # points are told apart by their cluster's name
+        raise SpecError("scale", "--cluster", args.cluster, f"clusters with distinct names (these load as {', '.join(loaded)})")
     fixed, limits = _search_pins(args)
     mod = _engine(args, wl)
     if mod is not None:
@@ -376,7 +393,8 @@ def cmd_scale(args) -> int:
     show = (not args.json) and sys.stderr.isatty()
 
     def progress(i, n, gpus):
-        sys.stderr.write(f"\rsearching {gpus:,} GPUs ({i + 1} of {n})   ")
+        on = f" of {clusters[i].name}" if len(names) > 1 else ""
+        sys.stderr.write(f"\rsearching {gpus:,} GPUs{on} ({i + 1} of {n})   ")
         sys.stderr.flush()
 
     try:
@@ -386,7 +404,9 @@ def cmd_scale(args) -> int:
     finally:
         if show:
             sys.stderr.write("\r" + " " * 40 + "\r")
-    title = (f"{model.name} on {cluster.gpu.name} ({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} "
+    where = (f"{cluster.gpu.name} ({cluster.name})" if len(names) == 1
+             else ", ".join(f"{c.gpu.name} ({c.name})" for c in clusters[::len(counts)]))
+    title = (f"{model.name} on {where}; batch {wl.global_batch_size} × {wl.seq_len} "
              f"tokens, {wl.precision}" + (f"; plans {args.engine} runs" if mod is not None else ""))
     if args.plot is not None:
         from .report.plots import plot_scaling
@@ -395,15 +415,22 @@ def cmd_scale(args) -> int:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch_size": wl.global_batch_size,
                           "seq_len": wl.seq_len, "precision": str(wl.precision), "optimizer": str(wl.optimizer),
                           "token_budget": wl.token_budget, "interruptions_per_gpu_day": wl.interruptions_per_gpu_day,
+                          "clusters": list(result.cluster_names),
                           "points": [
-                              {"num_gpus": p.num_gpus, "why_not": p.why_not or None, "scaling_efficiency": p.efficiency,
+                              {"num_gpus": p.num_gpus, "cluster": p.cluster_name, "gpu": p.gpu_name,
+                               "why_not": p.why_not or None, "scaling_efficiency": p.efficiency,
                                "num_candidates": p.num_candidates, "search_s": p.elapsed_s,
                                "best": estimate_dict(p.best) if p.best is not None else None} for p in result.points],
                           "fastest_num_gpus": result.fastest.num_gpus if result.fastest else None,
-                          "cheapest_num_gpus": result.cheapest.num_gpus if result.cheapest else None}, indent=1))
+                          "fastest_cluster": result.fastest.cluster_name if result.fastest else None,
+                          "cheapest_num_gpus": result.cheapest.num_gpus if result.cheapest else None,
+                          "cheapest_cluster": result.cheapest.cluster_name if result.cheapest else None}, indent=1))
         return 0
     print(title + f"; {fmt_count(wl.token_budget)} tokens to train\n")
     print(scaling_table(result))
+    note = unchecked_note([c.gpu for c in clusters])
+    if note:
+        print(note)
     if args.plot:
         print(f"wrote {args.plot}")
     return 0
@@ -666,7 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_whatif(s, "the best plan's step time, and the fastest of the 64 best plans re-timed")
     s.set_defaults(func=cmd_search)
     c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
-                                     "time and cost to train the budget (fixed global batch)")
+                                     "time and cost to train the budget (fixed global batch); --cluster a,b "
+                                     "sweeps several clusters and names the soonest and the cheapest across them")
     _add_specs(c)
     _add_plan(c, required=False)
     _add_engine(c)

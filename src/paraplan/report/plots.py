@@ -65,7 +65,8 @@ def plot_scaling(result, path: str, title: str) -> None:
     pts = result.planned
     if not pts:
         raise ParaplanError("scale: --plot: no GPU count has a plan to draw")
-    labels = [f"{p.num_gpus:,}" for p in pts]
+    many = len(result.cluster_names) > 1  # several clusters: each bar and point names its own
+    labels = [f"{p.num_gpus:,}" + (f"\n{p.cluster_name}" if many else "") for p in pts]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     bottom = [0.0] * len(pts)
     for name, fields in STEP_PART_GROUPS.items():
@@ -76,14 +77,20 @@ def plot_scaling(result, path: str, title: str) -> None:
         ax1.annotate(f"MFU {100 * p.best.mfu:.0f}%", (i, 100), fontsize=7, ha="center", xytext=(0, 3),
                      textcoords="offset points")
     ax1.set_ylim(0, 112)
-    ax1.set_xlabel("GPUs")
+    ax1.set_xlabel("GPUs" + (" and cluster" if many else ""))
+    if many:
+        ax1.tick_params(axis="x", labelsize=6)
     ax1.set_ylabel("share of the best plan's step (%)")
     ax1.legend(fontsize=7, loc="lower left")
-    days = [p.best.budget.with_failures.wall_time_s / SECONDS_PER_DAY for p in pts]
-    usd = [p.best.budget.with_failures.wall_usd for p in pts]
-    ax2.plot(days, usd, marker="o")
-    for x, y, n in zip(days, usd, labels):
-        ax2.annotate(n, (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    for name in result.cluster_names:
+        mine = [p for p in pts if p.cluster_name == name]
+        days = [p.best.budget.with_failures.wall_time_s / SECONDS_PER_DAY for p in mine]
+        usd = [p.best.budget.with_failures.wall_usd for p in mine]
+        ax2.plot(days, usd, marker="o", label=name if many else None)
+        for x, y, p in zip(days, usd, mine):
+            ax2.annotate(f"{p.num_gpus:,}", (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
+    if many:
+        ax2.legend(fontsize=7)
     ax2.set_xscale("log")
     ax2.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax2.xaxis.set_major_formatter(ScalarFormatter())

@@ -106,21 +106,39 @@ def ranking_table(ests) -> str:
                  *(["host"] if host else []), "mem/GPU"], rows, align="llrrrrrrr" + ("r" if host else ""))
 
 
+def unchecked_note(gpus) -> str:
+    """One line naming the GPUs no measured run checks (GPUSpec.checked_against), or ""."""
+    names = list(dict.fromkeys(g.name for g in gpus if not g.checked_against))
+    if not names:
+        return ""
+    which = ", ".join(names)
+    return (f"note: no measured run checks {which} in paraplan: {'their' if len(names) > 1 else 'its'} GEMM curve "
+            "and sustained compute rate are assumptions (see the preset); --whatif shows how much a plan's step "
+            "hangs on them")
+
+
 def scaling_table(result) -> str:
     """One row per GPU count of a sweep (search/scaling.py): the best plan and what the token
     budget takes through interruptions."""
+    many = len(result.cluster_names) > 1  # several clusters: a column names each point's
+
+    def where(pt) -> str:
+        return f"{pt.num_gpus:,} GPUs" + (f" of {pt.cluster_name}" if many else "")
+
     rows, notes = [], []
     for pt in result.points:
+        head = [pt.cluster_name] if many else []
         if pt.best is None:
-            notes.append(f"{pt.num_gpus:,} GPUs: {pt.why_not}")
-            rows.append([f"{pt.num_gpus:,}", f"no plan (note {len(notes)})", "", "", "", "", "", "", ""])
+            notes.append(f"{where(pt)}: {pt.why_not}")
+            rows.append(head + [f"{pt.num_gpus:,}", f"no plan (note {len(notes)})", "", "", "", "", "", "", ""])
             continue
         e, r = pt.best, pt.best.budget.with_failures
-        rows.append([f"{pt.num_gpus:,}", e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
-                     f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%", fmt_time(r.wall_time_s),
-                     f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd)])
-    table = grid(["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling", "time to train", "goodput", "cost"],
-                 rows, align="llrrrrrrr")
+        rows.append(head + [f"{pt.num_gpus:,}", e.plan.describe(), fmt_time(e.step_time_s),
+                            f"{e.tokens_per_s_per_gpu:,.0f}", f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%",
+                            fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd)])
+    table = grid((["cluster"] if many else []) + ["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling",
+                                                  "time to train", "goodput", "cost"],
+                 rows, align=("l" if many else "") + "llrrrrrrr")
     lines = [table, ""] + [f"note {i}: {n}" for i, n in enumerate(notes, 1)] + ([""] if notes else [])
     fast, cheap = result.fastest, result.cheapest
     if fast is None:
@@ -128,12 +146,16 @@ def scaling_table(result) -> str:
                                    "(--interruptions-per-gpu-day)"])
     tokens = fmt_count(fast.best.budget.tokens)
     if fast is cheap:
-        lines.append(f"{fast.num_gpus:,} GPUs train the {tokens} tokens both soonest and for the fewest GPU-hours")
+        lines.append(f"{where(fast)} train the {tokens} tokens both soonest and for the fewest "
+                     + ("dollars" if many else "GPU-hours"))
     else:
         f, c = fast.best.budget.with_failures, cheap.best.budget.with_failures
-        lines.append(f"soonest: {fast.num_gpus:,} GPUs, {fmt_time(f.wall_time_s)} for {fmt_usd(f.wall_usd)}; "
-                     f"cheapest: {cheap.num_gpus:,} GPUs, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
-                     f"(the soonest takes {100 * (f.wall_gpu_hours / c.wall_gpu_hours - 1):.1f}% more GPU-hours)")
-    lines.append("scaling: tokens/s/GPU over the smallest count's; time and cost through interruptions "
-                 "(--interruptions-per-gpu-day; 0 for none)")
+        more = (f"costs {100 * (f.wall_usd / c.wall_usd - 1):.1f}% more" if many
+                else f"takes {100 * (f.wall_gpu_hours / c.wall_gpu_hours - 1):.1f}% more GPU-hours")
+        lines.append(f"soonest: {where(fast)}, {fmt_time(f.wall_time_s)} for {fmt_usd(f.wall_usd)}; "
+                     f"cheapest: {where(cheap)}, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
+                     f"(the soonest {more})")
+    lines.append("scaling: tokens/s/GPU over the smallest count's" + (" on the same cluster" if many else "")
+                 + "; time and cost through interruptions (--interruptions-per-gpu-day; 0 for none)"
+                 + ("; each cluster at its own $/GPU-hour (--price sets one for all)" if many else ""))
     return "\n".join(lines)

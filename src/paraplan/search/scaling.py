@@ -8,7 +8,9 @@ the budget of every point is priced through interruptions (cost/reliability.py),
 rate grows with the GPUs, so the fastest count is rarely the cheapest.
 
 Scaling efficiency of a count = its tokens/s/GPU over that of the smallest count with a
-plan (1.0: perfectly linear).
+plan on the same cluster (1.0: perfectly linear). Several clusters (GPU types, networks,
+prices) can be swept at once: the soonest and the cheapest point are then across them, the
+cheapest by dollars (each cluster at its own price per GPU-hour).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ class ScalePoint:
     """The best plan at one GPU count, or why there is none."""
 
     num_gpus: int
+    cluster_name: str
+    gpu_name: str
     best: Estimate | None
     why_not: str               # "" when there is a plan
     num_candidates: int
     elapsed_s: float
-    efficiency: float | None   # tokens/s/GPU over the smallest planned count's (None: no plan)
+    efficiency: float | None   # tokens/s/GPU over the same cluster's smallest planned count's (None: no plan)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,15 +63,21 @@ class ScalingResult:
 
     @property
     def cheapest(self) -> ScalePoint | None:
-        """The count that trains the budget for the fewest GPU-hours, interruptions included."""
-        return min(self.finishing, key=lambda p: p.best.budget.with_failures.wall_gpu_hours, default=None)
+        """The point that trains the budget for the fewest dollars, interruptions included (on one
+        cluster: the fewest GPU-hours)."""
+        return min(self.finishing, key=lambda p: p.best.budget.with_failures.wall_usd, default=None)
+
+    @property
+    def cluster_names(self) -> tuple[str, ...]:
+        """The clusters swept, in order, each once."""
+        return tuple(dict.fromkeys(p.cluster_name for p in self.points))
 
 
 def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload, *,
           limits: SpaceLimits = SpaceLimits(), fixed: dict | None = None,
           progress: Callable[[int, int, int], None] | None = None,
           choose: Callable[[list], list] | None = None, choose_among: int = 1) -> ScalingResult:
-    """Search each cluster (one per GPU count, ascending) for its best plan.
+    """Search each cluster (one per GPU count, ascending within each cluster name) for its best plan.
 
     A count with no valid or fitting plan is a point with its reason; when no count has a
     plan, the error of the largest count is raised (a SpecError when the pins allow no plan
@@ -78,8 +88,9 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
     """
     points: list[ScalePoint] = []
     pin_errors: list[SpecError] = []
-    base = None
+    base: dict[str, float] = {}  # each cluster's first planned tokens/s/GPU
     for i, cluster in enumerate(clusters):
+        where = dict(num_gpus=cluster.num_gpus, cluster_name=cluster.name, gpu_name=cluster.gpu.name)
         if progress:
             progress(i, len(clusters), cluster.num_gpus)
         t0 = _time.perf_counter()
@@ -89,16 +100,19 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
         except (NoPlanFitsError, SpecError) as exc:
             if isinstance(exc, SpecError):
                 pin_errors.append(exc)
-            points.append(ScalePoint(num_gpus=cluster.num_gpus, best=None, why_not=str(exc), num_candidates=0,
+            points.append(ScalePoint(**where, best=None, why_not=str(exc), num_candidates=0,
                                      elapsed_s=_time.perf_counter() - t0, efficiency=None))
             continue
         best = ranked[0]
-        base = base if base is not None else best.tokens_per_s_per_gpu
-        points.append(ScalePoint(num_gpus=cluster.num_gpus, best=best, why_not="", num_candidates=res.num_candidates,
-                                 elapsed_s=res.elapsed_s, efficiency=best.tokens_per_s_per_gpu / base))
+        first = base.setdefault(cluster.name, best.tokens_per_s_per_gpu)
+        points.append(ScalePoint(**where, best=best, why_not="", num_candidates=res.num_candidates,
+                                 elapsed_s=res.elapsed_s, efficiency=best.tokens_per_s_per_gpu / first))
     if pin_errors and len(pin_errors) == len(points):
         raise pin_errors[0]
     if points and all(p.best is None for p in points):
-        counts = ", ".join(f"{p.num_gpus:,}" for p in points)
-        raise NoPlanFitsError(f"no plan at any of {counts} GPUs; at {points[-1].num_gpus:,}: {points[-1].why_not}")
+        counts = ", ".join(dict.fromkeys(f"{p.num_gpus:,}" for p in points))
+        names = tuple(dict.fromkeys(p.cluster_name for p in points))
+        on = f" on {', '.join(names)}" if len(names) > 1 else ""
+        raise NoPlanFitsError(f"no plan at any of {counts} GPUs{on}; at {points[-1].num_gpus:,}"
+                              f"{f' on {points[-1].cluster_name}' if on else ''}: {points[-1].why_not}")
     return ScalingResult(points=tuple(points))

@@ -97,6 +97,9 @@ class GPUSpec:
     overlap_slowdown: float = 0.05
     # Host CPU Adam throughput per GPU (parameters/s), for optimizer offload (ZeRO-Offload).
     host_adam_params_per_s: float = 2.0e9
+    # The measured runs that check these parameters ("" for none: the GPU's speed is then an
+    # assumption, e.g. another GPU's GEMM curve, and reports say so).
+    checked_against: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
 
     @property

@@ -51,7 +51,7 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
                  "fp8_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio",
-                 "source", "aliases")
+                 "checked_against", "source", "aliases")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
                      "host_memory_gb_per_host", "gpus_per_host")
@@ -283,7 +283,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s", within=_GB_PER_S)),
         gemm_efficiency=t.curve("gemm_efficiency", "flops"),
         attention_efficiency=_attention_curves(t),
-        source=t.str_("source"), **extra)
+        checked_against=t.str_("checked_against"), source=t.str_("source"), **extra)
 
 
 def _tier_from_table(t: TomlTable, name: str) -> LinkTier:
