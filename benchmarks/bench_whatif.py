@@ -61,7 +61,7 @@ def run_case(label, model_name, cluster_name, num_gpus, seq, batch, precision, r
     whatif_s = time.perf_counter() - t0
     rows, full_s = [], 0.0
     for r in wi.rows:
-        c, w = scenario(r.assumption, cluster, wl, DEFAULT_CHANGE, worse=True)
+        c, w = scenario(r.assumption, model, cluster, wl, DEFAULT_CHANGE, worse=True)
         t0 = time.perf_counter()
         full = _fastest(model, c, w)
         full_s += time.perf_counter() - t0

@@ -119,10 +119,11 @@ def _add_engine(p: argparse.ArgumentParser) -> None:
 
 
 def _add_whatif(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--whatif", type=_percent, nargs="?", const=20.0, default=None, metavar="PCT",
+    from .search.whatif import DEFAULT_CHANGE
+    p.add_argument("--whatif", type=_percent, nargs="?", const=100.0 * DEFAULT_CHANGE, default=None, metavar="PCT",
                    help=f"also show, for each hardware and workload assumption (compute rate, attention kernels, "
                         f"HBM, NVLink and network bandwidth, latency, overheads, MoE imbalance) made PCT%% worse and "
-                        f"better (default 20), {what}")
+                        f"better (default {100 * DEFAULT_CHANGE:g}), {what}")
 
 
 def _engine(args, workload):
@@ -690,7 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(s, required=False)
     _add_engine(s)
     s.add_argument("--top", type=_positive_int, default=10, help="plans to show (default 10)")
-    _add_whatif(s, "the best plan's step time, and the fastest of the 64 best plans re-timed")
+    _add_whatif(s, "the best plan's step time, and the fastest plan if it is worse")
     s.set_defaults(func=cmd_search)
     c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
                                      "time and cost to train the budget (fixed global batch); --cluster a,b "

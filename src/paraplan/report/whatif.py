@@ -39,9 +39,14 @@ def whatif_table(w: WhatIf, ranked=()) -> str:
     base = w.plan.step_time_s
     index = {e.plan: i for i, e in enumerate(ranked, 1)}
     rows = []
+    capped = False
     for r in w.rows:
-        row = [str(r.assumption), _value(r.nominal, r.unit), _delta(r.worse_step_s, base) + ("" if r.worse_fits else " (no fit)"),
-               _delta(r.better_step_s, base)]
+        marks = [("*" if r.capped(w.change, worse) else "") for worse in (True, False)]
+        capped = capped or any(marks)
+        lost_fit = w.plan.fits and not r.worse_fits  # the worse value, not the plan, stops it fitting
+        row = [str(r.assumption), _value(r.nominal, r.unit),
+               _delta(r.worse_step_s, base) + marks[0] + (" (no fit)" if lost_fit else ""),
+               _delta(r.better_step_s, base) + marks[1]]
         if w.num_plans > 1:
             b = r.best_if_worse
             if b is None:
@@ -50,16 +55,21 @@ def whatif_table(w: WhatIf, ranked=()) -> str:
                 row += ["the same", "-"]
             else:
                 rank = f"#{index[b.plan]} " if b.plan in index else ""
-                row += [f"{rank}{b.plan.describe()} ({fmt_time(b.step_time_s)})",
+                row += [f"{rank}{b.plan.describe()} ({fmt_time(b.step_time_s)})" + (" [s]" if r.searched_again else ""),
                         "no fit" if math.isinf(r.regret) else f"{100 * r.regret:.1f}%"]
         rows.append(row)
     heads = ["assumption", "nominal", f"{pct} worse", f"{pct} better"]
     if w.num_plans > 1:
         heads += ["fastest plan if worse", "this plan slower by"]
     intro = (f"what if one assumption is {pct} off: the step time of {w.plan.plan.describe()} "
-             f"({fmt_time(base)})" + (f", and the fastest of the {w.num_plans} best plans re-timed" if w.num_plans > 1 else ""))
+             f"({fmt_time(base)})" + (f", and the fastest plan if it is worse (the {w.num_plans} best plans re-timed; "
+                                      "[s]: the whole space searched again, where a plan further down could win)"
+                                      if w.num_plans > 1 else ""))
     notes = [f"worse: rates and bandwidths ×(1 − {pct}), latencies, overheads and imbalance ×(1 + {pct}); "
              "'of measured': the share of the microbenchmarked compute rate sustained in training"]
+    if capped:
+        notes.append("*: the value moved less, held at its bound (an efficiency at most 1, the imbalance from 1 "
+                     "to experts/top-k)")
     return intro + "\n\n" + grid(heads, rows, align="ll" + "r" * 2 + ("lr" if w.num_plans > 1 else "")) + "\n" + "\n".join(notes)
 
 
@@ -71,10 +81,12 @@ def whatif_dict(w: WhatIf) -> dict:
         "num_plans_reranked": w.num_plans,
         "assumptions": [
             {"assumption": str(r.assumption), "nominal": r.nominal, "unit": str(r.unit),
+             "worse_value": r.worse_value, "better_value": r.better_value,
              "worse_step_time_s": r.worse_step_s, "better_step_time_s": r.better_step_s, "fits_if_worse": r.worse_fits,
              **({"fastest_if_worse": None if r.best_if_worse is None else
                  {"plan": plan_dict(r.best_if_worse.plan), "step_time_s": r.best_if_worse.step_time_s},
-                 "regret": None if r.best_if_worse is None or math.isinf(r.regret) else r.regret}
+                 "regret": None if r.best_if_worse is None or math.isinf(r.regret) else r.regret,
+                 "searched_again": r.searched_again}
                 if w.num_plans > 1 else {})}
             for r in w.rows],
     }

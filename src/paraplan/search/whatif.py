@@ -78,11 +78,18 @@ class Sensitivity:
     assumption: Assumption
     nominal: float               # the assumption's value, in `unit`
     unit: Unit
+    worse_value: float           # the value re-timed as worse (a cap can keep it nearer nominal)
+    better_value: float
     worse_step_s: float          # the plan's step time with the assumption δ worse
     better_step_s: float
     worse_fits: bool = True      # whether the plan still fits under the worse value
     best_if_worse: Estimate | None = None  # the fastest plan that fits under the worse value
-    searched_again: bool = False  # found by searching the changed cluster whole (not by re-timing)
+    searched_again: bool = False  # the changed cluster was also searched whole (a plan further down could win)
+
+    def capped(self, change: float, worse: bool) -> bool:
+        """Whether the value moved less than `change` (held by its bound)."""
+        moved = abs((self.worse_value if worse else self.better_value) / self.nominal - 1.0) if self.nominal else 0.0
+        return moved < change * (1.0 - 1e-9)
 
     @property
     def regret(self) -> float:
@@ -109,10 +116,14 @@ def assumptions(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
         out += [Assumption.SCALEOUT, Assumption.SCALEOUT_LATENCY]
     if cluster.dcn is not None and cluster.gpus_per_island and cluster.num_gpus > cluster.gpus_per_island:
         out.append(Assumption.DCN)
-    out += [Assumption.OVERLAP, Assumption.LAUNCH]
-    if cluster.gpu.eager_layer_host_s > 0:
+    if cluster.num_gpus > 1:
+        out.append(Assumption.OVERLAP)
+    out.append(Assumption.LAUNCH)
+    # an eager engine's layers (not fused, not compiled) wait for their host
+    if cluster.gpu.eager_layer_host_s > 0 and any(not p.fused_kernels and not p.compiled for p in plans):
         out.append(Assumption.HOST)
-    if model.is_moe and any(p.capacity_factor is None for p in plans):
+    # dropless routing over more than one expert-parallel rank (else the load factor is 1 or the capacity)
+    if model.is_moe and any(p.capacity_factor is None and p.ep > 1 for p in plans):
         out.append(Assumption.IMBALANCE)
     return tuple(out)
 
@@ -159,9 +170,10 @@ def _gpu(gpu: GPUSpec, **scale) -> GPUSpec:
     return replace(gpu, **{k: getattr(gpu, k) * f for k, f in scale.items()})
 
 
-def scenario(assumption: Assumption, cluster: ClusterSpec, workload: Workload, change: float,
+def scenario(assumption: Assumption, model: ModelSpec, cluster: ClusterSpec, workload: Workload, change: float,
              worse: bool) -> tuple[ClusterSpec, Workload]:
-    """The cluster and workload with `assumption` moved by `change` (worse or better)."""
+    """The cluster and workload with `assumption` moved by `change` (worse or better), within
+    what the value can be (an efficiency at most 1, the imbalance from 1 to experts/top-k)."""
     up = (assumption in _HIGHER_IS_WORSE) == worse  # the value grows in this scenario
     f = 1.0 + change if up else 1.0 - change
     gpu = cluster.gpu
@@ -190,7 +202,9 @@ def scenario(assumption: Assumption, cluster: ClusterSpec, workload: Workload, c
         case Assumption.HOST:
             return replace(cluster, gpu=_gpu(gpu, eager_layer_host_s=f)), workload
         case Assumption.IMBALANCE:
-            return cluster, replace(workload, moe_imbalance=max(1.0, workload.moe_imbalance * f))
+            # the busiest rank's load ×(1 ± δ); one rank receiving every token is the most
+            most = model.num_experts / model.top_k if model.is_moe else workload.moe_imbalance
+            return cluster, replace(workload, moe_imbalance=min(max(1.0, workload.moe_imbalance * f), most))
     raise AssertionError(assumption)  # pragma: no cover - closed enum
 
 
@@ -203,11 +217,13 @@ def what_if(model: ModelSpec, cluster: ClusterSpec, workload: Workload, ranked: 
     """Each assumption δ worse and δ better for ranked[0]; with more than one plan, the fastest
     plan that fits under the worse value too.
 
-    `ranked` is a search's best plans in order (or one plan). Making an assumption worse never
-    makes a plan faster, so a plan ranked below them, nominally no faster than the last, cannot
-    beat a re-timed plan that is no slower than that: then re-timing `ranked` finds the fastest.
+    `ranked` is a search's best plans in order (or one plan). Where making an assumption worse
+    makes no plan faster, a plan ranked below them, nominally no faster than the last, cannot
+    beat a re-timed plan that is no slower than that: re-timing `ranked` finds the fastest.
     Otherwise (a plan the change hurt less could be further down, or none of them fits any more)
-    `search_again` searches the changed cluster and workload whole, where given."""
+    `search_again` searches the changed cluster and workload whole, where given. The premise
+    holds for most plans, not all (docs/model.md, *What if an assumption is off*): a plan that a
+    worse value speeds up slightly and that sits just below `ranked` can be missed."""
     if not 0.0 < change < 1.0:
         raise SpecError("what-if", "change", change, "a fraction above 0 and below 1")
     plans = [e.plan for e in ranked]
@@ -215,16 +231,22 @@ def what_if(model: ModelSpec, cluster: ClusterSpec, workload: Workload, ranked: 
     rows = []
     for a in assumptions(model, cluster, workload, plans):
         value, unit = nominal(a, cluster, workload, plans[0])
-        changed = scenario(a, cluster, workload, change, worse=True)
+        changed = scenario(a, model, cluster, workload, change, worse=True)
+        improved = scenario(a, model, cluster, workload, change, worse=False)
         worse = _retime(model, *changed, plans)
-        better = _retime(model, *scenario(a, cluster, workload, change, worse=False), plans[:1])
+        better = _retime(model, *improved, plans[:1])
         best, again = None, False
         if len(plans) > 1:
             fit = [e for e in worse if e.fits]
             best = min(fit, key=lambda e: e.step_time_s) if fit else None
             if search_again is not None and (best is None or best.step_time_s > last_nominal_s):
-                best, again = search_again(*changed), True
-        rows.append(Sensitivity(assumption=a, nominal=value, unit=unit, worse_step_s=worse[0].step_time_s,
-                                better_step_s=better[0].step_time_s, worse_fits=worse[0].fits, best_if_worse=best,
-                                searched_again=again))
+                whole, again = search_again(*changed), True
+                # the whole search ranks by its closed form before simulating: keep the faster
+                if whole is not None and (best is None or whole.step_time_s < best.step_time_s):
+                    best = whole
+        rows.append(Sensitivity(assumption=a, nominal=value, unit=unit,
+                                worse_value=nominal(a, *changed, plans[0])[0],
+                                better_value=nominal(a, *improved, plans[0])[0],
+                                worse_step_s=worse[0].step_time_s, better_step_s=better[0].step_time_s,
+                                worse_fits=worse[0].fits, best_if_worse=best, searched_again=again))
     return WhatIf(change=change, plan=ranked[0], num_plans=len(plans), rows=tuple(rows))
