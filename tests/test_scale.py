@@ -177,8 +177,21 @@ def test_bad_cluster_lists_are_one_line_errors(capsys, clusters, says):
 
 def test_a_gpu_no_measured_run_checks_is_named(capsys):
     code, out, _ = run(capsys, "estimate", *SMALL, "--gpus", "8", "--dp", "8", "--cluster", "dgx-b200")
-    assert code == 0 and "no measured run checks b200" in out.splitlines()[1]
+    assert code == 0 and "no measured training run checks b200" in out.splitlines()[1]
     code, out, _ = run(capsys, "estimate", *SMALL, "--gpus", "8", "--dp", "8", "--cluster", "dgx-h100")
-    assert code == 0 and "no measured run checks" not in out
+    assert code == 0 and "no measured training run checks" not in out
     code, out, _ = run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-b200,mi300x-8")
-    assert code == 0 and "no measured run checks b200, mi300x" in out
+    assert code == 0 and "no measured training run checks b200, mi300x" in out
+
+    code, out, _ = run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-b200", "--json")
+    assert code == 0 and json.loads(out)["unchecked_gpus"] == ["b200"] and json.loads(out)["cluster"] is None
+
+
+def test_several_clusters_say_what_each_gpu_hour_cost(capsys):
+    code, out, _ = run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-a100-80gb")
+    assert code == 0 and "$/GPU-hour: dgx-h100 $2.99, dgx-a100-80gb $1.79" in out
+    code, out, _ = run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-a100-80gb", "--price", "2")
+    assert code == 0 and "$/GPU-hour: dgx-h100 $2.00, dgx-a100-80gb $2.00 (--price)" in out
+    line = assert_user_error(*run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-b200",
+                                  "--hardware", "dgx-h200"))
+    assert "--hardware" in line and "--cluster" in line

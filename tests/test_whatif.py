@@ -188,3 +188,17 @@ def test_marks_say_what_the_assumption_did_not_do(capsys):
     code, out, _ = run(capsys, *args, "--json")
     a = next(x for x in json.loads(out)["whatif"]["assumptions"] if x["assumption"] == "compute rate")
     assert a["nominal"] < a["better_value"] < 1.5 * a["nominal"] and a["worse_value"] == pytest.approx(0.5 * a["nominal"])
+
+
+def test_the_values_shown_are_the_ones_the_plan_reads(capsys):
+    # an unfused kernel runs on the GEMM curve: the attention curves cannot move it
+    code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--gpus", "8", "--batch", "64", "--seq", "2048",
+                       "--dp", "8", "--attention", "unfused", "--whatif", "--json")
+    names = [a["assumption"] for a in json.loads(out)["whatif"]["assumptions"]]
+    assert code == 0 and "attention kernels" not in names and "compute rate" in names
+    # the imbalance a plan reads is at most its EP: 2.0 on EP 2, held there when made worse
+    code, out, _ = run(capsys, "estimate", "--model", "mixtral-8x7b", "--gpus", "16", "--tp", "2", "--dp", "8",
+                       "--ep", "2", "--seq", "2048", "--batch", "64", "--moe-imbalance", "2", "--whatif", "--json")
+    a = next(x for x in json.loads(out)["whatif"]["assumptions"] if x["assumption"] == "MoE load imbalance")
+    assert code == 0 and a["nominal"] == a["worse_value"] == 2.0 and a["better_value"] == pytest.approx(1.6)
+    assert a["worse_step_time_s"] == pytest.approx(json.loads(out)["step_time_s"], rel=1e-12)

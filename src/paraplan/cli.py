@@ -264,8 +264,8 @@ def _progress(done: int, total: int) -> None:
 def cmd_search(args) -> int:
     from .export.common import ENGINE_CANDIDATES
     from .report.jsonout import estimate_dict
-    from .report.table import estimate_report, ranking_table
     from .errors import NoPlanFitsError
+    from .report.table import estimate_report, ranking_table, unchecked_gpus
     from .report.whatif import whatif_dict, whatif_table
     from .search.planner import search
     from .search.whatif import WHATIF_CANDIDATES, what_if
@@ -294,7 +294,7 @@ def cmd_search(args) -> int:
                                                   search_again=fastest_on)
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
-                          "engine": args.engine,
+                          "engine": args.engine, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
                           "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked],
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
@@ -373,7 +373,7 @@ def _gpu_counts(text: str) -> tuple[int, ...]:
 def cmd_scale(args) -> int:
     from .export.common import ENGINE_CANDIDATES
     from .report.jsonout import estimate_dict
-    from .report.table import scaling_table, unchecked_note
+    from .report.table import scaling_table, unchecked_gpus, unchecked_note
     from .search.scaling import scale
     from .specs.catalog import load_cluster
     from .units import fmt_count
@@ -381,7 +381,12 @@ def cmd_scale(args) -> int:
     if args.plot is not None:  # a path that cannot be written fails before the searches
         from .report.plots import plot_format
         plot_format(args.plot, "scale")
-    names = [args.hardware] if args.hardware else _cluster_names(args.cluster)
+    names = _cluster_names(args.cluster)
+    if args.hardware:
+        if len(names) > 1:  # --hardware replaces --cluster: a list would be dropped silently
+            raise SpecError("scale", "--hardware", args.hardware, "one profile in place of --cluster; to compare "
+                            "it with clusters, list it in --cluster (e.g. --cluster dgx-h100,profile.toml)")
+        names = [args.hardware]
     model, cluster, wl = _specs(args, names[0])
     clusters = [load_cluster(name, num_gpus=n) for name in names for n in counts]
     loaded = [c.name for c in clusters[::len(counts)]]
@@ -413,12 +418,15 @@ def cmd_scale(args) -> int:
         from .report.plots import plot_scaling
         plot_scaling(result, args.plot, title)
     if args.json:
-        print(json.dumps({"model": model.name, "cluster": cluster.name, "global_batch_size": wl.global_batch_size,
+        print(json.dumps({"model": model.name, "cluster": cluster.name if len(names) == 1 else None,
+                          "unchecked_gpus": unchecked_gpus([c.gpu for c in clusters]),
+                          "global_batch_size": wl.global_batch_size,
                           "seq_len": wl.seq_len, "precision": str(wl.precision), "optimizer": str(wl.optimizer),
                           "token_budget": wl.token_budget, "interruptions_per_gpu_day": wl.interruptions_per_gpu_day,
                           "clusters": list(result.cluster_names),
                           "points": [
                               {"num_gpus": p.num_gpus, "cluster": p.cluster_name, "gpu": p.gpu_name,
+                               "usd_per_gpu_hour": p.usd_per_gpu_hour,
                                "why_not": p.why_not or None, "scaling_efficiency": p.efficiency,
                                "num_candidates": p.num_candidates, "search_s": p.elapsed_s,
                                "best": estimate_dict(p.best) if p.best is not None else None} for p in result.points],
@@ -440,14 +448,15 @@ def cmd_scale(args) -> int:
 def cmd_estimate(args) -> int:
     from .cost.estimate import estimate
     from .report.jsonout import estimate_dict
-    from .report.table import estimate_report
+    from .report.table import estimate_report, unchecked_gpus
     from .report.whatif import whatif_dict, whatif_table
     from .search.whatif import what_if
     model, cluster, wl = _specs(args)
     est = estimate(model, cluster, wl, _engine_plan(args, model, cluster, wl))
     wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
     if args.json:
-        print(json.dumps({**estimate_dict(est), **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
+        print(json.dumps({**estimate_dict(est), "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+                          **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
         print(_header(model, cluster, wl) + "\n")
         print(estimate_report(est))

@@ -397,7 +397,6 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         "[gpu]", f"name = {_toml_str(m.device_name)}",
         f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
         f'{len(m.copies)} copies, {len(m.collectives)} collectives"',
-        'checked_against = "microbenchmarks on this machine (paraplan calibrate)"',
         f"# per rank: {'host memory / ranks' if cpu else 'device memory'}; reserved = the runtime before any tensor",
         f"hbm_gb = {_num(m.memory_bytes / units.GIGA)}", f"reserved_gb = {_num(m.reserved_bytes / units.GIGA)}",
         f"# largest device-to-device copy ({largest.num_bytes / units.MIB:.0f} MiB, past the caches), "

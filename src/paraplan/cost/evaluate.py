@@ -783,11 +783,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # all-to-all hides only behind its partner, not behind the whole layer.
     epov = np.asarray(plan.ep_overlap, dtype=bool)
     if mc:
-        # an attention block lasts its compute plus the CP exchange its kernel left exposed:
-        # the partner all-to-all hides behind that whole block, so a faster kernel that exposes
-        # more of the ring hides as much more of the all-to-all (never less time in all)
-        attn_f = g_qkv + g_out + attn_fwd + ew_fwd + cp_fwd_exp
-        attn_b = 2.0 * (g_qkv + g_out) + attn_bwd + ew_bwd + cp_bwd_exp
+        # an attention block lasts its compute plus the communication its kernels left exposed
+        # (the CP exchange, and its share of the TP collectives: one of the n_blk blocks that
+        # gather and scatter): the partner all-to-all hides behind that whole block, so a faster
+        # kernel that exposes more of those hides as much more of the all-to-all (never less
+        # time in all)
+        attn_f = g_qkv + g_out + attn_fwd + ew_fwd + cp_fwd_exp + tp_fwd_exp / n_blk
+        attn_b = 2.0 * (g_qkv + g_out) + attn_bwd + ew_bwd + cp_bwd_exp + tp_bwd_exp / n_blk
         # dispatch = combine; the MoE blocks hold the shared experts, so the all-to-alls pair
         # whole (not net of the shared-expert overlap, which would count those GEMMs twice)
         half_f, half_b = 0.5 * mc.a2a_fwd_s, 0.5 * mc.a2a_bwd_s

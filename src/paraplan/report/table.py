@@ -106,15 +106,20 @@ def ranking_table(ests) -> str:
                  *(["host"] if host else []), "mem/GPU"], rows, align="llrrrrrrr" + ("r" if host else ""))
 
 
+def unchecked_gpus(gpus) -> list[str]:
+    """The GPUs no measured run checks (GPUSpec.checked_against empty), each once."""
+    return list(dict.fromkeys(g.name for g in gpus if not g.checked_against))
+
+
 def unchecked_note(gpus) -> str:
-    """One line naming the GPUs no measured run checks (GPUSpec.checked_against), or ""."""
-    names = list(dict.fromkeys(g.name for g in gpus if not g.checked_against))
+    """One line naming the GPUs no measured run checks, or ""."""
+    names = unchecked_gpus(gpus)
     if not names:
         return ""
-    which = ", ".join(names)
-    return (f"note: no measured run checks {which} in paraplan: {'their' if len(names) > 1 else 'its'} GEMM curve "
-            "and sustained compute rate are assumptions (see the preset); --whatif shows how much a plan's step "
-            "hangs on them")
+    its = "their" if len(names) > 1 else "its"
+    return (f"note: no measured training run checks {', '.join(names)}: the share of {its} GEMM rate sustained in "
+            "training is assumed, not fitted (and a preset without measurements borrows the H100's GEMM curve); "
+            "search and estimate --whatif show how much a plan hangs on it")
 
 
 def scaling_table(result) -> str:
@@ -141,6 +146,10 @@ def scaling_table(result) -> str:
                  rows, align=("l" if many else "") + "llrrrrrrr")
     lines = [table, ""] + [f"note {i}: {n}" for i, n in enumerate(notes, 1)] + ([""] if notes else [])
     fast, cheap = result.fastest, result.cheapest
+    if many:  # what "cheapest" compared: each cluster's price per GPU-hour
+        prices = {pt.cluster_name: pt.usd_per_gpu_hour for pt in result.points}
+        lines.append("$/GPU-hour: " + ", ".join(f"{n} {fmt_usd(p)}" for n, p in prices.items())
+                     + (" (--price)" if len(set(prices.values())) == 1 else ""))
     if fast is None:
         return "\n".join(lines + ["no GPU count finishes the token budget through interruptions at this rate "
                                    "(--interruptions-per-gpu-day)"])
@@ -150,12 +159,11 @@ def scaling_table(result) -> str:
                      + ("dollars" if many else "GPU-hours"))
     else:
         f, c = fast.best.budget.with_failures, cheap.best.budget.with_failures
-        more = (f"costs {100 * (f.wall_usd / c.wall_usd - 1):.1f}% more" if many
+        more = (f"costs {100 * (f.wall_usd / c.wall_usd - 1):.1f}% more" if many and c.wall_usd > 0
                 else f"takes {100 * (f.wall_gpu_hours / c.wall_gpu_hours - 1):.1f}% more GPU-hours")
         lines.append(f"soonest: {where(fast)}, {fmt_time(f.wall_time_s)} for {fmt_usd(f.wall_usd)}; "
                      f"cheapest: {where(cheap)}, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
                      f"(the soonest {more})")
     lines.append("scaling: tokens/s/GPU over the smallest count's" + (" on the same cluster" if many else "")
-                 + "; time and cost through interruptions (--interruptions-per-gpu-day; 0 for none)"
-                 + ("; each cluster at its own $/GPU-hour (--price sets one for all)" if many else ""))
+                 + "; time and cost through interruptions (--interruptions-per-gpu-day; 0 for none)")
     return "\n".join(lines)

@@ -52,7 +52,7 @@ def whatif_table(w: WhatIf, ranked=()) -> str:
             if b is None:
                 row += ["none fits", ""]
             elif b.plan == w.plan.plan:
-                row += ["the same", "-"]
+                row += ["the same" + (" [s]" if r.searched_again else ""), "-"]
             else:
                 rank = f"#{index[b.plan]} " if b.plan in index else ""
                 row += [f"{rank}{b.plan.describe()} ({fmt_time(b.step_time_s)})" + (" [s]" if r.searched_again else ""),

@@ -36,6 +36,7 @@ class ScalePoint:
     num_gpus: int
     cluster_name: str
     gpu_name: str
+    usd_per_gpu_hour: float    # the price the point's budget is at (the workload's, else the cluster's)
     best: Estimate | None
     why_not: str               # "" when there is a plan
     num_candidates: int
@@ -63,9 +64,11 @@ class ScalingResult:
 
     @property
     def cheapest(self) -> ScalePoint | None:
-        """The point that trains the budget for the fewest dollars, interruptions included (on one
-        cluster: the fewest GPU-hours)."""
-        return min(self.finishing, key=lambda p: p.best.budget.with_failures.wall_usd, default=None)
+        """The point that trains the budget for the fewest GPU-hours on one cluster, for the fewest
+        dollars across several (each at its price), interruptions included."""
+        many = len(self.cluster_names) > 1
+        return min(self.finishing, default=None, key=lambda p: (p.best.budget.with_failures.wall_usd if many
+                                                                else p.best.budget.with_failures.wall_gpu_hours))
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -90,7 +93,9 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
     pin_errors: list[SpecError] = []
     base: dict[str, float] = {}  # each cluster's first planned tokens/s/GPU
     for i, cluster in enumerate(clusters):
-        where = dict(num_gpus=cluster.num_gpus, cluster_name=cluster.name, gpu_name=cluster.gpu.name)
+        where = dict(num_gpus=cluster.num_gpus, cluster_name=cluster.name, gpu_name=cluster.gpu.name,
+                     usd_per_gpu_hour=(workload.usd_per_gpu_hour if workload.usd_per_gpu_hour is not None
+                                       else cluster.usd_per_gpu_hour))
         if progress:
             progress(i, len(clusters), cluster.num_gpus)
         t0 = _time.perf_counter()

@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import Callable, Sequence
 
 from ..cost.estimate import Estimate
+from ..cost.moe import load_factor
 from ..errors import SpecError
 from ..plan.space import PlanBatch
 from ..specs.curves import EfficiencyCurve
@@ -88,7 +89,9 @@ class Sensitivity:
 
     def capped(self, change: float, worse: bool) -> bool:
         """Whether the value moved less than `change` (held by its bound)."""
-        moved = abs((self.worse_value if worse else self.better_value) / self.nominal - 1.0) if self.nominal else 0.0
+        if not self.nominal:  # nothing to scale (a zero latency or overhead)
+            return False
+        moved = abs((self.worse_value if worse else self.better_value) / self.nominal - 1.0)
         return moved < change * (1.0 - 1e-9)
 
     @property
@@ -109,7 +112,11 @@ class WhatIf:
 
 def assumptions(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans) -> tuple[Assumption, ...]:
     """The assumptions that can move these plans on this cluster."""
-    out = [Assumption.COMPUTE, Assumption.ATTENTION, Assumption.HBM]
+    out = [Assumption.COMPUTE]
+    # the fused-attention curves (an unfused kernel runs on the GEMM curve)
+    if any(p.attention in cluster.gpu.attention_efficiency for p in plans):
+        out.append(Assumption.ATTENTION)
+    out.append(Assumption.HBM)
     if min(cluster.gpus_per_node, cluster.num_gpus) > 1:
         out.append(Assumption.NVLINK)
     if cluster.num_gpus > cluster.gpus_per_node:
@@ -153,8 +160,8 @@ def nominal(assumption: Assumption, cluster: ClusterSpec, workload: Workload, pl
             return gpu.kernel_launch_overhead_s, Unit.SECONDS
         case Assumption.HOST:
             return gpu.eager_layer_host_s, Unit.SECONDS
-        case Assumption.IMBALANCE:
-            return workload.moe_imbalance, Unit.FACTOR
+        case Assumption.IMBALANCE:  # as the plan's routing reads it: at most its EP (cost/moe.py)
+            return float(load_factor(workload, plan)), Unit.FACTOR
     raise AssertionError(assumption)  # pragma: no cover - closed enum
 
 
