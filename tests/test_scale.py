@@ -195,3 +195,9 @@ def test_several_clusters_say_what_each_gpu_hour_cost(capsys):
     line = assert_user_error(*run(capsys, "scale", *SMALL, "--counts", "8", "--cluster", "dgx-h100,dgx-b200",
                                   "--hardware", "dgx-h200"))
     assert "--hardware" in line and "--cluster" in line
+
+
+@pytest.mark.parametrize("command", [["search"], ["estimate", "--tp", "8", "--dp", "64"]])
+def test_a_cluster_list_outside_scale_says_where_lists_belong(capsys, command):
+    line = assert_user_error(*run(capsys, *command, "--cluster", "dgx-h100,dgx-b200"))
+    assert "paraplan scale" in line

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import replace
 
@@ -191,6 +192,9 @@ def _specs(args, cluster_name: str | None = None):
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
     _check_moe_imbalance(args, model)
+    if cluster_name is None and not args.hardware and "," in args.cluster and not os.path.exists(args.cluster):
+        raise SpecError(args.command, "--cluster", args.cluster, "one cluster preset or TOML (a list of clusters "
+                        "is for paraplan scale)")
     cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
