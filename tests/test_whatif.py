@@ -202,3 +202,28 @@ def test_the_values_shown_are_the_ones_the_plan_reads(capsys):
     a = next(x for x in json.loads(out)["whatif"]["assumptions"] if x["assumption"] == "MoE load imbalance")
     assert code == 0 and a["nominal"] == a["worse_value"] == 2.0 and a["better_value"] == pytest.approx(1.6)
     assert a["worse_step_time_s"] == pytest.approx(json.loads(out)["step_time_s"], rel=1e-12)
+
+
+SERVE = ["serve", "--model", "llama3-8b", "--gpus", "2", "--prompt", "512", "--output", "64", "--rate", "2",
+         "--requests", "40"]
+
+
+def test_serve_whatif_moves_decode_with_the_memory_and_prefill_with_compute(capsys):
+    code, out, err = run(capsys, *SERVE, "--whatif", "--json")
+    assert code == 0, err
+    w = json.loads(out)["whatif"]
+    base = w["nominal_estimate"]
+    by = {a["assumption"]: a for a in w["assumptions"]}
+    assert {"compute rate", "HBM bandwidth", "kernel launch overhead"} <= set(by)
+    for a in by.values():  # slower hardware never serves faster
+        assert a["worse"]["tpot_floor_s"] >= base["tpot_floor_s"] * (1 - 1e-9)
+        assert a["worse"]["ttft_floor_s"] >= base["ttft_floor_s"] * (1 - 1e-9)
+        assert a["worse"]["max_output_tokens_per_s_per_gpu"] <= base["max_output_tokens_per_s_per_gpu"] * (1 + 1e-9)
+    # a lone request's decode streams the weights: the HBM moves its TPOT most; its prefill computes
+    tpot = {k: a["worse"]["tpot_floor_s"] for k, a in by.items()}
+    ttft = {k: a["worse"]["ttft_floor_s"] for k, a in by.items()}
+    assert max(tpot, key=tpot.get) == "HBM bandwidth" and max(ttft, key=ttft.get) == "compute rate"
+    code, out, _ = run(capsys, *SERVE, "--whatif", "10")
+    assert code == 0 and "what if one hardware assumption is 10% off" in out
+    line = assert_user_error(*run(capsys, *SERVE, "--whatif", "120"))
+    assert "--whatif" in line

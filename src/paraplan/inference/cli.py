@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..argtypes import positive_float, positive_int
+from ..argtypes import percent_below_100, positive_float, positive_int
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
@@ -52,6 +52,10 @@ def add_parser(sub) -> None:
                    help="the engine honours the model's sliding windows: a windowed layer attends to and keeps only "
                         "its last w tokens (vLLM's default; TensorRT-LLM with max_attention_window_size)")
     s.add_argument("--top", type=positive_int, default=10, help="plans to show (default 10)")
+    s.add_argument("--whatif", type=percent_below_100, nargs="?", const=20.0, default=None, metavar="PCT",
+                   help="also re-estimate the best deployment with each hardware assumption (compute rate, "
+                        "attention kernels, HBM and link bandwidth, launch overhead) PCT%% worse and better "
+                        "(default 20)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_serve)
 
@@ -141,9 +145,15 @@ def cmd_serve(args) -> int:
     from ..cli import _progress
     show = not args.json and sys.stderr.isatty()
     res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None)
+    wi = None
+    if args.whatif is not None:
+        from .whatif import serve_what_if
+        wi = serve_what_if(model, cluster, res.ranked[0], traffic, limits, args.whatif / 100.0)
     if args.json:
-        print(json.dumps(_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
-                               has_tpot(traffic.output_tokens)), indent=1))
+        from ..report.whatif import serve_whatif_dict
+        print(json.dumps({**_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
+                                  has_tpot(traffic.output_tokens)),
+                          **({"whatif": serve_whatif_dict(wi)} if wi else {})}, indent=1))
         return 0
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
@@ -193,6 +203,9 @@ def cmd_serve(args) -> int:
                align="lrr"))
     if res.rejected:
         print(f"\n{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}")
+    if wi:
+        from ..report.whatif import serve_whatif_table
+        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens)))
     return 0
 
 

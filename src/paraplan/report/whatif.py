@@ -90,3 +90,38 @@ def whatif_dict(w: WhatIf) -> dict:
                 if w.num_plans > 1 else {})}
             for r in w.rows],
     }
+
+
+def serve_whatif_table(w, has_tpot: bool = True) -> str:
+    """A deployment re-estimated with each assumption moved (inference/whatif.py): the lone
+    request's TTFT and TPOT, and throughput and the rate in the targets, δ worse / δ better."""
+    pct = f"{100 * w.change:g}%"
+    b = w.base
+
+    def pair(get, ms: bool = False) -> str:
+        base = get(b)
+        if not base:
+            return "-"
+        return " / ".join(_delta(get(r), base) for r in (row.worse, row.better))
+
+    rows = []
+    for row in w.rows:
+        rows.append([str(row.assumption), _value(row.nominal, row.unit), pair(lambda e: e.ttft_floor_s),
+                     pair(lambda e: e.tpot_floor_s) if has_tpot else "-",
+                     pair(lambda e: e.max_tokens_per_s_per_gpu), pair(lambda e: e.slo_rate_rps),
+                     "-" if row.worse.gpus_needed is None else f"{row.worse.gpus_needed}"])
+    gpus = "-" if b.gpus_needed is None else str(b.gpus_needed)
+    return (f"what if one hardware assumption is {pct} off: {b.plan.describe()} re-estimated "
+            f"(changes {pct} worse / {pct} better)\n\n"
+            + grid(["assumption", "nominal", "TTFT₁", "TPOT₁", "max out tok/s/GPU", "req/s in SLO",
+                    f"GPUs for the rate if worse (now {gpus})"], rows, align="llrrrrr"))
+
+
+def serve_whatif_dict(w) -> dict:
+    def one(e):
+        return {"ttft_floor_s": e.ttft_floor_s, "tpot_floor_s": e.tpot_floor_s,
+                "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
+                "slo_rate_rps_per_replica": e.slo_rate_rps, "gpus_needed": e.gpus_needed}
+    return {"change": w.change, "plan": w.base.plan.describe(), "nominal_estimate": one(w.base),
+            "assumptions": [{"assumption": str(r.assumption), "nominal": r.nominal, "unit": str(r.unit),
+                             "worse": one(r.worse), "better": one(r.better)} for r in w.rows]}

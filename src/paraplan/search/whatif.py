@@ -177,10 +177,9 @@ def _gpu(gpu: GPUSpec, **scale) -> GPUSpec:
     return replace(gpu, **{k: getattr(gpu, k) * f for k, f in scale.items()})
 
 
-def scenario(assumption: Assumption, model: ModelSpec, cluster: ClusterSpec, workload: Workload, change: float,
-             worse: bool) -> tuple[ClusterSpec, Workload]:
-    """The cluster and workload with `assumption` moved by `change` (worse or better), within
-    what the value can be (an efficiency at most 1, the imbalance from 1 to experts/top-k)."""
+def scaled_cluster(assumption: Assumption, cluster: ClusterSpec, change: float, worse: bool) -> ClusterSpec:
+    """The cluster with a hardware `assumption` moved by `change` (worse or better), within what
+    the value can be (an efficiency at most 1)."""
     up = (assumption in _HIGHER_IS_WORSE) == worse  # the value grows in this scenario
     f = 1.0 + change if up else 1.0 - change
     gpu = cluster.gpu
@@ -188,31 +187,39 @@ def scenario(assumption: Assumption, model: ModelSpec, cluster: ClusterSpec, wor
         case Assumption.COMPUTE:
             # the product with the GEMM curve stays a fraction of peak
             cap = 1.0 / max(max(gpu.gemm_efficiency.y), *(max(c.y) for c in gpu.attention_efficiency.values()))
-            return replace(cluster, gpu=replace(gpu, sustained_compute_ratio=min(gpu.sustained_compute_ratio * f, cap))), workload
+            return replace(cluster, gpu=replace(gpu, sustained_compute_ratio=min(gpu.sustained_compute_ratio * f, cap)))
         case Assumption.ATTENTION:
             curves = {k: _scaled_curve(c, f) for k, c in gpu.attention_efficiency.items()}
-            return replace(cluster, gpu=replace(gpu, attention_efficiency=curves)), workload
+            return replace(cluster, gpu=replace(gpu, attention_efficiency=curves))
         case Assumption.HBM:
-            return replace(cluster, gpu=_gpu(gpu, hbm_bw_bytes_per_s=f)), workload
+            return replace(cluster, gpu=_gpu(gpu, hbm_bw_bytes_per_s=f))
         case Assumption.NVLINK:
-            return replace(cluster, nvlink=_tier(cluster.nvlink, bw_unidir_bytes_per_s=f)), workload
+            return replace(cluster, nvlink=_tier(cluster.nvlink, bw_unidir_bytes_per_s=f))
         case Assumption.SCALEOUT:
-            return replace(cluster, scaleout=_tier(cluster.scaleout, bw_unidir_bytes_per_s=f)), workload
+            return replace(cluster, scaleout=_tier(cluster.scaleout, bw_unidir_bytes_per_s=f))
         case Assumption.SCALEOUT_LATENCY:
-            return replace(cluster, scaleout=_tier(cluster.scaleout, latency_s=f)), workload
+            return replace(cluster, scaleout=_tier(cluster.scaleout, latency_s=f))
         case Assumption.DCN:
-            return replace(cluster, dcn=_tier(cluster.dcn, bw_unidir_bytes_per_s=f)), workload
+            return replace(cluster, dcn=_tier(cluster.dcn, bw_unidir_bytes_per_s=f))
         case Assumption.OVERLAP:
-            return replace(cluster, gpu=replace(gpu, overlap_slowdown=min(gpu.overlap_slowdown * f, 1.0))), workload
+            return replace(cluster, gpu=replace(gpu, overlap_slowdown=min(gpu.overlap_slowdown * f, 1.0)))
         case Assumption.LAUNCH:
-            return replace(cluster, gpu=_gpu(gpu, kernel_launch_overhead_s=f)), workload
+            return replace(cluster, gpu=_gpu(gpu, kernel_launch_overhead_s=f))
         case Assumption.HOST:
-            return replace(cluster, gpu=_gpu(gpu, eager_layer_host_s=f)), workload
-        case Assumption.IMBALANCE:
-            # the busiest rank's load ×(1 ± δ); one rank receiving every token is the most
-            most = model.num_experts / model.top_k if model.is_moe else workload.moe_imbalance
-            return cluster, replace(workload, moe_imbalance=min(max(1.0, workload.moe_imbalance * f), most))
-    raise AssertionError(assumption)  # pragma: no cover - closed enum
+            return replace(cluster, gpu=_gpu(gpu, eager_layer_host_s=f))
+    raise SpecError("what-if", "assumption", str(assumption), "a hardware assumption")
+
+
+def scenario(assumption: Assumption, model: ModelSpec, cluster: ClusterSpec, workload: Workload, change: float,
+             worse: bool) -> tuple[ClusterSpec, Workload]:
+    """The cluster and workload with `assumption` moved by `change` (worse or better), within
+    what the value can be (an efficiency at most 1, the imbalance from 1 to experts/top-k)."""
+    if assumption is Assumption.IMBALANCE:
+        f = 1.0 + change if worse else 1.0 - change
+        # the busiest rank's load ×(1 ± δ); one rank receiving every token is the most
+        most = model.num_experts / model.top_k if model.is_moe else workload.moe_imbalance
+        return cluster, replace(workload, moe_imbalance=min(max(1.0, workload.moe_imbalance * f), most))
+    return scaled_cluster(assumption, cluster, change, worse), workload
 
 
 def _retime(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans) -> list[Estimate]:
