@@ -77,6 +77,13 @@ def test_only_assumptions_that_can_move_the_plan_are_listed():
     assert Assumption.HOST not in assumptions(LLAMA8, host, WL, [plan])  # fused layers issue few kernels
     assert Assumption.HOST in assumptions(LLAMA8, host, WL, [replace(plan, fused_kernels=False)])
     assert Assumption.HOST not in assumptions(LLAMA8, host, WL, [replace(plan, fused_kernels=False, compiled=True)])
+    # offloaded optimizer states cross the host link every step
+    assert Assumption.HOST_LINK not in assumptions(LLAMA8, node, WL, [plan])
+    offload = make_plan(dp=8, zero=ZeroStage.OPTIMIZER, offload_optimizer=True)
+    assert Assumption.HOST_LINK in assumptions(LLAMA8, node, WL, [offload])
+    w = what_if(LLAMA8, node, WL, [estimate(LLAMA8, node, WL, offload)])
+    link = next(r for r in w.rows if r.assumption is Assumption.HOST_LINK)
+    assert link.worse_step_s > w.plan.step_time_s > link.better_step_s
 
 
 def test_nvlink_moves_a_tensor_parallel_plan_inside_one_node():
@@ -227,3 +234,17 @@ def test_serve_whatif_moves_decode_with_the_memory_and_prefill_with_compute(caps
     assert code == 0 and "what if one hardware assumption is 10% off" in out
     line = assert_user_error(*run(capsys, *SERVE, "--whatif", "120"))
     assert "--whatif" in line
+
+
+def test_serve_whatif_shows_the_host_link_where_experts_live_in_host_memory(capsys):
+    args = ["serve", "--model", "mixtral-8x7b", "--gpus", "8", "--tp", "8", "--ep", "8", "--weights", "int4",
+            "--kv", "fp8", "--expert-cache", "0.5", "--prompt", "512", "--output", "64", "--rate", "1",
+            "--requests", "20", "--whatif", "--json"]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    by = {a["assumption"]: a for a in json.loads(out)["whatif"]["assumptions"]}
+    tpot = {k: a["worse"]["tpot_floor_s"] for k, a in by.items()}
+    assert max(tpot, key=tpot.get) == "host link bandwidth"  # a miss fetches its expert over PCIe
+    i = args.index("--expert-cache")
+    code, out, err = run(capsys, *(args[:i] + args[i + 2:]))  # every expert in HBM
+    assert code == 0 and "host link bandwidth" not in out

@@ -153,7 +153,8 @@ def cmd_serve(args) -> int:
         from ..report.whatif import serve_whatif_dict
         print(json.dumps({**_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
                                   has_tpot(traffic.output_tokens)),
-                          **({"whatif": serve_whatif_dict(wi)} if wi else {})}, indent=1))
+                          **({"whatif": serve_whatif_dict(wi, has_tpot(traffic.output_tokens))} if wi else {})},
+                         indent=1))
         return 0
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..search.whatif import Assumption, Unit, nominal, scaled_cluster
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
-from .deploy import EngineLimits, ServePlan, Traffic
+from .deploy import EngineLimits, Traffic
 from .planner import ServeEstimate, estimate_plan
 
 
@@ -33,13 +33,18 @@ class ServeWhatIf:
     rows: tuple[ServeSensitivity, ...]
 
 
-def serve_assumptions(cluster: ClusterSpec, plan: ServePlan) -> tuple[Assumption, ...]:
+def serve_assumptions(cluster: ClusterSpec, est: ServeEstimate) -> tuple[Assumption, ...]:
     """The hardware assumptions the serving step model reads for this deployment (inference/step.py)."""
+    plan = est.plan
     out = [Assumption.COMPUTE, Assumption.ATTENTION, Assumption.HBM]
     if plan.gpus_per_replica > 1:  # TP all-reduces, PP sends
         out.append(Assumption.NVLINK)
-    if plan.gpus_per_replica > cluster.gpus_per_node:  # pipeline sends between nodes
+    # a pipeline send goes TP ranks apart (cost/comm.py p2p_time_s): over the network only once
+    # TP fills a node (a send between two nodes' partial stages is priced over NVLink)
+    if plan.pp > 1 and plan.tp >= cluster.gpus_per_node:
         out += [Assumption.SCALEOUT, Assumption.SCALEOUT_LATENCY]
+    if est.memory.host_bytes > 0:  # experts held in host memory, fetched on a miss
+        out.append(Assumption.HOST_LINK)
     out.append(Assumption.LAUNCH)
     return tuple(out)
 
@@ -48,7 +53,7 @@ def serve_what_if(model: ModelSpec, cluster: ClusterSpec, base: ServeEstimate, t
                   limits: EngineLimits, change: float) -> ServeWhatIf:
     """`base` (a deployment estimated on `cluster`) re-estimated with each assumption moved."""
     rows = []
-    for a in serve_assumptions(cluster, base.plan):
+    for a in serve_assumptions(cluster, base):
         if a is Assumption.ATTENTION:  # the serving step runs the GPU's newest fused kernel
             value, unit = max(cluster.gpu.attention_curve(cluster.gpu.attention_kernels[-1]).y), Unit.OF_PEAK
         else:  # a hardware value: neither the workload nor the plan is read

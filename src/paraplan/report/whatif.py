@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from ..inference.whatif import ServeWhatIf
 from ..search.whatif import Unit, WhatIf
 from ..units import fmt_bw, fmt_time
 from .jsonout import plan_dict
@@ -28,8 +29,9 @@ def _value(value: float, unit: Unit) -> str:
     raise AssertionError(unit)  # pragma: no cover - closed enum
 
 
-def _delta(step_s: float, base_s: float) -> str:
-    return f"{100.0 * (step_s / base_s - 1.0):+.1f}%"
+def _delta(value: float, base: float) -> str:
+    pct = 100.0 * (value / base - 1.0)
+    return f"{0.0 if abs(pct) < 0.05 else pct:+.1f}%"  # no "-0.0%" for rounding noise
 
 
 def whatif_table(w: WhatIf, ranked=()) -> str:
@@ -92,34 +94,38 @@ def whatif_dict(w: WhatIf) -> dict:
     }
 
 
-def serve_whatif_table(w, has_tpot: bool = True) -> str:
+def serve_whatif_table(w: ServeWhatIf, has_tpot: bool = True) -> str:
     """A deployment re-estimated with each assumption moved (inference/whatif.py): the lone
     request's TTFT and TPOT, and throughput and the rate in the targets, δ worse / δ better."""
     pct = f"{100 * w.change:g}%"
     b = w.base
 
-    def pair(get, ms: bool = False) -> str:
+    def pair(row, get) -> str:
         base = get(b)
         if not base:
             return "-"
-        return " / ".join(_delta(get(r), base) for r in (row.worse, row.better))
+        return " / ".join("misses" if not get(e) else _delta(get(e), base) for e in (row.worse, row.better))
 
     rows = []
     for row in w.rows:
-        rows.append([str(row.assumption), _value(row.nominal, row.unit), pair(lambda e: e.ttft_floor_s),
-                     pair(lambda e: e.tpot_floor_s) if has_tpot else "-",
-                     pair(lambda e: e.max_tokens_per_s_per_gpu), pair(lambda e: e.slo_rate_rps),
+        rows.append([str(row.assumption), _value(row.nominal, row.unit), pair(row, lambda e: e.ttft_floor_s),
+                     pair(row, lambda e: e.tpot_floor_s) if has_tpot else "-",
+                     pair(row, lambda e: e.max_tokens_per_s_per_gpu), pair(row, lambda e: e.slo_rate_rps),
                      "-" if row.worse.gpus_needed is None else f"{row.worse.gpus_needed}"])
-    gpus = "-" if b.gpus_needed is None else str(b.gpus_needed)
+    gpus = ("now " + str(b.gpus_needed)) if b.gpus_needed is not None else \
+        ("no rate given" if b.slo_rate_rps > 0 else "the targets are missed")
     return (f"what if one hardware assumption is {pct} off: {b.plan.describe()} re-estimated "
             f"(changes {pct} worse / {pct} better)\n\n"
             + grid(["assumption", "nominal", "TTFT₁", "TPOT₁", "max out tok/s/GPU", "req/s in SLO",
-                    f"GPUs for the rate if worse (now {gpus})"], rows, align="llrrrrr"))
+                    f"GPUs for the rate if worse ({gpus})"], rows, align="llrrrrr")
+            + f"\nworse: rates and bandwidths ×(1 − {pct}), the launch overhead ×(1 + {pct}); req/s in SLO is "
+              "found by bisection to about 3%, so a smaller change there reads as the throughput's")
 
 
-def serve_whatif_dict(w) -> dict:
+def serve_whatif_dict(w: ServeWhatIf, has_tpot: bool = True) -> dict:
+    """JSON of a serving what-if (SI units; TPOT null without a second token, as the ranking's)."""
     def one(e):
-        return {"ttft_floor_s": e.ttft_floor_s, "tpot_floor_s": e.tpot_floor_s,
+        return {"ttft_floor_s": e.ttft_floor_s, "tpot_floor_s": e.tpot_floor_s if has_tpot else None,
                 "max_output_tokens_per_s_per_gpu": e.max_tokens_per_s_per_gpu,
                 "slo_rate_rps_per_replica": e.slo_rate_rps, "gpus_needed": e.gpus_needed}
     return {"change": w.change, "plan": w.base.plan.describe(), "nominal_estimate": one(w.base),

@@ -52,6 +52,7 @@ class Assumption(StrEnum):
     OVERLAP = "overlap slowdown"              # GPUSpec.overlap_slowdown
     LAUNCH = "kernel launch overhead"         # GPUSpec.kernel_launch_overhead_s
     HOST = "eager host time"                  # GPUSpec.eager_layer_host_s (calibrated profiles)
+    HOST_LINK = "host link bandwidth"         # GPUSpec.host_link_bw_unidir_bytes_per_s (offload, host experts)
     IMBALANCE = "MoE load imbalance"          # Workload.moe_imbalance (dropless MoE)
 
 
@@ -129,6 +130,9 @@ def assumptions(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     # an eager engine's layers (not fused, not compiled) wait for their host
     if cluster.gpu.eager_layer_host_s > 0 and any(not p.fused_kernels and not p.compiled for p in plans):
         out.append(Assumption.HOST)
+    # optimizer states offloaded to the host cross its link every step
+    if any(p.offload_optimizer for p in plans):
+        out.append(Assumption.HOST_LINK)
     # dropless routing over more than one expert-parallel rank (else the load factor is 1 or the capacity)
     if model.is_moe and any(p.capacity_factor is None and p.ep > 1 for p in plans):
         out.append(Assumption.IMBALANCE)
@@ -160,6 +164,8 @@ def nominal(assumption: Assumption, cluster: ClusterSpec, workload: Workload, pl
             return gpu.kernel_launch_overhead_s, Unit.SECONDS
         case Assumption.HOST:
             return gpu.eager_layer_host_s, Unit.SECONDS
+        case Assumption.HOST_LINK:
+            return gpu.host_link_bw_unidir_bytes_per_s, Unit.BYTES_PER_S
         case Assumption.IMBALANCE:  # as the plan's routing reads it: at most its EP (cost/moe.py)
             return float(load_factor(workload, plan)), Unit.FACTOR
     raise AssertionError(assumption)  # pragma: no cover - closed enum
@@ -207,7 +213,9 @@ def scaled_cluster(assumption: Assumption, cluster: ClusterSpec, change: float, 
             return replace(cluster, gpu=_gpu(gpu, kernel_launch_overhead_s=f))
         case Assumption.HOST:
             return replace(cluster, gpu=_gpu(gpu, eager_layer_host_s=f))
-    raise SpecError("what-if", "assumption", str(assumption), "a hardware assumption")
+        case Assumption.HOST_LINK:
+            return replace(cluster, gpu=_gpu(gpu, host_link_bw_unidir_bytes_per_s=f))
+    raise AssertionError(f"{assumption} is not a hardware assumption")
 
 
 def scenario(assumption: Assumption, model: ModelSpec, cluster: ClusterSpec, workload: Workload, change: float,
