@@ -248,3 +248,22 @@ def test_serve_whatif_shows_the_host_link_where_experts_live_in_host_memory(caps
     i = args.index("--expert-cache")
     code, out, err = run(capsys, *(args[:i] + args[i + 2:]))  # every expert in HBM
     assert code == 0 and "host link bandwidth" not in out
+
+
+def test_a_pipeline_send_that_leaves_the_node_crosses_the_network():
+    from paraplan.inference.deploy import ServePlan
+    from paraplan.inference.step import IterationModel
+    cluster = load_cluster("dgx-h100", num_gpus=16)
+    slow_net = replace(cluster, scaleout=replace(cluster.scaleout, bw_unidir_bytes_per_s=cluster.scaleout.bw_unidir_bytes_per_s / 100))
+    llama70 = load_model("llama3-70b")
+
+    def hops(cl, tp, pp):
+        return IterationModel(llama70, cl, ServePlan(tp=tp, pp=pp))._hop_s(4096)
+
+    # TP4 PP4 on two nodes: stages 0-1 on one node, 2-3 on the other; one of three sends crosses
+    total, slowest = hops(cluster, 4, 4)
+    total_slow, slowest_slow = hops(slow_net, 4, 4)
+    assert slowest_slow > slowest and total_slow - total == pytest.approx(slowest_slow - slowest, rel=1e-9)
+    assert hops(slow_net, 4, 2) == hops(cluster, 4, 2)  # one node: NVLink only
+    t8, s8 = hops(slow_net, 8, 2)  # TP fills the node: every send crosses
+    assert t8 == pytest.approx(s8) and s8 == pytest.approx(slowest_slow)

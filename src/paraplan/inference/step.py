@@ -329,9 +329,18 @@ class IterationModel:
             s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
         return L * s
 
-    def _hop_s(self, tokens: int) -> float:
-        """Activations of `tokens` to the next pipeline stage (the next tp group)."""
-        return float(p2p_time_s(self.cluster, tokens * self.model.hidden_size * ACT_BYTES, self.plan.tp))
+    def _hop_s(self, tokens: int) -> tuple[float, float]:
+        """Activations of `tokens` passed down the pipeline: (all p − 1 sends, the slowest one).
+        Stage i holds GPUs [i·tp, (i+1)·tp); a send whose next stage starts a node crosses the
+        network, the others stay on NVLink (every send once TP fills a node)."""
+        p, tp, gpn = self.plan.pp, self.plan.tp, self.cluster.gpus_per_node
+        if p <= 1:
+            return 0.0, 0.0
+        num_bytes = tokens * self.model.hidden_size * ACT_BYTES
+        crossing = sum(1 for i in range(1, p) if (i * tp) // gpn != (i * tp - 1) // gpn)
+        near = float(p2p_time_s(self.cluster, num_bytes, min(tp, gpn - 1)))   # within a node
+        far = float(p2p_time_s(self.cluster, num_bytes, max(tp, gpn)))        # between nodes
+        return (p - 1 - crossing) * near + crossing * far, far if crossing else near
 
     def _lm_head_s(self, rows: int) -> float:
         if rows <= 0:
@@ -369,5 +378,5 @@ class IterationModel:
         share = Tm / T   # of the attention work and the sampled rows, in the largest micro-batch
         stage = self._linear(Tm) + self.attention_s(prefill_pairs * share, decode_ctx_tokens * share)
         head = self.lm_head_s(-(-logit_rows * Tm // T))
-        hop = self._hop(Tm)
-        return max(p * stage + head + (p - 1) * hop, m * (stage + max(head, hop)))
+        hops, slowest = self._hop(Tm)
+        return max(p * stage + head + hops, m * (stage + max(head, slowest)))

@@ -39,9 +39,8 @@ def serve_assumptions(cluster: ClusterSpec, est: ServeEstimate) -> tuple[Assumpt
     out = [Assumption.COMPUTE, Assumption.ATTENTION, Assumption.HBM]
     if plan.gpus_per_replica > 1:  # TP all-reduces, PP sends
         out.append(Assumption.NVLINK)
-    # a pipeline send goes TP ranks apart (cost/comm.py p2p_time_s): over the network only once
-    # TP fills a node (a send between two nodes' partial stages is priced over NVLink)
-    if plan.pp > 1 and plan.tp >= cluster.gpus_per_node:
+    # a pipeline send whose next stage starts another node crosses the network (step.py _hop_s)
+    if plan.pp > 1 and plan.gpus_per_replica > cluster.gpus_per_node:
         out += [Assumption.SCALEOUT, Assumption.SCALEOUT_LATENCY]
     if est.memory.host_bytes > 0:  # experts held in host memory, fetched on a miss
         out.append(Assumption.HOST_LINK)
