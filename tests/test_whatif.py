@@ -267,3 +267,22 @@ def test_a_pipeline_send_that_leaves_the_node_crosses_the_network():
     assert hops(slow_net, 4, 2) == hops(cluster, 4, 2)  # one node: NVLink only
     t8, s8 = hops(slow_net, 8, 2)  # TP fills the node: every send crosses
     assert t8 == pytest.approx(s8) and s8 == pytest.approx(slowest_slow)
+
+
+def test_a_training_pipeline_crosses_the_network_only_between_nodes():
+    """Stages t·c·d ranks apart: with t·c·d < a node, one send of PP4 × 4 ranks on two nodes
+    crosses the network, and a hand-off costs the mean of the three."""
+    cluster = load_cluster("dgx-h100", num_gpus=16)
+    slow = replace(cluster, scaleout=replace(cluster.scaleout, bw_unidir_bytes_per_s=cluster.scaleout.bw_unidir_bytes_per_s / 100))
+
+    def hand_off(cl, **kw):
+        return float(np.asarray(evaluate(LLAMA8, cl, WL, PlanBatch.from_plans([make_plan(**kw)])).p2p_s)[0])
+
+    split = dict(tp=2, pp=4, dp=2, zero=ZeroStage.OPTIMIZER)       # stages 4 ranks apart: 1 of 3 sends leaves
+    across = dict(tp=2, pp=2, dp=4, zero=ZeroStage.OPTIMIZER)       # stages a node apart: every send leaves
+    inside = dict(tp=2, pp=4, zero=ZeroStage.OPTIMIZER)              # 8 GPUs: none leaves
+    one_node = load_cluster("dgx-h100", num_gpus=8)
+    assert hand_off(slow, **across) > 10 * hand_off(cluster, **across)
+    grown = hand_off(slow, **split) - hand_off(cluster, **split)
+    assert grown == pytest.approx((hand_off(slow, **across) - hand_off(cluster, **across)) / 3, rel=1e-6)
+    assert hand_off(replace(one_node, scaleout=slow.scaleout), **inside) == hand_off(one_node, **inside)

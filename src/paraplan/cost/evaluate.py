@@ -889,7 +889,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
     pp_stride = t * c * d
-    p2p = np.where(p > 1, p2p_time_s(cluster, p2p_bytes, pp_stride), 0.0)
+    # consecutive stages sit t·c·d ranks apart: where that is less than a node, only the sends
+    # whose next stage starts another node cross the network (node boundaries inside the
+    # pipeline's p·t·c·d ranks); one hand-off costs the mean over the p − 1 sends
+    gpn = cluster.gpus_per_node
+    crossing = np.where(pp_stride >= gpn, p - 1.0,
+                        np.minimum(p - 1.0, np.floor((p * pp_stride - 1.0) / gpn)))
+    near = p2p_time_s(cluster, p2p_bytes, np.minimum(pp_stride, gpn - 1))
+    far = p2p_time_s(cluster, p2p_bytes, pp_stride * np.ceil(gpn / np.maximum(pp_stride, 1)))
+    p2p = np.where(p > 1, ((p - 1.0 - crossing) * near + crossing * far) / np.maximum(p - 1.0, 1.0), 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
