@@ -201,3 +201,9 @@ def test_several_clusters_say_what_each_gpu_hour_cost(capsys):
 def test_a_cluster_list_outside_scale_says_where_lists_belong(capsys, command):
     line = assert_user_error(*run(capsys, *command, "--cluster", "dgx-h100,dgx-b200"))
     assert "paraplan scale" in line
+
+
+def test_pins_no_cluster_allows_name_every_cluster(capsys):
+    line = assert_user_error(*run(capsys, "scale", *SMALL, "--counts", "8,16", "--cluster", "dgx-h100,dgx-b200",
+                                  "--tp", "16"))
+    assert "--tp" in line and "dgx-h100, dgx-b200" in line

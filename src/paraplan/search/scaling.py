@@ -113,7 +113,12 @@ def scale(model: ModelSpec, clusters: Sequence[ClusterSpec], workload: Workload,
         points.append(ScalePoint(**where, best=best, why_not="", num_candidates=res.num_candidates,
                                  elapsed_s=res.elapsed_s, efficiency=best.tokens_per_s_per_gpu / first))
     if pin_errors and len(pin_errors) == len(points):
-        raise pin_errors[0]
+        first = pin_errors[0]
+        names = tuple(dict.fromkeys(p.cluster_name for p in points))
+        if len(names) > 1:  # the pins fail on every cluster, not only on the first one named
+            raise SpecError(f"{first.where} (and on every count of {', '.join(names)})", first.field, first.value,
+                            first.allowed)
+        raise first
     if points and all(p.best is None for p in points):
         counts = ", ".join(dict.fromkeys(f"{p.num_gpus:,}" for p in points))
         names = tuple(dict.fromkeys(p.cluster_name for p in points))
