@@ -286,3 +286,32 @@ def test_a_training_pipeline_crosses_the_network_only_between_nodes():
     grown = hand_off(slow, **split) - hand_off(cluster, **split)
     assert grown == pytest.approx((hand_off(slow, **across) - hand_off(cluster, **across)) / 3, rel=1e-6)
     assert hand_off(replace(one_node, scaleout=slow.scaleout), **inside) == hand_off(one_node, **inside)
+
+
+def test_pipeline_crossings_count_what_a_rank_by_rank_walk_counts():
+    from paraplan.cost.comm import pipeline_crossings
+    for G in (8, 72):  # a DGX node, a GB200 NVL72 rack
+        for s in range(1, 2 * G, 3):
+            for p in range(2, 12):
+                walk = sum(1 for i in range(1, p) if any(((i - 1) * s + k) // G != (i * s + k) // G for k in range(s)))
+                assert pipeline_crossings(p, s, s, G) == walk, (G, s, p)
+    # vectorized, as evaluate calls it: TP16 stages on 72-GPU racks straddle a rack
+    got = pipeline_crossings(np.array([8.0, 4.0, 2.0, 16.0]), np.array([16.0, 32.0, 64.0, 8.0]),
+                             np.array([16.0, 32.0, 64.0, 8.0]), 72)
+    assert got.tolist() == [2.0, 2.0, 1.0, 1.0]
+
+
+def test_an_interleaved_pipeline_wraps_around_to_the_first_node():
+    cluster = load_cluster("dgx-h100", num_gpus=16)
+    slow = replace(cluster, scaleout=replace(cluster.scaleout, bw_unidir_bytes_per_s=cluster.scaleout.bw_unidir_bytes_per_s / 100))
+
+    def hand_off(cl, **kw):
+        return float(np.asarray(evaluate(LLAMA8, cl, WL, PlanBatch.from_plans([make_plan(**kw)])).p2p_s)[0])
+
+    base = dict(tp=2, pp=4, dp=2, zero=ZeroStage.OPTIMIZER)
+    inter = dict(base, vp=2, schedule=Schedule.INTERLEAVED_1F1B)
+    far = dict(tp=2, pp=2, dp=4, zero=ZeroStage.OPTIMIZER)  # every send leaves the node
+    step_far = hand_off(slow, **far) - hand_off(cluster, **far)
+    # 1F1B: 1 of 3 sends leaves; interleaved over v = 2: 2 of its 6 sends down, and the 1 back
+    assert hand_off(slow, **base) - hand_off(cluster, **base) == pytest.approx(step_far / 3, rel=1e-6)
+    assert hand_off(slow, **inter) - hand_off(cluster, **inter) == pytest.approx(step_far * 3 / 7, rel=1e-6)

@@ -121,3 +121,26 @@ def p2p_time_s(cluster: ClusterSpec, num_bytes, stride):
     if cluster.dcn is not None and cluster.gpus_per_island:
         t = np.where(st >= cluster.gpus_per_island, one(cluster.dcn), t)
     return t
+
+
+def pipeline_crossings(p, stride, block, gpus_per_node):
+    """How many of a pipeline's p − 1 sends leave a node (vectorized). Consecutive stages sit
+    `stride` ranks apart and each stage of one pipeline holds `block` consecutive ranks (TP×CP
+    in training, whose DP replicas interleave; TP in serving). Where the block divides the node,
+    node boundaries fall between stages: min(p − 1, ⌊(p·stride − 1)/G⌋) of the sends cross. Where
+    it does not, a send crosses if the two stages' ranks span two nodes (an upper bound in
+    training, where another replica may be the one crossing). Every send crosses once the
+    stride reaches a node."""
+    p = np.asarray(p, dtype=float)
+    st = np.asarray(stride, dtype=float)
+    blk = np.asarray(block, dtype=float)
+    G = float(gpus_per_node)
+    out = np.where(st >= G, p - 1.0, np.minimum(p - 1.0, np.floor((p * st - 1.0) / G)))
+    odd = (st < G) & (np.mod(G, np.maximum(blk, 1.0)) != 0) & (p > 1)
+    if np.any(odd):
+        count = np.zeros(np.shape(out))
+        for i in range(1, int(np.max(np.where(odd, p, 1))) ):
+            spans = np.floor(((i + 1) * st - 1.0) / G) > np.floor((i - 1) * st / G)
+            count = count + np.where(odd & (i < p), spans, False)
+        out = np.where(odd, count, out)
+    return out if np.ndim(out) else float(out)

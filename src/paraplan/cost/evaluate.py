@@ -32,7 +32,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .comm import Collective, collective_time_s, p2p_time_s
+from .comm import Collective, collective_time_s, p2p_time_s, pipeline_crossings
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
@@ -890,14 +890,17 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     p2p_bytes = ab * T * h / sp_div
     pp_stride = t * c * d
     # consecutive stages sit t·c·d ranks apart: where that is less than a node, only the sends
-    # whose next stage starts another node cross the network (node boundaries inside the
-    # pipeline's p·t·c·d ranks); one hand-off costs the mean over the p − 1 sends
+    # that leave a node cross the network (comm.pipeline_crossings). One hand-off costs the mean
+    # over the p·v − 1 hops of the virtual pipeline: v·(p − 1) sends down it and v − 1 from the
+    # last rank back to the first, which leave the node once the pipeline spans two
     gpn = cluster.gpus_per_node
-    crossing = np.where(pp_stride >= gpn, p - 1.0,
-                        np.minimum(p - 1.0, np.floor((p * pp_stride - 1.0) / gpn)))
+    crossing = pipeline_crossings(p, pp_stride, t * c, gpn)
+    wrap = np.where((pp_stride >= gpn) | (p * pp_stride > gpn), 1.0, 0.0)
+    hops = np.maximum(p * v - 1.0, 1.0)
+    far_share = (v * crossing + (v - 1.0) * wrap) / hops
     near = p2p_time_s(cluster, p2p_bytes, np.minimum(pp_stride, gpn - 1))
     far = p2p_time_s(cluster, p2p_bytes, pp_stride * np.ceil(gpn / np.maximum(pp_stride, 1)))
-    p2p = np.where(p > 1, ((p - 1.0 - crossing) * near + crossing * far) / np.maximum(p - 1.0, 1.0), 0.0)
+    p2p = np.where(p > 1, (1.0 - far_share) * near + far_share * far, 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..cost.comm import Collective, collective_time_s, p2p_time_s
+from ..cost.comm import Collective, collective_time_s, p2p_time_s, pipeline_crossings
 from ..cost.memory import ACT_BYTES  # activations and all-reduces in 16 bits (FP8 engines too)
 from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
@@ -331,13 +331,13 @@ class IterationModel:
 
     def _hop_s(self, tokens: int) -> tuple[float, float]:
         """Activations of `tokens` passed down the pipeline: (all p − 1 sends, the slowest one).
-        Stage i holds GPUs [i·tp, (i+1)·tp); a send whose next stage starts a node crosses the
-        network, the others stay on NVLink (every send once TP fills a node)."""
+        Stage i holds GPUs [i·tp, (i+1)·tp); a send between stages on two nodes crosses the
+        network, the others stay on NVLink (cost/comm.py pipeline_crossings)."""
         p, tp, gpn = self.plan.pp, self.plan.tp, self.cluster.gpus_per_node
         if p <= 1:
             return 0.0, 0.0
         num_bytes = tokens * self.model.hidden_size * ACT_BYTES
-        crossing = sum(1 for i in range(1, p) if (i * tp) // gpn != (i * tp - 1) // gpn)
+        crossing = int(pipeline_crossings(p, tp, tp, gpn))
         near = float(p2p_time_s(self.cluster, num_bytes, min(tp, gpn - 1)))   # within a node
         far = float(p2p_time_s(self.cluster, num_bytes, max(tp, gpn)))        # between nodes
         return (p - 1 - crossing) * near + crossing * far, far if crossing else near
