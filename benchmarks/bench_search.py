@@ -41,6 +41,16 @@ CASES = (
 )
 
 
+def environment() -> dict:
+    """What the timings were taken on (the benchmarks print it with their figures)."""
+    return {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
+            "cpus": os.cpu_count()}
+
+
+def environment_line(env: dict) -> str:
+    return f"python {env['python']}, numpy {env['numpy']}, {env['machine']}, {env['cpus']} CPUs"
+
+
 def run_case(label, model_name, cluster_name, num_gpus, seq, batch, precision, engine, repeat):
     model = load_model(model_name)
     cluster = load_cluster(cluster_name, num_gpus=num_gpus)
@@ -78,12 +88,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the fastest is reported")
     args = ap.parse_args(argv)
     rows = [run_case(*case, repeat=max(1, args.repeat)) for case in CASES]
-    env = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
-           "cpus": os.cpu_count()}
+    env = environment()
     if args.json:
         print(json.dumps({"environment": env, "results": rows}, indent=1))
         return 0
-    print(f"python {env['python']}, numpy {env['numpy']}, {env['machine']}, {env['cpus']} CPUs")
+    print(environment_line(env))
     header = f"{'case':<40} {'candidates':>11} {'valid':>10} {'fit':>10} {'seconds':>8} {'plans/s':>10}  best plan"
     print(header)
     print("-" * len(header))

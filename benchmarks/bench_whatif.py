@@ -18,14 +18,12 @@ import argparse
 import json
 import math
 import os
-import platform
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-import numpy as np  # noqa: E402
-
+from bench_search import environment, environment_line  # noqa: E402
 from paraplan.search.planner import search  # noqa: E402
 from paraplan.search.whatif import DEFAULT_CHANGE, WHATIF_CANDIDATES, scenario, what_if  # noqa: E402
 from paraplan.specs.catalog import load_cluster, load_model  # noqa: E402
@@ -85,13 +83,11 @@ def main(argv=None) -> int:
     ap.add_argument("--retime-only", action="store_true", help="what-if without its whole searches")
     args = ap.parse_args(argv)
     results = [run_case(*case, retime_only=args.retime_only) for case in CASES]
-    env = {"python": platform.python_version(), "numpy": np.__version__, "machine": platform.machine(),
-           "cpus": os.cpu_count()}
+    env = environment()
     if args.json:
         print(json.dumps({"environment": env, "results": results}, indent=1))
         return 0
-    print(f"python {env['python']}, numpy {env['numpy']}, {env['machine']}, {env['cpus']} CPUs; "
-          f"each assumption {100 * DEFAULT_CHANGE:g}% worse")
+    print(f"{environment_line(env)}; each assumption {100 * DEFAULT_CHANGE:g}% worse")
     head = (f"{'case':<40} {'search s':>8} {'whatif s':>8} {'searched again':>14} {'full s':>8} {'same best':>10} "
             f"{'max gap':>8}")
     print(head)

@@ -139,8 +139,19 @@ def pipeline_crossings(p, stride, block, gpus_per_node):
     odd = (st < G) & (np.mod(G, np.maximum(blk, 1.0)) != 0) & (p > 1)
     if np.any(odd):
         count = np.zeros(np.shape(out))
-        for i in range(1, int(np.max(np.where(odd, p, 1))) ):
+        for i in range(1, int(np.max(np.where(odd, p, 1)))):
             spans = np.floor(((i + 1) * st - 1.0) / G) > np.floor((i - 1) * st / G)
             count = count + np.where(odd & (i < p), spans, False)
         out = np.where(odd, count, out)
     return out if np.ndim(out) else float(out)
+
+
+def pipeline_send_times_s(cluster: ClusterSpec, num_bytes, stride):
+    """(a pipeline send that stays in its node, one that leaves it) for stages `stride` ranks
+    apart: NVLink, and the tier a node's width of ranks away (every send leaves once the stride
+    reaches a node: then both are the stride's own tier)."""
+    st = np.asarray(stride, dtype=float)
+    G = cluster.gpus_per_node
+    near = p2p_time_s(cluster, num_bytes, np.minimum(st, G - 1))
+    far = p2p_time_s(cluster, num_bytes, st * np.ceil(G / np.maximum(st, 1.0)))
+    return near, far

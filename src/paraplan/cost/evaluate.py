@@ -32,7 +32,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .comm import Collective, collective_time_s, p2p_time_s, pipeline_crossings
+from .comm import Collective, collective_time_s, p2p_time_s, pipeline_crossings, pipeline_send_times_s
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
@@ -898,8 +898,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     wrap = np.where((pp_stride >= gpn) | (p * pp_stride > gpn), 1.0, 0.0)
     hops = np.maximum(p * v - 1.0, 1.0)
     far_share = (v * crossing + (v - 1.0) * wrap) / hops
-    near = p2p_time_s(cluster, p2p_bytes, np.minimum(pp_stride, gpn - 1))
-    far = p2p_time_s(cluster, p2p_bytes, pp_stride * np.ceil(gpn / np.maximum(pp_stride, 1)))
+    near, far = pipeline_send_times_s(cluster, p2p_bytes, pp_stride)
     p2p = np.where(p > 1, (1.0 - far_share) * near + far_share * far, 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
     # a middle stage exists from p = 3

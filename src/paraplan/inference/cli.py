@@ -6,6 +6,7 @@ import json
 import sys
 
 from ..argtypes import percent_below_100, positive_float, positive_int
+from ..search.whatif import DEFAULT_CHANGE
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
@@ -52,10 +53,11 @@ def add_parser(sub) -> None:
                    help="the engine honours the model's sliding windows: a windowed layer attends to and keeps only "
                         "its last w tokens (vLLM's default; TensorRT-LLM with max_attention_window_size)")
     s.add_argument("--top", type=positive_int, default=10, help="plans to show (default 10)")
-    s.add_argument("--whatif", type=percent_below_100, nargs="?", const=20.0, default=None, metavar="PCT",
+    s.add_argument("--whatif", type=percent_below_100, nargs="?", const=100.0 * DEFAULT_CHANGE, default=None,
+                   metavar="PCT",
                    help="also re-estimate the best deployment with each hardware assumption (compute rate, "
                         "attention kernels, HBM and link bandwidth, launch overhead) PCT%% worse and better "
-                        "(default 20)")
+                        f"(default {100 * DEFAULT_CHANGE:g})")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_serve)
 

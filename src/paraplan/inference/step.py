@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..cost.comm import Collective, collective_time_s, p2p_time_s, pipeline_crossings
+from ..cost.comm import Collective, collective_time_s, pipeline_crossings, pipeline_send_times_s
 from ..cost.memory import ACT_BYTES  # activations and all-reduces in 16 bits (FP8 engines too)
 from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
@@ -338,8 +338,7 @@ class IterationModel:
             return 0.0, 0.0
         num_bytes = tokens * self.model.hidden_size * ACT_BYTES
         crossing = int(pipeline_crossings(p, tp, tp, gpn))
-        near = float(p2p_time_s(self.cluster, num_bytes, min(tp, gpn - 1)))   # within a node
-        far = float(p2p_time_s(self.cluster, num_bytes, max(tp, gpn)))        # between nodes
+        near, far = (float(x) for x in pipeline_send_times_s(self.cluster, num_bytes, tp))
         return (p - 1 - crossing) * near + crossing * far, far if crossing else near
 
     def _lm_head_s(self, rows: int) -> float:

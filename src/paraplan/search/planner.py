@@ -22,6 +22,7 @@ from ..specs.workload import Workload
 from ..units import fmt_bytes
 
 CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search)
+SIMULATED_PLANS = 64  # the closed form's fastest plans the event simulator re-times (docs/model.md, Search)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +40,7 @@ class SearchResult:
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits = SpaceLimits(),
-           fixed: dict | None = None, top_k: int = 10, resimulate: int = 64, progress=None,
+           fixed: dict | None = None, top_k: int = 10, resimulate: int = SIMULATED_PLANS, progress=None,
            require_fit: bool = True) -> SearchResult:
     """Rank plans by simulated step time; `progress(done, total)` (candidate plans) is called
     per slice of the space.

@@ -31,10 +31,12 @@ from ..specs.curves import EfficiencyCurve
 from ..specs.hardware import ClusterSpec, GPUSpec, LinkTier
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .planner import finished
+from .planner import SIMULATED_PLANS, finished
 
-DEFAULT_CHANGE = 0.2  # ±20%: about the spread between a datasheet and what a cluster achieves
-WHATIF_CANDIDATES = 64  # plans re-ranked per scenario: the search's simulated set (planner.search)
+# how far each assumption moves by default: a step for comparing assumptions with one another,
+# not a measured uncertainty (--whatif PCT sets it)
+DEFAULT_CHANGE = 0.2
+WHATIF_CANDIDATES = SIMULATED_PLANS  # plans re-ranked per scenario: the ones the search simulated
 # the fastest plan on a changed cluster and workload (a whole search), None when none fits
 SearchAgain = Callable[[ClusterSpec, Workload], Estimate | None]
 
@@ -175,19 +177,20 @@ def _scaled_curve(curve: EfficiencyCurve, factor: float) -> EfficiencyCurve:
     return EfficiencyCurve(x=curve.x, y=tuple(min(1.0, y * factor) for y in curve.y))
 
 
-def _tier(tier: LinkTier, **scale) -> LinkTier:
-    return replace(tier, **{k: getattr(tier, k) * f for k, f in scale.items()})
+def _scaled(spec: GPUSpec | LinkTier, **scale) -> GPUSpec | LinkTier:
+    """`spec` with each named field multiplied by its factor."""
+    return replace(spec, **{k: getattr(spec, k) * f for k, f in scale.items()})
 
 
-def _gpu(gpu: GPUSpec, **scale) -> GPUSpec:
-    return replace(gpu, **{k: getattr(gpu, k) * f for k, f in scale.items()})
+def _factor(assumption: Assumption, change: float, worse: bool) -> float:
+    """The factor on the assumption's value: 1 + δ where it grows in this scenario, else 1 − δ."""
+    return 1.0 + change if (assumption in _HIGHER_IS_WORSE) == worse else 1.0 - change
 
 
 def scaled_cluster(assumption: Assumption, cluster: ClusterSpec, change: float, worse: bool) -> ClusterSpec:
     """The cluster with a hardware `assumption` moved by `change` (worse or better), within what
     the value can be (an efficiency at most 1)."""
-    up = (assumption in _HIGHER_IS_WORSE) == worse  # the value grows in this scenario
-    f = 1.0 + change if up else 1.0 - change
+    f = _factor(assumption, change, worse)
     gpu = cluster.gpu
     match assumption:
         case Assumption.COMPUTE:
@@ -198,23 +201,23 @@ def scaled_cluster(assumption: Assumption, cluster: ClusterSpec, change: float, 
             curves = {k: _scaled_curve(c, f) for k, c in gpu.attention_efficiency.items()}
             return replace(cluster, gpu=replace(gpu, attention_efficiency=curves))
         case Assumption.HBM:
-            return replace(cluster, gpu=_gpu(gpu, hbm_bw_bytes_per_s=f))
+            return replace(cluster, gpu=_scaled(gpu, hbm_bw_bytes_per_s=f))
         case Assumption.NVLINK:
-            return replace(cluster, nvlink=_tier(cluster.nvlink, bw_unidir_bytes_per_s=f))
+            return replace(cluster, nvlink=_scaled(cluster.nvlink, bw_unidir_bytes_per_s=f))
         case Assumption.SCALEOUT:
-            return replace(cluster, scaleout=_tier(cluster.scaleout, bw_unidir_bytes_per_s=f))
+            return replace(cluster, scaleout=_scaled(cluster.scaleout, bw_unidir_bytes_per_s=f))
         case Assumption.SCALEOUT_LATENCY:
-            return replace(cluster, scaleout=_tier(cluster.scaleout, latency_s=f))
+            return replace(cluster, scaleout=_scaled(cluster.scaleout, latency_s=f))
         case Assumption.DCN:
-            return replace(cluster, dcn=_tier(cluster.dcn, bw_unidir_bytes_per_s=f))
+            return replace(cluster, dcn=_scaled(cluster.dcn, bw_unidir_bytes_per_s=f))
         case Assumption.OVERLAP:
             return replace(cluster, gpu=replace(gpu, overlap_slowdown=min(gpu.overlap_slowdown * f, 1.0)))
         case Assumption.LAUNCH:
-            return replace(cluster, gpu=_gpu(gpu, kernel_launch_overhead_s=f))
+            return replace(cluster, gpu=_scaled(gpu, kernel_launch_overhead_s=f))
         case Assumption.HOST:
-            return replace(cluster, gpu=_gpu(gpu, eager_layer_host_s=f))
+            return replace(cluster, gpu=_scaled(gpu, eager_layer_host_s=f))
         case Assumption.HOST_LINK:
-            return replace(cluster, gpu=_gpu(gpu, host_link_bw_unidir_bytes_per_s=f))
+            return replace(cluster, gpu=_scaled(gpu, host_link_bw_unidir_bytes_per_s=f))
     raise AssertionError(f"{assumption} is not a hardware assumption")
 
 
@@ -223,7 +226,7 @@ def scenario(assumption: Assumption, model: ModelSpec, cluster: ClusterSpec, wor
     """The cluster and workload with `assumption` moved by `change` (worse or better), within
     what the value can be (an efficiency at most 1, the imbalance from 1 to experts/top-k)."""
     if assumption is Assumption.IMBALANCE:
-        f = 1.0 + change if worse else 1.0 - change
+        f = _factor(assumption, change, worse)
         # the busiest rank's load ×(1 ± δ); one rank receiving every token is the most
         most = model.num_experts / model.top_k if model.is_moe else workload.moe_imbalance
         return cluster, replace(workload, moe_imbalance=min(max(1.0, workload.moe_imbalance * f), most))
