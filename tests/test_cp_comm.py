@@ -127,7 +127,7 @@ def test_search_restricted_to_an_impossible_exchange_says_why(capsys):
 def test_malformed_cp_comm_cell_refuses_the_file(tmp_path, capsys):
     src = Path(__file__).resolve().parents[1] / "validation" / "llama3_herd_table4.csv"
     bad = tmp_path / "bad.csv"
-    bad.write_text(src.read_text().replace(",allgather\n", ",ringx\n"))
+    bad.write_text(src.read_text().replace(",allgather,", ",ringx,"))
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "cp_comm_type" in err and "'ringx'" in err and "bad.csv:4" in err and "Traceback" not in err

@@ -1,4 +1,4 @@
-"""Pipeline sends between nodes (cost/comm.py pipeline_crossings, pipeline_send_times_s): the
+"""Pipeline sends between nodes (cost/comm.py pipeline_crossings, pipeline_hops_s): the
 training hand-off (cost/evaluate.py) and the serving hop (inference/step.py) count the sends
 that leave a node and price only those on the network."""
 

@@ -95,6 +95,9 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="unfused, flash2 or flash3 (default: the fastest the GPU runs)")
         g.add_argument("--cp-comm", default=None,
                        help="with --cp > 1: p2p (ring attention, default), allgather (Llama 3) or a2a (Ulysses)")
+        g.add_argument("--rank-order", default=None,
+                       help="tp-cp-dp-pp (pipeline outermost: Megatron's default, torchtitan, DeepSpeed) or "
+                            "tp-cp-pp-dp (data parallelism outermost: Megatron --use-tp-pp-dp-mapping, Llama 3)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: drop tokens beyond this capacity factor and pad to it (default: dropless)")
         g.add_argument("--a2a-hierarchical", action="store_true",
@@ -104,6 +107,9 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
     else:
         g.add_argument("--cp-comm", default=None,
                        help="context parallel K/V exchange to search: p2p, allgather or a2a (default: all three)")
+        g.add_argument("--rank-order", default=None,
+                       help="rank order to search: tp-cp-dp-pp (pipeline outermost) or tp-cp-pp-dp (data "
+                            "parallelism outermost) (default: both)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
@@ -215,7 +221,7 @@ def _specs(args, cluster_name: str | None = None):
 
 
 def _plan_from_args(args, cluster):
-    from .plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+    from .plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
     from .plan.plan import make_plan
     tp, pp, cp, vp = args.tp or 1, args.pp or 1, args.cp or 1, args.vp or 1
     if args.dp is None:
@@ -236,7 +242,8 @@ def _plan_from_args(args, cluster):
     zero = ZeroStage.parse(str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
-    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, ep=args.ep or 1, etp=args.etp or 1,
+    order = RankOrder.parse(args.rank_order, "rank_order") if args.rank_order is not None else RankOrder.TP_CP_DP_PP
+    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, rank_order=order, ep=args.ep or 1, etp=args.etp or 1,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
                      recompute=recompute,
@@ -328,8 +335,12 @@ def _engine_space(support, fixed: dict, limits):
     if not cp_comms:
         raise unsupported(support.engine, "--cp-comm", ",".join(map(str, limits.cp_comm_types)),
                           ", ".join(map(str, support.limits.cp_comm_types)))
+    orders = tuple(o for o in limits.rank_orders if o in support.limits.rank_orders)
+    if not orders:
+        raise unsupported(support.engine, "--rank-order", ",".join(map(str, limits.rank_orders)),
+                          ", ".join(map(str, support.limits.rank_orders)))
     return {**support.pinned, **fixed}, replace(support.search_limits(), capacity_factors=limits.capacity_factors,
-                                                cp_comm_types=cp_comms)
+                                                cp_comm_types=cp_comms, rank_orders=orders)
 
 
 def _expressible(mod, args, ranked, model, wl):
@@ -340,14 +351,15 @@ def _expressible(mod, args, ranked, model, wl):
 
 def _search_pins(args):
     """The plan axes pinned by flags, and the search limits the flags set."""
-    from .plan.axes import CPCommType
+    from .plan.axes import CPCommType, RankOrder
     from .plan.space import SpaceLimits
     fixed = {k2: getattr(args, k1) for k1, k2 in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
                                                     ("ep", "ep"), ("etp", "etp"), ("vp", "vp"),
                                                     ("mb", "micro_batch_size"))
              if getattr(args, k1) is not None}
     cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm_type"),) if args.cp_comm is not None else tuple(CPCommType)
-    return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms)
+    orders = (RankOrder.parse(args.rank_order, "rank_order"),) if args.rank_order is not None else tuple(RankOrder)
+    return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms, rank_orders=orders)
 
 
 DEFAULT_SCALE_COUNTS = (256, 512, 1024, 2048, 4096, 8192, 16384)

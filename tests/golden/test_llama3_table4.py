@@ -24,6 +24,8 @@ def test_llama3_405b_8k_rows_within_15_percent(capsys):
         r = rows[rid]
         assert r["skipped"] is None and abs(r["error_pct"]) <= 15.0, r
         assert "PP16" in r["plan"] and "VP8" in r["plan"]
+        # Meta's rank order (data parallelism outermost) on Meta's cluster (pods of 3,072)
+        assert "order:tp-cp-pp-dp" in r["plan"]
     # the 131k-sequence row runs all-gather context parallelism (its cp_comm_type column)
     r = rows["llama3-t4-3"]
     assert r["skipped"] is None and "CP16/allgather" in r["plan"] and abs(r["error_pct"]) <= 20.0, r

@@ -10,8 +10,11 @@ data-center step (I−1)/I·B/(g·N). Each step adds latency α per ring hop and
 tier's bus bandwidth × efficiency(message bytes) (curves from calibration; all-gather and
 reduce-scatter have curves of their own where a calibration measured them apart).
 
-Group layout follows Megatron's rank order (TP fastest, then CP, then DP, then PP): a group
-is described by its size and its stride in global rank space.
+Group layout follows the plan's rank order (plan/axes.py RankOrder; Megatron's default: TP
+fastest, then CP, then DP, then PP): a group is described by its size and its stride in global
+rank space, or, where the group is not evenly strided, as runs of `block` members `stride`
+apart repeated `outer_stride` apart (the data-parallel group CP×DP when the pipeline sits
+between CP and DP: CP ranks t apart, DP replicas t·c·p apart).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from enum import StrEnum
 
 import numpy as np
 
+from ..plan.placement import members_within, pipeline_crossings
 from ..specs.hardware import ClusterSpec, LinkTier
 
 
@@ -32,20 +36,13 @@ class Collective(StrEnum):
     P2P = "send-recv"
 
 
-def _members_within(domain_gpus: int, group_size, stride):
-    """Members of a strided group that share one domain (node or island) of `domain_gpus`."""
-    n = np.asarray(group_size)
-    st = np.asarray(stride)
-    within = np.maximum(1, domain_gpus // np.maximum(st, 1))
-    return np.minimum(n, within)
-
-
-def group_span(cluster: ClusterSpec, group_size, stride):
-    """(g, N, I): members per node, nodes per island, islands spanned by the group."""
+def group_span(cluster: ClusterSpec, group_size, stride, block=None, outer_stride=None):
+    """(g, N, I): members per node, nodes per island, islands spanned by the group (evenly
+    strided, or in runs of `block` repeated `outer_stride` apart: plan/placement.py members_within)."""
     n = np.asarray(group_size, dtype=float)
-    g = _members_within(cluster.gpus_per_node, group_size, stride).astype(float)
+    g = members_within(cluster.gpus_per_node, group_size, stride, block, outer_stride).astype(float)
     if cluster.gpus_per_island and cluster.dcn is not None:
-        gi = _members_within(cluster.gpus_per_island, group_size, stride).astype(float)
+        gi = members_within(cluster.gpus_per_island, group_size, stride, block, outer_stride).astype(float)
     else:
         gi = n
     nodes = np.maximum(gi / g, 1.0)
@@ -69,11 +66,12 @@ def _hop(tier: LinkTier, members, bytes_moved_per_rank, msg_bytes):
     return np.where(members > 1.0, tier.latency_s + bytes_moved_per_rank / bw, 0.0)
 
 
-def _gather_or_scatter_s(cluster: ClusterSpec, num_bytes, group_size, stride, op: str = ""):
+def _gather_or_scatter_s(cluster: ClusterSpec, num_bytes, group_size, stride, op: str = "",
+                         block=None, outer_stride=None):
     """Hierarchical reduce-scatter (or, symmetric, all-gather) time of a B-byte buffer; `op`
     picks a per-collective efficiency curve ("all_gather", "reduce_scatter"; "" the all-reduce's)."""
     B = np.asarray(num_bytes, dtype=float)
-    g, N, I = group_span(cluster, group_size, stride)
+    g, N, I = group_span(cluster, group_size, stride, block, outer_stride)
     t = _step(cluster.nvlink, g, (g - 1.0) / g * B, B, op)
     t = t + _step(cluster.scaleout, N, (N - 1.0) / N * B / g, B / g, op)
     if cluster.dcn is not None:
@@ -81,15 +79,20 @@ def _gather_or_scatter_s(cluster: ClusterSpec, num_bytes, group_size, stride, op
     return t
 
 
-def collective_time_s(cluster: ClusterSpec, kind: Collective, num_bytes, group_size, stride):
-    """Time of one collective over a strided group (vectorized over numpy arrays)."""
+def collective_time_s(cluster: ClusterSpec, kind: Collective, num_bytes, group_size, stride,
+                      block=None, outer_stride=None):
+    """Time of one collective over a strided group (vectorized over numpy arrays); a group in
+    runs of `block` members repeated `outer_stride` apart where both are given (reductions)."""
     n = np.asarray(group_size)
     B = np.asarray(num_bytes, dtype=float)
+    if block is not None and kind not in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER, Collective.ALL_REDUCE):
+        raise ValueError(f"{kind} over runs of ranks is not modelled")
     if kind in (Collective.ALL_GATHER, Collective.REDUCE_SCATTER):
-        t = _gather_or_scatter_s(cluster, B, n, stride, "all_gather" if kind is Collective.ALL_GATHER else "reduce_scatter")
+        t = _gather_or_scatter_s(cluster, B, n, stride, "all_gather" if kind is Collective.ALL_GATHER else "reduce_scatter",
+                                 block, outer_stride)
     elif kind is Collective.ALL_REDUCE:
         # all-reduce = reduce-scatter + all-gather: the 2·(n−1)/n lives here, once.
-        t = 2.0 * _gather_or_scatter_s(cluster, B, n, stride)
+        t = 2.0 * _gather_or_scatter_s(cluster, B, n, stride, "", block, outer_stride)
     elif kind is Collective.ALL_TO_ALL:
         # B is one rank's buffer, B/n to each peer. NCCL posts every send at once: (g−1)/n of
         # B goes over NVLink while (n−g)/n crosses the network, concurrently, in messages of B/n.
@@ -123,35 +126,37 @@ def p2p_time_s(cluster: ClusterSpec, num_bytes, stride):
     return t
 
 
-def pipeline_crossings(p, stride, block, gpus_per_node):
-    """How many of a pipeline's p − 1 sends leave a node (vectorized). Consecutive stages sit
-    `stride` ranks apart and each stage of one pipeline holds `block` consecutive ranks (TP×CP
-    in training, whose DP replicas interleave; TP in serving). Where the block divides the node,
-    node boundaries fall between stages: min(p − 1, ⌊(p·stride − 1)/G⌋) of the sends cross. Where
-    it does not, a send crosses if the two stages' ranks span two nodes (an upper bound in
-    training, where another replica may be the one crossing). Every send crosses once the
-    stride reaches a node."""
+def _send_s(tier: LinkTier, num_bytes, rate_scale=1.0):
+    B = np.asarray(num_bytes, dtype=float)
+    return tier.latency_s + B / (tier.bw_unidir_bytes_per_s * rate_scale * tier.efficiency.at(B))
+
+
+def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1):
+    """(mean, sum, slowest) time of a pipeline's hand-offs of `num_bytes`, stages `stride`
+    ranks apart and each stage `block` consecutive ranks of one pipeline (pipeline_crossings),
+    over its p·v − 1 hops: v·(p − 1) down the pipeline and, interleaved (v > 1), v − 1 from the
+    last rank back to the first. A hop inside a node goes over NVLink, one to another node over
+    the scale-out network, one to another island over the data-center tier. The data-center
+    tier's per-GPU rate is what each GPU gets when all of an island's GPUs cross at once (an
+    oversubscribed core); a pipeline hop sends from the GPUs of one stage only, min(island,
+    stride) of them, which share the island's uplinks: each gets the tier's rate × island /
+    senders, at most its NIC's scale-out rate. Vectorized."""
     p = np.asarray(p, dtype=float)
     st = np.asarray(stride, dtype=float)
-    blk = np.asarray(block, dtype=float)
-    G = float(gpus_per_node)
-    out = np.where(st >= G, p - 1.0, np.minimum(p - 1.0, np.floor((p * st - 1.0) / G)))
-    odd = (st < G) & (np.mod(G, np.maximum(blk, 1.0)) != 0) & (p > 1)
-    if np.any(odd):
-        count = np.zeros(np.shape(out))
-        for i in range(1, int(np.max(np.where(odd, p, 1)))):
-            spans = np.floor(((i + 1) * st - 1.0) / G) > np.floor((i - 1) * st / G)
-            count = count + np.where(odd & (i < p), spans, False)
-        out = np.where(odd, count, out)
-    return out if np.ndim(out) else float(out)
-
-
-def pipeline_send_times_s(cluster: ClusterSpec, num_bytes, stride):
-    """(a pipeline send that stays in its node, one that leaves it) for stages `stride` ranks
-    apart: NVLink, and the tier a node's width of ranks away (every send leaves once the stride
-    reaches a node: then both are the stride's own tier)."""
-    st = np.asarray(stride, dtype=float)
-    G = cluster.gpus_per_node
-    near = p2p_time_s(cluster, num_bytes, np.minimum(st, G - 1))
-    far = p2p_time_s(cluster, num_bytes, st * np.ceil(G / np.maximum(st, 1.0)))
-    return near, far
+    v = np.asarray(v, dtype=float)
+    G = float(cluster.gpus_per_node)
+    hops = v * (p - 1.0) + (v - 1.0)
+    n_node = v * pipeline_crossings(p, st, block, cluster.gpus_per_node) + (v - 1.0) * ((st >= G) | (p * st > G))
+    near = _send_s(cluster.nvlink, num_bytes)
+    far = _send_s(cluster.scaleout, num_bytes)
+    if cluster.dcn is not None and cluster.gpus_per_island:
+        I = float(cluster.gpus_per_island)
+        n_isl = v * pipeline_crossings(p, st, block, cluster.gpus_per_island) + (v - 1.0) * ((st >= I) | (p * st > I))
+        pooled = np.minimum(I / np.minimum(st, I),
+                            cluster.scaleout.bw_unidir_bytes_per_s / cluster.dcn.bw_unidir_bytes_per_s)
+        across = _send_s(cluster.dcn, num_bytes, np.maximum(pooled, 1.0))
+    else:
+        n_isl, across = np.zeros_like(hops), far
+    total = (hops - n_node) * near + (n_node - n_isl) * far + n_isl * across
+    slowest = np.where(n_isl > 0, across, np.where(n_node > 0, far, near))
+    return total / np.maximum(hops, 1.0), total, slowest

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..sim.schedules import fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .comm import Collective, collective_time_s, p2p_time_s, pipeline_crossings, pipeline_send_times_s
+from .comm import Collective, collective_time_s, p2p_time_s, pipeline_hops_s
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
@@ -243,6 +243,13 @@ class Layout:
     edp: object             # expert data-parallel group
     S_e: object             # the experts' ZeRO shard group: EDP within one HSDP replica, edp/R
     e_stride: object
+    # rank distance between data-parallel replicas (plan.rank_order): t·c with the pipeline
+    # outermost (Megatron's default), t·c·p with data parallelism outermost; CP×DP groups are
+    # runs of c ranks t apart repeated dp_outer apart (dp_block = c; the whole group, one even
+    # run, with the pipeline outermost)
+    dp_outer: object
+    dp_block: object
+    pp_stride: object       # rank distance between consecutive pipeline stages
     dense_layer_params: object
     layer_params: object    # one layer's non-expert parameters on this TP rank
     expert_params: object   # one (average) layer's routed experts on this rank
@@ -303,6 +310,8 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
                          + np.where(only | model.tied_embeddings, model.embedding_params, 0.0)) / t
     S = _f(plan.dp_shard) * c
     edp = t * c * d / ep_etp
+    dp_outermost = (np.asarray(plan.rank_order_code) == RankOrder.TP_CP_PP_DP.code) & (p > 1)
+    dp_outer = np.where(dp_outermost, t * c * p, t * c)
     S_e = edp * _f(plan.dp_shard) / d  # the experts' shard group: EDP within one HSDP replica
     fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
     grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
@@ -316,7 +325,12 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
-        S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=S_e, e_stride=ep_etp,
+        S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=S_e,
+        # expert groups re-slice the stage's ranks in order: EDP members ep·etp folded ranks
+        # apart, dp_outer/(t·c) real ranks per folded one beyond a replica (with data
+        # parallelism outermost EP×ETP = TP×CP, plan/space.py ep_rank_order: dp_outer apart)
+        e_stride=ep_etp * dp_outer / (t * c), dp_outer=dp_outer, dp_block=np.where(dp_outermost, c, c * d),
+        pp_stride=np.where(dp_outermost, t * c, t * c * d),
         dense_layer_params=dense_layer_params, layer_params=dense_layer_params / t, expert_params=expert_params,
         params_stage_first=params_stage_first, params_stage_last=params_stage_last,
         params_stage=np.maximum(params_stage_first, params_stage_last),
@@ -682,8 +696,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     layer_params, expert_params = lay.layer_params, lay.expert_params
     is_z3, is_z2 = lay.is_z3, lay.is_z2
     gather_bytes, reduce_bytes = lay.gather_bytes, lay.reduce_bytes
-    fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t)
-    fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t)
+    # the shard group: dp_shard·c ranks, runs of c when data parallelism is outermost
+    s_runs = dict(block=np.minimum(lay.dp_block, S), outer_stride=lay.dp_outer)
+    fsdp_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * layer_params, S, t, **s_runs)
+    fsdp_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * layer_params, S, t, **s_runs)
     if mc:
         fsdp_ag = fsdp_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_params, S_e, e_stride)
         fsdp_rs = fsdp_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, reduce_bytes * expert_params, S_e, e_stride)
@@ -888,18 +904,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
-    pp_stride = t * c * d
-    # consecutive stages sit t·c·d ranks apart: where that is less than a node, only the sends
-    # that leave a node cross the network (comm.pipeline_crossings). One hand-off costs the mean
-    # over the p·v − 1 hops of the virtual pipeline: v·(p − 1) sends down it and v − 1 from the
-    # last rank back to the first, which leave the node once the pipeline spans two
-    gpn = cluster.gpus_per_node
-    crossing = pipeline_crossings(p, pp_stride, t * c, gpn)
-    wrap = np.where((pp_stride >= gpn) | (p * pp_stride > gpn), 1.0, 0.0)
-    hops = np.maximum(p * v - 1.0, 1.0)
-    far_share = (v * crossing + (v - 1.0) * wrap) / hops
-    near, far = pipeline_send_times_s(cluster, p2p_bytes, pp_stride)
-    p2p = np.where(p > 1, (1.0 - far_share) * near + far_share * far, 0.0)
+    # consecutive stages sit pp_stride ranks apart (t·c·d with the pipeline outermost, t·c with
+    # data parallelism outermost), each a block of t·c ranks of its pipeline: only the sends
+    # that leave a node cross the network, and those that leave an island the data-center tier
+    # (comm.pipeline_hops_s). One hand-off costs the mean over the p·v − 1 hops of the virtual
+    # pipeline: v·(p − 1) sends down it and v − 1 from the last rank back to the first
+    mean_hop, _, _ = pipeline_hops_s(cluster, p2p_bytes, p, lay.pp_stride, t * c, v)
+    p2p = np.where(p > 1, mean_hop, 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
@@ -925,14 +936,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     expert_stage, params_stage = lay.expert_stage, lay.params_stage
     grad_bytes = reduce_bytes * params_stage
     dp_group = d * c
-    dp_stride = t
-    g_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes, dp_group, dp_stride)
-    g_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, dp_group, dp_stride)
-    p_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * params_stage, dp_group, dp_stride)
-    hsdp_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes / S, R, t * c * _f(plan.dp_shard))
+    dp_runs = dict(block=lay.dp_block, outer_stride=lay.dp_outer)
+    g_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes, dp_group, t, **dp_runs)
+    g_rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, grad_bytes, dp_group, t, **dp_runs)
+    p_ag = collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * params_stage, dp_group, t, **dp_runs)
+    replica_stride = lay.dp_outer * _f(plan.dp_shard)
+    hsdp_ar = collective_time_s(cluster, Collective.ALL_REDUCE, grad_bytes / S, R, replica_stride)
     if mc:  # expert gradients sync over EDP (HSDP: their shards all-reduced over the replicas too)
         e_grad = reduce_bytes * expert_stage
-        hsdp_ar = hsdp_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad / S_e, R, t * c * _f(plan.dp_shard))
+        hsdp_ar = hsdp_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad / S_e, R, replica_stride)
         g_ar = g_ar + collective_time_s(cluster, Collective.ALL_REDUCE, e_grad, edp, e_stride)
         g_rs = g_rs + collective_time_s(cluster, Collective.REDUCE_SCATTER, e_grad, edp, e_stride)
         p_ag = p_ag + collective_time_s(cluster, Collective.ALL_GATHER, gather_bytes * expert_stage, edp, e_stride)
@@ -946,8 +958,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         layer_grad_bytes = reduce_bytes * layer_params
 
         def per_unit(kind, group, e_group):
-            out = (L_s * collective_time_s(cluster, kind, layer_grad_bytes, group, t)
-                   + collective_time_s(cluster, kind, grad_bytes - L_s * layer_grad_bytes, group, t))
+            runs = dict(block=np.minimum(lay.dp_block, group), outer_stride=lay.dp_outer)
+            out = (L_s * collective_time_s(cluster, kind, layer_grad_bytes, group, t, **runs)
+                   + collective_time_s(cluster, kind, grad_bytes - L_s * layer_grad_bytes, group, t, **runs))
             if mc:
                 out = out + L_s * collective_time_s(cluster, kind, reduce_bytes * expert_params, e_group, e_stride)
             return out

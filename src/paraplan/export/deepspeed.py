@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from ..plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -33,7 +33,8 @@ ENGINE = Engine.DEEPSPEED
 SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(max_cp=1, max_vp=1, schedules=(Schedule.ONE_F_ONE_B,), recomputes=(Recompute.NONE, Recompute.FULL),
-                       sequence_parallel=(False,), tp_overlap=(False,), hybrid_shard=False, max_ep=1),
+                       sequence_parallel=(False,), tp_overlap=(False,), hybrid_shard=False, max_ep=1,
+                       rank_orders=(RankOrder.TP_CP_DP_PP,)),
     grad_reduce_fp32=False,       # communication_data_type defaults to the model's 16-bit type
     checkpoint_early_stop=False,  # deepspeed.checkpointing re-runs the whole block
     tp_async_backward=False,

@@ -25,9 +25,10 @@ Mapping (paraplan -> Megatron-LM):
 from __future__ import annotations
 
 import shlex
+import numpy as np
 
 from ..cost.moe import shared_expert_overlap
-from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -44,11 +45,18 @@ FSDP_STRATEGY = {ZeroStage.GRADIENTS: "optim_grads", ZeroStage.PARAMETERS: "opti
 # attention/dot_product_attention/context_parallel.py raises on any other)
 CP_COMM = {CPCommType.P2P: "p2p", CPCommType.ALL_GATHER: "all_gather", CPCommType.A2A: "a2a"}
 
+def _tp_pp_dp_mapping_refused(plan) -> object:
+    """Megatron-LM's validate_args: --use-tp-pp-dp-mapping asserts "context_parallel and
+    expert_model_parallel can't be used with tp-pp-dp mapping" (CP·EP ≤ 1). Vectorized."""
+    return ((np.asarray(plan.rank_order_code) == RankOrder.TP_CP_PP_DP.code) & (np.asarray(plan.pp) > 1)
+            & (np.asarray(plan.cp) * np.asarray(plan.ep) > 1))
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # the export writes PP×VP equal chunks (layers_per_chunk): even splits only
     limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), even_pipeline=True,
-                       hierarchical_a2a=False),
+                       hierarchical_a2a=False, engine_rule=lambda batch, model, workload: _tp_pp_dp_mapping_refused(batch)),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
     tp_async_backward=True)       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
@@ -67,6 +75,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           "(--optimizer-cpu-offload needs the distributed optimizer)")
     if plan.a2a_hierarchical:
         raise unsupported(ENGINE, "a2a_hierarchical", True, "the alltoall dispatcher's flat all-to-all")
+    if bool(_tp_pp_dp_mapping_refused(plan)):
+        raise unsupported(ENGINE, "rank_order", str(plan.rank_order),
+                          f"{RankOrder.TP_CP_DP_PP} with CP or EP > 1 (--use-tp-pp-dp-mapping asserts CP·EP ≤ 1)")
     if workload.precision not in (Precision.BF16, Precision.FP16, Precision.FP8):
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16, fp16 or fp8 (--bf16 / --fp16 / --fp8-format)")
     if plan.attention not in ATTENTION:  # pragma: no cover - closed enum
@@ -117,6 +128,8 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         a += ["--num-layers-per-virtual-pipeline-stage", layers_per_chunk(model, plan, ENGINE)]
     if plan.cp > 1:
         a += ["--cp-comm-type", CP_COMM[plan.cp_comm_type]]
+    if plan.rank_order is RankOrder.TP_CP_PP_DP and plan.pp > 1:
+        a.append("--use-tp-pp-dp-mapping")  # rank order tp-cp-ep-pp-dp: data parallelism outermost
     if plan.sequence_parallel:
         a.append("--sequence-parallel")
     if plan.tp_overlap:

@@ -36,7 +36,7 @@ import shlex
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
@@ -134,7 +134,8 @@ SUPPORT = EngineSupport(
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
                        allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
-                       even_pipeline=True, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable),
+                       even_pipeline=True, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
+                       rank_orders=(RankOrder.TP_CP_DP_PP,)),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
@@ -176,6 +177,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           + " (context_parallel_rotate_method alltoall / allgather)")
     if plan.capacity_factor is not None:
         raise unsupported(ENGINE, "capacity_factor", plan.capacity_factor, "dropless MoE only")
+    if plan.rank_order is not RankOrder.TP_CP_DP_PP and plan.pp > 1 and plan.dp > 1:
+        raise unsupported(ENGINE, "rank_order", str(plan.rank_order),
+                          f"{RankOrder.TP_CP_DP_PP} (the device mesh puts the pipeline outermost)")
     if plan.a2a_hierarchical:
         raise unsupported(ENGINE, "a2a_hierarchical", True, "the flat all-to-all only")
     if plan.ep_overlap:

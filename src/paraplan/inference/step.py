@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..cost.comm import Collective, collective_time_s, pipeline_crossings, pipeline_send_times_s
+from ..cost.comm import Collective, collective_time_s, pipeline_hops_s
 from ..cost.memory import ACT_BYTES  # activations and all-reduces in 16 bits (FP8 engines too)
 from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
@@ -332,14 +332,14 @@ class IterationModel:
     def _hop_s(self, tokens: int) -> tuple[float, float]:
         """Activations of `tokens` passed down the pipeline: (all p − 1 sends, the slowest one).
         Stage i holds GPUs [i·tp, (i+1)·tp); a send between stages on two nodes crosses the
-        network, the others stay on NVLink (cost/comm.py pipeline_crossings)."""
-        p, tp, gpn = self.plan.pp, self.plan.tp, self.cluster.gpus_per_node
+        network, one between islands the data-center tier, the others stay on NVLink
+        (cost/comm.py pipeline_hops_s)."""
+        p, tp = self.plan.pp, self.plan.tp
         if p <= 1:
             return 0.0, 0.0
         num_bytes = tokens * self.model.hidden_size * ACT_BYTES
-        crossing = int(pipeline_crossings(p, tp, tp, gpn))
-        near, far = (float(x) for x in pipeline_send_times_s(self.cluster, num_bytes, tp))
-        return (p - 1 - crossing) * near + crossing * far, far if crossing else near
+        _, total, slowest = pipeline_hops_s(self.cluster, num_bytes, p, tp, tp)
+        return float(total), float(slowest)
 
     def _lm_head_s(self, rows: int) -> float:
         if rows <= 0:

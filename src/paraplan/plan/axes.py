@@ -36,6 +36,28 @@ class CPCommType(_Coded):
                              # shards to head shards and back around the attention kernel
 
 
+class RankOrder(_Coded):
+    """How the parallel dimensions map onto global ranks, fastest-varying first: which
+    groups share a node, and which dimension crosses the nodes, pods or islands furthest
+    apart (cost/comm.py). Expert dimensions re-slice a stage's TP×CP×DP ranks in order."""
+
+    # Megatron-Core's default order "tp-cp-ep-dp-pp" (parallel_state.initialize_model_parallel),
+    # torchtitan's device mesh (pp, dp_replicate, dp_shard, cp, tp) and DeepSpeed's
+    # PipeModelDataParallelTopology: the pipeline dimension is the outermost
+    TP_CP_DP_PP = "tp-cp-dp-pp"
+    # Megatron-LM --use-tp-pp-dp-mapping ("tp-cp-ep-pp-dp"); Llama 3 405B's [TP, CP, PP, DP]
+    # (Dubey et al. 2024 Sec. 3.3.2): data parallelism outermost, a pipeline inside a pod
+    TP_CP_PP_DP = "tp-cp-pp-dp"
+
+    @classmethod
+    def parse(cls, text: str, field: str):
+        from ..errors import SpecError
+        try:
+            return cls(str(text).strip().lower().replace("_", "-"))
+        except ValueError:
+            raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls)) from None
+
+
 class ZeroStage(_Coded):
     """Sharding over the data-parallel shard group (Rajbhandari et al. ZeRO)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..specs.workload import Workload
-from .axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,6 +20,9 @@ class Plan:
     ep: int = 1
     etp: int = 1
     vp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    # which dimension is outermost in rank space (plan/axes.py RankOrder): the pipeline
+    # (Megatron's default) or data parallelism (Megatron --use-tp-pp-dp-mapping, Llama 3)
+    rank_order: RankOrder = RankOrder.TP_CP_DP_PP
     micro_batch_size: int = 1
     schedule: Schedule = Schedule.ONE_F_ONE_B
     recompute: Recompute = Recompute.NONE
@@ -102,6 +105,10 @@ class Plan:
         return self.cp_comm_type.code
 
     @property
+    def rank_order_code(self) -> int:
+        return self.rank_order.code
+
+    @property
     def capacity_factor_value(self) -> float:
         """Capacity factor as the vectorized cost model reads it (0.0: dropless)."""
         return 0.0 if self.capacity_factor is None else float(self.capacity_factor)
@@ -123,6 +130,8 @@ class Plan:
             parts.append(f"ETP{self.etp}")
         if self.vp > 1:
             parts.append(f"VP{self.vp}")
+        if self.rank_order is not RankOrder.TP_CP_DP_PP:
+            parts.append(f"order:{self.rank_order}")
         parts.append(f"mb{self.micro_batch_size}")
         if self.pp > 1:
             parts.append(str(self.schedule))

@@ -18,11 +18,13 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from .placement import rank_orders_differ
 from .plan import Plan, Rejected
 
 _INT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "recompute_num_layers", "dp_shard",
-               "schedule_code", "recompute_code", "zero_code", "attention_code", "cp_comm_type_code")
+               "schedule_code", "recompute_code", "zero_code", "attention_code", "cp_comm_type_code",
+               "rank_order_code")
 _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_overlap", "grad_reduce_fp32", "fp32_params",
                 "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "fused_kernels", "autocast", "compiled",
                 "a2a_hierarchical", "ep_overlap")
@@ -38,6 +40,7 @@ class PlanBatch:
     dp: np.ndarray
     cp: np.ndarray
     cp_comm_type_code: np.ndarray
+    rank_order_code: np.ndarray
     ep: np.ndarray
     etp: np.ndarray
     vp: np.ndarray
@@ -74,6 +77,7 @@ class PlanBatch:
         return Plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
             cp_comm_type=CPCommType.from_code(self.cp_comm_type_code[i]),
+            rank_order=RankOrder.from_code(self.rank_order_code[i]),
             ep=int(self.ep[i]), etp=int(self.etp[i]), vp=int(self.vp[i]), micro_batch_size=int(self.micro_batch_size[i]),
             schedule=Schedule.from_code(self.schedule_code[i]),
             recompute=Recompute.from_code(self.recompute_code[i]),
@@ -145,6 +149,14 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda B: B.ep_overlap & ((B.recompute_code == Recompute.FULL.code) | (B.recompute_code == Recompute.FIRST_K.code)),
          lambda P: f"EP communication overlap cannot run with {P.recompute.value} recomputation "
                    "(Megatron-Core allows none, selective or module recomputation with it)"),
+        # Megatron-Core builds the expert ranks in the same order ("tp-ep-pp-dp" when data
+        # parallelism is outermost) and asserts that, unless the pipeline is last, attention and
+        # MoE layers have the same data-parallel size: EDP = DP, so EP×ETP = TP×CP
+        # (parallel_state.initialize_model_parallel, "When not using pp-last rank ordering ...")
+        ("ep_rank_order", lambda B: (B.rank_order_code == RankOrder.TP_CP_PP_DP.code) & (B.pp > 1)
+         & (B.ep * B.etp != B.tp * B.cp),
+         lambda P: f"rank order {P.rank_order} with experts needs EP×ETP = TP×CP (= {P.tp * P.cp}), "
+                   f"not {P.ep}×{P.etp}: Megatron-Core keeps EDP = DP unless the pipeline is outermost"),
         ("capacity", lambda B: (B.capacity_factor_value != 0.0) & ~capacity_factor_ok(model, B.capacity_factor_value),
          lambda P: capacity_factor_rule(model, P.capacity_factor)),
     ] if model.is_moe else [
@@ -294,6 +306,8 @@ class SpaceLimits:
     max_ep: int = 0          # 0: up to the number of experts
     # context parallelism: the K/V exchanges tried when CP>1 (plan/axes.py CPCommType)
     cp_comm_types: tuple[CPCommType, ...] = tuple(CPCommType)
+    # rank orders tried (plan/axes.py RankOrder); an engine with a fixed mesh offers one
+    rank_orders: tuple[RankOrder, ...] = tuple(RankOrder)
     # only PP dividing the layers and VP dividing layers/PP (engines that split evenly)
     even_pipeline: bool = False
     # MoE: whether the two-dimensional all-to-all and the EP overlap may be tried (engines lack them)
@@ -366,7 +380,8 @@ class SpaceBlock:
         arr = np.repeat(arr, nm, axis=0)
         n = len(arr)
         batch = PlanBatch(
-            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], cp_comm_type_code=arr[:, 13], vp=arr[:, 4],
+            tp=arr[:, 0], pp=arr[:, 1], dp=arr[:, 2], cp=arr[:, 3], cp_comm_type_code=arr[:, 13],
+            rank_order_code=arr[:, 14], vp=arr[:, 4],
             micro_batch_size=mb_col,
             schedule_code=arr[:, 5], recompute_code=arr[:, 6], recompute_num_layers=arr[:, 7],
             sequence_parallel=arr[:, 8].astype(bool), zero_code=arr[:, 9], dp_shard=arr[:, 10],
@@ -477,6 +492,11 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         # CP = 1 exchanges nothing (counted as the ring); a search for another exchange only
         cpcs = ([x.code for x in limits.cp_comm_types] if cp > 1
                 else [CPCommType.P2P.code] if CPCommType.P2P in limits.cp_comm_types else [])
+        # the rank orders, where they place some group differently (plan/placement.py); else
+        # the default alone, which costs the same
+        island = cluster.gpus_per_island if cluster.dcn is not None else 0
+        differ = rank_orders_differ(tp, cp, pp, dp, shards, cluster.gpus_per_node, island, model.is_moe)
+        orders = [o.code for o in limits.rank_orders if o is RankOrder.TP_CP_DP_PP or differ]
         for vp in vps:
             if pp == 1:
                 scheds = [Schedule.ONE_F_ONE_B]
@@ -497,13 +517,21 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                                     for off in ((True,) if collapsed and zero is not ZeroStage.NONE else offs):
                                         for tpov in (limits.tp_overlap if sp else (False,)):
                                             for cpc in cpcs:
-                                                rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
-                                                             zero.code, shard, off, tpov, cpc))
+                                                for order in orders:
+                                                    rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
+                                                                 zero.code, shard, off, tpov, cpc, order))
         if not rows or not mbs:
             continue
         experts = _expert_choices(model, cluster, limits, fixed, tp, cp, dp)
         if not experts:
             continue
-        blocks.append(SpaceBlock(rows=np.array(rows, dtype=np.int64), experts=tuple(experts),
-                                 micro_batches=tuple(mbs), kernel_code=kernel.code, limits=limits))
+        rows = np.array(rows, dtype=np.int64)
+        dp_outer = rows[:, 14] == RankOrder.TP_CP_PP_DP.code
+        # with data parallelism outermost, expert layers need EP×ETP = TP×CP (the ep_rank_order
+        # rule): those rows take only such expert layouts, not the whole product
+        outer_experts = tuple(x for x in experts if x[0] * x[1] == tp * cp) if model.is_moe else tuple(experts)
+        for part, ex in ((rows[~dp_outer], tuple(experts)), (rows[dp_outer], outer_experts)):
+            if len(part) and ex:
+                blocks.append(SpaceBlock(rows=part, experts=ex, micro_batches=tuple(mbs), kernel_code=kernel.code,
+                                         limits=limits))
     return blocks

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
-from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.axes import RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -177,6 +177,9 @@ def check_runnable(cfg: RunConfig) -> None:
         raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
     if p.offload_optimizer:
         raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
+    if p.rank_order is not RankOrder.TP_CP_DP_PP and p.pp > 1 and p.dp > 1:
+        raise SpecError("run", "rank_order", str(p.rank_order),
+                        f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
     if p.recompute is Recompute.MODULES:
         raise SpecError("run", "--recompute", str(p.recompute),
                         "none, selective, full or first_k (module recomputation is Megatron-Core's; estimate it instead)")

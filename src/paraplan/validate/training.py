@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
 from ..errors import FileFormatError, NoPlanFitsError, ParaplanError, SpecError, UnknownPresetError
-from ..plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model, preset_name
@@ -173,6 +173,12 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     except ValueError:
         raise FileFormatError(path, f"column 'cp_comm_type': {cpc!r} is not allowed; allowed: "
                               + ", ".join(k.value for k in CPCommType) + " or blank (ring, p2p)", line) from None
+    order = (row.get("rank_order") or "").strip()
+    try:
+        cells["rank_order"] = RankOrder(order.lower()) if order else None
+    except ValueError:
+        raise FileFormatError(path, f"column 'rank_order': {order!r} is not allowed; allowed: "
+                              + ", ".join(k.value for k in RankOrder) + " or blank (tp-cp-dp-pp)", line) from None
     prec = (row.get("precision") or "").strip()
     try:
         cells["precision"] = parse_precision(prec) if prec else None  # blank: the row is skipped (row_setup)
@@ -256,6 +262,9 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     # how CP exchanges K/V: the row's optional cp_comm_type column, else Megatron-Core's
     # default ring (p2p), which every Megatron/NeMo CP run in ../shared/validation used
     cp_comms = (c["cp_comm_type"] or CPCommType.P2P,)
+    # the rank order: the row's optional rank_order column, else the pipeline outermost, as
+    # Megatron-LM (without --use-tp-pp-dp-mapping), NeMo and FSDP stacks lay ranks out
+    orders = (c["rank_order"] or RankOrder.TP_CP_DP_PP,)
     # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
     schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
@@ -272,8 +281,12 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
-                         capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms)
-    return RowSetup(model=model, cluster_name=hardware or _cluster_for(row, path, line), num_gpus=c["num_gpus"],
+                         capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms,
+                         rank_orders=orders)
+    # the row's optional cluster column names the system it ran on (a preset or TOML: its
+    # network tiers), else the row's GPU picks its vendor's reference cluster
+    named = without_note(row.get("cluster") or "")
+    return RowSetup(model=model, cluster_name=hardware or named or _cluster_for(row, path, line), num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits)
 
 
