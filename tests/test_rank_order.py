@@ -143,3 +143,16 @@ def test_bad_rank_order_is_one_line(capsys, tmp_path):
     assert main(["validate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "rank_order" in err and "'pp-first'" in err and "bad.csv:2" in err and "Traceback" not in err
+
+
+def test_asking_for_one_order_keeps_the_layouts_where_the_orders_agree():
+    """--rank-order tp-cp-pp-dp narrows the plans where the order matters; a layout that places
+    every group alike under both (PP = 1 here) stays in the space, as the one plan it is."""
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=64, seq_len=4096)
+    cluster = load_cluster("dgx-h100", num_gpus=32)
+    seen = set()
+    for batch, _ in enumerate_space(model, cluster, wl, SpaceLimits(rank_orders=(DP_OUTER,)),
+                                    fixed={"micro_batch_size": 1, "tp": 2}):
+        seen |= set(zip(batch.pp.tolist(), batch.dp.tolist(), batch.rank_order_code.tolist()))
+    assert (1, 16, RankOrder.TP_CP_DP_PP.code) in seen and (2, 8, DP_OUTER.code) in seen
+    assert (2, 8, RankOrder.TP_CP_DP_PP.code) not in seen  # TP2 PP2 DP8: the orders differ

@@ -492,11 +492,12 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         # CP = 1 exchanges nothing (counted as the ring); a search for another exchange only
         cpcs = ([x.code for x in limits.cp_comm_types] if cp > 1
                 else [CPCommType.P2P.code] if CPCommType.P2P in limits.cp_comm_types else [])
-        # the rank orders, where they place some group differently (plan/placement.py); else
-        # the default alone, which costs the same
+        # the rank orders asked for, where they place some group differently (plan/placement.py);
+        # where they do not, one plan stands for both, in the default order
         island = cluster.gpus_per_island if cluster.dcn is not None else 0
         differ = rank_orders_differ(tp, cp, pp, dp, shards, cluster.gpus_per_node, island, model.is_moe)
-        orders = [o.code for o in limits.rank_orders if o is RankOrder.TP_CP_DP_PP or differ]
+        orders = ([o.code for o in limits.rank_orders] if differ
+                  else [RankOrder.TP_CP_DP_PP.code] if limits.rank_orders else [])
         for vp in vps:
             if pp == 1:
                 scheds = [Schedule.ONE_F_ONE_B]
