@@ -131,11 +131,12 @@ def _send_s(tier: LinkTier, num_bytes, rate_scale=1.0):
     return tier.latency_s + B / (tier.bw_unidir_bytes_per_s * rate_scale * tier.efficiency.at(B))
 
 
-def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1):
+def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1, replicas=1, spacing=0):
     """(mean, sum, slowest) time of a pipeline's hand-offs of `num_bytes`, stages `stride`
     ranks apart and each stage `block` consecutive ranks of one pipeline (pipeline_crossings),
     over its p·v − 1 hops: v·(p − 1) down the pipeline and, interleaved (v > 1), v − 1 from the
-    last rank back to the first. A hop inside a node goes over NVLink, one to another node over
+    last rank back to the first (which leaves a domain where the pipeline spans two), for the
+    slowest of `replicas` pipelines `spacing` ranks apart (pipeline_crossings). A hop inside a node goes over NVLink, one to another node over
     the scale-out network, one to another island over the data-center tier. The data-center
     tier's per-GPU rate is what each GPU gets when all of an island's GPUs cross at once (an
     oversubscribed core); a pipeline hop sends from the GPUs of one stage only, min(island,
@@ -144,14 +145,16 @@ def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1):
     p = np.asarray(p, dtype=float)
     st = np.asarray(stride, dtype=float)
     v = np.asarray(v, dtype=float)
-    G = float(cluster.gpus_per_node)
     hops = v * (p - 1.0) + (v - 1.0)
-    n_node = v * pipeline_crossings(p, st, block, cluster.gpus_per_node) + (v - 1.0) * ((st >= G) | (p * st > G))
+    def crossing(D):
+        n = pipeline_crossings(p, st, block, D, replicas, spacing)
+        return v * n + (v - 1.0) * ((st >= D) | (p * st > D) | (n > 0))
+    n_node = crossing(cluster.gpus_per_node)
     near = _send_s(cluster.nvlink, num_bytes)
     far = _send_s(cluster.scaleout, num_bytes)
     if cluster.dcn is not None and cluster.gpus_per_island:
         I = float(cluster.gpus_per_island)
-        n_isl = v * pipeline_crossings(p, st, block, cluster.gpus_per_island) + (v - 1.0) * ((st >= I) | (p * st > I))
+        n_isl = crossing(cluster.gpus_per_island)
         pooled = np.minimum(I / np.minimum(st, I),
                             cluster.scaleout.bw_unidir_bytes_per_s / cluster.dcn.bw_unidir_bytes_per_s)
         across = _send_s(cluster.dcn, num_bytes, np.maximum(pooled, 1.0))

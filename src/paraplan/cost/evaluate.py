@@ -909,7 +909,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # that leave a node cross the network, and those that leave an island the data-center tier
     # (comm.pipeline_hops_s). One hand-off costs the mean over the p·v − 1 hops of the virtual
     # pipeline: v·(p − 1) sends down it and v − 1 from the last rank back to the first
-    mean_hop, _, _ = pipeline_hops_s(cluster, p2p_bytes, p, lay.pp_stride, t * c, v)
+    # (the slowest of the d pipelines: t·c·p apart with data parallelism outermost, else
+    # interleaved inside each stage)
+    mean_hop, _, _ = pipeline_hops_s(cluster, p2p_bytes, p, lay.pp_stride, t * c, v, d,
+                                     np.where(lay.dp_outer > t * c, lay.dp_outer, 0.0))
     p2p = np.where(p > 1, mean_hop, 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
     # a middle stage exists from p = 3

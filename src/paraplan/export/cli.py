@@ -16,7 +16,7 @@ from .common import Engine
 # parser attributes that pin a plan (any of them given: the plan comes from the flags)
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
               "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
-              "a2a_hierarchical", "ep_overlap", "cp_comm")
+              "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
 
 
 def add_parser(subparsers) -> None:

@@ -23,26 +23,55 @@ def members_within(domain_gpus: int, group_size, stride, block=None, outer_strid
     return np.where(inner >= blk, inner * runs, inner)
 
 
-def pipeline_crossings(p, stride, block, gpus_per_node):
-    """How many of a pipeline's p − 1 sends leave a node (vectorized). Consecutive stages sit
-    `stride` ranks apart and each stage of one pipeline holds `block` consecutive ranks (TP×CP
-    in training, whose DP replicas interleave; TP in serving). Where the block divides the node,
-    node boundaries fall between stages: min(p − 1, ⌊(p·stride − 1)/G⌋) of the sends cross. Where
-    it does not, a send crosses if the two stages' ranks span two nodes (an upper bound in
-    training, where another replica may be the one crossing). Every send crosses once the
-    stride reaches a node."""
+def _crossings_exact(p: int, st: int, blk: int, G: int, replicas: int, spacing: int) -> int:
+    """Sends of the slowest replica's pipeline that leave a domain of G ranks, walked hop by
+    hop: replica r starts at r·spacing (spacing 0: the replicas interleave inside a stage, r·blk
+    apart), stage i of it at start + i·st; a hop crosses when some rank of the sending block
+    and its peer st ranks on lie in two domains: (start mod G) + blk − 1 ≥ G − st."""
+    if p <= 1:
+        return 0
+    if st >= G:
+        return p - 1
+    step = spacing or blk
+    starts = sorted({(r * step) % G for r in range(min(replicas, G))})
+    return max(sum(1 for i in range(p - 1) if (o + i * st) % G + blk - 1 >= G - st) for o in starts)
+
+
+def pipeline_crossings(p, stride, block, gpus_per_node, replicas=1, spacing=0):
+    """How many of a pipeline's p − 1 sends leave a node (or any domain of `gpus_per_node`
+    ranks), for the slowest of `replicas` pipelines (vectorized): the step waits for it.
+    Consecutive stages sit `stride` ranks apart and each stage of one pipeline holds `block`
+    consecutive ranks (TP×CP in training; TP in serving). The replicas start `spacing` ranks
+    apart (data parallelism outermost: t·c·p), or, with spacing 0, interleave inside each
+    stage, `block` apart (the pipeline outermost). Every send crosses once the stride reaches a
+    node. Where the stride divides the node, the block divides the stride and the replicas
+    repeat with the node (their spacing dividing it, or a multiple of it), node boundaries
+    fall between the same stages of every replica: min(p − 1, ⌊(p·stride − 1)/G⌋) cross.
+    Elsewhere (e.g. 72-GPU racks, three replicas) each distinct layout is walked hop by hop
+    (_crossings_exact; a rank-by-rank walk of every replica reproduces it)."""
     p = np.asarray(p, dtype=float)
     st = np.asarray(stride, dtype=float)
     blk = np.asarray(block, dtype=float)
+    reps = np.broadcast_to(np.asarray(replicas, dtype=float), np.broadcast(p, st, blk).shape)
+    spc = np.broadcast_to(np.asarray(spacing, dtype=float), reps.shape)
     G = float(gpus_per_node)
     out = np.where(st >= G, p - 1.0, np.minimum(p - 1.0, np.floor((p * st - 1.0) / G)))
-    odd = (st < G) & (np.mod(G, np.maximum(blk, 1.0)) != 0) & (p > 1)
+    st1, blk1 = np.maximum(st, 1.0), np.maximum(blk, 1.0)
+    repeats = (spc == 0) | (reps <= 1) | (np.mod(G, np.maximum(spc, 1.0)) == 0) | (np.mod(spc, G) == 0)
+    regular = (st >= G) | ((np.mod(G, st1) == 0) & (np.mod(st1, blk1) == 0) & repeats)
+    odd = ~regular & (p > 1)
     if np.any(odd):
-        count = np.zeros(np.shape(out))
-        for i in range(1, int(np.max(np.where(odd, p, 1)))):
-            spans = np.floor(((i + 1) * st - 1.0) / G) > np.floor((i - 1) * st / G)
-            count = count + np.where(odd & (i < p), spans, False)
-        out = np.where(odd, count, out)
+        out = np.array(out, dtype=float, copy=True) if np.ndim(out) else out
+        cols = np.stack(np.broadcast_arrays(p, st, blk, reps, spc), axis=-1)
+        if np.ndim(out):
+            rows = cols[odd]
+            keys, inverse = np.unique(rows, axis=0, return_inverse=True)
+            vals = np.array([_crossings_exact(int(a), int(b), int(c), int(G), int(d), int(e)) for a, b, c, d, e in keys],
+                            dtype=float)
+            out[odd] = vals[np.ravel(inverse)]
+        else:
+            a, b, c, d, e = (int(x) for x in cols)
+            out = float(_crossings_exact(a, b, c, int(G), d, e))
     return out if np.ndim(out) else float(out)
 
 
@@ -58,7 +87,7 @@ def rank_orders_differ(tp: int, cp: int, pp: int, dp: int, shards, gpus_per_node
         return False
     tc = tp * cp
     for D in (gpus_per_node, gpus_per_island) if gpus_per_island else (gpus_per_node,):
-        cross = (pipeline_crossings(pp, tc * dp, tc, D), pipeline_crossings(pp, tc, tc, D))
+        cross = (pipeline_crossings(pp, tc * dp, tc, D, dp), pipeline_crossings(pp, tc, tc, D, dp, tc * pp))
         pairs = [(members_within(D, dp * cp, tp), members_within(D, dp * cp, tp, cp, tc * pp)), cross,
                  ((tc * dp >= D) or (pp * tc * dp > D), (tc >= D) or (pp * tc > D))]
         if D == gpus_per_island and gpus_per_island != gpus_per_node and max(cross) > 0:
