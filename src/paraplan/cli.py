@@ -607,9 +607,14 @@ def cmd_presets(args) -> int:
                  f"{g.peak_flops_per_s.get(Precision.FP8, 0) / TERA:.0f}", f"{g.hbm_bytes / GIGA:.0f}",
                  f"{g.hbm_bw_bytes_per_s / TERA:.2f}", f"{g.tdp_watts:.0f}"] for g in gpus]))
     print()
-    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "host GB (GPUs)", "$/GPU-h"],
+    def islands(c):  # the tier above the scale-out network: island (pod) size, per-GPU rate
+        if not (c.gpus_per_island and c.dcn is not None):
+            return "-"
+        return f"{c.gpus_per_island:,} @ {c.dcn.bw_unidir_bytes_per_s / GIGA:.2g}"
+    print(grid(["cluster", "gpu", "gpus", "per node", "NVLink GB/s", "net GB/s/GPU", "island @ GB/s/GPU",
+                "host GB (GPUs)", "$/GPU-h"],
                [[c.name, c.gpu.name, str(c.num_gpus), str(c.gpus_per_node), f"{c.nvlink.bw_unidir_bytes_per_s / GIGA:.0f}",
-                 f"{c.scaleout.bw_unidir_bytes_per_s / GIGA:.0f}",
+                 f"{c.scaleout.bw_unidir_bytes_per_s / GIGA:.0f}", islands(c),
                  f"{c.host_memory_bytes_per_host / GIGA:,.0f} ({c.host_gpus})" if c.host_memory_bytes_per_host else "-",
                  f"{c.usd_per_gpu_hour:.2f}"] for c in clusters]))
     return 0

@@ -130,8 +130,8 @@ class Plan:
             parts.append(f"ETP{self.etp}")
         if self.vp > 1:
             parts.append(f"VP{self.vp}")
-        if self.rank_order is not RankOrder.TP_CP_DP_PP:
-            parts.append(f"order:{self.rank_order}")
+        if self.rank_order is not RankOrder.TP_CP_DP_PP and self.pp > 1 and self.dp > 1:
+            parts.append(f"order:{self.rank_order}")  # (with one stage or one replica it changes nothing)
         parts.append(f"mb{self.micro_batch_size}")
         if self.pp > 1:
             parts.append(str(self.schedule))
