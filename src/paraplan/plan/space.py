@@ -506,21 +506,23 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             else:
                 scheds = [x for x in limits.schedules if x in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST)]
             for sched in scheds:
+                s_code = sched.code  # (an enum's code is a cached lookup, not free: hoisted)
                 for rc in limits.recomputes:
                     rks = ks if rc is Recompute.FIRST_K else [0]
+                    rc_code = rc.code
                     for rk in rks:
                         for sp in (limits.sequence_parallel if tp > 1 else (False,)):
                             for zero in zeros:
                                 zshards = shards if zero is ZeroStage.PARAMETERS else [dp]
-                                for shard in zshards:
-                                    offs = ((False, True) if limits.allow_offload
-                                            and zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) else (False,))
-                                    for off in ((True,) if collapsed and zero is not ZeroStage.NONE else offs):
-                                        for tpov in (limits.tp_overlap if sp else (False,)):
-                                            for cpc in cpcs:
-                                                for order in orders:
-                                                    rows.append((tp, pp, dp, cp, vp, sched.code, rc.code, rk, sp,
-                                                                 zero.code, shard, off, tpov, cpc, order))
+                                z_code = zero.code
+                                offs = ((False, True) if limits.allow_offload
+                                        and zero in (ZeroStage.OPTIMIZER, ZeroStage.GRADIENTS) else (False,))
+                                offs = (True,) if collapsed and zero is not ZeroStage.NONE else offs
+                                tpovs = limits.tp_overlap if sp else (False,)
+                                rows.extend((tp, pp, dp, cp, vp, s_code, rc_code, rk, sp, z_code, shard, off, tpov,
+                                             cpc, order)
+                                            for shard in zshards for off in offs for tpov in tpovs
+                                            for cpc in cpcs for order in orders)
         if not rows or not mbs:
             continue
         experts = _expert_choices(model, cluster, limits, fixed, tp, cp, dp)
