@@ -96,17 +96,25 @@ def collective_time_s(cluster: ClusterSpec, kind: Collective, num_bytes, group_s
     elif kind is Collective.ALL_TO_ALL:
         # B is one rank's buffer, B/n to each peer. NCCL posts every send at once: (g−1)/n of
         # B goes over NVLink while (n−g)/n crosses the network, concurrently, in messages of B/n.
+        # Across islands, (n − g·N)/n of B crosses the data-center tier at the same time (every
+        # GPU sends its share: the tier's per-GPU rate), the rest of the network part stays in the island.
         g, N, I = group_span(cluster, n, stride)
         nn = np.asarray(n, dtype=float)
         t = np.maximum(_hop(cluster.nvlink, g, (g - 1.0) / nn * B, B / nn),
-                       _hop(cluster.scaleout, N, (nn - g) / nn * B, B / nn))
+                       _hop(cluster.scaleout, N, (g * N - g) / nn * B, B / nn))
+        if cluster.dcn is not None:
+            t = np.maximum(t, _hop(cluster.dcn, I, (nn - g * N) / nn * B, B / nn))
     elif kind is Collective.ALL_TO_ALL_2D:
         # Tutel (Hwang et al. 2023, Sec. 3.3): an intra-node all-to-all groups each GPU's tokens
         # by destination node ((g−1)/g·B over NVLink, messages B/g), then one all-to-all across
         # nodes ((N−1)/N·B per GPU, messages B/N): the same network bytes in g× larger messages.
+        # Across islands the node step's N·I nodes split: (N − 1)/(N·I) of B to the island's
+        # other nodes, (I − 1)/I over the data-center tier, concurrently.
         g, N, I = group_span(cluster, n, stride)
-        t = (_hop(cluster.nvlink, g, (g - 1.0) / g * B, B / g)
-             + _hop(cluster.scaleout, N, (N - 1.0) / N * B, B / N))
+        net = _hop(cluster.scaleout, N, (N - 1.0) / (N * I) * B, B / (N * I))
+        if cluster.dcn is not None:
+            net = np.maximum(net, _hop(cluster.dcn, I, (I - 1.0) / I * B, B / (N * I)))
+        t = _hop(cluster.nvlink, g, (g - 1.0) / g * B, B / g) + net
     elif kind is Collective.P2P:
         t = p2p_time_s(cluster, B, stride)
     else:  # pragma: no cover - closed enum
