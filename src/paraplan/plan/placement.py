@@ -43,17 +43,14 @@ def pipeline_crossings(p, stride, block, gpus_per_node, replicas=1, spacing=0):
     Consecutive stages sit `stride` ranks apart and each stage of one pipeline holds `block`
     consecutive ranks (TP×CP in training; TP in serving). The replicas start `spacing` ranks
     apart (data parallelism outermost: t·c·p), or, with spacing 0, interleave inside each
-    stage, `block` apart (the pipeline outermost). Every send crosses once the stride reaches a
+    stage, `block` apart (the pipeline outermost; replicas·block = stride there). Every send crosses once the stride reaches a
     node. Where the stride divides the node, the block divides the stride and the replicas
     repeat with the node (their spacing dividing it, or a multiple of it), node boundaries
     fall between the same stages of every replica: min(p − 1, ⌊(p·stride − 1)/G⌋) cross.
     Elsewhere (e.g. 72-GPU racks, three replicas) each distinct layout is walked hop by hop
     (_crossings_exact; a rank-by-rank walk of every replica reproduces it)."""
-    p = np.asarray(p, dtype=float)
-    st = np.asarray(stride, dtype=float)
-    blk = np.asarray(block, dtype=float)
-    reps = np.broadcast_to(np.asarray(replicas, dtype=float), np.broadcast(p, st, blk).shape)
-    spc = np.broadcast_to(np.asarray(spacing, dtype=float), reps.shape)
+    p, st, blk, reps, spc = np.broadcast_arrays(*(np.asarray(x, dtype=float)
+                                                  for x in (p, stride, block, replicas, spacing)))
     G = float(gpus_per_node)
     out = np.where(st >= G, p - 1.0, np.minimum(p - 1.0, np.floor((p * st - 1.0) / G)))
     st1, blk1 = np.maximum(st, 1.0), np.maximum(blk, 1.0)
