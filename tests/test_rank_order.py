@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from paraplan.cli import main
+from paraplan.errors import SpecError
 from paraplan.cost.evaluate import evaluate
 from paraplan.plan.axes import RankOrder, ZeroStage
 from paraplan.plan.placement import members_within, pipeline_crossings, rank_orders_differ
@@ -127,9 +128,9 @@ def test_engines_build_what_they_can(capsys):
     assert "--use-tp-pp-dp-mapping" in [str(a) for a in megatron.arguments(plan, model, wl)]
     assert "--use-tp-pp-dp-mapping" not in [str(a) for a in megatron.arguments(
         replace(plan, rank_order=RankOrder.TP_CP_DP_PP), model, wl)]
-    with pytest.raises(Exception, match="CP·EP ≤ 1"):
+    with pytest.raises(SpecError, match="CP·EP ≤ 1"):
         megatron.check(replace(plan, cp=2, dp=2), model, wl)
-    with pytest.raises(Exception, match="pipeline outermost"):
+    with pytest.raises(SpecError, match="pipeline outermost"):
         torchtitan.check(torchtitan.SUPPORT.adapt(replace(plan, zero=ZeroStage.PARAMETERS)), model, wl)
     # torchtitan's search never proposes it; the CLI says so when asked
     code = main(["search", "--model", "llama3-70b", "--gpus", "128", "--engine", "torchtitan",

@@ -30,8 +30,11 @@ class CodedEnum(StrEnum):
 
     @classmethod
     def parse(cls, text: str, field: str):
+        """The member named by `text`, case-insensitive, '-' and '_' alike ("first-k" is first_k,
+        "tp_cp_pp_dp" is tp-cp-pp-dp); else a one-line SpecError naming what is allowed."""
         from .errors import SpecError
-        try:
-            return cls(str(text).strip().lower().replace("-", "_"))
-        except ValueError:
-            raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls)) from None
+        key = str(text).strip().lower()
+        for m in _members(cls):
+            if m.value.replace("-", "_") == key.replace("-", "_"):
+                return m
+        raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls))

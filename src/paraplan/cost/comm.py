@@ -143,9 +143,10 @@ def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1, repl
     """(mean, sum, slowest) time of a pipeline's hand-offs of `num_bytes`, stages `stride`
     ranks apart and each stage `block` consecutive ranks of one pipeline (pipeline_crossings),
     over its p·v − 1 hops: v·(p − 1) down the pipeline and, interleaved (v > 1), v − 1 from the
-    last rank back to the first (which leaves a domain where the pipeline spans two), for the
-    slowest of `replicas` pipelines `spacing` ranks apart (pipeline_crossings). A hop inside a node goes over NVLink, one to another node over
-    the scale-out network, one to another island over the data-center tier. The data-center
+    last rank back to the first (which leaves a domain exactly where some hop does), for the
+    slowest of `replicas` pipelines `spacing` ranks apart (pipeline_crossings). A hop inside a
+    node goes over NVLink, one to another node over the scale-out network, one to another
+    island over the data-center tier. The data-center
     tier's per-GPU rate is what each GPU gets when all of an island's GPUs cross at once (an
     oversubscribed core); a pipeline hop sends from the GPUs of one stage only, min(island,
     stride) of them, which share the island's uplinks: each gets the tier's rate × island /
@@ -156,7 +157,7 @@ def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1, repl
     hops = v * (p - 1.0) + (v - 1.0)
     def crossing(D):
         n = pipeline_crossings(p, st, block, D, replicas, spacing)
-        return v * n + (v - 1.0) * ((st >= D) | (p * st > D) | (n > 0))
+        return v * n + (v - 1.0) * (n > 0)
     n_node = crossing(cluster.gpus_per_node)
     near = _send_s(cluster.nvlink, num_bytes)
     far = _send_s(cluster.scaleout, num_bytes)

@@ -177,7 +177,7 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           + " (context_parallel_rotate_method alltoall / allgather)")
     if plan.capacity_factor is not None:
         raise unsupported(ENGINE, "capacity_factor", plan.capacity_factor, "dropless MoE only")
-    if plan.rank_order is not RankOrder.TP_CP_DP_PP and plan.pp > 1 and plan.dp > 1:
+    if plan.dp_outermost:
         raise unsupported(ENGINE, "rank_order", str(plan.rank_order),
                           f"{RankOrder.TP_CP_DP_PP} (the device mesh puts the pipeline outermost)")
     if plan.a2a_hierarchical:

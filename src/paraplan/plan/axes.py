@@ -49,14 +49,6 @@ class RankOrder(_Coded):
     # (Dubey et al. 2024 Sec. 3.3.2): data parallelism outermost, a pipeline inside a pod
     TP_CP_PP_DP = "tp-cp-pp-dp"
 
-    @classmethod
-    def parse(cls, text: str, field: str):
-        from ..errors import SpecError
-        try:
-            return cls(str(text).strip().lower().replace("_", "-"))
-        except ValueError:
-            raise SpecError("plan", field, text, "allowed: " + ", ".join(m.value for m in cls)) from None
-
 
 class ZeroStage(_Coded):
     """Sharding over the data-parallel shard group (Rajbhandari et al. ZeRO)."""

@@ -109,6 +109,12 @@ class Plan:
         return self.rank_order.code
 
     @property
+    def dp_outermost(self) -> bool:
+        """Data parallelism outermost where that changes the layout (PP > 1 and DP > 1; with one
+        stage or one replica the two orders are the same plan)."""
+        return self.rank_order is RankOrder.TP_CP_PP_DP and self.pp > 1 and self.dp > 1
+
+    @property
     def capacity_factor_value(self) -> float:
         """Capacity factor as the vectorized cost model reads it (0.0: dropless)."""
         return 0.0 if self.capacity_factor is None else float(self.capacity_factor)
@@ -130,8 +136,8 @@ class Plan:
             parts.append(f"ETP{self.etp}")
         if self.vp > 1:
             parts.append(f"VP{self.vp}")
-        if self.rank_order is not RankOrder.TP_CP_DP_PP and self.pp > 1 and self.dp > 1:
-            parts.append(f"order:{self.rank_order}")  # (with one stage or one replica it changes nothing)
+        if self.dp_outermost:
+            parts.append(f"order:{self.rank_order}")
         parts.append(f"mb{self.micro_batch_size}")
         if self.pp > 1:
             parts.append(str(self.schedule))

@@ -529,11 +529,11 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         if not experts:
             continue
         rows = np.array(rows, dtype=np.int64)
-        dp_outer = rows[:, 14] == RankOrder.TP_CP_PP_DP.code
+        outermost_dp = rows[:, 14] == RankOrder.TP_CP_PP_DP.code
         # with data parallelism outermost, expert layers need EP×ETP = TP×CP (the ep_rank_order
         # rule): those rows take only such expert layouts, not the whole product
         outer_experts = tuple(x for x in experts if x[0] * x[1] == tp * cp) if model.is_moe else tuple(experts)
-        for part, ex in ((rows[~dp_outer], tuple(experts)), (rows[dp_outer], outer_experts)):
+        for part, ex in ((rows[~outermost_dp], tuple(experts)), (rows[outermost_dp], outer_experts)):
             if len(part) and ex:
                 blocks.append(SpaceBlock(rows=part, experts=ex, micro_batches=tuple(mbs), kernel_code=kernel.code,
                                          limits=limits))

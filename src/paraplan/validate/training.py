@@ -155,6 +155,19 @@ def _token_drop(row: dict) -> bool:
     return "tokendrop" in text or "token-drop" in text or "token drop" in text
 
 
+def _enum_cell(row: dict, column: str, enum, blank: str, path: str, line: int):
+    """An optional column naming a member of `enum` (blank: None, which means `blank`); any
+    other value is a FileFormatError naming the file, line, column and what is allowed."""
+    text = (row.get(column) or "").strip()
+    if not text:
+        return None
+    try:
+        return enum.parse(text, column)
+    except SpecError:
+        raise FileFormatError(path, f"column {column!r}: {text!r} is not allowed; allowed: "
+                              + ", ".join(k.value for k in enum) + f" or blank ({blank})", line) from None
+
+
 COUNT_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "top_k", "moe_ffn_hidden", "seq_len",
                  "num_gpus", "gpus_per_node", "global_batch", "micro_batch", "tp", "pp", "vp", "cp", "ep", "dp")
 
@@ -167,18 +180,8 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     cells["gated_mlp"] = _yes_no(row, "gated_mlp", path, line)
     cells["sp"] = _yes_no(row, "sp", path, line)
     cells["zero"] = _zero(row, path, line)
-    cpc = (row.get("cp_comm_type") or "").strip()
-    try:
-        cells["cp_comm_type"] = CPCommType(cpc.lower()) if cpc else None
-    except ValueError:
-        raise FileFormatError(path, f"column 'cp_comm_type': {cpc!r} is not allowed; allowed: "
-                              + ", ".join(k.value for k in CPCommType) + " or blank (ring, p2p)", line) from None
-    order = (row.get("rank_order") or "").strip()
-    try:
-        cells["rank_order"] = RankOrder(order.lower()) if order else None
-    except ValueError:
-        raise FileFormatError(path, f"column 'rank_order': {order!r} is not allowed; allowed: "
-                              + ", ".join(k.value for k in RankOrder) + " or blank (tp-cp-dp-pp)", line) from None
+    cells["cp_comm_type"] = _enum_cell(row, "cp_comm_type", CPCommType, "ring, p2p", path, line)
+    cells["rank_order"] = _enum_cell(row, "rank_order", RankOrder, "tp-cp-dp-pp", path, line)
     prec = (row.get("precision") or "").strip()
     try:
         cells["precision"] = parse_precision(prec) if prec else None  # blank: the row is skipped (row_setup)
