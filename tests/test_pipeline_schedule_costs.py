@@ -13,14 +13,14 @@ from paraplan.plan.axes import Recompute, Schedule
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import PlanBatch
 from paraplan.sim.engine import StageCosts, simulate
-from paraplan.sim.schedules import Phase, build_schedule
+from paraplan.sim.schedules import Phase, build_schedule, placement, stage_rank, virtual_stage
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
 
 STAGES = (2, 3, 4, 6)
 MICROBATCHES = (1, 2, 3, 4, 5, 8, 12)
 CHUNKS = {Schedule.GPIPE: (1,), Schedule.ONE_F_ONE_B: (1,), Schedule.ZERO_BUBBLE: (1,),
-          Schedule.INTERLEAVED_1F1B: (2, 3, 4), Schedule.BREADTH_FIRST: (1, 2, 3)}
+          Schedule.INTERLEAVED_1F1B: (2, 3, 4), Schedule.BREADTH_FIRST: (1, 2, 3), Schedule.ZERO_BUBBLE_V: (2,)}
 
 
 def _cases(schedule):
@@ -34,8 +34,9 @@ def test_inflight_microbatches_of_every_rank_are_the_simulators(schedule):
     # right before; the middle and last stages of GPipe, breadth-first, ZB-H1 and interleaved
     # were not: the last held one micro-batch)
     for p, m, v in _cases(schedule):
-        w = 1.0 / v if schedule is Schedule.ZERO_BUBBLE else 0.0
-        sim = simulate(build_schedule(schedule, p, m, v), StageCosts.uniform(p, v, 1.0 / v, 2.0 / v, w))
+        w = 1.0 / v if schedule in (Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V) else 0.0
+        sim = simulate(build_schedule(schedule, p, m, v), StageCosts.uniform(p, v, 1.0 / v, 2.0 / v, w),
+                       placement(schedule))
         plan = make_plan(pp=p, vp=v, schedule=schedule)
         counted = [float(mem.inflight_microbatches(plan, m, r)) for r in range(p)]
         assert counted == pytest.approx(sim.peak_inflight), (p, m, v)
@@ -45,8 +46,11 @@ def test_inflight_microbatches_of_every_rank_are_the_simulators(schedule):
 def test_inflight_logits_are_the_last_chunks_forwards_not_yet_backpropagated(schedule):
     for p, m, v in _cases(schedule):
         held = peak = 0
-        for task in build_schedule(schedule, p, m, v)[p - 1]:
-            if task.chunk == v - 1 and task.phase is not Phase.WEIGHT:
+        where = placement(schedule)  # the rank and chunk of the last virtual stage (ZB-V: rank 0)
+        rank = int(stage_rank(where, p, p * v - 1))
+        last = next(c for c in range(v) if int(virtual_stage(where, p, rank, c)) == p * v - 1)
+        for task in build_schedule(schedule, p, m, v)[rank]:
+            if task.chunk == last and task.phase is not Phase.WEIGHT:
                 held += 1 if task.phase is Phase.FORWARD else -1
                 peak = max(peak, held)
         plan = make_plan(pp=p, vp=v, schedule=schedule)

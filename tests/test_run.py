@@ -36,6 +36,8 @@ PLANS = {
     "tp_sp": (["--tp", "2", "--recompute", "selective"], 2, "TP2 PP1 DP1 mb1 SP rc:selective"),
     "pp_1f1b": (["--pp", "2", "--mb", "1"], 2, "TP1 PP2 DP1 mb1 1f1b rc:none"),
     "pp_interleaved": (["--pp", "2", "--vp", "2", "--recompute", "full"], 2, "TP1 PP2 DP1 VP2 mb1 interleaved rc:full"),
+    # ZB-V: rank 0 holds the first and the last chunk (the embedding and the head), in a V
+    "pp_zbv": (["--pp", "2", "--vp", "2", "--schedule", "zbv"], 2, "TP1 PP2 DP1 VP2 mb1 zbv rc:none"),
     "pp_fsdp_tp": (["--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3"], 8, "TP2 PP2 DP2 mb1 1f1b SP rc:none zero3"),
 }
 

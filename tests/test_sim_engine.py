@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from paraplan.plan.axes import Schedule
 from paraplan.sim.engine import StageCosts, simulate
-from paraplan.sim.schedules import Phase, ScheduleError, Task, build_schedule
+from paraplan.sim.schedules import Phase, ScheduleError, Task, build_schedule, placement, stage_rank, virtual_stage
 
 F, B, W = Phase.FORWARD, Phase.BACKWARD, Phase.WEIGHT
 
@@ -27,6 +27,8 @@ def cases(draw):
     elif schedule is Schedule.BREADTH_FIRST:
         v = draw(st.integers(1, 3))
         m = draw(st.integers(1, 8))
+    elif schedule is Schedule.ZERO_BUBBLE_V:
+        v, m = 2, draw(st.integers(1, 12))
     else:
         v, m = 1, draw(st.integers(1, 8))
     cost = st.floats(0.0, 4.0, allow_nan=False, allow_infinity=False)
@@ -34,23 +36,28 @@ def cases(draw):
     def table():
         return tuple(tuple(draw(cost) for _ in range(v)) for _ in range(p))
 
-    weight = table() if schedule is Schedule.ZERO_BUBBLE else tuple((0.0,) * v for _ in range(p))
+    weight = (table() if schedule in (Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V)
+              else tuple((0.0,) * v for _ in range(p)))
     costs = StageCosts(forward_s=table(), backward_s=table(), weight_s=weight,
                        p2p_s=draw(st.floats(0.0, 1.0)))
     return schedule, p, m, v, costs
 
 
-def _required_start(e, by_key, costs, p, v):
-    """Earliest start that the dependency rules allow for event `e` (ignoring its rank)."""
+def _required_start(e, by_key, costs, p, v, where):
+    """Earliest start that the dependency rules allow for event `e` (ignoring its rank): a
+    neighbouring stage on another rank sends (p2p_s), one on the same rank hands over."""
     last = v * p - 1
-    j, mb, c = e.virtual_stage, e.microbatch, costs.p2p_s
+    j, mb = e.virtual_stage, e.microbatch
+
+    def hop(k):
+        return 0.0 if int(stage_rank(where, p, k)) == e.rank else costs.p2p_s
     if e.phase is F:
-        return by_key[(F, mb, j - 1)].end_s + c if j > 0 else 0.0
+        return by_key[(F, mb, j - 1)].end_s + hop(j - 1) if j > 0 else 0.0
     if e.phase is W:
         return by_key[(B, mb, j)].end_s
     ready = by_key[(F, mb, j)].end_s
     if j < last:
-        ready = max(ready, by_key[(B, mb, j + 1)].end_s + c)
+        ready = max(ready, by_key[(B, mb, j + 1)].end_s + hop(j + 1))
     return ready
 
 
@@ -59,7 +66,8 @@ def _required_start(e, by_key, costs, p, v):
 def test_events_follow_the_rules(case):
     schedule, p, m, v, costs = case
     tasks = build_schedule(schedule, p, m, v)
-    result = simulate(tasks, costs)
+    where = placement(schedule)
+    result = simulate(tasks, costs, where)
     events = result.events
     by_key = {(e.phase, e.microbatch, e.virtual_stage): e for e in events}
     assert len(by_key) == len(events) == sum(map(len, tasks))  # every task exactly once
@@ -70,10 +78,10 @@ def test_events_follow_the_rules(case):
         assert [Task(e.phase, e.microbatch, e.chunk) for e in per_rank[rank]] == list(tasks[rank])
         free = 0.0
         for e in per_rank[rank]:
-            required = _required_start(e, by_key, costs, p, v)
+            required = _required_start(e, by_key, costs, p, v, where)
             assert e.start_s >= required - 1e-12  # no event starts before its deps end
             assert e.start_s == pytest.approx(max(free, required), abs=1e-9)  # and not later
-            assert e.virtual_stage == e.chunk * p + rank
+            assert e.virtual_stage == int(virtual_stage(where, p, rank, e.chunk))
             free = e.end_s
         assert result.busy_s[rank] == pytest.approx(sum(e.duration_s for e in per_rank[rank]))
         assert result.step_time_s >= result.busy_s[rank] - 1e-12  # makespan >= busy
@@ -91,12 +99,13 @@ def test_events_follow_the_rules(case):
 def test_slower_links_or_tasks_never_shorten_the_step(case, extra_s, field):
     schedule, p, m, v, costs = case
     tasks = build_schedule(schedule, p, m, v)
-    base = simulate(tasks, costs).step_time_s
+    where = placement(schedule)
+    base = simulate(tasks, costs, where).step_time_s
     slower_p2p = dataclasses.replace(costs, p2p_s=costs.p2p_s + extra_s)
-    assert simulate(tasks, slower_p2p).step_time_s >= base
+    assert simulate(tasks, slower_p2p, where).step_time_s >= base
     grown = tuple(tuple(x + extra_s for x in row) for row in getattr(costs, field))
     slower = dataclasses.replace(costs, **{field: grown})
-    assert simulate(tasks, slower).step_time_s >= base
+    assert simulate(tasks, slower, where).step_time_s >= base
 
 
 @pytest.mark.parametrize("p, m", [(2, 3), (4, 4), (4, 9), (8, 16)])

@@ -495,7 +495,7 @@ def cmd_trace(args) -> int:
     from .plan.space import PlanBatch
     from .report.timeline import chrome_trace
     from .sim.engine import simulate
-    from .sim.schedules import Phase, build_schedule
+    from .sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
     model, cluster, wl = _specs(args)
@@ -515,15 +515,16 @@ def cmd_trace(args) -> int:
         sim = est.sim
     else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate
         costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
-        sim = simulate(build_schedule(staged.schedule, staged.pp, shown, staged.vp), stage_costs(costs, staged))
+        sim = simulate(build_schedule(staged.schedule, staged.pp, shown, staged.vp), stage_costs(costs, staged),
+                       placement(staged.schedule))
     # each virtual stage's layers as the cost model lays them out (embedding and loss slots)
     layers = chunk_layers(model, wl, staged)
     labels = [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
                         + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
     fwd = est.layer_detail["fwd"]
     bwd = est.layer_detail["bwd"]
-    # ZB-H1 splits each backward: W runs the weight-gradient GEMMs, B the rest
-    wgrad = est.layer_detail.get("wgrad", {}) if staged.schedule is Schedule.ZERO_BUBBLE else {}
+    # ZB-H1 and ZB-V split each backward: W runs the weight-gradient GEMMs, B the rest
+    wgrad = est.layer_detail.get("wgrad", {}) if staged.schedule in SPLIT_BACKWARD else {}
     per_layer = {
         Phase.FORWARD: list(fwd.items()),
         Phase.BACKWARD: [(name.replace("dgrad+wgrad", "dgrad"), dur - wgrad.get(name, 0.0)) for name, dur in bwd.items()],

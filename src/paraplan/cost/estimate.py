@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import ParaplanError
-from ..plan.axes import Schedule, ZeroStage
+from ..plan.axes import ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, check_plan
 from ..sim.engine import SimResult, StageCosts, simulate
-from ..sim.schedules import build_schedule
+from ..sim.schedules import SPLIT_BACKWARD, build_schedule, placement, stage_rank
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -85,7 +85,7 @@ def _batch_index(costs_field, i=0):
 def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the last)."""
     p, v = plan.pp, plan.vp
-    zb = plan.schedule is Schedule.ZERO_BUBBLE
+    zb = plan.schedule in SPLIT_BACKWARD
 
     def row(st):
         f = _batch_index(st.forward_s) / v
@@ -104,20 +104,25 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
 
 
 def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[range, ...]:
-    """The layers of each virtual stage j (rank j % p, chunk j // p), laid out as the cost model
-    counts them (evaluate.layout): ceil(l/(p·v)) per chunk, one fewer on the last chunk where a
-    slot is left for the loss and on the first where another is left for the embedding. Spare
-    slots beyond those two come off the middle ranks' chunks (the cost model times the middle
-    stages full: conservative), last chunks first; with no middle rank, off the other chunks."""
+    """The layers of each virtual stage j (looped: rank j % p, chunk j // p; ZB-V's V: sim/
+    schedules.py Placement), laid out as the cost model counts them (evaluate.layout):
+    ceil(l/(p·v)) per chunk, one fewer on the last chunk where a slot is left for the loss and
+    on the first where another is left for the embedding. Spare slots beyond those two come off
+    the middle ranks' chunks (the cost model times the middle stages full: conservative), last
+    chunks first; with no middle rank, off the other chunks."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     p, v, l = plan.pp, plan.vp, model.num_layers
-    L_s, L_first, L_last = (int(round(_batch_index(x))) for x in (lay.L_s, lay.L_first, lay.L_last))
+    L_s = int(round(_batch_index(lay.L_s)))
+    # the loss's and the embedding's slots (ZB-V: both on the first rank, the loss's first)
+    slack = p * v * -(-l // (p * v)) - l if p > 1 else 0
     counts = [L_s // v] * (p * v)
-    counts[-1] -= L_s - L_last
-    counts[0] -= L_s - L_first
+    counts[-1] -= min(slack, 1)
+    counts[0] -= min(max(slack - 1, 0), 1)
     spare = sum(counts) - l
+    where = placement(plan.schedule)
+    rank_of = [int(stage_rank(where, p, j)) for j in range(p * v)]
     inner = range(p * v - 2, 0, -1)
-    for j in [j for j in inner if 0 < j % p < p - 1] + [j for j in inner if j % p in (0, p - 1)]:
+    for j in [j for j in inner if 0 < rank_of[j] < p - 1] + [j for j in inner if rank_of[j] in (0, p - 1)]:
         if spare <= 0:
             break
         counts[j] -= 1
@@ -163,7 +168,7 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
         sc = stage_costs(costs, plan)
         m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
         if m <= 2 * m1:
-            sim = simulate(build_schedule(plan.schedule, plan.pp, m, plan.vp), sc)
+            sim = simulate(build_schedule(plan.schedule, plan.pp, m, plan.vp), sc, placement(plan.schedule))
             makespan = sim.step_time_s
         else:
             # every micro-batch costs the same, so past the warm-up each schedule repeats one
@@ -171,8 +176,9 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
             # of PP, as interleaving needs) and extend the line to m: exact once the steady state
             # has set in by m1 (tests/test_estimate_many_microbatches.py checks it against the full
             # simulation); no timeline is kept
-            t1 = simulate(build_schedule(plan.schedule, plan.pp, m1, plan.vp), sc).step_time_s
-            t2 = simulate(build_schedule(plan.schedule, plan.pp, 2 * m1, plan.vp), sc).step_time_s
+            where = placement(plan.schedule)
+            t1 = simulate(build_schedule(plan.schedule, plan.pp, m1, plan.vp), sc, where).step_time_s
+            t2 = simulate(build_schedule(plan.schedule, plan.pp, 2 * m1, plan.vp), sc, where).step_time_s
             makespan = t2 + (m - 2 * m1) * (t2 - t1) / m1
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
         rest = makespan - _batch_index(costs.critical_stage_s) - time.pp_comm_s

@@ -234,6 +234,8 @@ class Layout:
     L_first: object
     L_last: object
     only: object            # one pipeline stage
+    vshape: object          # ZB-V: two chunks per rank in a V (sim/schedules.py Placement.V_SHAPE)
+    ends: object            # the first rank holds both the embedding and the head (one stage, or a V)
     w_moe: object           # share of the stage's layers that are MoE layers
     w_dense: object
     k_rc: object            # first-k: layers recomputed per stage
@@ -269,6 +271,59 @@ class Layout:
     offload: object
 
 
+def zbv_bubble_s(p, m, f, b, w, c):
+    """Idle time of ZB-V's busiest rank beyond its work, in torch's order (sim/schedules.py
+    _zero_bubble_v), with every chunk taking f forward, b input-gradient and w weight-gradient
+    seconds and each send between ranks c. Derived, not published (Qi et al. 2024 Sec. 6 give
+    only the zero bubble at f = b = w, c = 0, which this order leaves at q·f, its warm-up's
+    offset): a fixed task order's makespan is its longest path, so the bubble is the largest
+    of the paths' linear forms in (f, b, w, c). With q = p − 1:
+    - m ≥ 2p − 1 (the V full; the bubble no longer depends on m): the fourteen forms below;
+    - m ≤ p: the four of `_zbv_few`;
+    - in between: the step interpolated linearly in m between those two ends (removing
+      micro-batches from a fixed order only shortens it, so the step lies between them).
+    The event simulator's critical paths take exactly these forms for sends up to 30% of the
+    shortest pass; the interpolation stays within 7% of the step
+    (tests/golden/test_bubble_closed_forms.py). Vectorized."""
+    p, m = np.asarray(p, dtype=float), np.asarray(m, dtype=float)
+    q = p - 1.0
+    f, b, w, c = (np.asarray(x, dtype=float) for x in (f, b, w, c))
+    forms = (
+        q * b + (5 * q - 2) * c,
+        (2 * q - 1) * f - (q - 1) * b + (3 * q - 2) * c,
+        b + (q - 1) * w + 3 * q * c,
+        2 * q * (b - w) + (6 * q - 2) * c,
+        2 * q * f - q * b - w + 3 * q * c,
+        f + (q - 1) * w + (3 * q - 2) * c,
+        2 * q * f - (2 * q + 1) * w + 4 * q * c,
+        (2 * q - 1) * f + b - 2 * q * w + (4 * q - 2) * c,
+        (q - 1) * f + b + (5 * q - 2) * c,
+        q * f - w + 5 * q * c,
+        2 * q * b - (2 * q + 1) * w + 6 * q * c,
+        q * (f + b) - (2 * q + 1) * w + 6 * q * c,
+        q * b - w + 5 * q * c,
+        (q - 1) * f + (q + 1) * b - 2 * q * w + (6 * q - 2) * c,
+    )
+    full = np.maximum(np.maximum.reduce(np.broadcast_arrays(*forms)), 0.0)
+    per_mb = 2.0 * (f + b + w)  # a rank's work per micro-batch: two chunks
+    at_p = _zbv_few(q, p, f, b, w, c) + p * per_mb  # the step at m = p ...
+    at_full = full + (2.0 * q + 1.0) * per_mb       # ... and at m = 2p − 1
+    between = at_p + (m - p) / np.maximum(q, 1.0) * (at_full - at_p) - m * per_mb
+    out = np.where(m <= p, _zbv_few(q, m, f, b, w, c), np.where(m >= 2.0 * q + 1.0, full, between))
+    return np.where(q > 0, np.maximum(out, 0.0), 0.0)
+
+
+def _zbv_few(q, m, f, b, w, c):
+    """zbv_bubble_s for m ≤ p micro-batches (k = m − 1): a lone micro-batch's whole round trip
+    2q(f + b) at m = 1, shortened as more fill the V."""
+    k = m - 1.0
+    return np.maximum.reduce(np.broadcast_arrays(
+        (2 * q - 2 * k) * f + 2 * q * b + 4 * q * c,
+        (2 * q + 1 - m) * (f + b + 2 * c),
+        2 * q * f + (2 * q - 2 * k) * b - 2 * k * w + 4 * q * c,
+        2 * q * f + (2 * q - 3 * k) * b - k * w + 2 * (2 * q + 1 - m) * c))
+
+
 def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     prec = Precision(workload.precision)
     ab = prec.activation_bytes
@@ -289,6 +344,10 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     # 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2). Further slack stays on the
     # middle stages' count (conservative).
     only = p == 1
+    # ZB-V places its two chunks per rank in a V: the first rank holds the first and the last
+    # virtual stage, so the embedding, the head and both spare slots; the last rank is a middle one
+    vshape = (np.asarray(plan.schedule_code) == Schedule.ZERO_BUBBLE_V.code) & ~only
+    ends = only | vshape
     slack = np.where(only, 0.0, p * v * np.ceil(model.num_layers / (p * v)) - model.num_layers)
     # MoE: per-layer quantities are averages over the critical stage's layers, a share
     # w_moe of which are MoE layers (moe.py) and w_dense have the dense MLP
@@ -300,14 +359,15 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     ep_etp = _f(plan.ep) * _f(plan.etp)
     # routed experts: this rank's shard, replicated over the expert data-parallel group EDP
     expert_params = w_moe * model.expert_params_per_moe_layer / ep_etp
-    L_last = L_s - np.minimum(slack, 1.0)
-    L_first = L_s - np.clip(slack - 1.0, 0.0, 1.0)
+    L_last = np.where(vshape, L_s, L_s - np.minimum(slack, 1.0))
+    L_first = L_s - np.where(vshape, np.minimum(slack, 2.0), np.clip(slack - 1.0, 0.0, 1.0))
     params_stage_first = (L_first * dense_layer_params + model.embedding_params
-                          + np.where(only, model.lm_head_params + model.hidden_size, 0.0)) / t
+                          + np.where(ends, model.lm_head_params + model.hidden_size, 0.0)) / t
     # a tied table is on the last stage too when the stages differ: Megatron keeps a copy for
     # the output layer and all-reduces the two gradients (shared_embedding), paraplan run unties it
-    params_stage_last = (L_last * dense_layer_params + model.lm_head_params + model.hidden_size
-                         + np.where(only | model.tied_embeddings, model.embedding_params, 0.0)) / t
+    params_stage_last = np.where(vshape, L_last * dense_layer_params,
+                                 L_last * dense_layer_params + model.lm_head_params + model.hidden_size
+                                 + np.where(only | model.tied_embeddings, model.embedding_params, 0.0)) / t
     S = _f(plan.dp_shard) * c
     edp = t * c * d / ep_etp
     dp_outermost = (np.asarray(plan.rank_order_code) == RankOrder.TP_CP_PP_DP.code) & (p > 1)
@@ -324,6 +384,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         precision=prec, act_bytes=ab, fp32_params=fp32_params, casts_gathered=fp32_params & (not wide),
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
+        vshape=vshape, ends=ends,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
         S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=S_e,
         # expert groups re-slice the stage's ranks in order: EDP members ep·etp folded ranks
@@ -358,6 +419,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     s, h = workload.seq_len, model.hidden_size
     prec, ab, rc, zc, T, m, t, p = lay.precision, lay.act_bytes, lay.rc, lay.zc, lay.T, lay.m, lay.t, lay.p
     sp_div, L_s, L_first, L_last, only = lay.sp_div, lay.L_s, lay.L_first, lay.L_last, lay.only
+    ends = lay.ends
     w_moe, w_dense, k_rc, S, S_e = lay.w_moe, lay.w_dense, lay.k_rc, lay.S, lay.S_e
     is_z3, offload, shard, shard_e = lay.is_z3, lay.offload, lay.shard, lay.shard_e
     expert_stage, dense_layer_params = lay.expert_stage, lay.dense_layer_params
@@ -383,7 +445,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     # logits, which the backward has freed before it re-runs the last layer
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
-    acts_first = (inflight * L_first * per_layer_stored + np.where(only, working_past_loss, recompute_working)
+    acts_first = (inflight * L_first * per_layer_stored + np.where(ends, working_past_loss, recompute_working)
                   + inflight * residual_bytes * T * h / sp_div)
     acts_last = inflight_last * L_last * per_layer_stored + working_past_loss
 
@@ -437,7 +499,8 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     acts_mid = inflight_mid * L_s * per_layer_stored + recompute_working
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
-    lo1 = np.where(only, logits, 0.0)
+    # the loss state: on the first rank where it holds the head (one stage, or ZB-V's V)
+    lo1 = np.where(ends, mem.inflight_logits(plan, m) * logits, 0.0)
     # Gradients allocated by the backward itself (eager torch without DDP's or Megatron's
     # preallocated buffers: paraplan run and torchtitan on one GPU, under autocast), in a
     # step of one micro-batch: at the loss's backward only the head's gradient exists; by
@@ -446,7 +509,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     lazy = lay.autocast_casts & (lay.d * lay.c == 1) & (m <= 1.0) & only
     # the last stage keeps each micro-batch's loss state until that micro-batch's backward:
     # several at once where the schedule runs every forward first (GPipe, breadth-first)
-    lol = mem.inflight_logits(plan, m) * logits
+    lol = np.where(lay.vshape, 0.0, mem.inflight_logits(plan, m) * logits)
     if np.any(lazy):
         head_grad = mem.GRAD_BYTES * (model.output_weight_params / t + h)
 
@@ -892,9 +955,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
     lm_bwd = lm_bwd + head_acc
     # (layers, forward extra, backward extra) of the first, a middle and the last stage
-    stage_parts = ((L_first, emb_fwd + emb_tp + np.where(only, lm_fwd, 0.0), emb_bwd_total + np.where(only, lm_bwd, 0.0)),
+    # (under ZB-V the first rank holds the embedding and the head, the last rank neither)
+    ends, vshape = lay.ends, lay.vshape
+    stage_parts = ((L_first, emb_fwd + emb_tp + np.where(ends, lm_fwd, 0.0), emb_bwd_total + np.where(ends, lm_bwd, 0.0)),
                    (L_s, 0.0, 0.0),
-                   (L_last, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd, lm_bwd + np.where(only, emb_bwd_total, 0.0)))
+                   (L_last, np.where(vshape, 0.0, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd),
+                    np.where(vshape, 0.0, lm_bwd + np.where(only, emb_bwd_total, 0.0))))
     stage_waits = [host_wait(*parts) for parts in stage_parts]
     first, middle, last = (stage(*parts, wait) for parts, wait in zip(stage_parts, stage_waits))
     # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head
@@ -911,7 +977,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # pipeline: v·(p − 1) sends down it and v − 1 from the last rank back to the first
     # (the slowest of the d pipelines: t·c·p apart with data parallelism outermost, else
     # interleaved inside each stage)
-    mean_hop, _, _ = pipeline_hops_s(cluster, p2p_bytes, p, lay.pp_stride, t * c, v, d,
+    # (ZB-V's V goes down the ranks and back up: the hops of one loop, each twice; its turn
+    # stays on the last rank)
+    mean_hop, _, _ = pipeline_hops_s(cluster, p2p_bytes, p, lay.pp_stride, t * c, np.where(vshape, 1.0, v), d,
                                      np.where(lay.dp_outer > t * c, lay.dp_outer, 0.0))
     p2p = np.where(p > 1, mean_hop, 0.0)
     per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
@@ -931,9 +999,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # short of p (derived, docs/model.md; tests/golden/test_bubble_closed_forms.py)
     wg_avg = L_s * wgrad
     bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg) + np.maximum(p - m, 0.0) * wg_avg, 0.0)
-    bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, bubble_1f1b)
+    # ZB-V: its step with every rank a plain one (the last rank of a V), zbv_bubble_s (derived
+    # from the schedule's critical paths, docs/model.md), or the first rank's work with the
+    # embedding and the head, whichever is longer: both bound the step from below (a longer
+    # task never shortens a path), and the first rank's extra work fills some of the bubble.
+    # Of the idle time left, the 2(p−1) sends down and 2(p−1) up are PP communication.
+    zbv_idle = np.maximum(zbv_bubble_s(p, m, last.forward_s / 2.0, (last.backward_s - last.weight_grad_s) / 2.0,
+                                       last.weight_grad_s / 2.0, p2p) - m * (t_max - per_mb[2]), 0.0)
+    pp_zbv = np.minimum(4.0 * (p - 1.0) * p2p, zbv_idle)
+    bubble_zbv = zbv_idle - pp_zbv
+    bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, np.where(vshape, bubble_zbv, bubble_1f1b))
     bubble = np.where(only, 0.0, bubble)
-    pp_exposed = np.where(only, 0.0, 2.0 * (p * v - 1.0) * p2p)
+    pp_exposed = np.where(only, 0.0, np.where(vshape, pp_zbv, 2.0 * (p * v - 1.0) * p2p))
 
     # ---------------- data-parallel gradient sync and optimizer ----------------
     expert_stage, params_stage = lay.expert_stage, lay.params_stage
@@ -974,7 +1051,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the reduction can start once the last micro-batch's weight gradients appear: under its
     # whole backward, but under ZB-H1 only under its W pass, which rank 0 runs after its B
     # (Qi et al. 2024 Sec. 3.1, Fig. 3; sim/schedules.py _zero_bubble_h1)
-    last_bwd = np.where(sc == Schedule.ZERO_BUBBLE.code, first.weight_grad_s, first.backward_s)
+    last_bwd = np.where((sc == Schedule.ZERO_BUBBLE.code) | vshape, first.weight_grad_s, first.backward_s)
     last_fwd = first.forward_s
     last_bucket = 1.0 / np.maximum(L_s, 1.0)
 

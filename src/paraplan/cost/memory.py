@@ -192,7 +192,9 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     holding what rank 0 frees in 1F1B (Qi et al. 2024 Sec. 3.1); interleaved 1F1B: a warm-up
     of 2(p−r−1) + (v−1)p + 1 chunks of 1/v stage each, p·(1 + (p−1)/(p·v)) on rank 0
     (Korthikanti et al. Sec. 4.2.3), and every micro-batch when m ≤ p (Megatron-LM runs all
-    forwards first); GPipe and breadth-first: m. Never more than m; p = 1: one.
+    forwards first); ZB-V: (m + r + 1)/2 up to p, two half-stage chunks per micro-batch in its
+    V (torch's order; p on every rank once m ≥ 2p − 1, 1F1B's peak, as Qi et al. 2024 Sec. 6
+    design it); GPipe and breadth-first: m. Never more than m; p = 1: one.
     """
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vp, dtype=float)
@@ -203,6 +205,7 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     interleaved = np.minimum(m, (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0) / v)
     out = np.where((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1), interleaved, one_f_one_b)
     out = np.where(sc == Schedule.ZERO_BUBBLE.code, np.minimum(p, m), out)
+    out = np.where(sc == Schedule.ZERO_BUBBLE_V.code, np.minimum(np.minimum(p, m), (m + r + 1.0) / 2.0), out)
     out = np.where(_forwards_first(plan, m), m, out)
     return np.where(p > 1, out, 1.0)
 
@@ -218,8 +221,8 @@ def _forwards_first(plan, m):
 def inflight_logits(plan, num_microbatches):
     """Micro-batches whose loss state (logits and softmax) the last stage holds at once: the
     forwards its last model chunk has run and not yet back-propagated. GPipe and breadth-first
-    run every forward first (m), and so does interleaved 1F1B when m ≤ p; 1F1B, ZB-H1 and
-    interleaved 1F1B otherwise start each last-chunk backward right after its forward (one).
+    run every forward first (m), and so does interleaved 1F1B when m ≤ p; 1F1B, ZB-H1, ZB-V
+    and interleaved 1F1B otherwise start each last-chunk backward right after its forward (one).
     Read off the schedules' task order (sim/schedules.py; tests/test_pipeline_schedule_costs.py)."""
     p = np.asarray(plan.pp, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)

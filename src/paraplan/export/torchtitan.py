@@ -48,10 +48,12 @@ from .toml import toml_text
 
 ENGINE = Engine.TORCHTITAN
 
-# torch.distributed.pipelining's `get_schedule_class` names. Its zero-bubble schedules
-# (InterleavedZeroBubble, ZBVZeroBubble) are multi-stage; paraplan's ZB-H1 is one stage per rank.
+# torch.distributed.pipelining's `get_schedule_class` names. ZBVZeroBubble is paraplan's ZB-V
+# (torchtitan places its two stages per rank in a V, style "v"); InterleavedZeroBubble is
+# multi-stage, where paraplan's ZB-H1 is one stage per rank.
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
-             Schedule.INTERLEAVED_1F1B: "Interleaved1F1B", Schedule.BREADTH_FIRST: "LoopedBFS"}
+             Schedule.INTERLEAVED_1F1B: "Interleaved1F1B", Schedule.BREADTH_FIRST: "LoopedBFS",
+             Schedule.ZERO_BUBBLE_V: "ZBVZeroBubble"}
 RECOMPUTE_MODES = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}
 # paraplan preset -> (torchtitan model name, flavor, torchtitan 0.3 config_registry function)
 MODELS = {
@@ -71,7 +73,7 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
     (SpaceLimits.engine_rule) share them."""
     gbs = workload.global_batch_size
     zero0 = ZeroStage.NONE.code
-    multi_stage = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code]
+    multi_stage = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code, Schedule.ZERO_BUBBLE_V.code]
 
     def zero(P):
         return str(P.zero)
@@ -96,6 +98,10 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
         # distributed/pipeline_parallel.py: "Multi-stage schedule requires at least 2 stages per rank"
         ("vp", lambda B: (B.pp > 1) & np.isin(B.schedule_code, multi_stage) & (B.vp < 2), lambda P: P.vp,
          "VP >= 2 with Interleaved1F1B or LoopedBFS (torch's multi-stage schedules need 2+ stages per rank)"),
+        # torch 2.13 _check_torch_compile_compatibility: ScheduleZBVZeroBubble refuses stages
+        # that have used torch.compile (it splits the backward)
+        ("compiled", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ZERO_BUBBLE_V.code) & B.compiled,
+         lambda P: P.compiled, "False with ZBVZeroBubble (torch runs it on eager stages only: export --no-compile)"),
         # torch.distributed.pipelining Schedule1F1B: "Number of microbatches ... must be greater
         # than or equal to the number of stages"
         ("micro-batches", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ONE_F_ONE_B.code)
@@ -151,7 +157,7 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 converters)")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
         raise unsupported(ENGINE, "schedule", str(plan.schedule),
-                          ", ".join(map(str, SCHEDULES)) + " (torch's zero-bubble schedules need 2+ stages per rank)")
+                          ", ".join(map(str, SCHEDULES)) + " (torch's ZB-H1-like schedule needs 2+ stages per rank)")
     if plan.recompute not in RECOMPUTE_MODES:
         raise unsupported(ENGINE, "recompute", str(plan.recompute), ", ".join(map(str, RECOMPUTE_MODES)))
     if plan.zero is ZeroStage.OPTIMIZER:

@@ -13,6 +13,9 @@ class Schedule(_Coded):
     INTERLEAVED_1F1B = "interleaved"   # Narayanan et al. SC'21, v virtual stages per rank
     BREADTH_FIRST = "bfs"              # Lamy-Poirier MLSys'23, looping stages, breadth-first
     ZERO_BUBBLE = "zb"                 # Qi et al. 2024, ZB-H1: backward split into B and W
+    # Qi et al. 2024 Sec. 6 (ZB-V): two chunks per rank placed in a V (rank r holds stages r
+    # and 2p-1-r), B and W split; torch ScheduleZBVZeroBubble, torchtitan "ZBVZeroBubble"
+    ZERO_BUBBLE_V = "zbv"
 
 
 class Recompute(_Coded):

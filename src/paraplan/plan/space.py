@@ -183,8 +183,12 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda P: f"PP×VP = {P.pp}×{P.vp} = {P.pp * P.vp} chunks must not exceed layers + 2 = {L + 2} "
                    "(every chunk holds a layer, the embedding or the loss)"),
         ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, [Schedule.INTERLEAVED_1F1B.code,
-                                                                           Schedule.BREADTH_FIRST.code]),
-         lambda P: f"VP={P.vp} needs the interleaved or bfs schedule, not {P.schedule}"),
+                                                                           Schedule.BREADTH_FIRST.code,
+                                                                           Schedule.ZERO_BUBBLE_V.code]),
+         lambda P: f"VP={P.vp} needs the interleaved, bfs or zbv schedule, not {P.schedule}"),
+        ("zbv_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE_V.code) & ((B.vp != 2) | (B.pp == 1)),
+         lambda P: f"the ZB-V schedule runs two chunks per rank in a V over PP>1 stages: VP must be 2 "
+                   f"(not {P.vp}) and PP > 1 (not {P.pp})"),
         ("vp_pp", lambda B: (B.vp > 1) & (B.pp == 1), lambda P: "VP>1 needs PP>1"),
         ("zb_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE.code) & (B.vp > 1),
          lambda P: "the zero-bubble schedule (ZB-H1) runs one chunk per stage: VP must be 1"),
@@ -504,7 +508,8 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             elif vp == 1:
                 scheds = [x for x in limits.schedules if x in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE)]
             else:
-                scheds = [x for x in limits.schedules if x in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST)]
+                scheds = [x for x in limits.schedules if x in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST)
+                          or (x is Schedule.ZERO_BUBBLE_V and vp == 2)]
             for sched in scheds:
                 s_code = sched.code  # (an enum's code is a cached lookup, not free: hoisted)
                 for rc in limits.recomputes:

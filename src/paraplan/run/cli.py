@@ -28,6 +28,7 @@ from ..argtypes import degree as _degree
 from ..argtypes import int_up_to as _int_up_to
 from ..errors import FileFormatError, ParaplanError, SpecError
 from ..specs.files import MAX_COUNT
+from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import MAX_LAYERS
 from .config import MAX_LOCAL_RANKS
 
@@ -60,7 +61,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel (default 1)"),
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
         g.add_argument(f"--{name}", type=_degree, default=1, help=hlp)
-    g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (default 1f1b / interleaved if --vp>1)")
+    g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb, zbv (default 1f1b / interleaved if --vp>1)")
     g.add_argument("--recompute", default="none", help="none, selective, full, first_k "
                    "(modules, Megatron-Core's module recomputation, is estimated, not run)")
     g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
@@ -121,6 +122,11 @@ def config_from_args(args) -> "RunConfig":
         # "'Tensor' object has no attribute '_local_tensor'" in a redistribute)
         raise SpecError("run", "--compile", True, "only with --tp 1 (compiled tensor-parallel blocks are not run "
                         "here; --pp, --dp and --zero compile)")
+    if plan.compiled and plan.pp > 1 and plan.schedule in SPLIT_BACKWARD:
+        # torch 2.13 _check_torch_compile_compatibility: no compiled stage modules under the
+        # schedules that split the backward
+        raise SpecError("run", "--compile", True, f"not with --schedule {plan.schedule} (torch runs its "
+                        "zero-bubble schedules on eager stages only)")
     check_world_size(args.tp * args.pp * args.dp)  # before the batch below multiplies them
     gbs = args.batch or args.dp * args.mb * max(args.pp, 1) * 2
     if gbs > MAX_COUNT:

@@ -19,7 +19,8 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
 
 # Schedules torch.distributed.pipelining runs for each paraplan schedule (pipeline.py).
-MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE)
+MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE,
+                         Schedule.ZERO_BUBBLE_V)
 
 
 # torchrun --standalone starts every rank on this machine: more processes than this is no
@@ -205,7 +206,8 @@ def check_runnable(cfg: RunConfig) -> None:
         n = cfg.num_microbatches
         if n < p.pp:
             raise SpecError("run", "micro-batches", n, f"need at least --pp={p.pp} per step (raise --batch or lower --mb)")
-        if p.schedule in MULTI_STAGE_SCHEDULES and n % p.pp:
+        # (ZB-V's order takes any count: torch builds it for 2·pp − 1 and drops the missing)
+        if p.schedule in MULTI_STAGE_SCHEDULES and p.schedule is not Schedule.ZERO_BUBBLE_V and n % p.pp:
             raise SpecError("run", "micro-batches", n, f"must be a multiple of --pp={p.pp} for {p.schedule}")
     if p.schedule is Schedule.ZERO_BUBBLE and p.pp > 1 and p.dp > 1 and p.zero is ZeroStage.PARAMETERS:
         # Seen on torch 2.13 (benchmarks/run_kinds.py): gradient norm 30% off the single

@@ -2,13 +2,15 @@
 
 The model is cut into pp×vp chunks of equal layer count (model.build_model builds one);
 chunk c runs on pipeline rank c mod pp (the looped placement of interleaved 1F1B,
-Narayanan et al. SC'21). The first chunk holds the embedding, the last the norm and head.
+Narayanan et al. SC'21), or under ZB-V on rank c for c < pp and 2·pp−1−c above (its V,
+sim/schedules.py Placement). The first chunk holds the embedding, the last the norm and head.
 
 paraplan schedule -> torch schedule (plan/axes.py Schedule):
   gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B (one chunk per rank);
   interleaved -> ScheduleInterleaved1F1B, bfs -> ScheduleLoopedBFS,
   zb -> ScheduleInterleavedZeroBubble (ZB-H1-like, backward split into input and weight
-  gradients; Qi et al. 2024) (any number of chunks per rank).
+  gradients; Qi et al. 2024) (any number of chunks per rank);
+  zbv -> ScheduleZBVZeroBubble (Qi et al. 2024 Sec. 6; two chunks per rank in a V).
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
-                                                    ScheduleInterleavedZeroBubble, ScheduleLoopedBFS)
+                                                    ScheduleInterleavedZeroBubble, ScheduleLoopedBFS,
+                                                    ScheduleZBVZeroBubble)
 
 from ..plan.axes import Schedule
+from ..sim.schedules import placement, virtual_stage
 
 _SINGLE = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
 _MULTI = {Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B, Schedule.BREADTH_FIRST: ScheduleLoopedBFS,
-          Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble}
+          Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble, Schedule.ZERO_BUBBLE_V: ScheduleZBVZeroBubble}
 
 
-def stage_ids(pp_rank: int, pp: int, vp: int) -> list[int]:
-    """Global stage (chunk) indices held by one pipeline rank, in order."""
-    return [c * pp + pp_rank for c in range(vp)]
+def stage_ids(pp_rank: int, pp: int, vp: int, schedule: Schedule = Schedule.INTERLEAVED_1F1B) -> list[int]:
+    """Global stage (chunk) indices held by one pipeline rank, in chunk order, as the
+    schedule places them (the simulator's placement)."""
+    return [int(virtual_stage(placement(schedule), pp, pp_rank, c)) for c in range(vp)]
 
 
 def make_stage(module: nn.Module, stage: int, num_stages: int, device: torch.device, group) -> PipelineStage:

@@ -66,7 +66,7 @@ class Runner:
         bf16 = computes_in_bf16(device.type, cfg.workload.precision)
         self.compute_dtype = torch.bfloat16 if bf16 else torch.float32
         num_stages = p.pp * p.vp
-        self.stage_ids = stage_ids(self.pp_rank, p.pp, p.vp)
+        self.stage_ids = stage_ids(self.pp_rank, p.pp, p.vp, p.schedule)
         self.modules = []
         for sid in self.stage_ids:
             m = build_model(cfg.model, cfg.workload.seq_len, cfg.seed, stage=sid, num_stages=num_stages).to(device)

@@ -1,7 +1,7 @@
 """Heap-driven event loop that times a pipeline schedule (schedules as data, schedules.py).
 
 Notation as in schedules.py: p ranks, m micro-batches, v chunks per rank, V = v*p virtual
-stages; virtual stage j = chunk*p + rank.
+stages; virtual stage j of (rank, chunk) by the schedule's Placement (looped: chunk*p + rank).
 
 Model. Each rank runs its task list strictly in order, one task at a time. A task starts
 at max(rank free, dependencies ready), where (Narayanan et al. SC'21, Sec. 2.2):
@@ -9,7 +9,8 @@ at max(rank free, dependencies ready), where (Narayanan et al. SC'21, Sec. 2.2):
   B(mb, j) needs F(mb, j) done, and B(mb, j+1) done + p2p_s         (j < V-1)
   W(mb, j) needs B(mb, j) done
 Point-to-point sends are latency only: they occupy no rank (as when they overlap with
-compute on a separate stream), and a gradient costs the same p2p_s as an activation.
+compute on a separate stream), and a gradient costs the same p2p_s as an activation. A hop
+between two stages of the same rank (the turn of a V, or p = 1) sends nothing: it costs 0.
 
 The loop. A heap holds each rank's next task once its dependencies have finished, keyed
 by its start time; popping the earliest runs it, which may make the next task of its own
@@ -38,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .schedules import Phase, ScheduleError, Task, positive_int
+from .schedules import Phase, Placement, ScheduleError, Task, positive_int, stage_rank, virtual_stage
 
 PerRankChunk = tuple[tuple[float, ...], ...]
 
@@ -174,12 +175,16 @@ class SimResult:
         return (self.step_time_s - ideal) / ideal if ideal > 0 else 0.0
 
 
-def simulate(tasks_per_rank: Sequence[Sequence[Task]], costs: StageCosts) -> SimResult:
-    """Time the schedule `tasks_per_rank` (one ordered list per rank) under `costs`."""
+def simulate(tasks_per_rank: Sequence[Sequence[Task]], costs: StageCosts,
+             where: Placement = Placement.LOOPED) -> SimResult:
+    """Time the schedule `tasks_per_rank` (one ordered list per rank) under `costs`, its
+    virtual stages placed as `where` says (schedules.placement(schedule))."""
     p, v = costs.num_stages, costs.num_chunks
     if len(tasks_per_rank) != p:
         raise ScheduleError(f"schedule has {len(tasks_per_rank)} ranks; the stage costs have {p}")
-    g = _Graph(tasks_per_rank, p, v)
+    if where is Placement.V_SHAPE and v != 2:
+        raise ScheduleError(f"placement 'v' needs 2 chunks per rank; the stage costs have {v}")
+    g = _Graph(tasks_per_rank, p, v, where)
     if not g.has_weight and any(w for row in costs.weight_s for w in row):
         raise ScheduleError(
             "stage costs: weight_s is nonzero but the schedule has no W tasks; "
@@ -291,7 +296,7 @@ class _Graph:
     """The schedule as flat numpy arrays over all tasks (rank by rank, in list order),
     checked to hold every (phase, micro-batch, virtual stage) exactly once."""
 
-    def __init__(self, tasks_per_rank: Sequence[Sequence[Task]], p: int, v: int):
+    def __init__(self, tasks_per_rank: Sequence[Sequence[Task]], p: int, v: int, where: Placement):
         flat = [t for tasks in tasks_per_rank for t in tasks]
         self.length = np.array([len(tasks) for tasks in tasks_per_rank], dtype=np.int64)
         self.first = np.concatenate(([0], np.cumsum(self.length)[:-1])).astype(np.int64)
@@ -312,7 +317,7 @@ class _Graph:
             )
         m = int(self.microbatch.max()) + 1 if flat else 1
         num_stages = v * p
-        self.stage = self.chunk * p + self.rank
+        self.stage = virtual_stage(where, p, self.rank, self.chunk).astype(np.int64)
         key = self.stage * m + self.microbatch  # (virtual stage, micro-batch)
         self.num_keys = 3 * num_stages * m
         self.task_key = self.code * (num_stages * m) + key  # (phase, virtual stage, mb)
@@ -326,24 +331,26 @@ class _Graph:
         if not needed.all():
             code, rest = divmod(int(np.flatnonzero(needed == 0)[0]), num_stages * m)
             j, mb = divmod(rest, m)
+            r = int(stage_rank(where, p, j))
+            c = int(np.flatnonzero(virtual_stage(where, p, r, np.arange(v)) == j)[0])
             raise ScheduleError(
-                f"schedule lacks task {PHASES[code].value} mb{mb} c{j // p} on rank {j % p}; "
+                f"schedule lacks task {PHASES[code].value} mb{mb} c{c} on rank {r}; "
                 f"every micro-batch needs F and B (and W in all or none) on every virtual stage"
             )
 
         # Dependencies as slots (see _run): F needs F(j-1) + p2p, B needs its own F
         # and B(j+1) + p2p, W needs its B; `notify` is the other rank a task may unblock.
+        # A neighbouring stage on the task's own rank hands over without a send (slot 2k).
         none = 2 * self.num_keys
         block = num_stages * m  # task_key offset of one phase
         is_f, is_b = self.code == _FORWARD, self.code == _BACKWARD
         first_stage, last_stage = self.stage == 0, self.stage == num_stages - 1
-        forward_dep = np.where(first_stage, none, 2 * (key - m) + 1)
+        prev_rank = stage_rank(where, p, np.maximum(self.stage - 1, 0))
+        next_rank = stage_rank(where, p, np.minimum(self.stage + 1, num_stages - 1))
+        forward_dep = np.where(first_stage, none, 2 * (key - m) + (prev_rank != self.rank))
         self.dep_a = np.where(is_f, forward_dep, 2 * (self.task_key - block))
-        self.dep_b = np.where(is_b & ~last_stage, 2 * (block + key + m) + 1, none)
-        notify = np.where(
-            is_f & ~last_stage, (self.rank + 1) % p,
-            np.where(is_b & ~first_stage, (self.rank - 1) % p, -1),
-        )
+        self.dep_b = np.where(is_b & ~last_stage, 2 * (block + key + m) + (next_rank != self.rank), none)
+        notify = np.where(is_f & ~last_stage, next_rank, np.where(is_b & ~first_stage, prev_rank, -1))
         self.notify = np.where(notify == self.rank, -1, notify)  # own rank: checked anyway
         self.m = m
 

@@ -1,8 +1,11 @@
 """Pipeline schedules as data: one ordered list of tasks per pipeline rank.
 
 Notation (Narayanan et al. SC'21): p pipeline stages (ranks), m micro-batches per step,
-v model chunks per rank ("virtual stages"). With v chunks, virtual stage j lives on rank
-j % p as chunk j // p, so a micro-batch loops through the ranks v times.
+v model chunks per rank ("virtual stages"). Where the V = v·p virtual stages live is the
+schedule's placement (Placement): looped, virtual stage j on rank j % p as chunk j // p, so
+a micro-batch loops through the ranks v times; or V-shaped (ZB-V, two chunks), chunk 0 of
+rank r is stage r and chunk 1 is stage 2p-1-r, so a micro-batch goes down the ranks and
+back up, and the first rank holds both the first and the last stage.
 
 A schedule says only *in what order* each rank runs its tasks; when they run follows
 from the dependencies and costs, in engine.py. Each builder below names the paper whose
@@ -15,6 +18,8 @@ import functools
 import operator
 from dataclasses import dataclass
 from enum import StrEnum
+
+import numpy as np
 
 from ..errors import ParaplanError
 from ..plan.axes import Schedule
@@ -45,6 +50,40 @@ class Task:
 RankTasks = tuple[Task, ...]
 
 
+# Schedules that split each backward into B (input gradient) and W (weight gradient) tasks
+SPLIT_BACKWARD = frozenset({Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V})
+
+
+class Placement(StrEnum):
+    """Which rank and chunk hold virtual stage j (p ranks, v chunks each)."""
+
+    LOOPED = "looped"  # rank j % p, chunk j // p (Narayanan et al. SC'21 Sec. 2.2.2)
+    # v = 2: rank j, chunk 0 for j < p; rank 2p-1-j, chunk 1 above (Qi et al. 2024 Sec. 6,
+    # ZB-V; torch generate_stage_to_rank_mapping(style="v"))
+    V_SHAPE = "v"
+
+
+def placement(schedule: Schedule) -> Placement:
+    """The placement a schedule runs on."""
+    return Placement.V_SHAPE if Schedule(schedule) is Schedule.ZERO_BUBBLE_V else Placement.LOOPED
+
+
+def virtual_stage(where: Placement, num_stages: int, rank, chunk):
+    """Virtual stage of (rank, chunk) under `where`; vectorized over rank and chunk."""
+    rank, chunk = np.asarray(rank), np.asarray(chunk)
+    if where is Placement.V_SHAPE:
+        return np.where(chunk == 0, rank, 2 * num_stages - 1 - rank)
+    return chunk * num_stages + rank
+
+
+def stage_rank(where: Placement, num_stages: int, stage):
+    """Rank that holds virtual stage `stage` under `where`; vectorized."""
+    stage = np.asarray(stage)
+    if where is Placement.V_SHAPE:
+        return np.where(stage < num_stages, stage, 2 * num_stages - 1 - stage)
+    return stage % num_stages
+
+
 def build_schedule(
     schedule: Schedule, num_stages: int, num_microbatches: int, num_chunks: int = 1
 ) -> tuple[RankTasks, ...]:
@@ -61,6 +100,11 @@ def build_schedule(
         raise ScheduleError(
             f"schedule {schedule.value!r}: num_chunks={v} is not allowed; it runs one chunk "
             f"per rank (num_chunks=1); use 'interleaved' or 'bfs' for looping stages"
+        )
+    if schedule is Schedule.ZERO_BUBBLE_V and v != 2:
+        raise ScheduleError(
+            f"schedule 'zbv': num_chunks={v} is not allowed; ZB-V runs exactly 2 chunks per rank, "
+            f"placed in a V"
         )
     if schedule is Schedule.INTERLEAVED_1F1B:
         if v < 2:
@@ -170,18 +214,56 @@ def _zero_bubble_h1(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
     return tasks + W[next_w:]
 
 
+def _zero_bubble_v(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # ZB-V, Qi et al. 2024 (Zero Bubble Pipeline Parallelism, Sec. 6, Fig. 8), in the order
+    # of torch 2.13 ScheduleZBVZeroBubble._calculate_single_rank_operations: chunk 0 of rank r
+    # is stage r, chunk 1 is stage 2p-1-r (Placement.V_SHAPE). Warm-up: 2(p-r)-1 forwards of
+    # chunk 0, r pairs F1 F0, then p-r rounds F1 B1 W1; steady state F0 B0 W0 F1 B1 W1; the
+    # cool-down runs r pairs B0 B1, then p-r pairs B0 W0, then the deferred W passes. The
+    # order is built for max(m, 2p-1) micro-batches and the ones past m dropped (torch does).
+    n = max(2 * p - 1, m)
+    order: list[tuple[Phase, int, int]] = []  # (phase, chunk, micro-batch)
+    f0 = f1 = b0 = b1 = 0
+    for _ in range(2 * (p - rank) - 1):
+        order.append((Phase.FORWARD, 0, f0)); f0 += 1  # noqa: E702
+    for _ in range(rank):
+        order += [(Phase.FORWARD, 1, f1), (Phase.FORWARD, 0, f0)]
+        f1, f0 = f1 + 1, f0 + 1
+    for _ in range(p - rank):
+        order += [(Phase.FORWARD, 1, f1), (Phase.BACKWARD, 1, b1), (Phase.WEIGHT, 1, b1)]
+        f1, b1 = f1 + 1, b1 + 1
+    while f1 < f0 or f0 < n:
+        if f0 < n:
+            order.append((Phase.FORWARD, 0, f0)); f0 += 1  # noqa: E702
+        order += [(Phase.BACKWARD, 0, b0), (Phase.WEIGHT, 0, b0),
+                  (Phase.FORWARD, 1, f1), (Phase.BACKWARD, 1, b1), (Phase.WEIGHT, 1, b1)]
+        b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
+    w0, w1 = b0, b1
+    for _ in range(rank):
+        order += [(Phase.BACKWARD, 0, b0), (Phase.BACKWARD, 1, b1)]
+        b0, b1 = b0 + 1, b1 + 1
+    for _ in range(p - rank):
+        order += [(Phase.BACKWARD, 0, b0), (Phase.WEIGHT, 0, w0)]
+        b0, w0 = b0 + 1, w0 + 1
+    order += [(Phase.WEIGHT, 1, i) for i in range(w1, b1)] + [(Phase.WEIGHT, 0, i) for i in range(w0, b0)]
+    table = {Phase.FORWARD: t.F, Phase.BACKWARD: t.B, Phase.WEIGHT: t.W}
+    return [table[phase][chunk][mb] for phase, chunk, mb in order if mb < m]
+
+
 _BUILDERS = {
     Schedule.GPIPE: _gpipe,
     Schedule.ONE_F_ONE_B: _one_f_one_b,
     Schedule.INTERLEAVED_1F1B: _interleaved,
     Schedule.BREADTH_FIRST: _breadth_first,
     Schedule.ZERO_BUBBLE: _zero_bubble_h1,
+    Schedule.ZERO_BUBBLE_V: _zero_bubble_v,
 }
 
 
 # Schedules torch runs through its lowering runtime (PipelineScheduleMulti), which brackets
 # FSDP stages with UNSHARD/RESHARD actions; ScheduleGPipe and Schedule1F1B run without it.
-FSDP_LOWERED = frozenset({Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE})
+FSDP_LOWERED = frozenset({Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE,
+                          Schedule.ZERO_BUBBLE_V})
 FSDP_ACTIVE_CHUNKS = 3  # torch 2.13 _add_unshard_reshard(max_active_stages=3)
 
 
