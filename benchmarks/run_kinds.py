@@ -32,6 +32,8 @@ KINDS = [
     "--pp 2 --vp 2 --dp 2 --zero 3", "--pp 2 --dp 2 --zero 2 --schedule zb", "--pp 2 --dp 2 --tp 2 --zero 3",
     "--dp 2 --zero 3 --recompute full", "--tp 2 --recompute selective", "--pp 2 --recompute first_k --recompute-layers 1",
     "--pp 2 --dp 2 --zero 3 --schedule zb",
+    "--pp 2 --vp 2 --schedule zbv", "--pp 2 --vp 2 --tp 2 --schedule zbv", "--pp 2 --vp 2 --dp 2 --zero 2 --schedule zbv",
+    "--pp 2 --vp 2 --dp 2 --zero 3 --schedule zbv",
 ]
 
 
