@@ -158,6 +158,7 @@ def test_scaled_model_keeps_ratios():
     (["--pp", "2", "--dp", "2", "--zero", "3", "--schedule", "zb"], "--zero 3"),  # wrong in torch 2.13
     (["--pp", "2", "--vp", "2", "--dp", "2", "--zero", "3", "--schedule", "zbv"], "--zero 3"),  # and this
     (["--pp", "2", "--vp", "2", "--schedule", "zbv", "--compile"], "--compile"),  # torch: eager stages only
+    (["--pp", "2", "--schedule", "zbv"], "--vp=1"),                # ZB-V runs two chunks per rank
     (["--recompute", "modules"], "--recompute='modules'"),     # Megatron-Core's, not run here
     (["--recompute", "first_k", "--recompute-layers", "5"], "--recompute-layers=5"),  # 4 layers
     (["--recompute", "first_k"], "--recompute-layers=0"),

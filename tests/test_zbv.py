@@ -4,6 +4,7 @@ checked against the event simulator; the engines build it or say why not."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +15,7 @@ from paraplan.cost import memory as mem
 from paraplan.cost.estimate import estimate
 from paraplan.cost.evaluate import evaluate, zbv_bubble_s
 from paraplan.errors import SpecError
-from paraplan.plan.axes import AttentionKernel, Schedule, ZeroStage
+from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space
 from paraplan.sim.engine import StageCosts, simulate
@@ -192,3 +193,37 @@ def test_run_refuses_compiled_zero_bubble_stages():
     assert config_from_argv(argv).plan.schedule is ZBV
     with pytest.raises(SpecError, match="--compile"):
         config_from_argv([*argv, "--compile"])
+
+
+def test_trace_names_each_chunks_own_layers(tmp_path):
+    # the per-layer slices under a task are the layers of its virtual stage (the V's, not the
+    # looped placement's: chunk 1 of rank 0 is the last stage)
+    out = tmp_path / "t.json"
+    assert main(["trace", "--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "16", "--tp", "2",
+                 "--pp", "4", "--vp", "2", "--schedule", "zbv", "--dp", "2", "--zero", "1", "-o", str(out)]) == 0
+    import json
+    events = json.loads(out.read_text())["traceEvents"]
+    tasks = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("forward", "backward", "weight")]
+    layer_slices = [e for e in events if e.get("ph") == "X" and "layer" in e.get("args", {})]
+    for task in tasks:
+        label = task["args"]["layers"]
+        inside = {e["args"]["layer"] for e in layer_slices if e["pid"] == task["pid"]
+                  and task["ts"] <= e["ts"] < task["ts"] + task["dur"]}
+        spans = [part for part in label.split(", ") if part.startswith("L")]
+        lo, hi = (int(x) for x in spans[0][1:].split("-"))
+        assert inside and inside <= set(range(lo, hi + 1)), (task["name"], task["pid"], label, sorted(inside))
+
+
+def test_last_rank_keeps_its_whole_recompute_working_set():
+    # under ZB-V the last rank computes no loss: its memory cannot fall as the vocabulary grows
+    cluster = load_cluster("dgx-h100", num_gpus=16)
+    wl = Workload(global_batch_size=16, seq_len=8192)
+    base = load_model("llama3-8b")
+    acts = []
+    for vocab in (8000, 16000, 32000):
+        model = dataclasses.replace(base, num_layers=30, vocab_size=vocab)
+        plan = make_plan(tp=8, pp=2, dp=1, vp=2, schedule=ZBV, micro_batch_size=1, sequence_parallel=True,
+                         recompute=Recompute.FULL)
+        costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
+        acts.append(float(np.asarray(costs.memory.activations_bytes).reshape(-1)[0]))
+    assert acts[0] <= acts[1] <= acts[2]

@@ -495,7 +495,7 @@ def cmd_trace(args) -> int:
     from .plan.space import PlanBatch
     from .report.timeline import chrome_trace
     from .sim.engine import simulate
-    from .sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement
+    from .sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement, virtual_stage
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
     model, cluster, wl = _specs(args)
@@ -532,7 +532,7 @@ def cmd_trace(args) -> int:
     }
 
     def detail(rank, chunk, phase):
-        span = layers[chunk * staged.pp + rank]
+        span = layers[int(virtual_stage(placement(staged.schedule), staged.pp, rank, chunk))]
         # a backward runs the chunk's layers last to first
         order = span if phase is Phase.FORWARD else reversed(span)
         return [(f"{name} L{li}", dur, "comm" if any(x in name for x in TRACE_COMM_MARKERS) else "compute",

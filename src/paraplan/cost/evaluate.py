@@ -447,7 +447,8 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
     acts_first = (inflight * L_first * per_layer_stored + np.where(ends, working_past_loss, recompute_working)
                   + inflight * residual_bytes * T * h / sp_div)
-    acts_last = inflight_last * L_last * per_layer_stored + working_past_loss
+    # (under ZB-V the last rank holds no loss: its recomputed layer's working set is whole)
+    acts_last = inflight_last * L_last * per_layer_stored + np.where(lay.vshape, recompute_working, working_past_loss)
 
     # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
     # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
@@ -1051,7 +1052,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # the reduction can start once the last micro-batch's weight gradients appear: under its
     # whole backward, but under ZB-H1 only under its W pass, which rank 0 runs after its B
     # (Qi et al. 2024 Sec. 3.1, Fig. 3; sim/schedules.py _zero_bubble_h1)
-    last_bwd = np.where((sc == Schedule.ZERO_BUBBLE.code) | vshape, first.weight_grad_s, first.backward_s)
+    # (ZB-V's first rank ends with the W pass of its first chunk: half its stage's)
+    last_bwd = np.where(vshape, first.weight_grad_s / 2.0,
+                        np.where(sc == Schedule.ZERO_BUBBLE.code, first.weight_grad_s, first.backward_s))
     last_fwd = first.forward_s
     last_bucket = 1.0 / np.maximum(L_s, 1.0)
 

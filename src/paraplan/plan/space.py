@@ -187,8 +187,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
                                                                            Schedule.ZERO_BUBBLE_V.code]),
          lambda P: f"VP={P.vp} needs the interleaved, bfs or zbv schedule, not {P.schedule}"),
         ("zbv_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE_V.code) & ((B.vp != 2) | (B.pp == 1)),
-         lambda P: f"the ZB-V schedule runs two chunks per rank in a V over PP>1 stages: VP must be 2 "
-                   f"(not {P.vp}) and PP > 1 (not {P.pp})"),
+         lambda P: "the ZB-V schedule runs two chunks per rank in a V over PP>1 stages: "
+                   + (f"VP must be 2, not {P.vp}" if P.vp != 2 else f"PP must be > 1, not {P.pp}")),
         ("vp_pp", lambda B: (B.vp > 1) & (B.pp == 1), lambda P: "VP>1 needs PP>1"),
         ("zb_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE.code) & (B.vp > 1),
          lambda P: "the zero-bubble schedule (ZB-H1) runs one chunk per stage: VP must be 1"),

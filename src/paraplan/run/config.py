@@ -194,6 +194,8 @@ def check_runnable(cfg: RunConfig) -> None:
             raise SpecError("run", "--tp", p.tp, f"must divide --seq {wl.seq_len} with sequence parallelism")
     if m.tied_embeddings and (p.tp > 1 or p.pp > 1):
         raise SpecError("run", "tied_embeddings", True, "tied embeddings run with --tp 1 --pp 1 only")
+    if p.pp > 1 and p.schedule is Schedule.ZERO_BUBBLE_V and p.vp != 2:
+        raise SpecError("run", "--vp", p.vp, "2 with --schedule zbv (ScheduleZBVZeroBubble: two chunks per rank)")
     chunks = p.pp * p.vp
     if m.num_layers % chunks:
         raise SpecError("run", "--pp×--vp", chunks, f"must divide the {m.num_layers} layers (--layers scales them)")
