@@ -227,3 +227,15 @@ def test_last_rank_keeps_its_whole_recompute_working_set():
         costs = evaluate(model, cluster, wl, PlanBatch.from_plans([plan]))
         acts.append(float(np.asarray(costs.memory.activations_bytes).reshape(-1)[0]))
     assert acts[0] <= acts[1] <= acts[2]
+
+
+def test_search_narrows_to_the_schedules_asked_for(capsys):
+    import json
+    assert main(["search", "--gpus", "64", "--pp", "4", "--schedule", "zbv,zb", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    plans = [r["plan"] for r in shown["ranked"]] if "ranked" in shown else []
+    assert plans and all(p["schedule"] in ("zbv", "zb") for p in plans)
+    assert main(["search", "--schedule", "zbx"]) == 2
+    assert "schedule='zbx' is not allowed" in capsys.readouterr().err
+    assert main(["search", "--engine", "megatron", "--schedule", "zbv"]) == 2
+    assert "megatron allows 1f1b, interleaved" in capsys.readouterr().err

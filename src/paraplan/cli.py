@@ -110,6 +110,9 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--rank-order", default=None,
                        help="rank order to search: tp-cp-dp-pp (pipeline outermost) or tp-cp-pp-dp (data "
                             "parallelism outermost) (default: both)")
+        g.add_argument("--schedule", default=None,
+                       help="pipeline schedules to search, comma-separated: gpipe, 1f1b, interleaved, bfs, zb, zbv "
+                            "(default: all; plans without a pipeline have none and stay in)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
@@ -339,8 +342,12 @@ def _engine_space(support, fixed: dict, limits):
     if not orders:
         raise unsupported(support.engine, "--rank-order", ",".join(map(str, limits.rank_orders)),
                           ", ".join(map(str, support.limits.rank_orders)))
+    schedules = tuple(s for s in limits.schedules if s in support.limits.schedules)
+    if not schedules:
+        raise unsupported(support.engine, "--schedule", ",".join(map(str, limits.schedules)),
+                          ", ".join(map(str, support.limits.schedules)))
     return {**support.pinned, **fixed}, replace(support.search_limits(), capacity_factors=limits.capacity_factors,
-                                                cp_comm_types=cp_comms, rank_orders=orders)
+                                                cp_comm_types=cp_comms, rank_orders=orders, schedules=schedules)
 
 
 def _expressible(mod, args, ranked, model, wl):
@@ -351,7 +358,7 @@ def _expressible(mod, args, ranked, model, wl):
 
 def _search_pins(args):
     """The plan axes pinned by flags, and the search limits the flags set."""
-    from .plan.axes import CPCommType, RankOrder
+    from .plan.axes import CPCommType, RankOrder, Schedule
     from .plan.space import SpaceLimits
     fixed = {k2: getattr(args, k1) for k1, k2 in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("cp", "cp"),
                                                     ("ep", "ep"), ("etp", "etp"), ("vp", "vp"),
@@ -359,7 +366,10 @@ def _search_pins(args):
              if getattr(args, k1) is not None}
     cp_comms = (CPCommType.parse(args.cp_comm, "cp_comm_type"),) if args.cp_comm is not None else tuple(CPCommType)
     orders = (RankOrder.parse(args.rank_order, "rank_order"),) if args.rank_order is not None else tuple(RankOrder)
-    return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms, rank_orders=orders)
+    schedules = (tuple(dict.fromkeys(Schedule.parse(x.strip(), "schedule") for x in args.schedule.split(",")))
+                 if args.schedule is not None else tuple(Schedule))
+    return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms, rank_orders=orders,
+                              schedules=schedules)
 
 
 DEFAULT_SCALE_COUNTS = (256, 512, 1024, 2048, 4096, 8192, 16384)
