@@ -60,8 +60,10 @@ def test_the_turn_of_the_v_sends_nothing():
     p, c = 4, 0.25
     one = _sim(p, 1, 1.0, 1.0, 0.0, c)
     assert one.step_time_s == pytest.approx(2 * p * 1.0 + 2 * p * 1.0 + 4 * (p - 1) * c)
+    # the looped placement sends at every one of its 2p - 1 hops each way
     looped = simulate(build_schedule(Schedule.INTERLEAVED_1F1B, p, p, 2), StageCosts.uniform(p, 2, 1.0, 1.0, 0.0, c))
-    assert looped.step_time_s > 0  # (the looped placement still sends at every hop: see test_sim_engine)
+    first = [e for e in looped.events if e.microbatch == 0 and e.phase is Phase.FORWARD]
+    assert first[-1].end_s == pytest.approx(2 * p * 1.0 + (2 * p - 1) * c)
 
 
 def test_needs_two_chunks():

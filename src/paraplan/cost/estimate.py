@@ -83,7 +83,8 @@ def _batch_index(costs_field, i=0):
 
 
 def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
-    """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the last)."""
+    """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the rank
+    of the last virtual stage: the last rank, or rank 0 in ZB-V's V; evaluate.layout)."""
     p, v = plan.pp, plan.vp
     zb = plan.schedule in SPLIT_BACKWARD
 
@@ -112,9 +113,9 @@ def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[rang
     chunks first; with no middle rank, off the other chunks."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     p, v, l = plan.pp, plan.vp, model.num_layers
-    L_s = int(round(_batch_index(lay.L_s)))
-    # the loss's and the embedding's slots (ZB-V: both on the first rank, the loss's first)
-    slack = p * v * -(-l // (p * v)) - l if p > 1 else 0
+    L_s, slack = (int(round(_batch_index(x))) for x in (lay.L_s, lay.slack))
+    # the loss's slot off the last virtual stage, the embedding's off the first (under ZB-V
+    # both on the first rank)
     counts = [L_s // v] * (p * v)
     counts[-1] -= min(slack, 1)
     counts[0] -= min(max(slack - 1, 0), 1)
@@ -165,10 +166,10 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     time = costs.time.scalar(0)
     sim = None
     if simulate_pipeline and plan.pp > 1:
-        sc = stage_costs(costs, plan)
+        sc, where = stage_costs(costs, plan), placement(plan.schedule)
         m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
         if m <= 2 * m1:
-            sim = simulate(build_schedule(plan.schedule, plan.pp, m, plan.vp), sc, placement(plan.schedule))
+            sim = simulate(build_schedule(plan.schedule, plan.pp, m, plan.vp), sc, where)
             makespan = sim.step_time_s
         else:
             # every micro-batch costs the same, so past the warm-up each schedule repeats one
@@ -176,7 +177,6 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
             # of PP, as interleaving needs) and extend the line to m: exact once the steady state
             # has set in by m1 (tests/test_estimate_many_microbatches.py checks it against the full
             # simulation); no timeline is kept
-            where = placement(plan.schedule)
             t1 = simulate(build_schedule(plan.schedule, plan.pp, m1, plan.vp), sc, where).step_time_s
             t2 = simulate(build_schedule(plan.schedule, plan.pp, 2 * m1, plan.vp), sc, where).step_time_s
             makespan = t2 + (m - 2 * m1) * (t2 - t1) / m1

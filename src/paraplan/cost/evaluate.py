@@ -234,6 +234,7 @@ class Layout:
     L_first: object
     L_last: object
     only: object            # one pipeline stage
+    slack: object           # chunk slots past the layers: the loss's first, then the embedding's
     vshape: object          # ZB-V: two chunks per rank in a V (sim/schedules.py Placement.V_SHAPE)
     ends: object            # the first rank holds both the embedding and the head (one stage, or a V)
     w_moe: object           # share of the stage's layers that are MoE layers
@@ -283,8 +284,8 @@ def zbv_bubble_s(p, m, f, b, w, c):
     - in between: the step interpolated linearly in m between those two ends (removing
       micro-batches from a fixed order only shortens it, so the step lies between them).
     The event simulator's critical paths take exactly these forms for sends up to 30% of the
-    shortest pass; the interpolation stays within 7% of the step
-    (tests/golden/test_bubble_closed_forms.py). Vectorized."""
+    shortest pass; the interpolation stays within 7% of the step (tests/test_zbv.py).
+    Vectorized."""
     p, m = np.asarray(p, dtype=float), np.asarray(m, dtype=float)
     q = p - 1.0
     f, b, w, c = (np.asarray(x, dtype=float) for x in (f, b, w, c))
@@ -384,7 +385,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         precision=prec, act_bytes=ab, fp32_params=fp32_params, casts_gathered=fp32_params & (not wide),
         t=t, p=p, d=d, c=c, v=v, m=np.floor(workload.global_batch_size / (d * b)), T=b * workload.seq_len / c,
         sp=sp, sp_div=np.where(sp, t, 1.0), rc=rc, zc=zc, L_s=L_s, L_first=L_first, L_last=L_last, only=only,
-        vshape=vshape, ends=ends,
+        slack=slack, vshape=vshape, ends=ends,
         w_moe=w_moe, w_dense=w_dense, k_rc=k_rc, rc_layers=np.where(rc == Recompute.FULL.code, L_s, k_rc),
         S=S, R=d / _f(plan.dp_shard), edp=edp, S_e=S_e,
         # expert groups re-slice the stage's ranks in order: EDP members ep·etp folded ranks
@@ -1004,7 +1005,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # from the schedule's critical paths, docs/model.md), or the first rank's work with the
     # embedding and the head, whichever is longer: both bound the step from below (a longer
     # task never shortens a path), and the first rank's extra work fills some of the bubble.
-    # Of the idle time left, the 2(p−1) sends down and 2(p−1) up are PP communication.
+    # Of the idle time left, a micro-batch's 2(p−1) sends through the V forward and 2(p−1)
+    # back are PP communication.
     zbv_idle = np.maximum(zbv_bubble_s(p, m, last.forward_s / 2.0, (last.backward_s - last.weight_grad_s) / 2.0,
                                        last.weight_grad_s / 2.0, p2p) - m * (t_max - per_mb[2]), 0.0)
     pp_zbv = np.minimum(4.0 * (p - 1.0) * p2p, zbv_idle)

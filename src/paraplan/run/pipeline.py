@@ -30,7 +30,7 @@ _MULTI = {Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B, Schedule.BREADTH_F
           Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble, Schedule.ZERO_BUBBLE_V: ScheduleZBVZeroBubble}
 
 
-def stage_ids(pp_rank: int, pp: int, vp: int, schedule: Schedule = Schedule.INTERLEAVED_1F1B) -> list[int]:
+def stage_ids(pp_rank: int, pp: int, vp: int, schedule: Schedule) -> list[int]:
     """Global stage (chunk) indices held by one pipeline rank, in chunk order, as the
     schedule places them (the simulator's placement)."""
     return [int(virtual_stage(placement(schedule), pp, pp_rank, c)) for c in range(vp)]
