@@ -13,19 +13,21 @@ from paraplan.plan.axes import Recompute, Schedule
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import PlanBatch
 from paraplan.sim.engine import StageCosts, simulate
-from paraplan.sim.schedules import Phase, build_schedule, placement, stage_rank, virtual_stage
+from paraplan.sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement, stage_rank, virtual_stage
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
 
 STAGES = (2, 3, 4, 6)
 MICROBATCHES = (1, 2, 3, 4, 5, 8, 12)
 CHUNKS = {Schedule.GPIPE: (1,), Schedule.ONE_F_ONE_B: (1,), Schedule.ZERO_BUBBLE: (1,),
-          Schedule.INTERLEAVED_1F1B: (2, 3, 4), Schedule.BREADTH_FIRST: (1, 2, 3), Schedule.ZERO_BUBBLE_V: (2,)}
+          Schedule.INTERLEAVED_1F1B: (2, 3, 4), Schedule.BREADTH_FIRST: (1, 2, 3), Schedule.ZERO_BUBBLE_V: (2,),
+          Schedule.DUAL_PIPE_V: (2,)}
 
 
 def _cases(schedule):
     return [(p, m, v) for p in STAGES for m in MICROBATCHES for v in CHUNKS[schedule]
-            if not (schedule is Schedule.INTERLEAVED_1F1B and m % p)]
+            if not (schedule is Schedule.INTERLEAVED_1F1B and m % p)
+            and not (schedule is Schedule.DUAL_PIPE_V and m < 2 * p)]
 
 
 @pytest.mark.parametrize("schedule", list(Schedule))
@@ -34,7 +36,7 @@ def test_inflight_microbatches_of_every_rank_are_the_simulators(schedule):
     # right before; the middle and last stages of GPipe, breadth-first, ZB-H1 and interleaved
     # were not: the last held one micro-batch)
     for p, m, v in _cases(schedule):
-        w = 1.0 / v if schedule in (Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V) else 0.0
+        w = 1.0 / v if schedule in SPLIT_BACKWARD else 0.0
         sim = simulate(build_schedule(schedule, p, m, v), StageCosts.uniform(p, v, 1.0 / v, 2.0 / v, w),
                        placement(schedule))
         plan = make_plan(pp=p, vp=v, schedule=schedule)

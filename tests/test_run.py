@@ -38,6 +38,8 @@ PLANS = {
     "pp_interleaved": (["--pp", "2", "--vp", "2", "--recompute", "full"], 2, "TP1 PP2 DP1 VP2 mb1 interleaved rc:full"),
     # ZB-V: rank 0 holds the first and the last chunk (the embedding and the head), in a V
     "pp_zbv": (["--pp", "2", "--vp", "2", "--schedule", "zbv"], 2, "TP1 PP2 DP1 VP2 mb1 zbv rc:none"),
+    # DualPipeV: the same V, forward-backward pairs as one action (torch ScheduleDualPipeV)
+    "pp_dualpipev": (["--pp", "2", "--vp", "2", "--schedule", "dualpipev"], 2, "TP1 PP2 DP1 VP2 mb1 dualpipev rc:none"),
     "pp_fsdp_tp": (["--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3"], 8, "TP2 PP2 DP2 mb1 1f1b SP rc:none zero3"),
 }
 
@@ -159,6 +161,9 @@ def test_scaled_model_keeps_ratios():
     (["--pp", "2", "--vp", "2", "--dp", "2", "--zero", "3", "--schedule", "zbv"], "--zero 3"),  # and this
     (["--pp", "2", "--vp", "2", "--schedule", "zbv", "--compile"], "--compile"),  # torch: eager stages only
     (["--pp", "2", "--schedule", "zbv"], "--vp=1"),                # ZB-V runs two chunks per rank
+    (["--pp", "2", "--schedule", "dualpipev"], "--vp=1"),          # so does DualPipeV
+    (["--pp", "2", "--vp", "2", "--schedule", "dualpipev", "--batch", "2"], "micro-batches=2"),  # m >= 2·pp
+    (["--pp", "2", "--vp", "2", "--schedule", "dualpipev", "--compile"], "--compile"),
     (["--recompute", "modules"], "--recompute='modules'"),     # Megatron-Core's, not run here
     (["--recompute", "first_k", "--recompute-layers", "5"], "--recompute-layers=5"),  # 4 layers
     (["--recompute", "first_k"], "--recompute-layers=0"),

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from paraplan.plan.axes import Schedule
 from paraplan.sim.engine import StageCosts, simulate
-from paraplan.sim.schedules import Phase, ScheduleError, Task, build_schedule, placement, stage_rank, virtual_stage
+from paraplan.sim.schedules import (SPLIT_BACKWARD, Phase, ScheduleError, Task, build_schedule, placement, stage_rank,
+                                    virtual_stage)
 
 F, B, W = Phase.FORWARD, Phase.BACKWARD, Phase.WEIGHT
 
@@ -29,6 +30,8 @@ def cases(draw):
         m = draw(st.integers(1, 8))
     elif schedule is Schedule.ZERO_BUBBLE_V:
         v, m = 2, draw(st.integers(1, 12))
+    elif schedule is Schedule.DUAL_PIPE_V:
+        v, m = 2, draw(st.integers(2 * p, 2 * p + 8))
     else:
         v, m = 1, draw(st.integers(1, 8))
     cost = st.floats(0.0, 4.0, allow_nan=False, allow_infinity=False)
@@ -36,29 +39,43 @@ def cases(draw):
     def table():
         return tuple(tuple(draw(cost) for _ in range(v)) for _ in range(p))
 
-    weight = (table() if schedule in (Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V)
-              else tuple((0.0,) * v for _ in range(p)))
+    weight = (table() if schedule in SPLIT_BACKWARD else tuple((0.0,) * v for _ in range(p)))
     costs = StageCosts(forward_s=table(), backward_s=table(), weight_s=weight,
                        p2p_s=draw(st.floats(0.0, 1.0)))
     return schedule, p, m, v, costs
 
 
-def _required_start(e, by_key, costs, p, v, where):
+def _required_start(e, by_key, done, costs, p, v, where):
     """Earliest start that the dependency rules allow for event `e` (ignoring its rank): a
-    neighbouring stage on another rank sends (p2p_s), one on the same rank hands over."""
+    neighbouring stage on another rank sends (p2p_s), one on the same rank hands over. A
+    task's output is there when its action ends (`done`, by key)."""
     last = v * p - 1
     j, mb = e.virtual_stage, e.microbatch
 
     def hop(k):
         return 0.0 if int(stage_rank(where, p, k)) == e.rank else costs.p2p_s
     if e.phase is F:
-        return by_key[(F, mb, j - 1)].end_s + hop(j - 1) if j > 0 else 0.0
+        return done[(F, mb, j - 1)] + hop(j - 1) if j > 0 else 0.0
     if e.phase is W:
-        return by_key[(B, mb, j)].end_s
-    ready = by_key[(F, mb, j)].end_s
+        return done[(B, mb, j)]
+    ready = done[(F, mb, j)]
     if j < last:
-        ready = max(ready, by_key[(B, mb, j + 1)].end_s + hop(j + 1))
+        ready = max(ready, done[(B, mb, j + 1)] + hop(j + 1))
     return ready
+
+
+def _actions(tasks, per_rank):
+    """Per rank, the events grouped into actions (a joined task runs in the one before it)."""
+    out = []
+    for rank, events in enumerate(per_rank):
+        groups = []
+        for task, e in zip(tasks[rank], events):
+            if task.joined:
+                groups[-1].append(e)
+            else:
+                groups.append([e])
+        out.append(groups)
+    return out
 
 
 @settings(max_examples=150, deadline=None)
@@ -73,16 +90,27 @@ def test_events_follow_the_rules(case):
     assert len(by_key) == len(events) == sum(map(len, tasks))  # every task exactly once
 
     per_rank = [[e for e in events if e.rank == r] for r in range(p)]
+    actions = _actions(tasks, per_rank)
+    done = {(e.phase, e.microbatch, e.virtual_stage): group[-1].end_s
+            for groups in actions for group in groups for e in group}
     for rank in range(p):
         # per-rank order is the schedule's order, and tasks never overlap on a rank
-        assert [Task(e.phase, e.microbatch, e.chunk) for e in per_rank[rank]] == list(tasks[rank])
+        assert [(e.phase, e.microbatch, e.chunk) for e in per_rank[rank]] == [
+            (t.phase, t.microbatch, t.chunk) for t in tasks[rank]]
         free = 0.0
-        for e in per_rank[rank]:
-            required = _required_start(e, by_key, costs, p, v, where)
-            assert e.start_s >= required - 1e-12  # no event starts before its deps end
-            assert e.start_s == pytest.approx(max(free, required), abs=1e-9)  # and not later
-            assert e.virtual_stage == int(virtual_stage(where, p, rank, e.chunk))
-            free = e.end_s
+        for group in actions[rank]:
+            own = {(e.phase, e.microbatch, e.virtual_stage) for e in group}
+            required = max((_required_start(e, by_key, done, costs, p, v, where) for e in group
+                            if not ((e.phase is W and (B, e.microbatch, e.virtual_stage) in own)
+                                    or (e.phase is B and (F, e.microbatch, e.virtual_stage) in own))),
+                           default=0.0)
+            start = group[0].start_s
+            assert start >= required - 1e-12  # no action starts before its inputs are there
+            assert start == pytest.approx(max(free, required), abs=1e-9)  # and not later
+            for e in group:  # an action's tasks run back to back
+                assert e.start_s == pytest.approx(free if e is not group[0] else start, abs=1e-9)
+                assert e.virtual_stage == int(virtual_stage(where, p, rank, e.chunk))
+                free = e.end_s
         assert result.busy_s[rank] == pytest.approx(sum(e.duration_s for e in per_rank[rank]))
         assert result.step_time_s >= result.busy_s[rank] - 1e-12  # makespan >= busy
         assert result.bubble_s[rank] == pytest.approx(result.step_time_s - result.busy_s[rank])

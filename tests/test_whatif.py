@@ -17,6 +17,7 @@ from paraplan.plan.plan import make_plan
 from paraplan.plan.space import PlanBatch, SpaceLimits, enumerate_space
 from paraplan.search.planner import search
 from paraplan.search.whatif import Assumption, assumptions, scenario, what_if
+from paraplan.sim.schedules import SPLIT_BACKWARD
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
 
@@ -102,14 +103,13 @@ def _evaluated(model, cluster, workload, batch):
 def test_no_plan_gets_faster_when_an_assumption_gets_worse(model, gpus, fixed):
     """The premise of re-timing only the best plans, over whole slices of the space (dense with
     pipelines; MoE with context parallelism and EP overlap, where the attention block once hid
-    both the CP ring and the partner all-to-all). Left out: ZB-H1 and ZB-V plans (the DP
+    both the CP ring and the partner all-to-all). Left out: ZB-H1, ZB-V and DualPipeV plans (the DP
     reduction's window is their W pass, which can grow more than the step) and the MoE imbalance (the
     all-to-all's efficiency curve, interpolated in log size, prices some larger messages
     faster); docs/model.md names both."""
     cluster, wl = load_cluster("dgx-h100", num_gpus=gpus), Workload(global_batch_size=64, seq_len=2048)
     batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits(), fixed) if len(b)])
-    batch = batch.take(np.flatnonzero(~np.isin(batch.schedule_code, [Schedule.ZERO_BUBBLE.code,
-                                                                     Schedule.ZERO_BUBBLE_V.code])))
+    batch = batch.take(np.flatnonzero(~np.isin(batch.schedule_code, [s.code for s in SPLIT_BACKWARD])))
     assert len(batch) > 1000
     base = _evaluated(model, cluster, wl, batch)
     for a in assumptions(model, cluster, wl, [batch.plan(0)]):

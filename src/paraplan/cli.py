@@ -81,7 +81,7 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                       ("mb", "micro-batch size (sequences)")):
         g.add_argument(f"--{name}", type=_degree, default=None, help=hlp)
     if required:
-        g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (ZB-H1), zbv (ZB-V, --vp 2) (default 1f1b / interleaved if --vp>1)")
+        g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (ZB-H1), zbv (ZB-V, --vp 2), dualpipev (DualPipeV, --vp 2) (default 1f1b / interleaved if --vp>1)")
         g.add_argument("--recompute", default="none",
                        help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules)")
         g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
@@ -111,7 +111,7 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="rank order to search: tp-cp-dp-pp (pipeline outermost) or tp-cp-pp-dp (data "
                             "parallelism outermost) (default: both)")
         g.add_argument("--schedule", default=None,
-                       help="pipeline schedules to search, comma-separated: gpipe, 1f1b, interleaved, bfs, zb, zbv "
+                       help="pipeline schedules to search, comma-separated: gpipe, 1f1b, interleaved, bfs, zb, zbv, dualpipev "
                             "(default: all; plans without a pipeline have none and stay in)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")

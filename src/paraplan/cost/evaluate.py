@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..sim.schedules import fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -235,7 +235,7 @@ class Layout:
     L_last: object
     only: object            # one pipeline stage
     slack: object           # chunk slots past the layers: the loss's first, then the embedding's
-    vshape: object          # ZB-V: two chunks per rank in a V (sim/schedules.py Placement.V_SHAPE)
+    vshape: object          # ZB-V, DualPipeV: two chunks per rank in a V (sim/schedules.py Placement.V_SHAPE)
     ends: object            # the first rank holds both the embedding and the head (one stage, or a V)
     w_moe: object           # share of the stage's layers that are MoE layers
     w_dense: object
@@ -314,6 +314,33 @@ def zbv_bubble_s(p, m, f, b, w, c):
     return np.where(q > 0, np.maximum(out, 0.0), 0.0)
 
 
+def dualpipev_bubble_s(p, m, f, b, w, c):
+    """Idle time of DualPipeV's busiest rank beyond its work, in torch's order (sim/schedules.py
+    _dual_pipe_v; m ≥ 2p), each chunk taking f forward, b input-gradient and w weight-gradient
+    seconds (a full backward b + w, a forward-backward pair f + b + w: the pair's overlap is
+    priced into the passes, not here), each send between ranks c. With q = p − 1 and
+    n = m − 2p, the largest of four forms, read off the simulator's critical paths like
+    zbv_bubble_s's (derived):
+        2q·f,  2q·f + q(b − w),  (q − 1)f + q(2b − w),  (q − 1)f + q·b,
+    plus (5q − 2), (6q − 2), (8q − 2), (7q − 2) sends, each + 2(n − ⌊(n − 2 + p)/p⌋): the
+    steady state's pairs wait on their neighbour's, so every send there lengthens the step,
+    in p − 1 of every p micro-batches. At f = b = w and c = 0 that is 2q·f, DeepSeek-V3's
+    (PP/2 − 1)(F&B + B − 3W) with F&B = F + B (DeepSeek-AI 2024, Table 2; PP = 2p chunks).
+    Exact against the simulator for p ≤ 12 and sends up to 30% of the shortest pass
+    (tests/test_dualpipev.py). Vectorized."""
+    p, m = np.asarray(p, dtype=float), np.asarray(m, dtype=float)
+    q = p - 1.0
+    f, b, w, c = (np.asarray(x, dtype=float) for x in (f, b, w, c))
+    n = np.maximum(m - 2.0 * p, 0.0)
+    grow = 2.0 * (n - np.floor((n - 2.0 + p) / np.maximum(p, 1.0)))
+    out = np.maximum.reduce(np.broadcast_arrays(
+        2 * q * f + (5 * q - 2 + grow) * c,
+        2 * q * f + q * (b - w) + (6 * q - 2 + grow) * c,
+        (q - 1) * f + q * (2 * b - w) + (8 * q - 2 + grow) * c,
+        (q - 1) * f + q * b + (7 * q - 2 + grow) * c))
+    return np.where(q > 0, np.maximum(out, 0.0), 0.0)
+
+
 def _zbv_few(q, m, f, b, w, c):
     """zbv_bubble_s for m ≤ p micro-batches (k = m − 1): a lone micro-batch's whole round trip
     2q(f + b) at m = 1, shortened as more fill the V."""
@@ -345,9 +372,10 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     # 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2). Further slack stays on the
     # middle stages' count (conservative).
     only = p == 1
-    # ZB-V places its two chunks per rank in a V: the first rank holds the first and the last
-    # virtual stage, so the embedding, the head and both spare slots; the last rank is a middle one
-    vshape = (np.asarray(plan.schedule_code) == Schedule.ZERO_BUBBLE_V.code) & ~only
+    # ZB-V and DualPipeV place their two chunks per rank in a V: the first rank holds the first
+    # and the last virtual stage, so the embedding, the head and both spare slots; the last
+    # rank is a middle one
+    vshape = np.isin(np.asarray(plan.schedule_code), [s.code for s in V_SCHEDULES]) & ~only
     ends = only | vshape
     slack = np.where(only, 0.0, p * v * np.ceil(model.num_layers / (p * v)) - model.num_layers)
     # MoE: per-layer quantities are averages over the critical stage's layers, a share
@@ -1007,9 +1035,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # task never shortens a path), and the first rank's extra work fills some of the bubble.
     # Of the idle time left, a micro-batch's 2(p−1) sends through the V forward and 2(p−1)
     # back are PP communication.
-    zbv_idle = np.maximum(zbv_bubble_s(p, m, last.forward_s / 2.0, (last.backward_s - last.weight_grad_s) / 2.0,
-                                       last.weight_grad_s / 2.0, p2p) - m * (t_max - per_mb[2]), 0.0)
+    chunk_f, chunk_b, chunk_w = (last.forward_s / 2.0, (last.backward_s - last.weight_grad_s) / 2.0,
+                                 last.weight_grad_s / 2.0)
+    zbv_idle = np.maximum(zbv_bubble_s(p, m, chunk_f, chunk_b, chunk_w, p2p) - m * (t_max - per_mb[2]), 0.0)
     pp_zbv = np.minimum(4.0 * (p - 1.0) * p2p, zbv_idle)
+    # DualPipeV (dualpipev_bubble_s) the same way; its sends are what they add to the idle time
+    dual = sc == Schedule.DUAL_PIPE_V.code
+    if np.any(dual):
+        def dual_idle(c):
+            return np.maximum(dualpipev_bubble_s(p, m, chunk_f, chunk_b, chunk_w, c) - m * (t_max - per_mb[2]), 0.0)
+        idle = dual_idle(p2p)
+        zbv_idle = np.where(dual, idle, zbv_idle)
+        pp_zbv = np.where(dual, idle - dual_idle(0.0), pp_zbv)
     bubble_zbv = zbv_idle - pp_zbv
     bubble = np.where(sc == Schedule.ZERO_BUBBLE.code, bubble_zb, np.where(vshape, bubble_zbv, bubble_1f1b))
     bubble = np.where(only, 0.0, bubble)

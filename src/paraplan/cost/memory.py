@@ -194,7 +194,9 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     (Korthikanti et al. Sec. 4.2.3), and every micro-batch when m ≤ p (Megatron-LM runs all
     forwards first); ZB-V: (m + r + 1)/2 up to p, two half-stage chunks per micro-batch in its
     V (torch's order; p on every rank once m ≥ 2p − 1, 1F1B's peak, as Qi et al. 2024 Sec. 6
-    design it); GPipe and breadth-first: m. Never more than m; p = 1: one.
+    design it); DualPipeV: p + 1/2 on every rank, 2p + 1 half-stage chunks (DeepSeek-AI 2024
+    Table 2: PP + 1 chunks; the pair holds the forward's and the backward's at once; m ≥ 2p);
+    GPipe and breadth-first: m. Never more than m; p = 1: one.
     """
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vp, dtype=float)
@@ -206,6 +208,7 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     out = np.where((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1), interleaved, one_f_one_b)
     out = np.where(sc == Schedule.ZERO_BUBBLE.code, np.minimum(p, m), out)
     out = np.where(sc == Schedule.ZERO_BUBBLE_V.code, np.minimum(np.minimum(p, m), (m + r + 1.0) / 2.0), out)
+    out = np.where(sc == Schedule.DUAL_PIPE_V.code, np.minimum(p + 0.5, m), out)
     out = np.where(_forwards_first(plan, m), m, out)
     return np.where(p > 1, out, 1.0)
 

@@ -36,7 +36,7 @@ import shlex
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
@@ -53,7 +53,7 @@ ENGINE = Engine.TORCHTITAN
 # multi-stage, where paraplan's ZB-H1 is one stage per rank.
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED_1F1B: "Interleaved1F1B", Schedule.BREADTH_FIRST: "LoopedBFS",
-             Schedule.ZERO_BUBBLE_V: "ZBVZeroBubble"}
+             Schedule.ZERO_BUBBLE_V: "ZBVZeroBubble", Schedule.DUAL_PIPE_V: "DualPipeV"}
 RECOMPUTE_MODES = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}
 # paraplan preset -> (torchtitan model name, flavor, torchtitan 0.3 config_registry function)
 MODELS = {
@@ -73,7 +73,8 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
     (SpaceLimits.engine_rule) share them."""
     gbs = workload.global_batch_size
     zero0 = ZeroStage.NONE.code
-    multi_stage = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code, Schedule.ZERO_BUBBLE_V.code]
+    multi_stage = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code] + [s.code for s in V_SCHEDULES]
+    v_codes = [s.code for s in V_SCHEDULES]
 
     def zero(P):
         return str(P.zero)
@@ -98,16 +99,18 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
         # distributed/pipeline_parallel.py: "Multi-stage schedule requires at least 2 stages per rank"
         ("vp", lambda B: (B.pp > 1) & np.isin(B.schedule_code, multi_stage) & (B.vp < 2), lambda P: P.vp,
          "VP >= 2 with Interleaved1F1B or LoopedBFS (torch's multi-stage schedules need 2+ stages per rank)"),
-        # torch 2.13 _check_torch_compile_compatibility: ScheduleZBVZeroBubble refuses stages
-        # that have used torch.compile (it splits the backward)
-        ("compiled", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ZERO_BUBBLE_V.code) & B.compiled,
-         lambda P: P.compiled, "False with ZBVZeroBubble (torch runs it on eager stages only: export --no-compile)"),
+        # torch 2.13 _check_torch_compile_compatibility: ScheduleZBVZeroBubble and
+        # ScheduleDualPipeV refuse stages that have used torch.compile (they split the backward)
+        ("compiled", lambda B: (B.pp > 1) & np.isin(B.schedule_code, v_codes) & B.compiled,
+         lambda P: P.compiled, "False with ZBVZeroBubble or DualPipeV (torch runs them on eager stages only: "
+         "export --no-compile)"),
         # paraplan run on the same torch 2.13 parts: ZBVZeroBubble over FSDP2 that reshards after
-        # forward left gradient norms 31% off the single process (benchmarks/run_kinds.py)
-        ("zero", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ZERO_BUBBLE_V.code)
+        # forward left gradient norms 31% off the single process (benchmarks/run_kinds.py);
+        # DualPipeV defers weight gradients the same way
+        ("zero", lambda B: (B.pp > 1) & np.isin(B.schedule_code, v_codes)
          & (B.zero_code == ZeroStage.PARAMETERS.code) & (B.dp * B.cp > 1), zero,
-         "0 or 2 with ZBVZeroBubble (over FSDP2 resharding after forward, torch 2.13 loses the deferred "
-         "weight gradients: seen in paraplan run)"),
+         "0 or 2 with ZBVZeroBubble or DualPipeV (over FSDP2 resharding after forward, torch 2.13 loses the "
+         "deferred weight gradients: seen in paraplan run)"),
         # torch.distributed.pipelining Schedule1F1B: "Number of microbatches ... must be greater
         # than or equal to the number of stages"
         ("micro-batches", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ONE_F_ONE_B.code)

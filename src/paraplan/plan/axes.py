@@ -16,6 +16,14 @@ class Schedule(_Coded):
     # Qi et al. 2024 Sec. 6 (ZB-V): two chunks per rank placed in a V (rank r holds stages r
     # and 2p-1-r), B and W split; torch ScheduleZBVZeroBubble, torchtitan "ZBVZeroBubble"
     ZERO_BUBBLE_V = "zbv"
+    # DeepSeek-AI 2024 (DeepSeek-V3 report Sec. 3.2.1), DualPipeV: ZB-V's V with a forward of
+    # one chunk and a full backward of the other run as one action in the steady state (the
+    # pair DualPipe overlaps); torch ScheduleDualPipeV, torchtitan "DualPipeV"
+    DUAL_PIPE_V = "dualpipev"
+
+
+# Schedules that place exactly two chunks per rank in a V (rank r holds stages r and 2p-1-r)
+V_SCHEDULES = frozenset({Schedule.ZERO_BUBBLE_V, Schedule.DUAL_PIPE_V})
 
 
 class Recompute(_Coded):

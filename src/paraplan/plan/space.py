@@ -18,7 +18,7 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from .axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from .placement import rank_orders_differ
 from .plan import Plan, Rejected
 
@@ -29,6 +29,9 @@ _BOOL_FIELDS = ("sequence_parallel", "offload_optimizer", "dp_overlap", "tp_over
                 "checkpoint_early_stop", "tp_async_backward", "fsdp2_copies", "fused_kernels", "autocast", "compiled",
                 "a2a_hierarchical", "ep_overlap")
 _FLOAT_FIELDS = ("capacity_factor_value",)
+
+_V_CODES = [s.code for s in V_SCHEDULES]
+_MULTI_CHUNK_CODES = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code] + _V_CODES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,8 +141,15 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("etp_ffn", lambda B: fe % B.etp != 0, lambda P: f"ETP={P.etp} must divide moe_ffn_hidden={fe}"),
         ("moe_sp", lambda B: (B.tp > 1) & ~B.sequence_parallel,
          lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
-        ("ep_overlap", lambda B: B.ep_overlap & ((B.ep == 1) | ((B.pp > 1) & (B.vp == 1))),
-         lambda P: "EP communication overlap needs EP>1 and PP=1 or interleaved stages (VP>1)"),
+        # the overlap runs one micro-batch's forward beside another's backward: Megatron-Core's
+        # merged 1F1B pairs them without a pipeline or with interleaved stages, DualPipeV in its
+        # steady-state actions; GPipe, breadth-first and the zero-bubble orders have no such pairs
+        ("ep_overlap", lambda B: B.ep_overlap & ((B.ep == 1) | ((B.pp > 1) & ~(
+            ((B.schedule_code == Schedule.INTERLEAVED_1F1B.code) & (B.vp > 1))
+            | (B.schedule_code == Schedule.DUAL_PIPE_V.code)))),
+         lambda P: "EP communication overlap needs EP>1 and no pipeline, interleaved stages (VP>1) or the "
+                   f"dualpipev schedule (it pairs one micro-batch's forward with another's backward), not "
+                   f"{'EP=1' if P.ep == 1 else P.schedule}"),
         # Megatron-Core merges one micro-batch's forward with another's backward to overlap the
         # all-to-alls, which block (full, first-k) recomputation would re-enter: it asserts
         # "disable full recomputation" / "disable recomputation method" with
@@ -182,13 +192,16 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("pp_layers", lambda B: B.pp * B.vp > L + 2,
          lambda P: f"PP×VP = {P.pp}×{P.vp} = {P.pp * P.vp} chunks must not exceed layers + 2 = {L + 2} "
                    "(every chunk holds a layer, the embedding or the loss)"),
-        ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, [Schedule.INTERLEAVED_1F1B.code,
-                                                                           Schedule.BREADTH_FIRST.code,
-                                                                           Schedule.ZERO_BUBBLE_V.code]),
-         lambda P: f"VP={P.vp} needs the interleaved, bfs or zbv schedule, not {P.schedule}"),
-        ("zbv_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE_V.code) & ((B.vp != 2) | (B.pp == 1)),
-         lambda P: "the ZB-V schedule runs two chunks per rank in a V over PP>1 stages: "
+        ("vp_schedule", lambda B: (B.vp > 1) & ~np.isin(B.schedule_code, _MULTI_CHUNK_CODES),
+         lambda P: f"VP={P.vp} needs the interleaved, bfs, zbv or dualpipev schedule, not {P.schedule}"),
+        ("zbv_chunks", lambda B: np.isin(B.schedule_code, _V_CODES) & ((B.vp != 2) | (B.pp == 1)),
+         lambda P: f"the {P.schedule} schedule runs two chunks per rank in a V over PP>1 stages: "
                    + (f"VP must be 2, not {P.vp}" if P.vp != 2 else f"PP must be > 1, not {P.pp}")),
+        ("dualpipev_m", lambda B: (B.schedule_code == Schedule.DUAL_PIPE_V.code)
+         & (gbs // np.maximum(B.dp * B.micro_batch_size, 1) < 2 * B.pp),
+         lambda P: f"DualPipeV needs at least 2×PP = {2 * P.pp} micro-batches per step, not "
+                   f"{gbs // (P.dp * P.micro_batch_size)} (torch ScheduleDualPipeV); use a smaller "
+                   f"micro-batch or DP, or zbv"),
         ("vp_pp", lambda B: (B.vp > 1) & (B.pp == 1), lambda P: "VP>1 needs PP>1"),
         ("zb_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE.code) & (B.vp > 1),
          lambda P: "the zero-bubble schedule (ZB-H1) runs one chunk per stage: VP must be 1"),
@@ -509,7 +522,7 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 scheds = [x for x in limits.schedules if x in (Schedule.GPIPE, Schedule.ONE_F_ONE_B, Schedule.ZERO_BUBBLE)]
             else:
                 scheds = [x for x in limits.schedules if x in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST)
-                          or (x is Schedule.ZERO_BUBBLE_V and vp == 2)]
+                          or (x in V_SCHEDULES and vp == 2)]
             for sched in scheds:
                 s_code = sched.code  # (an enum's code is a cached lookup, not free: hoisted)
                 for rc in limits.recomputes:

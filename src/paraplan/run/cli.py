@@ -61,7 +61,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel (default 1)"),
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
         g.add_argument(f"--{name}", type=_degree, default=1, help=hlp)
-    g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb, zbv (default 1f1b / interleaved if --vp>1)")
+    g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb, zbv, dualpipev (default 1f1b / interleaved if --vp>1)")
     g.add_argument("--recompute", default="none", help="none, selective, full, first_k "
                    "(modules, Megatron-Core's module recomputation, is estimated, not run)")
     g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
-from ..plan.axes import RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
@@ -21,7 +21,7 @@ from ..specs.workload import Optimizer, Precision, Workload
 
 # Schedules torch.distributed.pipelining runs for each paraplan schedule (pipeline.py).
 MULTI_STAGE_SCHEDULES = (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE,
-                         Schedule.ZERO_BUBBLE_V)
+                         Schedule.ZERO_BUBBLE_V, Schedule.DUAL_PIPE_V)
 
 
 # torchrun --standalone starts every rank on this machine: more processes than this is no
@@ -194,8 +194,8 @@ def check_runnable(cfg: RunConfig) -> None:
             raise SpecError("run", "--tp", p.tp, f"must divide --seq {wl.seq_len} with sequence parallelism")
     if m.tied_embeddings and (p.tp > 1 or p.pp > 1):
         raise SpecError("run", "tied_embeddings", True, "tied embeddings run with --tp 1 --pp 1 only")
-    if p.pp > 1 and p.schedule is Schedule.ZERO_BUBBLE_V and p.vp != 2:
-        raise SpecError("run", "--vp", p.vp, "2 with --schedule zbv (ScheduleZBVZeroBubble: two chunks per rank)")
+    if p.pp > 1 and p.schedule in V_SCHEDULES and p.vp != 2:
+        raise SpecError("run", "--vp", p.vp, f"2 with --schedule {p.schedule} (two chunks per rank, in a V)")
     chunks = p.pp * p.vp
     if m.num_layers % chunks:
         raise SpecError("run", "--pp×--vp", chunks, f"must divide the {m.num_layers} layers (--layers scales them)")
@@ -209,8 +209,11 @@ def check_runnable(cfg: RunConfig) -> None:
         n = cfg.num_microbatches
         if n < p.pp:
             raise SpecError("run", "micro-batches", n, f"need at least --pp={p.pp} per step (raise --batch or lower --mb)")
-        # (ZB-V's order takes any count: torch builds it for 2·pp − 1 and drops the missing)
-        if p.schedule in MULTI_STAGE_SCHEDULES and p.schedule is not Schedule.ZERO_BUBBLE_V and n % p.pp:
+        if p.schedule is Schedule.DUAL_PIPE_V and n < 2 * p.pp:
+            raise SpecError("run", "micro-batches", n, f"need at least 2×--pp={2 * p.pp} per step for dualpipev "
+                            "(raise --batch or lower --mb)")
+        # (the V orders take any count: torch builds ZB-V's for 2·pp − 1 and drops the missing)
+        if p.schedule in MULTI_STAGE_SCHEDULES and p.schedule not in V_SCHEDULES and n % p.pp:
             raise SpecError("run", "micro-batches", n, f"must be a multiple of --pp={p.pp} for {p.schedule}")
     if p.schedule in SPLIT_BACKWARD and p.pp > 1 and p.dp > 1 and p.zero is ZeroStage.PARAMETERS:
         # Seen on torch 2.13 (benchmarks/run_kinds.py): gradient norm 30% (zb) and 31% (zbv) off

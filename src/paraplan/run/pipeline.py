@@ -10,7 +10,9 @@ paraplan schedule -> torch schedule (plan/axes.py Schedule):
   interleaved -> ScheduleInterleaved1F1B, bfs -> ScheduleLoopedBFS,
   zb -> ScheduleInterleavedZeroBubble (ZB-H1-like, backward split into input and weight
   gradients; Qi et al. 2024) (any number of chunks per rank);
-  zbv -> ScheduleZBVZeroBubble (Qi et al. 2024 Sec. 6; two chunks per rank in a V).
+  zbv -> ScheduleZBVZeroBubble (Qi et al. 2024 Sec. 6; two chunks per rank in a V);
+  dualpipev -> ScheduleDualPipeV (DeepSeek-V3 report Sec. 3.2.1; the same V, forward-backward
+  pairs run one after the other: no overlap callback is registered).
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                                     ScheduleInterleavedZeroBubble, ScheduleLoopedBFS,
-                                                    ScheduleZBVZeroBubble)
+                                                    ScheduleDualPipeV, ScheduleZBVZeroBubble)
 
 from ..plan.axes import Schedule
 from ..sim.schedules import placement, virtual_stage
 
 _SINGLE = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}
 _MULTI = {Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B, Schedule.BREADTH_FIRST: ScheduleLoopedBFS,
-          Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble, Schedule.ZERO_BUBBLE_V: ScheduleZBVZeroBubble}
+          Schedule.ZERO_BUBBLE: ScheduleInterleavedZeroBubble, Schedule.ZERO_BUBBLE_V: ScheduleZBVZeroBubble,
+          Schedule.DUAL_PIPE_V: ScheduleDualPipeV}
 
 
 def stage_ids(pp_rank: int, pp: int, vp: int, schedule: Schedule) -> list[int]:

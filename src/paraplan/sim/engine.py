@@ -12,6 +12,12 @@ Point-to-point sends are latency only: they occupy no rank (as when they overlap
 compute on a separate stream), and a gradient costs the same p2p_s as an activation. A hop
 between two stages of the same rank (the turn of a V, or p = 1) sends nothing: it costs 0.
 
+Actions. A task marked `joined` runs in one action with the task before it (DualPipeV's
+full backward B+W and its forward-backward pairs): the action starts once every input its
+tasks wait for from outside it is there, runs its tasks back to back (its duration is
+their sum: an overlap of the pair is priced into the costs, not here), and every task's
+output is ready, or sent, only when the whole action ends.
+
 The loop. A heap holds each rank's next task once its dependencies have finished, keyed
 by its start time; popping the earliest runs it, which may make the next task of its own
 rank and of the rank holding its successor stage ready. A rank keeps running its own
@@ -221,69 +227,78 @@ def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[floa
     """The event loop: start time of every task (flat index, rank by rank)."""
     # A finished task k fills two slots: [2k] its end, read by a successor on its own rank,
     # and [2k+1] end + p2p_s, read by one on the neighbouring virtual stage. A dependency
-    # is a slot; the last slot is "no dependency", finished at time 0.
+    # is a slot; the last slot is "no dependency", finished at time 0. The loop runs
+    # actions (g.unit_*): an action's tasks fill their slots when the action ends.
     avail = [_NOT_DONE] * (2 * g.num_keys) + [0.0]
-    slot, dep_a, dep_b = (2 * g.task_key).tolist(), g.dep_a.tolist(), g.dep_b.tolist()
+    slot = (2 * g.task_key).tolist()
+    dep_a, dep_b, dep_c = g.unit_dep_a.tolist(), g.unit_dep_b.tolist(), g.unit_dep_c.tolist()
+    first_task, last_task = g.unit_first.tolist(), (g.unit_first + g.unit_size).tolist()
     notify = g.notify.tolist()
-    next_task = g.first.tolist()  # flat index of each rank's next task
-    stop = (g.first + g.length).tolist()
-    p = len(next_task)
+    next_unit = g.rank_first_unit.tolist()  # each rank's next action
+    stop = (g.rank_first_unit + g.rank_units).tolist()
+    p = len(next_unit)
     rank_free = [0.0] * p
     queued = [False] * p
     start_s = [0.0] * len(dur)
-    heap: list[tuple[float, int, int]] = []  # (start_s, rank, flat index): the tie-break
+    heap: list[tuple[float, int, int]] = []  # (start_s, rank, action index): the tie-break
     push, pop = heapq.heappush, heapq.heappop
 
+    def ready_at(u: int) -> float:
+        # when every input of action u is there, or -1 while one is missing
+        a, b, c = avail[dep_a[u]], avail[dep_b[u]], avail[dep_c[u]]
+        if a < 0.0 or b < 0.0 or c < 0.0:
+            return _NOT_DONE
+        return max(a, b, c)
+
     def enqueue(rank: int) -> None:
-        # Queue the rank's next task at its start time once its dependencies have finished.
-        i = next_task[rank]
-        if queued[rank] or i == stop[rank]:
+        # Queue the rank's next action at its start time once its dependencies have finished.
+        u = next_unit[rank]
+        if queued[rank] or u == stop[rank]:
             return
-        ready, other = avail[dep_a[i]], avail[dep_b[i]]
-        if ready < 0.0 or other < 0.0:
+        ready = ready_at(u)
+        if ready < 0.0:
             return
-        if other > ready:
-            ready = other
         free = rank_free[rank]
-        push(heap, (ready if ready > free else free, rank, i))
+        push(heap, (ready if ready > free else free, rank, u))
         queued[rank] = True
 
     for rank in range(p):
         enqueue(rank)
     while heap:
-        start, rank, i = pop(heap)
+        start, rank, u = pop(heap)
         queued[rank] = False
         last = stop[rank]
-        while True:  # run this rank's tasks while each is the earliest event
-            end = start + dur[i]
-            start_s[i] = start
-            k = slot[i]
-            avail[k] = end
-            avail[k + 1] = end + p2p_s
-            other_rank = notify[i]
-            i += 1
-            if other_rank >= 0:
-                enqueue(other_rank)  # the rank of this task's successor stage
-            if i == last:
+        while True:  # run this rank's actions while each is the earliest event
+            end = start
+            for i in range(first_task[u], last_task[u]):  # back to back
+                start_s[i] = end
+                end += dur[i]
+            for i in range(first_task[u], last_task[u]):
+                k = slot[i]
+                avail[k] = end
+                avail[k + 1] = end + p2p_s
+            for i in range(first_task[u], last_task[u]):
+                if notify[i] >= 0:
+                    enqueue(notify[i])  # the rank of this task's successor stage
+            u += 1
+            if u == last:
                 break
-            ready, other = avail[dep_a[i]], avail[dep_b[i]]
-            if ready < 0.0 or other < 0.0:
+            ready = ready_at(u)
+            if ready < 0.0:
                 break  # blocked: a finishing dependency will enqueue this rank
-            if other > ready:
-                ready = other
             if end > ready:
                 ready = end
             if heap:
                 top = heap[0]
                 if ready > top[0] or (ready == top[0] and rank > top[1]):
-                    push(heap, (ready, rank, i))
+                    push(heap, (ready, rank, u))
                     queued[rank] = True
                     break
             start = ready
-        next_task[rank], rank_free[rank] = i, end
+        next_unit[rank], rank_free[rank] = u, end
 
-    if next_task != stop:
-        raise _deadlock(tasks_per_rank, g, next_task, stop, avail)
+    if next_unit != stop:
+        raise _deadlock(tasks_per_rank, g, next_unit, stop, avail)
     return start_s
 
 
@@ -354,23 +369,57 @@ class _Graph:
         self.notify = np.where(notify == self.rank, -1, notify)  # own rank: checked anyway
         self.m = m
 
+        # Actions: a task starts one unless it is `joined` to the one before it. An action
+        # waits for its tasks' dependencies from outside it (at most three: a pair's forward
+        # input, its backward's forward and output gradient; a joined W waits on its own B).
+        joined = np.array([bool(getattr(t, "joined", False)) for t in flat], dtype=bool)
+        if (joined[self.first[self.length > 0]]).any():
+            i = int(self.first[(self.length > 0) & joined[np.minimum(self.first, len(flat) - 1)]][0])
+            raise ScheduleError(f"rank {self.rank[i]}: task {flat[i]} is joined but starts the rank's list")
+        leader = ~joined
+        self.unit_first = np.flatnonzero(leader).astype(np.int64)
+        self.unit_size = np.diff(np.append(self.unit_first, len(flat))).astype(np.int64)
+        self.rank_units = np.bincount(self.rank[leader], minlength=p).astype(np.int64)
+        self.rank_first_unit = np.concatenate(([0], np.cumsum(self.rank_units)[:-1])).astype(np.int64)
+        deps = [self.dep_a, self.dep_b, np.full(len(flat), none, dtype=np.int64)]
+        self.unit_dep_a, self.unit_dep_b, self.unit_dep_c = (d[self.unit_first].copy() for d in deps)
+        for u in np.flatnonzero(self.unit_size > 1).tolist():
+            a = int(self.unit_first[u])
+            members = range(a, a + int(self.unit_size[u]))
+            inside = {int(2 * self.task_key[k]) + j for k in members for j in (0, 1)}
+            outside = sorted({int(d[k]) for k in members for d in (self.dep_a, self.dep_b)} - inside - {none})
+            if len(outside) > 3:
+                raise ScheduleError(f"rank {self.rank[a]}: the action at task {flat[a]} waits for more than 3 inputs")
+            outside += [none] * (3 - len(outside))
+            self.unit_dep_a[u], self.unit_dep_b[u], self.unit_dep_c[u] = outside
 
-def _deadlock(tasks_per_rank, g: _Graph, next_task, stop, avail) -> RuntimeError:
+
+def _deadlock(tasks_per_rank, g: _Graph, next_unit, stop, avail) -> RuntimeError:
     stuck = []
     for rank, tasks in enumerate(tasks_per_rank):
-        i = next_task[rank]
-        if i == stop[rank]:
+        u = next_unit[rank]
+        if u == stop[rank]:
             continue
-        t, j = tasks[i - int(g.first[rank])], int(g.stage[i])
-        if t.phase is Phase.FORWARD:
-            waits = f"F mb{t.microbatch} of virtual stage {j - 1}"
-        elif t.phase is Phase.WEIGHT:
-            waits = f"B mb{t.microbatch} of virtual stage {j}"
-        elif avail[int(g.dep_a[i])] < 0.0:
-            waits = f"F mb{t.microbatch} of virtual stage {j}"
-        else:
-            waits = f"B mb{t.microbatch} of virtual stage {j + 1}"
-        stuck.append(f"rank {rank} at task #{i - int(g.first[rank])} ({t}) waits for {waits}")
+        first, size = int(g.unit_first[u]), int(g.unit_size[u])
+        own = {int(g.task_key[k]) for k in range(first, first + size)}
+        waits = "an input"
+        for i in range(first, first + size):  # the first task of the action with an input missing
+            t, j = tasks[i - int(g.first[rank])], int(g.stage[i])
+            missing = [d for d in (int(g.dep_a[i]), int(g.dep_b[i]))
+                       if d < 2 * g.num_keys and d // 2 not in own and avail[d] < 0.0]
+            if not missing:
+                continue
+            if t.phase is Phase.FORWARD:
+                waits = f"F mb{t.microbatch} of virtual stage {j - 1}"
+            elif t.phase is Phase.WEIGHT:
+                waits = f"B mb{t.microbatch} of virtual stage {j}"
+            elif missing[0] == int(g.dep_a[i]):
+                waits = f"F mb{t.microbatch} of virtual stage {j}"
+            else:
+                waits = f"B mb{t.microbatch} of virtual stage {j + 1}"
+            break
+        t = tasks[first - int(g.first[rank])]
+        stuck.append(f"rank {rank} at task #{first - int(g.first[rank])} ({t}) waits for {waits}")
     shown = "; ".join(stuck[:8]) + (f"; ... {len(stuck) - 8} more" if len(stuck) > 8 else "")
     return RuntimeError(f"schedule deadlocks: {shown}")
 

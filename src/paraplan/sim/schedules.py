@@ -22,7 +22,7 @@ from enum import StrEnum
 import numpy as np
 
 from ..errors import ParaplanError
-from ..plan.axes import Schedule
+from ..plan.axes import V_SCHEDULES, Schedule
 
 
 class ScheduleError(ParaplanError, ValueError):
@@ -37,21 +37,27 @@ class Phase(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """One pass of one micro-batch through one model chunk of a rank."""
+    """One pass of one micro-batch through one model chunk of a rank. A `joined` task runs as
+    part of the action of the task before it in the rank's list (DualPipeV's full backward,
+    B with its W, and its overlapped forward-backward pair): the action starts once all its
+    tasks' inputs are there, runs them one after another, and sends their outputs when the
+    whole action ends (torch's _PipelineScheduleRuntime sends after an action)."""
 
     phase: Phase
     microbatch: int
     chunk: int
+    joined: bool = False
 
     def __str__(self) -> str:
-        return f"{self.phase.value} mb{self.microbatch} c{self.chunk}"
+        return f"{'+' if self.joined else ''}{self.phase.value} mb{self.microbatch} c{self.chunk}"
 
 
 RankTasks = tuple[Task, ...]
 
 
 # Schedules that split each backward into B (input gradient) and W (weight gradient) tasks
-SPLIT_BACKWARD = frozenset({Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V})
+# (DualPipeV splits some: the others run B and W as one action)
+SPLIT_BACKWARD = frozenset({Schedule.ZERO_BUBBLE, Schedule.ZERO_BUBBLE_V, Schedule.DUAL_PIPE_V})
 
 
 class Placement(StrEnum):
@@ -65,7 +71,7 @@ class Placement(StrEnum):
 
 def placement(schedule: Schedule) -> Placement:
     """The placement a schedule runs on."""
-    return Placement.V_SHAPE if Schedule(schedule) is Schedule.ZERO_BUBBLE_V else Placement.LOOPED
+    return Placement.V_SHAPE if Schedule(schedule) in V_SCHEDULES else Placement.LOOPED
 
 
 def virtual_stage(where: Placement, num_stages: int, rank, chunk):
@@ -101,10 +107,15 @@ def build_schedule(
             f"schedule {schedule.value!r}: num_chunks={v} is not allowed; it runs one chunk "
             f"per rank (num_chunks=1); use 'interleaved' or 'bfs' for looping stages"
         )
-    if schedule is Schedule.ZERO_BUBBLE_V and v != 2:
+    if schedule in V_SCHEDULES and v != 2:
         raise ScheduleError(
-            f"schedule 'zbv': num_chunks={v} is not allowed; ZB-V runs exactly 2 chunks per rank, "
-            f"placed in a V"
+            f"schedule {schedule.value!r}: num_chunks={v} is not allowed; it runs exactly 2 chunks "
+            f"per rank, placed in a V"
+        )
+    if schedule is Schedule.DUAL_PIPE_V and m < 2 * p:
+        raise ScheduleError(
+            f"schedule 'dualpipev': num_microbatches={m} is not allowed; DualPipeV needs at least "
+            f"2 x num_stages = {2 * p} (one per virtual stage; torch ScheduleDualPipeV)"
         )
     if schedule is Schedule.INTERLEAVED_1F1B:
         if v < 2:
@@ -250,6 +261,63 @@ def _zero_bubble_v(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
     return [table[phase][chunk][mb] for phase, chunk, mb in order if mb < m]
 
 
+def _dual_pipe_v(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
+    # DualPipeV (DeepSeek-AI 2024, DeepSeek-V3 report Sec. 3.2.1; DualPipe's "cut in half" V),
+    # in the order of torch 2.13 ScheduleDualPipeV._calculate_single_rank_operations, steps
+    # 1-8 there. Chunk 0 is stage r, chunk 1 stage 2p-1-r (Placement.V_SHAPE). A full
+    # backward is B with its W joined; an overlapped pair F(x) + full backward(y) is F with B
+    # and W joined; a split B queues its W, which later steps pop oldest first.
+    order: list[Task] = []
+    nf, nb = [0, 0], [0, 0]  # next forward / backward micro-batch per chunk
+    queue: list[tuple[int, int]] = []  # (chunk, micro-batch) of W passes not yet run
+
+    def forward(c: int, joined: bool = False) -> None:
+        order.append(Task(Phase.FORWARD, nf[c], c, joined)); nf[c] += 1  # noqa: E702
+
+    def backward(c: int, split: bool, joined: bool = False) -> None:
+        order.append(Task(Phase.BACKWARD, nb[c], c, joined))
+        if split:
+            queue.append((c, nb[c]))
+        else:
+            order.append(Task(Phase.WEIGHT, nb[c], c, True))
+        nb[c] += 1
+
+    def pair(f: int, b: int) -> None:
+        forward(f)
+        backward(b, split=False, joined=True)
+
+    def weight() -> None:
+        if queue:
+            c, mb = queue.pop(0)
+            order.append(t.W[c][mb])
+
+    for _ in range(2 * (p - rank - 1)):                       # 1: F0
+        forward(0)
+    for _ in range(rank + 1):                                 # 2: F0 F1
+        forward(0), forward(1)
+    for _ in range(p - rank - 1):                             # 3: B1 W1 F1 (zero bubble)
+        backward(1, split=True), weight(), forward(1)
+    for i in range(m - 2 * p + rank + 1):                     # 4: F0&B1, F1&B0 (main step)
+        if i == 0 and rank == p - 1:  # not overlapped, to shorten the bubble
+            forward(0), backward(1, split=False)
+        else:
+            pair(0, 1)
+        pair(1, 0)
+    for _ in range(p - rank - 1):                             # 5: B1, F1&B0
+        backward(1, split=False), pair(1, 0)
+    split = False
+    for i in range(rank + 1):                                 # 6: B1 B0, split from halfway
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 1)
+        backward(1, split)
+        split = split or (i == (rank + 1) // 2 and rank % 2 == 0)
+        backward(0, split)
+    for _ in range(p - rank - 1):                             # 7: W0 B0
+        weight(), backward(0, split)
+    for _ in range(rank + 1):                                 # 8: W0
+        weight()
+    return order
+
+
 _BUILDERS = {
     Schedule.GPIPE: _gpipe,
     Schedule.ONE_F_ONE_B: _one_f_one_b,
@@ -257,13 +325,14 @@ _BUILDERS = {
     Schedule.BREADTH_FIRST: _breadth_first,
     Schedule.ZERO_BUBBLE: _zero_bubble_h1,
     Schedule.ZERO_BUBBLE_V: _zero_bubble_v,
+    Schedule.DUAL_PIPE_V: _dual_pipe_v,
 }
 
 
 # Schedules torch runs through its lowering runtime (PipelineScheduleMulti), which brackets
 # FSDP stages with UNSHARD/RESHARD actions; ScheduleGPipe and Schedule1F1B run without it.
 FSDP_LOWERED = frozenset({Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST, Schedule.ZERO_BUBBLE,
-                          Schedule.ZERO_BUBBLE_V})
+                          Schedule.ZERO_BUBBLE_V, Schedule.DUAL_PIPE_V})
 FSDP_ACTIVE_CHUNKS = 3  # torch 2.13 _add_unshard_reshard(max_active_stages=3)
 
 
