@@ -34,6 +34,8 @@ KINDS = [
     "--pp 2 --dp 2 --zero 3 --schedule zb",
     "--pp 2 --vp 2 --schedule zbv", "--pp 2 --vp 2 --tp 2 --schedule zbv", "--pp 2 --vp 2 --dp 2 --zero 2 --schedule zbv",
     "--pp 2 --vp 2 --dp 2 --zero 3 --schedule zbv",
+    "--pp 2 --vp 2 --schedule dualpipev", "--pp 2 --vp 2 --tp 2 --schedule dualpipev",
+    "--pp 2 --vp 2 --dp 2 --zero 2 --schedule dualpipev",
 ]
 
 

@@ -484,8 +484,11 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
         if pp > 1:
             # equal chunks of layers, or (unless the engine needs even splits) equal counting the
-            # embedding and the loss as a slot each; a pinned PP keeps every divisor of l/PP
-            even = _divisors(L // pp) if L % pp == 0 or "pp" in fixed else [1]
+            # embedding and the loss as a slot each; a pinned PP keeps every divisor of the
+            # fullest stage's ⌈l/PP⌉ layers (those split it evenly: ⌈⌈l/PP⌉/v⌉·v = ⌈l/PP⌉; a
+            # divisor of ⌊l/PP⌋ alone would put more layers on it, 6 for DeepSeek-V3's 61 at
+            # PP 16 × VP 3)
+            even = _divisors(-(-L // pp)) if L % pp == 0 or "pp" in fixed else [1]
             slots = [] if limits.even_pipeline else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)]
             vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp)
         else:
