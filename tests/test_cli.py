@@ -283,3 +283,9 @@ def test_invalid_plan_or_workload_names_the_reason(capsys, argv, detail):
 ])
 def test_bad_flag_values_exit_2(capsys, argv):
     assert_user_error(*run(capsys, *argv))
+
+
+def test_search_top_is_bounded(capsys):
+    # each plan shown is simulated: --top 10000 on 8 GPUs ran past 100 s before the bound
+    line = assert_user_error(*run(capsys, "search", "--top", "1001"))
+    assert "--top" in line and "1 to 1,000" in line

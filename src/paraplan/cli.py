@@ -32,6 +32,8 @@ DEFAULT_GPUS = 512
 DEFAULT_SEQ = 8192
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
 
+MAX_TOP = 1000  # search --top
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2
@@ -731,7 +733,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_specs(s)
     _add_plan(s, required=False)
     _add_engine(s)
-    s.add_argument("--top", type=_positive_int, default=10, help="plans to show (default 10)")
+    # every plan shown is simulated (~10 ms each, more with deep pipelines): a bound keeps a
+    # mistyped --top from running for hours
+    s.add_argument("--top", type=_int_up_to(MAX_TOP), default=10,
+                   help=f"plans to show (default 10; at most {MAX_TOP:,}: each shown plan is simulated)")
     _add_whatif(s, "the best plan's step time, and the fastest plan if it is worse")
     s.set_defaults(func=cmd_search)
     c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
