@@ -243,21 +243,18 @@ def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[floa
     heap: list[tuple[float, int, int]] = []  # (start_s, rank, action index): the tie-break
     push, pop = heapq.heappush, heapq.heappop
 
-    def ready_at(u: int) -> float:
-        # when every input of action u is there, or -1 while one is missing
-        a, b, c = avail[dep_a[u]], avail[dep_b[u]], avail[dep_c[u]]
-        if a < 0.0 or b < 0.0 or c < 0.0:
-            return _NOT_DONE
-        return max(a, b, c)
-
     def enqueue(rank: int) -> None:
         # Queue the rank's next action at its start time once its dependencies have finished.
         u = next_unit[rank]
         if queued[rank] or u == stop[rank]:
             return
-        ready = ready_at(u)
-        if ready < 0.0:
+        ready, other, third = avail[dep_a[u]], avail[dep_b[u]], avail[dep_c[u]]
+        if ready < 0.0 or other < 0.0 or third < 0.0:
             return
+        if other > ready:
+            ready = other
+        if third > ready:
+            ready = third
         free = rank_free[rank]
         push(heap, (ready if ready > free else free, rank, u))
         queued[rank] = True
@@ -269,23 +266,37 @@ def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[floa
         queued[rank] = False
         last = stop[rank]
         while True:  # run this rank's actions while each is the earliest event
-            end = start
-            for i in range(first_task[u], last_task[u]):  # back to back
-                start_s[i] = end
-                end += dur[i]
-            for i in range(first_task[u], last_task[u]):
+            i, stop_i = first_task[u], last_task[u]
+            if stop_i - i == 1:  # one task (every schedule but DualPipeV's pairs)
+                end = start + dur[i]
+                start_s[i] = start
                 k = slot[i]
                 avail[k] = end
                 avail[k + 1] = end + p2p_s
-            for i in range(first_task[u], last_task[u]):
                 if notify[i] >= 0:
                     enqueue(notify[i])  # the rank of this task's successor stage
+            else:
+                end = start
+                for i in range(i, stop_i):  # back to back
+                    start_s[i] = end
+                    end += dur[i]
+                for i in range(first_task[u], stop_i):  # outputs leave when the action ends
+                    k = slot[i]
+                    avail[k] = end
+                    avail[k + 1] = end + p2p_s
+                for i in range(first_task[u], stop_i):
+                    if notify[i] >= 0:
+                        enqueue(notify[i])
             u += 1
             if u == last:
                 break
-            ready = ready_at(u)
-            if ready < 0.0:
+            ready, other, third = avail[dep_a[u]], avail[dep_b[u]], avail[dep_c[u]]
+            if ready < 0.0 or other < 0.0 or third < 0.0:
                 break  # blocked: a finishing dependency will enqueue this rank
+            if other > ready:
+                ready = other
+            if third > ready:
+                ready = third
             if end > ready:
                 ready = end
             if heap:
@@ -372,9 +383,10 @@ class _Graph:
         # Actions: a task starts one unless it is `joined` to the one before it. An action
         # waits for its tasks' dependencies from outside it (at most three: a pair's forward
         # input, its backward's forward and output gradient; a joined W waits on its own B).
-        joined = np.array([bool(getattr(t, "joined", False)) for t in flat], dtype=bool)
-        if (joined[self.first[self.length > 0]]).any():
-            i = int(self.first[(self.length > 0) & joined[np.minimum(self.first, len(flat) - 1)]][0])
+        joined = np.array([t.joined for t in flat], dtype=bool)
+        starts = self.first[self.length > 0]
+        if joined[starts].any():
+            i = int(starts[joined[starts]][0])
             raise ScheduleError(f"rank {self.rank[i]}: task {flat[i]} is joined but starts the rank's list")
         leader = ~joined
         self.unit_first = np.flatnonzero(leader).astype(np.int64)

@@ -271,11 +271,11 @@ def _dual_pipe_v(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
     nf, nb = [0, 0], [0, 0]  # next forward / backward micro-batch per chunk
     queue: list[tuple[int, int]] = []  # (chunk, micro-batch) of W passes not yet run
 
-    def forward(c: int, joined: bool = False) -> None:
-        order.append(Task(Phase.FORWARD, nf[c], c, joined)); nf[c] += 1  # noqa: E702
+    def forward(c: int) -> None:
+        order.append(t.F[c][nf[c]]); nf[c] += 1  # noqa: E702
 
     def backward(c: int, split: bool, joined: bool = False) -> None:
-        order.append(Task(Phase.BACKWARD, nb[c], c, joined))
+        order.append(Task(Phase.BACKWARD, nb[c], c, True) if joined else t.B[c][nb[c]])
         if split:
             queue.append((c, nb[c]))
         else:
