@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample,
-                           HostLayerSample, LossSample, ScatterSample,
+                           HostLayerSample, LossSample, ScatterSample, SplitBackwardSample,
                            Measurements, OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample,
                            tp_layer_spec)
 
@@ -404,6 +404,61 @@ def _host_layers(device, rounds: int = 9) -> HostLayerSample:
     return HostLayerSample(tokens=batch * seq, hidden=hidden, one_layer_s=one, three_layers_s=three)
 
 
+# layer counts of the split-backward samples: its host time is quadratic in them (profile.py
+# split_host_fit); 16 layers' W pass took about 90 ms on an H100's host
+SPLIT_BACKWARD_LAYERS = (1, 2, 4, 8, 16)
+
+
+def _split_backward(device, rounds: int = 7) -> tuple[SplitBackwardSample, ...]:
+    """torch.distributed.pipelining's split backward (the zero-bubble schedules' B and W
+    passes: `stage_backward_input`, then `stage_backward_weight`) of 1 to 16 of paraplan
+    run's layers at negligible size on a GPU, after an untimed forward under bf16 autocast
+    (fp32 parameters), with the whole backward beside them: the times are the host's. W runs
+    one autograd.grad per weight group, each walking the graph below it, so its time grows
+    with the layers twice over. Rounds interleave the counts."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    from ..run.model import Transformer
+    batch, seq, hidden = 1, 16, 2 * TP_LAYER_HEAD_DIM
+    spec = tp_layer_spec(hidden, num_layers=max(SPLIT_BACKWARD_LAYERS))
+    models = []
+    for layers in SPLIT_BACKWARD_LAYERS:
+        torch.manual_seed(0)
+        models.append(Transformer(spec, seq, layer_ids=range(layers), first=False, last=False).to(device))
+    x0 = torch.randn(batch, seq, hidden, device=device)
+    dy = torch.randn(batch, seq, hidden, device=device)
+
+    def forward(model):
+        x = x0.detach().requires_grad_(True)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return x, model(x)
+
+    def timed(fn):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        return time.perf_counter() - t0, out
+
+    times = [([], [], []) for _ in models]
+    for r in range(rounds + 1):  # the first round warms up
+        for model, (full, inp, wgt) in zip(models, times):
+            params = list(model.parameters())
+            x, y = forward(model)
+            g = dy.to(y.dtype)
+            t_full, _ = timed(lambda: torch.autograd.backward(y, g))
+            x, y = forward(model)
+            t_in, (_, groups) = timed(lambda: stage_backward_input([y], [g], [x], iter(params)))
+            t_w, _ = timed(lambda: stage_backward_weight(iter(params), groups))
+            for p in params:
+                p.grad = None
+            if r:
+                full.append(t_full), inp.append(t_in), wgt.append(t_w)
+    med = statistics.median
+    return tuple(SplitBackwardSample(layers=n, backward_s=med(f), input_s=med(i), weight_s=med(w))
+                 for n, (f, i, w) in zip(SPLIT_BACKWARD_LAYERS, times))
+
+
 def _overlap(device, dtype, nbytes: int) -> OverlapSample:
     """How much a collective in flight slows compute: on a GPU NCCL takes some SMs; on a CPU
     gloo's threads take the cores the GEMMs run on. Every rank runs the same sequence."""
@@ -509,6 +564,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
         overlap = _overlap(device, dtype, sizes["overlap_bytes"])
         tp_layer = _tp_layers(device, ranks) if device.type == "cpu" else None
     host_layer = _host_layers(device) if device.type == "cuda" else None
+    split = _split_backward(device) if device.type == "cuda" else ()
     return Measurements(device_type=device.type, device_name=_device_name(device), ranks=ranks, threads_per_rank=threads,
                         compute_dtype=str(dtype).removeprefix("torch."), memory_bytes=memory, reserved_bytes=reserved,
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
@@ -516,7 +572,7 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
                         optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned, loss=loss,
-                        host_layer=host_layer, scatter=scatter,
+                        host_layer=host_layer, scatter=scatter, split_backward=split,
                         device_count=torch.cuda.device_count() if device.type == "cuda" else 0)
 
 

@@ -155,6 +155,20 @@ def tp_layer_spec(hidden: int, num_layers: int = 1):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SplitBackwardSample:
+    """torch.distributed.pipelining's split backward of `layers` of `paraplan run`'s layers
+    (tp_layer_spec) at negligible size on a GPU, as the zero-bubble schedules run it: after a
+    forward under bf16 autocast (fp32 parameters), the input-gradient pass B
+    (`stage_backward_input`) and then the weight-gradient pass W (`stage_backward_weight`),
+    each timed alone; the time is the host's (calibrate/bench.py `_split_backward`)."""
+
+    layers: int
+    backward_s: float  # median of the whole backward (torch.autograd.backward), for reference
+    input_s: float     # median B pass
+    weight_s: float    # median W pass
+
+
+@dataclass(frozen=True, kw_only=True)
 class HostLayerSample:
     """`paraplan run`'s transformer layer (tp_layer_spec) at negligible size on a GPU,
     forward and backward of one micro-batch of `tokens` tokens under bf16 autocast with fp32
@@ -223,6 +237,8 @@ class Measurements:
     optimizer: OptimizerSample | None = None      # an AdamW step (None: not measured)
     tp_layer: TPLayerSample | None = None         # a TP layer's cost beyond its math (None: not measured)
     host_layer: HostLayerSample | None = None     # an eager layer's host time on a GPU (None: not measured)
+    # the zero-bubble split backward's host time by layer count on a GPU (empty: not measured)
+    split_backward: tuple[SplitBackwardSample, ...] = field(default=())
     scatter: ScatterSample | None = None          # a scatter-add of token rows (None: not measured)
     # the same GEMM with a row of a multiple of 16 bytes, then with one that is not (a
     # 50,257 vocabulary), for misaligned_gemm_efficiency_ratio (empty: not measured)
@@ -248,7 +264,7 @@ class Measurements:
 # --- reading a raw file back (`calibrate --from-raw`, and the ranks of `calibrate --ranks N`)
 
 _SAMPLES = {"gemm": GemmSample, "attention": AttentionSample, "copies": CopySample, "collectives": CollectiveSample,
-            "misaligned_gemm": GemmSample}
+            "misaligned_gemm": GemmSample, "split_backward": SplitBackwardSample}
 # the fused kernels a raw file may name (every AttentionKernel but unfused; calibrate measures
 # those in run/attention.py CALIBRATED_BACKENDS)
 ATTENTION_KERNELS = tuple(k.value for k in AttentionKernel if k is not AttentionKernel.UNFUSED)

@@ -312,6 +312,33 @@ def scatter_add_efficiency(m: Measurements, mem_bw: float) -> float | None:
     return _streaming_share(float(counted), s.time_s, PERMUTE_KERNELS // 2, m.launch_overhead_s, mem_bw)
 
 
+def split_host_fit(layers, times_s) -> tuple[float, float, float]:
+    """(c0, c1, c2) with c0 + c1·L + c2·L² closest to the times in relative terms (least
+    squares of (fit − t)/t, so that 1 layer counts as much as 16) and every coefficient >= 0:
+    the host time of a split-backward pass over L layers (GPUSpec zb_input_host_s /
+    zb_weight_host_s, priced by cost/evaluate.py split_host_s). Each subset of the three
+    terms is fitted and the best non-negative fit kept (seven subsets)."""
+    import itertools
+
+    import numpy as np
+    L, y = np.asarray(layers, dtype=float), np.asarray(times_s, dtype=float)
+    cols = np.stack([np.ones_like(L), L, L * L], axis=1) / y[:, None]
+    ones = np.ones_like(y)
+    best, best_err = (0.0, 0.0, 0.0), float(len(y))
+    for k in (1, 2, 3):
+        for keep in itertools.combinations(range(3), k):
+            sol, *_ = np.linalg.lstsq(cols[:, keep], ones, rcond=None)
+            if np.any(sol < 0):
+                continue
+            err = float(np.sum((cols[:, keep] @ sol - ones) ** 2))
+            if err < best_err:
+                coef = [0.0, 0.0, 0.0]
+                for i, c in zip(keep, sol):
+                    coef[i] = float(c)
+                best, best_err = tuple(coef), err
+    return best
+
+
 def tp_collective_overhead_s(m: Measurements, cluster: ClusterSpec) -> float | None:
     """Host time per tensor-parallel collective beyond what the model prices for it: one
     more TP layer's time, less one more replica layer's (the eager dispatch of the math both
@@ -356,6 +383,24 @@ def layer_launch_overhead_s(m: Measurements, cluster: ClusterSpec) -> tuple[floa
     math_s = layer_s(0.0)
     kernels = (layer_s(1e-3) - math_s) / 1e-3
     return max((s.plain_layer_s - math_s) / kernels, m.launch_overhead_s), math_s, kernels
+
+
+def _split_toml(m: Measurements) -> list[str]:
+    """The zero-bubble split backward's host-time fits, with the samples they come from."""
+    if not m.split_backward:
+        return []
+    layers = [s.layers for s in m.split_backward]
+    lines = ["# torch.distributed.pipelining's split backward at negligible size (paraplan run's layers, bf16 autocast): "
+             "host time of a pass over L layers = c0 + c1*L + c2*L^2 us, fitted to L = "
+             + ", ".join(map(str, layers))]
+    for key, attr, what in (("zb_input_host_us", "input_s", "B (stage_backward_input)"),
+                            ("zb_weight_host_us", "weight_s", "W (stage_backward_weight)")):
+        times = [getattr(s, attr) for s in m.split_backward]
+        coef = split_host_fit(layers, times)
+        lines += [f"# {what}: " + ", ".join(f"{t * 1e3:.2f}" for t in times) + " ms (whole backward: "
+                  + ", ".join(f"{s.backward_s * 1e3:.2f}" for s in m.split_backward) + " ms)",
+                  f"{key} = {_arr(round(c * 1e6, 3) for c in coef)}"]
+    return lines
 
 
 def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
@@ -422,6 +467,7 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
            f"bf16 autocast, fp32 parameters): one more layer's forward + backward took {host_layer * 1e6:.0f} us, "
            "the host's time issuing its kernels; a layer whose GPU work is shorter waits for it",
            f"eager_layer_host_us = {_num(host_layer * 1e6)}"] if host_layer is not None else []),
+        *_split_toml(m),
         "sustained_compute_ratio = 1.0",
         *([f"# {m.misaligned_gemm[1].m}x{m.misaligned_gemm[1].k}x{m.misaligned_gemm[1].n} against "
            f"x{m.misaligned_gemm[0].n}: a row not a multiple of 16 bytes",

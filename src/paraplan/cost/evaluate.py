@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
-from ..sim.schedules import fsdp2_gathers_per_step
+from ..sim.schedules import SPLIT_BACKWARD, fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -600,33 +600,61 @@ def host_idle_s(n, gpu_s, host_s, slack_s):
     return np.where(host_bound, idle_hb, idle_gb), np.where(host_bound, end_hb, end_gb)
 
 
-def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_microbatches, recomputed=0.0):
-    """(forward, backward) time per micro-batch a stage's GPU waits for its host. Eager PyTorch
-    issues each kernel from Python ahead of the GPU and spends gpu.eager_layer_host_s on one
-    layer's forward and backward (paraplan calibrate: a layer at negligible size; a third of
-    it in the forward); the stage's micro-batch is the queue [layers × forward][the head, the
-    loss and the embedding: `extra_s`, next to no host time][layers × backward] (host_idle_s).
+def split_host_s(coef, layers):
+    """Host time of one pass of torch.distributed.pipelining's split backward over a chunk of
+    `layers` layers: c0 + c1·L + c2·L² for coef = (c0, c1, c2) (GPUSpec zb_input_host_s,
+    zb_weight_host_s; calibrate/profile.py split_host_fit). Vectorized."""
+    return coef[0] + coef[1] * layers + coef[2] * layers * layers
+
+
+def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_microbatches, recomputed=0.0,
+                    layer_wgrad_s=0.0):
+    """(forward, backward, W pass) time per micro-batch a stage's GPU waits for its host; the
+    backward's includes the W pass's. Eager PyTorch issues each kernel from Python ahead of
+    the GPU and spends gpu.eager_layer_host_s on one layer's forward and backward (paraplan
+    calibrate: a layer at negligible size; a third of it in the forward); the stage's
+    micro-batch is the queue [layers × forward][the head, the loss and the embedding:
+    `extra_s`, next to no host time][layers × backward] (host_idle_s).
     A backward layer also re-issues its forward where it is recomputed whole: `recomputed`,
     the stage's share of layers that full or first-k recomputation re-runs.
+    Under the schedules that split the backward (torch.distributed.pipelining's zb, zbv,
+    dualpipev), where the profile measured the split (gpu.zb_input_host_s, zb_weight_host_s),
+    the backward is [layers × B][one W pass per chunk of layers/v layers], each pass's host
+    time split_host_s of the chunk's layers and W's GPU time `layer_wgrad_s` per layer.
     The first micro-batch starts on an idle GPU; the rest start with what the one before left
     queued (its state after one micro-batch stands for the steady state). Megatron's fused
     layers and compiled blocks issue far fewer kernels: not bound here. Vectorized."""
     host = gpu.eager_layer_host_s
     if host <= 0.0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     eager = ~np.asarray(plan.fused_kernels, dtype=bool) & ~mem.compiled_blocks(plan)
     hf = HOST_FORWARD_SHARE * host
-    hb = (1.0 - HOST_FORWARD_SHARE) * host + hf * np.asarray(recomputed, dtype=float)
+    hr = hf * np.asarray(recomputed, dtype=float)
+    hb = (1.0 - HOST_FORWARD_SHARE) * host + hr
+    split = np.zeros(np.shape(eager), dtype=bool)
+    if any(gpu.zb_input_host_s) or any(gpu.zb_weight_host_s):
+        split = np.isin(np.asarray(plan.schedule_code), [s.code for s in SPLIT_BACKWARD])
+    chunks = np.asarray(plan.vp, dtype=float)
+    chunk_layers = np.maximum(np.asarray(layers, dtype=float) / chunks, 1.0)
+    hb_split = split_host_s(gpu.zb_input_host_s, chunk_layers) / chunk_layers + hr
+    hw_split = split_host_s(gpu.zb_weight_host_s, chunk_layers)
+    wg = np.asarray(layer_wgrad_s, dtype=float)
 
     def one_microbatch(slack):
         idle_f, slack = host_idle_s(layers, layer_fwd_s, hf, slack)
         slack = slack + extra_s
-        idle_b, slack = host_idle_s(layers, layer_bwd_s, hb, slack)
-        return idle_f, idle_b, slack
-    f1, b1, after = one_microbatch(0.0)
-    f2, b2, _ = one_microbatch(after)
+        idle_b, after_b = host_idle_s(layers, layer_bwd_s, hb, slack)
+        # split: B passes issue what is left without the weight-gradient GEMMs, then W passes
+        idle_bs, after_bs = host_idle_s(layers, layer_bwd_s - wg, hb_split, slack)
+        idle_w, after_w = host_idle_s(chunks, chunk_layers * wg, hw_split, after_bs)
+        return (idle_f, np.where(split, idle_bs, idle_b), np.where(split, idle_w, 0.0),
+                np.where(split, after_w, after_b))
+    f1, b1, w1, after = one_microbatch(0.0)
+    f2, b2, w2, _ = one_microbatch(after)
     m = np.maximum(np.asarray(num_microbatches, dtype=float), 1.0)
-    return (np.where(eager, (f1 + (m - 1.0) * f2) / m, 0.0), np.where(eager, (b1 + (m - 1.0) * b2) / m, 0.0))
+    avg = lambda first, rest: np.where(eager, (first + (m - 1.0) * rest) / m, 0.0)  # noqa: E731
+    w = avg(w1, w2)
+    return avg(f1, f2), avg(b1, b2) + w, w
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *, memory=None) -> PlanCosts:
@@ -698,15 +726,19 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)
     autocast = lay.autocast_casts
+    grad_casts = 0.0
     if np.any(autocast):
         # (paraplan run holds one autocast region over a pipelined step: each weight cast once a step)
         casts_per_mb = np.where(p > 1, 1.0 / np.maximum(m, 1.0), 1.0)
         ew_fwd = ew_fwd + np.where(autocast, casts_per_mb * autocast_weight_cast_s(gpu, lay.layer_params,
                                                                                    layer_matrices), 0.0)
-        ew_bwd = ew_bwd + np.where(autocast, autocast_grad_s(gpu, lay.layer_params, layer_matrices, m), 0.0)
+        grad_casts = np.where(autocast, autocast_grad_s(gpu, lay.layer_params, layer_matrices, m), 0.0)
+        ew_bwd = ew_bwd + grad_casts
     layer_fwd = gemms_fwd + attn_fwd + ew_fwd + moe_fwd
     layer_bwd = 2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd
-    wgrad = gemms_fwd + moe_wgrad  # weight-gradient GEMMs = one forward's worth
+    # the weight-gradient GEMMs = one forward's worth, and what lies on the weights' side of
+    # them (autocast's gradient casts and fp32 accumulation: a split backward's W pass runs them)
+    wgrad = gemms_fwd + moe_wgrad + grad_casts
 
     # ---------------- TP communication per layer ----------------
     act_bytes_full = ab * T * h  # one [T, h] activation, the TP buffer
@@ -949,20 +981,22 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     rc_share = lambda layers: np.where(rc == Recompute.FIRST_K.code, 1.0, layers / L_s)  # noqa: E731
 
     def host_wait(layers, extra_fwd, extra_bwd):
-        # an eager engine's GPU waiting for its host, (forward, backward) per micro-batch
-        # (gpu.eager_layer_host_s; 0 in the presets: nothing computed in the search's batches)
+        # an eager engine's GPU waiting for its host, (forward, backward, W pass) per
+        # micro-batch (gpu.eager_layer_host_s; 0 in the presets: nothing computed in the
+        # search's batches)
         if gpu.eager_layer_host_s <= 0.0:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         per_layer = 1.0 / np.maximum(layers, 1.0)
         return eager_host_wait(gpu, plan, layers, layer_fwd_total,
                                layer_bwd_total + rc_share(layers) * rc_stage * per_layer,
                                extra_fwd + extra_bwd, m,
-                               recomputed=np.minimum(rc_share(layers) * rc_layers * per_layer, 1.0))
+                               recomputed=np.minimum(rc_share(layers) * rc_layers * per_layer, 1.0),
+                               layer_wgrad_s=wgrad)
 
     def stage(layers, extra_fwd, extra_bwd, wait):
         fwd = layers * layer_fwd_total + extra_fwd + z3_first
         bwd = layers * layer_bwd_total + extra_bwd + rc_share(layers) * rc_stage + z3_first
-        return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad)
+        return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
 
     # the embedding's and the head's (with the final norm) gradient accumulation under FSDP2
     emb_acc = f2_accumulate(model.embedding_params / t, 1.0)
@@ -996,7 +1030,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head
     # lets its host catch up; a middle stage has nothing to hide its host behind)
     host_wait_layer = tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) / np.maximum(parts[0], 1.0)
-                                               for parts, w in zip(stage_parts, stage_waits)]) for i in (0, 1))
+                                               for parts, w in zip(stage_parts, stage_waits)]) for i in (0, 1, 2))
 
     # ---------------- pipeline (closed form; the event simulator re-times it) ----------------
     p2p_bytes = ab * T * h / sp_div
@@ -1016,7 +1050,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # a middle stage exists from p = 3
     t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
     # the critical stage's wait for its host, reported apart from its compute
-    wait_first, wait_middle, wait_last = (f + b for f, b in stage_waits)
+    wait_first, wait_middle, wait_last = (f + b for f, b, _ in stage_waits)
     crit_wait = np.where(t_max == per_mb[2], wait_last, np.where(t_max == per_mb[0], wait_first, wait_middle))
     t_avg = np.where(only, per_mb[0], (per_mb[0] + per_mb[2] + (p - 2.0) * per_mb[1]) / np.maximum(p, 1.0))
     # (p−1)/v of a micro-batch's time (SC'21 §2.2); a breadth-first loop with fewer
@@ -1027,7 +1061,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # ZB-H1 (Qi et al. 2024 Sec. 3.1): (p−1)(T_F + T_B − T_W) with B and W split; with fewer
     # micro-batches than stages the simulated bubble grows by one W pass per micro-batch
     # short of p (derived, docs/model.md; tests/golden/test_bubble_closed_forms.py)
-    wg_avg = L_s * wgrad
+    wg_avg = middle.weight_grad_s  # (with an eager host's wait for its W passes, where measured)
     bubble_zb = np.maximum((p - 1.0) * (t_avg - 2.0 * wg_avg) + np.maximum(p - m, 0.0) * wg_avg, 0.0)
     # ZB-V: its step with every rank a plain one (the last rank of a V), zbv_bubble_s (derived
     # from the schedule's critical paths, docs/model.md), or the first rank's work with the
@@ -1226,7 +1260,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                                     "EP all-to-all": a2a_fwd_exp})
         layer_detail["bwd"].update({"MoE (experts, router, permute, shared)": moe_bwd, "EP all-to-all": a2a_bwd_exp})
     # the weight-gradient GEMMs inside each "bwd" entry: what ZB-H1 runs as its W pass
-    layer_detail["wgrad"] = {"GEMMs (dgrad+wgrad)": gemms_fwd, "MoE (experts, router, permute, shared)": moe_wgrad}
+    layer_detail["wgrad"] = {"GEMMs (dgrad+wgrad)": gemms_fwd, "MoE (experts, router, permute, shared)": moe_wgrad,
+                             "element-wise": grad_casts, "waiting for the host (eager)": host_wait_layer[2]}
     step_detail = {"DP/ZeRO collectives (exposed)": dp_exposed, "SP norm-gradient all-reduce": sp_norm,
                    "optimizer step": optimizer}
     return PlanCosts(num_microbatches=m, first=first, middle=middle, last=last, p2p_s=p2p, time=time,

@@ -53,7 +53,7 @@ class Assumption(StrEnum):
     DCN = "data-centre bandwidth"             # ClusterSpec.dcn.bw_unidir_bytes_per_s (islands)
     OVERLAP = "overlap slowdown"              # GPUSpec.overlap_slowdown
     LAUNCH = "kernel launch overhead"         # GPUSpec.kernel_launch_overhead_s
-    HOST = "eager host time"                  # GPUSpec.eager_layer_host_s (calibrated profiles)
+    HOST = "eager host time"                  # GPUSpec.eager_layer_host_s, zb_*_host_s (calibrated profiles)
     HOST_LINK = "host link bandwidth"         # GPUSpec.host_link_bw_unidir_bytes_per_s (offload, host experts)
     IMBALANCE = "MoE load imbalance"          # Workload.moe_imbalance (dropless MoE)
 
@@ -214,8 +214,10 @@ def scaled_cluster(assumption: Assumption, cluster: ClusterSpec, change: float, 
             return replace(cluster, gpu=replace(gpu, overlap_slowdown=min(gpu.overlap_slowdown * f, 1.0)))
         case Assumption.LAUNCH:
             return replace(cluster, gpu=_scaled(gpu, kernel_launch_overhead_s=f))
-        case Assumption.HOST:
-            return replace(cluster, gpu=_scaled(gpu, eager_layer_host_s=f))
+        case Assumption.HOST:  # one host: its split-backward passes scale with it
+            return replace(cluster, gpu=replace(_scaled(gpu, eager_layer_host_s=f),
+                                                zb_input_host_s=tuple(c * f for c in gpu.zb_input_host_s),
+                                                zb_weight_host_s=tuple(c * f for c in gpu.zb_weight_host_s)))
         case Assumption.HOST_LINK:
             return replace(cluster, gpu=_scaled(gpu, host_link_bw_unidir_bytes_per_s=f))
     raise AssertionError(f"{assumption} is not a hardware assumption")

@@ -84,6 +84,13 @@ class GPUSpec:
     # paraplan calibrate measures it on a GPU (paraplan run's layer at negligible size); 0 in
     # the presets (host unknown: not modelled), and for fused or compiled layers.
     eager_layer_host_s: float = 0.0
+    # Host time of torch.distributed.pipelining's split backward, the zero-bubble schedules'
+    # B pass (stage_backward_input) and W pass (stage_backward_weight), over a chunk of L
+    # layers: c0 + c1·L + c2·L² seconds for (c0, c1, c2). W's is quadratic: it runs one
+    # autograd.grad per weight group, each walking the graph of the layers below it.
+    # paraplan calibrate measures both on a GPU; (0, 0, 0) in the presets (not modelled).
+    zb_input_host_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    zb_weight_host_s: tuple[float, float, float] = (0.0, 0.0, 0.0)
     # End-to-end fraction of microbenchmark compute throughput sustained in training: clock
     # under the power cap over hours of dense load, SM/L2 contention with concurrent kernels.
     # Isolated microbenchmarks (vidur's) run at boost clock. Fitted per GPU type against the

@@ -45,6 +45,7 @@ _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "ali
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
 _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "eager_layer_host_us",
+                 "zb_input_host_us", "zb_weight_host_us",
                  "memory_bw_efficiency",
                  "elementwise_efficiency",
                  "optimizer_efficiency", "loss_efficiency", "scatter_add_efficiency",
@@ -152,6 +153,14 @@ class TomlTable:
         """A number >= 0 (an overhead that may be none), or None when absent."""
         return self._in_range(key, math.inf, "a number >= 0")
 
+    def non_negative_list(self, key: str, n: int) -> tuple[float, ...]:
+        """A list of `n` numbers >= 0 (the caller checks the key is present)."""
+        v = self.data[key]
+        if (not isinstance(v, list) or len(v) != n
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf for x in v)):
+            self._bad(key, v, f"a list of {n} numbers >= 0")
+        return tuple(float(x) for x in v)
+
     def fraction(self, key: str) -> float | None:
         """A fraction in [0, 1) (a loss or a slowdown), or None when absent."""
         return self._in_range(key, 1.0, "a number in [0, 1)")
@@ -257,6 +266,9 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         extra["tp_collective_overhead_s"] = units.us(t.non_negative("tp_collective_overhead_us"))
     if "eager_layer_host_us" in t.data:
         extra["eager_layer_host_s"] = units.us(t.non_negative("eager_layer_host_us"))
+    for key in ("zb_input_host_us", "zb_weight_host_us"):
+        if key in t.data:
+            extra[key.removesuffix("_us") + "_s"] = tuple(units.us(c) for c in t.non_negative_list(key, 3))
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "loss_efficiency",
                 "scatter_add_efficiency",
                 "fp8_gemm_efficiency_ratio", "compiled_elementwise_ratio",

@@ -1,0 +1,9 @@
+# Run from the repository root through the device tool: bash calibration/h100_zb_split/split2/dev_cmd.sh
+export PYTHONUNBUFFERED=1; L=$OUT/log.txt
+python3 -m pip install -q --no-deps --no-build-isolation --no-index . >>$L 2>&1 || echo install failed >>$L
+timeout 240 paraplan calibrate --device cuda --name calibrated-h100-1r -o $OUT/h100.toml --raw $OUT/h100_raw.json >>$L 2>&1; echo calibrate rc=$? >>$L
+(cd calibration && timeout 240 python3 gpu_zb_split.py) >>$L 2>&1; echo zb_split rc=$? >>$L
+python3 calibration/compare_zb_split.py $OUT/zb_split.json $OUT/h100.toml >$OUT/compare.txt 2>&1
+D=calibration/h100_2026-11-23; E="calibration/h100_2026-11-22/runs_b/run*.json $D/calibrate/small*.json $D/compiled/c*.json $D/compiled_rc/c*.json"
+echo "== compare step_time" >>$L; paraplan compare $E --metric step_time --hardware $OUT/h100.toml >>$L 2>&1
+grep -n "zb_\|split" $OUT/h100.toml; cat $OUT/compare.txt; tail -25 $L
