@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from paraplan.calibrate.measurements import Measurements, SplitBackwardSample
+from paraplan.calibrate.measurements import Measurements
 from paraplan.calibrate.profile import build_profile, split_host_fit
 from paraplan.cli import main
 from paraplan.cost.evaluate import evaluate, split_host_s
