@@ -280,6 +280,8 @@ def test_invalid_plan_or_workload_names_the_reason(capsys, argv, detail):
     ["search", "--top", "0"],
     ["estimate", "--batch", "8", "--batch-tokens", "8192"],
     ["estimate", "--no-such-flag"],
+    ["estimate", "--gpus", "16", "--tp", "2_0"],  # int() reads 2_0 as 20
+    ["estimate", "--tokens", "1_000"],
 ])
 def test_bad_flag_values_exit_2(capsys, argv):
     assert_user_error(*run(capsys, *argv))

@@ -9,6 +9,8 @@ from .specs.files import MAX_COUNT
 
 
 def _parse(text: str, kind, what: str):
+    if "_" in text:  # Python's int() and float() read 2_0 as 20: a typo, not a number
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
     try:
         return kind(text)
     except ValueError:

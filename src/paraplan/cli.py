@@ -482,15 +482,32 @@ def cmd_estimate(args) -> int:
     model, cluster, wl = _specs(args)
     est = estimate(model, cluster, wl, _engine_plan(args, model, cluster, wl))
     wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
+    advice, changes = _misfit_advice(args, model, cluster, wl, est)
     if args.json:
+        fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
+                      "step_time_s": c.estimate.step_time_s} for c in changes]
         print(json.dumps({**estimate_dict(est), "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+                          **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
         print(_header(model, cluster, wl) + "\n")
         print(estimate_report(est))
+        if advice:
+            print("\n" + advice)
         if wi:
             print("\n" + whatif_table(wi))
     return 0
+
+
+def _misfit_advice(args, model, cluster, wl, est):
+    """('', []) for a plan that fits; else the line saying why not and which single change of
+    its flags would fit (search/advice.py), under --engine's rules, with the changes."""
+    if est.fits:
+        return "", []
+    from .search.advice import misfit_advice
+    mod = _engine(args, wl)
+    check = None if mod is None else (lambda p: mod.check(_support(mod, args).adapt(p), model, wl))
+    return misfit_advice(model, cluster, wl, est, check)
 
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
@@ -559,15 +576,20 @@ def cmd_trace(args) -> int:
     text = json.dumps(trace)
     if args.output == "-":
         print(text)
+        if not est.fits:  # (stdout is the trace)
+            sys.stderr.write(f"paraplan: warning: the plan {_misfit_advice(args, model, cluster, wl, est)[0]}\n")
     else:
         write_output(args.output, text, "trace", "--output")
+        advice, _ = _misfit_advice(args, model, cluster, wl, est)
         if not args.json:
             print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
                   "(open in https://ui.perfetto.dev or chrome://tracing)"
                   + (f"; {shown} of the step's {m} micro-batches shown (--max-microbatches)" if shown < m else ""))
+            if advice:
+                print(f"the plan {advice}")
         else:
             print(json.dumps({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
-                              "microbatches": m, "microbatches_shown": shown}))
+                              "microbatches": m, "microbatches_shown": shown, **({"misfit": advice} if advice else {})}))
     return 0
 
 

@@ -1,0 +1,88 @@
+"""What would make a plan that does not fit fit: each memory lever changed alone, priced.
+
+`paraplan estimate` and `paraplan trace` of a plan over the GPU's memory say which single
+change of its flags would fit (full recomputation, a smaller micro-batch, a higher ZeRO
+stage, optimizer offload, twice the TP, PP or CP on the same GPUs), each estimated with the
+cost model, fastest first; none of them is the answer "more GPUs" (the search says that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from ..cost.estimate import Estimate, estimate
+from ..errors import ParaplanError
+from ..plan.axes import Recompute, ZeroStage
+from ..plan.plan import Plan
+from ..plan.space import check_plan
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+
+
+@dataclass(frozen=True)
+class FitChange:
+    """One change of a plan's flags and its estimate (which fits)."""
+
+    flags: str  # as typed on the command line, e.g. "--recompute full"
+    plan: Plan
+    estimate: Estimate
+
+
+def _changes(plan: Plan) -> list[tuple[str, Plan]]:
+    """(flags, plan) for each lever that lowers memory, changed alone from `plan`."""
+    out = []
+    if plan.recompute is not Recompute.FULL:
+        out.append(("--recompute full", replace(plan, recompute=Recompute.FULL, recompute_num_layers=0)))
+    mb = plan.micro_batch_size
+    for smaller in sorted({1, mb // 2} - {0, mb}):
+        out.append((f"--mb {smaller}", replace(plan, micro_batch_size=smaller)))
+    for z in ZeroStage:
+        if z.code > plan.zero.code and plan.dp > 1:
+            out.append((f"--zero {z.value}", replace(plan, zero=z, dp_shard=plan.dp)))
+    if not plan.offload_optimizer:
+        out.append(("--offload", replace(plan, offload_optimizer=True)))
+    if plan.dp % 2 == 0:
+        sp = plan.sequence_parallel or plan.tp == 1  # (the CLI turns SP on with TP > 1)
+        dp = plan.dp // 2
+        shard = dp if plan.dp_shard >= plan.dp else min(plan.dp_shard, dp)  # (HSDP keeps its group)
+        for name, value in (("tp", plan.tp), ("pp", plan.pp), ("cp", plan.cp)):
+            extra = {"sequence_parallel": sp} if name == "tp" else {}
+            out.append((f"--{name} {2 * value} --dp {dp}",
+                        replace(plan, **{name: 2 * value}, dp=dp, dp_shard=shard, **extra)))
+    return out
+
+
+def fitting_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
+                    check: Callable[[Plan], None] | None = None) -> list[FitChange]:
+    """The single changes of `plan` that fit on `cluster`, fastest first; `check` (an engine's
+    rules) raises for a plan the engine cannot run. At most a dozen estimates, not simulated."""
+    out = []
+    for flags, p in _changes(plan):
+        if check_plan(p, model, cluster, workload) is not None:
+            continue
+        try:
+            if check is not None:
+                check(p)
+            est = estimate(model, cluster, workload, p, simulate_pipeline=False)
+        except ParaplanError:
+            continue
+        if est.fits:
+            out.append(FitChange(flags=flags, plan=p, estimate=est))
+    return sorted(out, key=lambda c: c.estimate.step_time_s)
+
+
+def misfit_advice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, est: Estimate,
+                  check: Callable[[Plan], None] | None = None, shown: int = 4) -> tuple[str, list[FitChange]]:
+    """One line for a plan that does not fit: why, and the single changes that would fit (or
+    that none does); with the changes themselves."""
+    from ..units import fmt_bytes, fmt_time
+    changes = fitting_changes(model, cluster, workload, est.plan, check)
+    why = f"does not fit: {est.misfit(cluster.gpu.name)}"
+    if not changes:
+        return (why + "; no single change of recomputation, micro-batch, ZeRO, offload or TP/PP/CP fits: "
+                "more GPUs would (`paraplan scale`)"), changes
+    alts = ", ".join(f"{c.flags} ({fmt_bytes(c.estimate.memory.total)}, step {fmt_time(c.estimate.step_time_s)})"
+                     for c in changes[:shown])
+    return f"{why}; fits with one change: {alts}", changes
