@@ -222,6 +222,11 @@ def test_validate_table(capsys, tmp_path):
     ("a,b\n1,2\n", "missing column"),
     (TRAINING_CSV.replace(",iteration_time_s,1.42,", ",iteration_time_s,fast,"), "is not a number"),
     (TRAINING_CSV.replace(",2048,A100 80GB,8,8,", ",2k,A100 80GB,8,8,", 1), "is not a number"),
+    # a misspelled column would have been ignored: TP unpinned, the row predicted for another plan
+    (TRAINING_CSV.replace(",dp,sp,", ",dp,spp,", 1), "column 'spp' is not one paraplan reads; did you mean 'sp'?"),
+    (TRAINING_CSV.replace(",tp,pp,", ",TP,pp,", 1), "did you mean 'tp'?"),
+    # every row skipped: a summary of nothing would read as a pass
+    (TRAINING_CSV.replace(",8,8,fp16,4,", ",8,8,,4,"), "no row could be predicted (2 skipped; the first, train-dev-001: "),
 ])
 def test_validate_malformed_csv(capsys, tmp_path, content, detail):
     csv_path = tmp_path / "bad.csv"

@@ -183,6 +183,6 @@ def predict_row(row: dict, path: str, line: int) -> dict:
 
 
 def validate_inference_file(path: str, progress=None) -> dict:
-    rows = read_rows(path, REQUIRED_COLUMNS, "an inference file")
+    rows = read_rows(path, REQUIRED_COLUMNS, "an inference file", ("params_b", "ep", "metric", "notes"))
     _CACHE.clear()
     return validate_rows(rows, lambda row, line: predict_row(row, path, line), progress)

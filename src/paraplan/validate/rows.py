@@ -42,9 +42,24 @@ def _text(path: str) -> str:
                               line) from None
 
 
-def read_rows(path: str, required: tuple[str, ...], kind: str) -> list[tuple[int, dict]]:
+def misspelled_column(header, known) -> tuple[str, str] | None:
+    """(column, the known column it is close to) for the first header column paraplan does not
+    read that looks like a misspelling of one it does ('tpp' for 'tp'): read as an annotation,
+    it would silently unpin what it meant to pin. Columns like no known one are annotations."""
+    import difflib
+    for col in header:
+        if col in known:
+            continue
+        close = difflib.get_close_matches(col.strip().lower(), known, n=1, cutoff=0.8)
+        if close:
+            return col, close[0]
+    return None
+
+
+def read_rows(path: str, required: tuple[str, ...], kind: str, known: tuple[str, ...] = ()) -> list[tuple[int, dict]]:
     """(line number, row) of every data row; a missing column names the file and line 1, a
-    row with more or fewer cells than the header its line."""
+    row with more or fewer cells than the header its line; a column that looks like a
+    misspelling of a `known` one line 1 too."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -71,6 +86,10 @@ def read_rows(path: str, required: tuple[str, ...], kind: str) -> list[tuple[int
         if missing:
             raise FileFormatError(path, f"missing column(s) {', '.join(missing)}; {kind} needs "
                                   f"{', '.join(required)}", 1)
+        typo = misspelled_column(header, tuple(known) + tuple(required))
+        if typo:
+            raise FileFormatError(path, f"column {typo[0]!r} is not one paraplan reads; did you mean {typo[1]!r}? "
+                                  "(rename it, or it would be ignored)", 1)
         rows = []
         for row in reader:
             extra = row.get(None) or []
