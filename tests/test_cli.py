@@ -225,8 +225,6 @@ def test_validate_table(capsys, tmp_path):
     # a misspelled column would have been ignored: TP unpinned, the row predicted for another plan
     (TRAINING_CSV.replace(",dp,sp,", ",dp,spp,", 1), "column 'spp' is not one paraplan reads; did you mean 'sp'?"),
     (TRAINING_CSV.replace(",tp,pp,", ",TP,pp,", 1), "did you mean 'tp'?"),
-    # every row skipped: a summary of nothing would read as a pass
-    (TRAINING_CSV.replace(",8,8,fp16,4,", ",8,8,,4,"), "no row could be predicted (2 skipped; the first, train-dev-001: "),
 ])
 def test_validate_malformed_csv(capsys, tmp_path, content, detail):
     csv_path = tmp_path / "bad.csv"
@@ -235,6 +233,18 @@ def test_validate_malformed_csv(capsys, tmp_path, content, detail):
     line = assert_user_error(code, out, err)
     assert str(csv_path) in line and detail in line
     assert not out
+
+
+def test_validate_of_rows_all_skipped_exits_1(capsys, tmp_path):
+    """Every row skipped: the report says why for each, and the exit code says nothing was
+    checked (a summary of nothing must not read as a pass to a script)."""
+    csv_path = tmp_path / "skipped.csv"
+    csv_path.write_text(TRAINING_CSV.replace(",8,8,fp16,4,", ",8,8,,4,"))
+    code, out, err = run(capsys, "validate", str(csv_path), "--json")
+    assert code == 1
+    rows = json.loads(out)["rows"]
+    assert len(rows) == 2 and all("precision" in r["skipped"] for r in rows)
+    assert err.strip() == f"paraplan: error: no row of {csv_path} could be predicted (2 skipped: each row above says why)"
 
 
 def test_validate_missing_file(capsys, tmp_path):
