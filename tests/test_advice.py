@@ -42,6 +42,7 @@ def test_every_advertised_change_fits_when_typed_back_in(capsys, argv):
         assert again["fits"] is True, c["flags"]
         assert again["memory_bytes"]["total_bytes"] == pytest.approx(c["memory_bytes"], rel=1e-9)
         assert again["plan"]["describe"] == c["plan"]
+        assert again["step_time_s"] == pytest.approx(c["step_time_s"], rel=1e-9)
 
 
 def test_the_text_report_ends_with_the_advice(capsys):

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from paraplan.calibrate.measurements import Measurements
 from paraplan.calibrate.profile import build_profile, split_host_fit
 from paraplan.cli import main
+from paraplan.errors import FileFormatError
 from paraplan.cost.evaluate import evaluate, split_host_s
 from paraplan.plan.axes import Schedule
 from paraplan.plan.plan import make_plan
@@ -77,7 +78,7 @@ def test_split_samples_round_trip_through_the_raw_file():
     assert Measurements.from_json(m.to_json()) == m
     bad = json.loads(m.to_json())
     bad["split_backward"][0]["weight_s"] = -1
-    with pytest.raises(Exception, match="split_backward\\[0\\].weight_s"):
+    with pytest.raises(FileFormatError, match="split_backward\\[0\\].weight_s"):
         Measurements.from_json(json.dumps(bad), "raw.json")
 
 

@@ -405,7 +405,7 @@ def _host_layers(device, rounds: int = 9) -> HostLayerSample:
 
 
 # layer counts of the split-backward samples: its host time is quadratic in them (profile.py
-# split_host_fit); 16 layers' W pass took about 90 ms on an H100's host
+# split_host_fit); 16 layers' W pass took 118 ms on an H100's host (calibration/h100_zb_split/split2)
 SPLIT_BACKWARD_LAYERS = (1, 2, 4, 8, 16)
 
 

@@ -19,6 +19,7 @@ from ..plan.space import check_plan
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
+from ..units import fmt_bytes, fmt_time
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,8 @@ def _changes(plan: Plan) -> list[tuple[str, Plan]]:
 def fitting_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
                     check: Callable[[Plan], None] | None = None) -> list[FitChange]:
     """The single changes of `plan` that fit on `cluster`, fastest first; `check` (an engine's
-    rules) raises for a plan the engine cannot run. At most a dozen estimates, not simulated."""
+    rules) raises for a plan the engine cannot run. At most a dozen estimates, each simulated
+    as `paraplan estimate` would (the step it advertises is the one the changed flags print)."""
     out = []
     for flags, p in _changes(plan):
         if check_plan(p, model, cluster, workload) is not None:
@@ -65,7 +67,7 @@ def fitting_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
         try:
             if check is not None:
                 check(p)
-            est = estimate(model, cluster, workload, p, simulate_pipeline=False)
+            est = estimate(model, cluster, workload, p)
         except ParaplanError:
             continue
         if est.fits:
@@ -77,7 +79,6 @@ def misfit_advice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, es
                   check: Callable[[Plan], None] | None = None, shown: int = 4) -> tuple[str, list[FitChange]]:
     """One line for a plan that does not fit: why, and the single changes that would fit (or
     that none does); with the changes themselves."""
-    from ..units import fmt_bytes, fmt_time
     changes = fitting_changes(model, cluster, workload, est.plan, check)
     why = f"does not fit: {est.misfit(cluster.gpu.name)}"
     if not changes:

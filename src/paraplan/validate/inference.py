@@ -21,6 +21,7 @@ from .training import _preset
 
 REQUIRED_COLUMNS = ("id", "source", "model", "gpu", "num_gpus", "tp", "pp", "precision",
                     "batch_or_concurrency", "input_len", "output_len", "metric_id", "value")
+KNOWN_COLUMNS = ("params_b", "ep", "metric", "notes")  # the others of ../shared/validation/inference_dev.csv
 METRICS = ("output_tokens_per_s", "output_tokens_per_s_per_gpu", "total_tokens_per_s", "requests_per_s",
            "ttft_mean_ms", "ttft_ms", "tpot_mean_ms", "prefill_latency_s", "decode_latency_s",
            "prefill_mfu_pct", "decode_mfu_pct", "max_context_tokens")
@@ -183,6 +184,6 @@ def predict_row(row: dict, path: str, line: int) -> dict:
 
 
 def validate_inference_file(path: str, progress=None) -> dict:
-    rows = read_rows(path, REQUIRED_COLUMNS, "an inference file", ("params_b", "ep", "metric", "notes"))
+    rows = read_rows(path, REQUIRED_COLUMNS, "an inference file", KNOWN_COLUMNS)
     _CACHE.clear()
     return validate_rows(rows, lambda row, line: predict_row(row, path, line), progress)

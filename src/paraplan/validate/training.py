@@ -25,13 +25,12 @@ from .rows import int_cell, read_rows, row_result, validate_rows, with_predictio
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
                     "metric_id", "value")
-# every column a training file may have that paraplan reads or carries (the shared files'
-# headers, ../shared/validation/README.md, and the model-shape aliases of _SHAPE_COLUMNS)
+# every other column a training file may have that paraplan reads or carries (the shared
+# files' headers, ../shared/validation/README.md; the model-shape aliases are _SHAPE_COLUMNS)
 KNOWN_COLUMNS = ("params_b", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "gated_mlp",
                  "num_experts", "top_k", "moe_ffn_hidden", "gpus_per_node", "micro_batch", "tp", "pp", "vp", "cp",
                  "ep", "dp", "sp", "recompute", "zero", "framework", "metric_text", "notes", "cp_comm_type",
-                 "rank_order", "cluster", "num_layers", "hidden_size", "ffn_hidden_size", "num_heads",
-                 "num_kv_heads", "vocab_size")
+                 "rank_order", "cluster")
 METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu_pct", "samples_per_s",
            "activation_memory_gib", "weights_grads_optimizer_memory_gib", "total_memory_gib")
 
@@ -353,5 +352,5 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
 
 
 def validate_file(path: str, progress=None, hardware: str | None = None) -> dict:
-    rows = read_rows(path, REQUIRED_COLUMNS, "a training file", KNOWN_COLUMNS)
+    rows = read_rows(path, REQUIRED_COLUMNS, "a training file", KNOWN_COLUMNS + tuple(_SHAPE_COLUMNS))
     return validate_rows(rows, lambda row, line: predict_row(row, path, line, hardware), progress)
