@@ -51,7 +51,8 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     b = g.add_mutually_exclusive_group()
     b.add_argument("--batch", type=_count, help="global batch in sequences")
     b.add_argument("--batch-tokens", type=_int_up_to(MAX_BATCH_TOKENS),
-                   help=f"global batch in tokens (default {DEFAULT_BATCH_TOKENS})")
+                   help=f"global batch in tokens, a multiple of --seq (default: {DEFAULT_BATCH_TOKENS} "
+                        "tokens rounded to whole sequences)")
     g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, tf32 or fp32 (default bf16; tf32/fp32: "
                    "4-byte activations, weights and gradients)")
     g.add_argument("--optimizer", default="adam",
@@ -88,7 +89,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules)")
         g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
-        g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")
+        g.add_argument("--zero", default=None, help="ZeRO stage 0-3 (3 = FSDP) (default 0; with --engine "
+                       "torchtitan 3, its FSDP, when there is data or context parallelism)")
         g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
@@ -155,9 +157,27 @@ def _engine_plan(args, model, cluster, workload):
     plan = _plan_from_args(args, cluster)
     mod = _engine(args, workload)
     if mod is not None:
-        plan = _support(mod, args).adapt(plan)
+        plan = _support(mod, args).adapt(_engine_default_zero(args, cluster, plan, _support(mod, args)))
         mod.check(plan, model, workload)
     return plan
+
+
+def _engine_default_zero(args, cluster, plan, support):
+    """The plan of the flags with the engine's own ZeRO default where --zero was not given and
+    the plan has data or context parallelism to shard over (EngineSupport.default_zero)."""
+    if args.zero is not None or support.default_zero is plan.zero or plan.dp * plan.cp == 1:
+        return plan
+    return _plan_from_args(_Flags(args, zero=support.default_zero.value), cluster)
+
+
+class _Flags:
+    """`args` with some flags changed (the parsed namespace itself is left as the user gave it)."""
+
+    def __init__(self, args, **changed):
+        self._args, self._changed = args, changed
+
+    def __getattr__(self, name):
+        return self._changed[name] if name in self._changed else getattr(self._args, name)
 
 
 def _support(mod, args):
@@ -209,10 +229,13 @@ def _specs(args, cluster_name: str | None = None):
     cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
+    elif args.batch_tokens is None:  # the default: about 4M tokens, in whole sequences of --seq
+        gbs = max(1, round(DEFAULT_BATCH_TOKENS / args.seq))
     else:
-        tokens = args.batch_tokens or DEFAULT_BATCH_TOKENS
+        tokens = args.batch_tokens
         if tokens % args.seq:
-            raise SpecError("workload", "batch_tokens", tokens, f"must be a multiple of --seq {args.seq}")
+            raise SpecError("workload", "--batch-tokens", tokens, f"must be a multiple of --seq {args.seq} "
+                            f"(or give --batch in sequences)")
         gbs = tokens // args.seq
         if gbs > MAX_COUNT:
             raise SpecError("workload", "--batch-tokens", tokens, f"at most {MAX_COUNT} sequences of --seq {args.seq}")
@@ -244,7 +267,7 @@ def _plan_from_args(args, cluster):
     if args.recompute_layers and recompute is not Recompute.FIRST_K:
         raise SpecError("plan", "--recompute-layers", args.recompute_layers,
                         f"applies with --recompute first_k only (not {recompute.value})")
-    zero = ZeroStage.parse(str(args.zero), "zero")
+    zero = ZeroStage.parse(str(args.zero or "0"), "zero")
     sp = args.sp if args.sp is not None else tp > 1
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     order = RankOrder.parse(args.rank_order, "rank_order") if args.rank_order is not None else RankOrder.TP_CP_DP_PP
@@ -292,8 +315,8 @@ def cmd_search(args) -> int:
         fixed, limits = _engine_space(_support(mod, args), fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
 
-    def ranked_on(cl, w, top, progress=None):
-        res = search(model, cl, w, limits=limits, fixed=fixed,
+    def ranked_on(cl, w, top, progress=None, explain_pins=False):
+        res = search(model, cl, w, limits=limits, fixed=fixed, explain_pins=explain_pins,
                      top_k=top if mod is None else max(top, ENGINE_CANDIDATES), progress=progress)
         return res, (res.ranked if mod is None else _expressible(mod, args, res.ranked, model, w))
 
@@ -304,7 +327,7 @@ def cmd_search(args) -> int:
             return None
 
     res, pool = ranked_on(cluster, wl, args.top if args.whatif is None else max(args.top, WHATIF_CANDIDATES),
-                          _progress if show else None)
+                          _progress if show else None, explain_pins=True)
     ranked = pool[: args.top]
     wi = None if args.whatif is None else what_if(model, cluster, wl, pool[:WHATIF_CANDIDATES], args.whatif / 100.0,
                                                   search_again=fastest_on)
@@ -865,6 +888,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT; files are written whole or not at all
+        sys.stderr.write("\nparaplan: interrupted\n")
+        return 130
 
 
 if __name__ == "__main__":

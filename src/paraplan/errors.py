@@ -18,11 +18,23 @@ class SpecError(ParaplanError):
 
 
 class UnknownPresetError(ParaplanError):
+    """An unknown preset name, with the known names that look like it (names containing it
+    first, then difflib's close matches); none when nothing is close, rather than arbitrary ones."""
+
+    CLOSE = 0.6  # difflib ratio: "h1000" ~ "h100" (0.89), "Z100" ~ "H100" (0.75); "foo" matches nothing
+    SHOWN = 5
+
     def __init__(self, kind: str, name: str, known: list[str]):
-        close = difflib.get_close_matches(name.lower(), [k.lower() for k in known], n=3, cutoff=0.4)
-        by_lower = {k.lower(): k for k in known}
-        hint = ", ".join(by_lower[c] for c in close) if close else ", ".join(sorted(known)[:8]) + ", ..."
-        super().__init__(f"unknown {kind} {name!r}; closest: {hint} (see `paraplan presets`)")
+        by_lower: dict[str, str] = {}
+        for k in known:
+            by_lower.setdefault(k.lower(), k)
+        query = name.lower().strip()
+        holding = [k for k in by_lower if query and len(query) >= 3 and query in k]
+        close = difflib.get_close_matches(query, list(by_lower), n=self.SHOWN, cutoff=self.CLOSE)
+        picked = list(dict.fromkeys(holding + close))[: self.SHOWN]
+        hint = (f"closest: {', '.join(by_lower[c] for c in picked)}" if picked
+                else "no preset name is close to it")
+        super().__init__(f"unknown {kind} {name!r}; {hint} (see `paraplan presets`)")
 
 
 class FileFormatError(ParaplanError):

@@ -159,16 +159,20 @@ class _Shard:
     outputs: float   # pooled outputs it writes (samples)
 
 
-def _shards(t: EmbeddingTable, sharding: ShardingType, k: int, W: int, G: float) -> list[_Shard]:
-    """The table's k shards in shard order (rank 0 stands for each shard's own rank)."""
+def _shards(t: EmbeddingTable, sharding: ShardingType, k: int, W: int, G: float) -> list[tuple[_Shard, np.ndarray]]:
+    """The table's k shards, each distinct one once with the positions (in shard order) of
+    the shards like it: row-wise and data-parallel shards are all alike, column-wise ones
+    take two widths at most (rank 0 stands for each shard's own rank)."""
     n = G * t.pooling_factor
+    every = np.arange(k)
     if sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
-        dims = [t.dim // k + (1 if j < t.dim % k else 0) for j in range(k)]
-        return [_Shard(t.num_rows, d, n, G) for d in dims]
+        wide = t.dim % k  # the first dim % k shards are one column wider
+        return [(s, j) for s, j in ((_Shard(t.num_rows, t.dim // k + 1, n, G), every[:wide]),
+                                    (_Shard(t.num_rows, t.dim // k, n, G), every[wide:])) if len(j)]
     if sharding in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-        return [_Shard(t.num_rows / k, t.dim, n / k, G)] * k
+        return [(_Shard(t.num_rows / k, t.dim, n / k, G), every)]
     # data parallel: every rank looks up its own B·P ids
-    return [_Shard(t.num_rows, t.dim, n / W, G / W)] * k
+    return [(_Shard(t.num_rows, t.dim, n / W, G / W), every)]
 
 
 _FIELDS = ("fwd", "bwd", "hbm", "host", "ids_in", "out_a2a", "rs", "ar", "a2a_total")
@@ -203,7 +207,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
             comm[key] = collective_time_s(cluster, kind, num_bytes, group, 1)
         return comm[key]
 
-    for j, s in enumerate(_shards(t, sharding, num_shards, W, G)):
+    for s, j in _shards(t, sharding, num_shards, W, G):  # j: the positions of the shards like s
         rows_read = s.ids * cold * (u if dedup else 1.0)
         distinct = s.ids * cold * u
         state = optimizer.state_bytes_per_row(s.dim)

@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_export(args) -> int:
-    from ..cli import _plan_from_args, _specs
+    from ..cli import _engine_default_zero, _plan_from_args, _specs
     from ..cost.estimate import estimate
     from ..outfile import check_output, write_output
     from .common import best_exportable, check_optimizer, engine_module, engine_support
@@ -47,8 +47,7 @@ def cmd_export(args) -> int:
                      for k in PLAN_FLAGS)
     if from_flags:
         args.recompute = args.recompute or "none"
-        args.zero = args.zero or "0"
-        plan = support.adapt(_plan_from_args(args, cluster))
+        plan = support.adapt(_engine_default_zero(args, cluster, _plan_from_args(args, cluster), support))
         mod.check(plan, model, wl)
         est = estimate(model, cluster, wl, plan)
     else:

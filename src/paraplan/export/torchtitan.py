@@ -155,6 +155,7 @@ SUPPORT = EngineSupport(
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
     fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
+    default_zero=ZeroStage.PARAMETERS,  # config default data_parallel_shard_degree = -1: FSDP over every DP rank
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
     compiled=True,                # each block under torch.compile (compile.enable): async TP and float8 need it
     autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)

@@ -45,9 +45,12 @@ def add_parser(sub) -> None:
                    help="MoE: share of experts kept in HBM, the rest in host memory (default 1)")
     p.add_argument("--expert-hit-rate", type=positive_float, default=None,
                    help="MoE: share of routed tokens whose expert is cached (default: --expert-cache)")
+    from .deploy import EngineLimits
     e = s.add_argument_group("engine")
     e.add_argument("--max-batch", type=positive_int, default=2048, help="sequences per iteration (default 2048)")
-    e.add_argument("--max-num-tokens", type=positive_int, default=8192, help="tokens per iteration (default 8192)")
+    e.add_argument("--max-num-tokens", type=positive_int, default=None,
+                   help=f"tokens per iteration (default {EngineLimits.max_num_tokens}, or more where the prompt "
+                        "(without --chunked-prefill) or --max-batch (with it) needs more)")
     e.add_argument("--chunked-prefill", action="store_true", help="split prompts to fill every iteration (Sarathi)")
     e.add_argument("--sliding-window-kv", action="store_true",
                    help="the engine honours the model's sliding windows: a windowed layer attends to and keeps only "
@@ -132,17 +135,18 @@ def cmd_serve(args) -> int:
     traffic = Traffic(prompt_tokens=args.prompt, output_tokens=args.output,
                       rate_rps=None if args.max_load else args.rate, num_requests=args.requests,
                       ttft_target_s=args.ttft_ms / 1e3, tpot_target_s=args.tpot_ms / 1e3)
-    limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=args.max_num_tokens,
+    # at least: a whole prompt without chunking (one iteration prefills it); with chunking,
+    # vLLM's scheduler rule max_num_batched_tokens >= max_num_seqs (every running sequence gets
+    # at least its decode token in an iteration)
+    floor, why = ((args.max_batch, f"--max-batch ({args.max_batch}) with --chunked-prefill") if args.chunked_prefill
+                  else (args.prompt, f"the prompt ({args.prompt} tokens) without --chunked-prefill: a whole prompt "
+                                     "is prefilled in one iteration"))
+    # unset: TensorRT-LLM's default, raised to that floor (as building the engine for it must)
+    max_num_tokens = args.max_num_tokens or max(EngineLimits.max_num_tokens, floor)
+    if max_num_tokens < floor:
+        raise SpecError("serve", "--max-num-tokens", max_num_tokens, f"must be >= {why}")
+    limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=max_num_tokens,
                           chunked_prefill=args.chunked_prefill, sliding_window_kv=args.sliding_window_kv)
-    if not args.chunked_prefill and args.max_num_tokens < args.prompt:
-        raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
-                        f"must be >= the prompt ({args.prompt} tokens) without --chunked-prefill: "
-                        "a whole prompt is prefilled in one iteration")
-    if args.chunked_prefill and args.max_num_tokens < args.max_batch:
-        # vLLM's scheduler rule (max_num_batched_tokens >= max_num_seqs): every running
-        # sequence must get at least its decode token in an iteration
-        raise SpecError("serve", "--max-num-tokens", args.max_num_tokens,
-                        f"must be >= --max-batch ({args.max_batch}) with --chunked-prefill")
     plans = _plans(args, model, cluster)
     from ..cli import _progress
     show = not args.json and sys.stderr.isatty()

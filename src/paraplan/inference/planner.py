@@ -69,8 +69,25 @@ GENERAL_ADVICE = ("try more GPUs per replica (a node with more GPUs), int4/fp8 w
                   "shorter requests (--prompt, --output)")
 
 
+def _room_advice(plan: ServePlan, mem: ServeMemory, num_gpus: int) -> str:
+    """What would make room for a request beside `plan`'s weights, leaving out what the plan
+    already does (its weights already int4, its KV cache already 8-bit); `num_gpus` are the
+    GPUs the user gave (a replica on fewer was held there by --tp/--pp)."""
+    usable = mem.hbm_bytes - mem.workspace_bytes - mem.reserved_bytes
+    weights = mem.weights_bytes * plan.gpus_per_replica  # the worst stage's share on every GPU: an upper bound
+    more = "more GPUs (--gpus" if plan.gpus_per_replica >= num_gpus else "more GPUs per replica (--tp, --pp"
+    ways = [f"{more}: in {plan.weight_dtype} its weights alone fill about {math.ceil(weights / usable)} of these GPUs)"
+            if usable > 0 else f"{more})"]
+    if plan.weight_dtype.bytes_per_element > StoreDtype.INT4.bytes_per_element:
+        ways.append("int4 weights" if plan.weight_dtype.bytes_per_element == 1 else "fp8/int8 or int4 weights")
+    if plan.kv_dtype.bytes_per_element > 1:
+        ways.append("an 8-bit KV cache")
+    ways.append("shorter requests (--prompt, --output)")
+    return "try " + ", ".join(ways[:-1]) + " or " + ways[-1]
+
+
 def _kv_rejection(plan: ServePlan, mem: ServeMemory, need: float, traffic: Traffic,
-                  limits: EngineLimits) -> DeploymentRejected:
+                  limits: EngineLimits, num_gpus: int) -> DeploymentRejected:
     """The KV cache holds less than one request: say whether the engine's workspace (sized by
     --max-num-tokens and --max-batch) is what leaves it too small, or the weights are."""
     reason = f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {math.ceil(need)}"
@@ -86,7 +103,7 @@ def _kv_rejection(plan: ServePlan, mem: ServeMemory, need: float, traffic: Traff
             and limits.max_num_tokens >= traffic.prompt_tokens else "")
     else:
         reason += f" (the weights take {fmt_bytes(mem.weights_bytes)} of each GPU's {fmt_bytes(mem.hbm_bytes)})"
-        advice = GENERAL_ADVICE
+        advice = _room_advice(plan, mem, num_gpus)
     return DeploymentRejected(reason, nearness, advice)
 
 
@@ -155,7 +172,7 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
             (-1.0,), "raise --expert-cache (more experts in HBM) or use more GPUs per replica")
     need = request_kv_tokens(model, traffic, limits)
     if mem.kv_capacity_tokens < need:
-        raise _kv_rejection(plan, mem, need, traffic, limits)
+        raise _kv_rejection(plan, mem, need, traffic, limits, cluster.num_gpus)
     step = IterationModel(model, cluster, plan)
     alone = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=1), limits,
                      mem.kv_capacity_tokens)

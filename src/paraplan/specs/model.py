@@ -82,11 +82,15 @@ class ModelSpec:
         if not isinstance(self.moe_layer_interval, int) or self.moe_layer_interval < 1:
             raise SpecError(where, "moe_layer_interval", self.moe_layer_interval, "a positive integer is required")
         if self.num_experts:
+            moe = f"num_experts={self.num_experts} makes this a mixture-of-experts model"
+            if self.top_k == 0:  # unset: say what is missing, not that 0 is wrong
+                raise SpecError(where, "top_k", 0, f"{moe}: give top_k, the experts per token, in "
+                                f"1..{self.num_experts} (or num_experts = 0 for a dense model)")
             if not 1 <= self.top_k <= self.num_experts:
                 raise SpecError(where, "top_k", self.top_k, f"must be in 1..num_experts={self.num_experts}")
             if self.moe_ffn_hidden_size <= 0:
                 raise SpecError(where, "moe_ffn_hidden_size", self.moe_ffn_hidden_size,
-                                "a positive integer is required for a mixture-of-experts model")
+                                f"{moe}: give moe_ffn_hidden_size, each expert's FFN width, a positive integer")
             if self.num_dense_layers >= self.num_layers:
                 raise SpecError(where, "num_dense_layers", self.num_dense_layers,
                                 f"must be below num_layers={self.num_layers} (some layers must be MoE)")

@@ -1,0 +1,164 @@
+"""Errors and advice that speak of what the user set, not of defaults they never typed:
+an interrupted command, unknown preset names, an MoE model file without top_k, the default
+batch against an odd --seq, torchtitan's FSDP default, serve's --max-num-tokens default and
+its advice, and search's advice when the user's pins are what leave nothing that fits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from paraplan.embeddings.cost import ComputeKernel, ShardingType, table_contribution
+from paraplan.embeddings.tables import EmbeddingTable
+from paraplan.embeddings.tables import Optimizer as EmbOptimizer
+from paraplan.specs.catalog import load_cluster
+
+from support import assert_user_error, run, write
+
+
+def test_ctrl_c_prints_one_line_and_exits_130(capsys, monkeypatch):
+    import paraplan.search.planner as planner
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(planner, "search", interrupted)
+    code, out, err = run(capsys, "search")
+    assert code == 130
+    assert "Traceback" not in err and err.strip() == "paraplan: interrupted"
+
+
+@pytest.mark.parametrize("name", ["foo", "zzzzzz"])
+def test_a_name_like_no_preset_gets_no_arbitrary_suggestions(capsys, name):
+    line = assert_user_error(*run(capsys, "estimate", "--model", name))
+    assert "no preset name is close" in line and "closest" not in line
+
+
+def test_a_name_inside_preset_names_suggests_them(capsys):
+    line = assert_user_error(*run(capsys, "estimate", "--model", "qwen"))
+    assert "closest: " in line and "qwen3-30b-a3b" in line and "qwen3-235b-a22b" in line
+
+
+MOE_TOML = """name = "x"
+num_layers = 4
+hidden_size = 1024
+ffn_hidden_size = 4096
+num_heads = 16
+num_kv_heads = 16
+vocab_size = 32000
+gated_mlp = true
+tied_embeddings = false
+num_experts = 8
+"""
+
+
+def test_moe_model_file_without_top_k_says_it_is_missing(capsys, tmp_path):
+    p = write(tmp_path, "m.toml", MOE_TOML)
+    line = assert_user_error(*run(capsys, "estimate", "--model", str(p), "--gpus", "8"))
+    assert "top_k" in line and "experts per token" in line and "1..8" in line
+    p = write(tmp_path, "m.toml", MOE_TOML + "top_k = 2\n")
+    line = assert_user_error(*run(capsys, "estimate", "--model", str(p), "--gpus", "8"))
+    assert "moe_ffn_hidden_size" in line and "each expert's FFN width" in line
+
+
+def test_default_batch_rounds_to_whole_sequences_of_an_odd_seq(capsys):
+    code, out, err = run(capsys, "estimate", "--seq", "8191", "--tp", "8", "--pp", "4", "--no-sp", "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["num_microbatches"] * d["plan"]["dp"] * d["plan"]["micro_batch_size"] == round(4 * 1024 * 1024 / 8191)
+
+
+def test_batch_tokens_not_a_multiple_of_seq_names_the_flag_given(capsys):
+    line = assert_user_error(*run(capsys, "estimate", "--batch-tokens", "1000", "--seq", "300"))
+    assert "--batch-tokens=1000" in line and "--batch" in line
+
+
+def test_torchtitan_plans_without_zero_get_its_fsdp(capsys, tmp_path):
+    code, out, err = run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--pp", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["zero"] == "3"
+    # --zero 0 given: the engine's rule is the error (that is what the user asked for)
+    line = assert_user_error(*run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--pp", "2",
+                                  "--zero", "0"))
+    assert "zero='0'" in line
+    out_file = tmp_path / "t.toml"
+    code, out, err = run(capsys, "export", "--format", "torchtitan", "--tp", "8", "--pp", "2", "-o", str(out_file))
+    assert code == 0, err
+    assert "data_parallel_shard_degree = 32" in out_file.read_text()
+    # Megatron keeps ZeRO-0 (no distributed optimizer unless asked)
+    code, out, err = run(capsys, "estimate", "--engine", "megatron", "--tp", "8", "--pp", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["zero"] == "0"
+
+
+SMALL = ["serve", "--model", "llama3-8b", "--gpus", "1", "--requests", "20", "--json"]
+
+
+def test_serve_default_max_num_tokens_rises_to_a_long_prompt(capsys):
+    code, out, err = run(capsys, *SMALL, "--prompt", "10000", "--output", "16")
+    assert code == 0, err
+    line = assert_user_error(*run(capsys, *SMALL, "--prompt", "10000", "--output", "16",
+                                  "--max-num-tokens", "9000"))
+    assert "--max-num-tokens=9000" in line and "10000" in line
+
+
+def test_serve_chunked_prefill_default_rises_to_max_batch(capsys):
+    code, out, err = run(capsys, *SMALL, "--chunked-prefill", "--max-batch", "10000")
+    assert code == 0, err
+    line = assert_user_error(*run(capsys, *SMALL, "--chunked-prefill", "--max-batch", "10000",
+                                  "--max-num-tokens", "5000"))
+    assert "--max-batch (10000)" in line
+
+
+@pytest.mark.parametrize("flags,absent,present", [
+    (["--weights", "int4"], ["int4 weights"], ["8-bit KV cache", "more GPUs (--gpus"]),
+    (["--weights", "fp8", "--kv", "fp8"], ["8-bit KV cache", "fp8/int8"], ["int4 weights"]),
+    (["--weights", "bf16", "--kv", "bf16"], [], ["fp8/int8 or int4 weights", "8-bit KV cache"]),
+])
+def test_serve_advice_leaves_out_what_the_deployment_already_does(capsys, flags, absent, present):
+    line = assert_user_error(*run(capsys, "serve", "--model", "llama3.1-405b", "--gpus", "2", *flags))
+    advice = line.rsplit("; try ", 1)[1]
+    assert all(a not in advice for a in absent), advice
+    assert all(p in advice for p in present), advice
+
+
+def test_serve_advice_names_the_pins_that_hold_a_replica_small(capsys):
+    line = assert_user_error(*run(capsys, "serve", "--model", "llama3.1-405b", "--gpus", "8", "--tp", "2",
+                                  "--pp", "1"))
+    assert "more GPUs per replica (--tp, --pp" in line
+
+
+def test_search_says_when_lifting_the_pins_would_fit(capsys):
+    base = ["search", "--model", "llama3.1-405b", "--gpus", "64"]
+    line = assert_user_error(*run(capsys, *base, "--pp", "1", "--cp", "1"))
+    assert "without the pins (--pp 1 --cp 1) plans fit: the fastest is " in line
+    assert "if they were excluded" not in line  # nothing was: the default search has them all
+    code, out, err = run(capsys, *base, "--top", "1", "--json")
+    assert code == 0, err
+    # the plan it names is what the unpinned search ranks first
+    assert f"the fastest is {json.loads(out)['ranked'][0]['plan']['describe']} (" in line
+
+
+def test_search_says_when_the_pins_are_not_what_leaves_nothing(capsys):
+    line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "8", "--tp", "8"))
+    assert "without the pins (--tp 8) no plan fits either" in line and "more GPUs (about " in line
+
+
+def test_engine_without_offload_is_named_in_the_advice(capsys):
+    line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "8",
+                                  "--engine", "torchtitan"))
+    assert "optimizer offload (this one has none)" in line
+
+
+def test_column_shards_of_uneven_width_are_priced_in_shard_order():
+    # 100 columns over 3 shards: 34, 33, 33, the wider first (priced once per distinct shard)
+    t = EmbeddingTable(name="t", num_rows=10**6, dim=100, pooling_factor=10.0)
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    opt = EmbOptimizer.ROWWISE_ADAGRAD
+    c = table_contribution(t, ShardingType.COLUMN_WISE, 3, ComputeKernel.HBM, 0.0, 0.0, False,
+                           (512, 8, 2, opt), cluster, 8)
+    hbm = c["per_shard"]["hbm"]
+    assert hbm[0] > hbm[1] == hbm[2] > 0
+    np.testing.assert_allclose(hbm[0] / hbm[1], (34 * t.weight_bytes + opt.state_bytes_per_row(34))
+                               / (33 * t.weight_bytes + opt.state_bytes_per_row(33)))
