@@ -29,6 +29,18 @@ def test_ctrl_c_prints_one_line_and_exits_130(capsys, monkeypatch):
     assert "Traceback" not in err and err.strip() == "paraplan: interrupted"
 
 
+def test_sigterm_in_run_exits_143(capsys, monkeypatch):
+    # paraplan run turns SIGTERM into Terminated to stop torchrun (run/cli.py _launch)
+    import paraplan.search.planner as planner
+    from paraplan.errors import Terminated
+
+    def terminated(*a, **k):
+        raise Terminated
+    monkeypatch.setattr(planner, "search", terminated)
+    code, out, err = run(capsys, "search")
+    assert code == 143 and err.strip() == "paraplan: terminated"
+
+
 @pytest.mark.parametrize("name", ["foo", "zzzzzz"])
 def test_a_name_like_no_preset_gets_no_arbitrary_suggestions(capsys, name):
     line = assert_user_error(*run(capsys, "estimate", "--model", name))
@@ -62,11 +74,22 @@ def test_moe_model_file_without_top_k_says_it_is_missing(capsys, tmp_path):
     assert "moe_ffn_hidden_size" in line and "each expert's FFN width" in line
 
 
-def test_default_batch_rounds_to_whole_sequences_of_an_odd_seq(capsys):
-    code, out, err = run(capsys, "estimate", "--seq", "8191", "--tp", "8", "--pp", "4", "--no-sp", "--json")
+@pytest.mark.parametrize("seq", [8191, 3000, 10000])
+def test_default_batch_is_about_4m_tokens_with_a_power_of_two_factor(capsys, seq):
+    # 4M/3000 = 1398 (2·3·233) would leave data parallelism above 2 nothing to divide
+    # divisible by powers of two up to an eighth of the leading one: 32 for 4M/10000 = 419
+    code, out, err = run(capsys, "estimate", "--model", "llama3-8b", "--gpus", "32", "--seq", str(seq), "--no-sp",
+                         "--json")
     assert code == 0, err
     d = json.loads(out)
-    assert d["num_microbatches"] * d["plan"]["dp"] * d["plan"]["micro_batch_size"] == round(4 * 1024 * 1024 / 8191)
+    batch = d["num_microbatches"] * d["plan"]["dp"] * d["plan"]["micro_batch_size"]
+    assert abs(batch * seq / 2**22 - 1) <= 1 / 16
+    assert d["plan"]["dp"] == 32  # the whole cluster's data parallelism divides it
+
+
+def test_default_batch_values():
+    from paraplan.cli import default_batch
+    assert [default_batch(s) for s in (8192, 8191, 3000, 4096, 2**22, 2**24)] == [512, 512, 1408, 1024, 1, 1]
 
 
 def test_batch_tokens_not_a_multiple_of_seq_names_the_flag_given(capsys):
@@ -75,9 +98,18 @@ def test_batch_tokens_not_a_multiple_of_seq_names_the_flag_given(capsys):
 
 
 def test_torchtitan_plans_without_zero_get_its_fsdp(capsys, tmp_path):
-    code, out, err = run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--pp", "2", "--json")
+    # torchtitan's default: FSDP2 over every data-parallel rank, resharding after forward
+    # only without a pipeline (apply_fsdp: reshard_after_forward = not pp_enabled)
+    code, out, err = run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--json")
     assert code == 0, err
     assert json.loads(out)["plan"]["zero"] == "3"
+    code, out, err = run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--pp", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["plan"]["zero"] == "2"
+    # a zero-bubble schedule over FSDP2 takes ZeRO 0 or 2 only: the default is one of them
+    code, out, err = run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--pp", "2", "--vp", "2",
+                         "--schedule", "zbv", "--no-compile", "--json")
+    assert code == 0, err
     # --zero 0 given: the engine's rule is the error (that is what the user asked for)
     line = assert_user_error(*run(capsys, "estimate", "--engine", "torchtitan", "--tp", "8", "--pp", "2",
                                   "--zero", "0"))
@@ -85,11 +117,18 @@ def test_torchtitan_plans_without_zero_get_its_fsdp(capsys, tmp_path):
     out_file = tmp_path / "t.toml"
     code, out, err = run(capsys, "export", "--format", "torchtitan", "--tp", "8", "--pp", "2", "-o", str(out_file))
     assert code == 0, err
-    assert "data_parallel_shard_degree = 32" in out_file.read_text()
+    text = out_file.read_text()
+    assert "data_parallel_shard_degree = 32" in text and 'fsdp_reshard_after_forward = "never"' in text
     # Megatron keeps ZeRO-0 (no distributed optimizer unless asked)
     code, out, err = run(capsys, "estimate", "--engine", "megatron", "--tp", "8", "--pp", "2", "--json")
     assert code == 0, err
     assert json.loads(out)["plan"]["zero"] == "0"
+
+
+@pytest.mark.parametrize("engine", [[], ["--engine", "torchtitan"]])
+def test_an_empty_zero_is_refused_not_read_as_zero(capsys, engine):
+    line = assert_user_error(*run(capsys, "estimate", "--tp", "8", "--zero", "", *engine))
+    assert "zero=''" in line
 
 
 SMALL = ["serve", "--model", "llama3-8b", "--gpus", "1", "--requests", "20", "--json"]
@@ -98,6 +137,9 @@ SMALL = ["serve", "--model", "llama3-8b", "--gpus", "1", "--requests", "20", "--
 def test_serve_default_max_num_tokens_rises_to_a_long_prompt(capsys):
     code, out, err = run(capsys, *SMALL, "--prompt", "10000", "--output", "16")
     assert code == 0, err
+    assert json.loads(out)["engine_limits"]["max_num_tokens"] == 10000
+    code, out, err = run(capsys, *SMALL, "--prompt", "100", "--output", "16")
+    assert json.loads(out)["engine_limits"]["max_num_tokens"] == 8192  # TensorRT-LLM's default
     line = assert_user_error(*run(capsys, *SMALL, "--prompt", "10000", "--output", "16",
                                   "--max-num-tokens", "9000"))
     assert "--max-num-tokens=9000" in line and "10000" in line
@@ -127,13 +169,18 @@ def test_serve_advice_names_the_pins_that_hold_a_replica_small(capsys):
     line = assert_user_error(*run(capsys, "serve", "--model", "llama3.1-405b", "--gpus", "8", "--tp", "2",
                                   "--pp", "1"))
     assert "more GPUs per replica (--tp, --pp" in line
+    # unpinned on 3 GPUs: replicas of 1 and 2 GPUs were tried; the lever is --gpus
+    line = assert_user_error(*run(capsys, "serve", "--model", "llama3.1-405b", "--gpus", "3"))
+    assert "more GPUs (--gpus" in line and "power of two" in line and "--tp" not in line
 
 
 def test_search_says_when_lifting_the_pins_would_fit(capsys):
     base = ["search", "--model", "llama3.1-405b", "--gpus", "64"]
     line = assert_user_error(*run(capsys, *base, "--pp", "1", "--cp", "1"))
+    assert line.startswith("paraplan: error: no plan with the pins (--pp 1 --cp 1) fits")
     assert "without the pins (--pp 1 --cp 1) plans fit: the fastest is " in line
-    assert "if they were excluded" not in line  # nothing was: the default search has them all
+    assert "more GPUs" not in line  # lifting the pins is the answer, not more GPUs
+    assert "not searched" not in line  # nothing was left out: the default search has it all
     code, out, err = run(capsys, *base, "--top", "1", "--json")
     assert code == 0, err
     # the plan it names is what the unpinned search ranks first
@@ -148,7 +195,32 @@ def test_search_says_when_the_pins_are_not_what_leaves_nothing(capsys):
 def test_engine_without_offload_is_named_in_the_advice(capsys):
     line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "8",
                                   "--engine", "torchtitan"))
-    assert "optimizer offload (this one has none)" in line
+    assert "optimizer offload (not searched for this engine)" in line
+
+
+def test_an_engines_own_pins_are_not_the_users(capsys):
+    # DeepSpeed pins PP = CP = 1 itself: with no pins given, nothing is said about lifting them
+    line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "8",
+                                  "--engine", "deepspeed"))
+    assert "without the pins" not in line
+    # with a user pin, the search without it keeps the engine's: it names no pipeline plan
+    line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "64",
+                                  "--engine", "deepspeed", "--tp", "8"))
+    assert "without the pins (--tp 8)" in line
+    assert "the fastest is" not in line or "PP1 " in line.split("the fastest is", 1)[1]
+
+
+def test_megatron_search_ranks_no_offload_it_cannot_run(capsys):
+    # --optimizer-cpu-offload needs the distributed optimizer (ZeRO-1): the engine's search
+    # bounds leave the others out instead of ranking them and refusing them all
+    code, out, err = run(capsys, "search", "--model", "llama3-70b", "--gpus", "16", "--engine", "megatron",
+                         "--top", "5", "--json")
+    assert code == 0, err
+    for e in json.loads(out)["ranked"]:
+        assert not e["plan"]["offload_optimizer"] or e["plan"]["zero"] == "1"
+    line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "64",
+                                  "--engine", "megatron"))
+    assert "can be expressed" not in line
 
 
 def test_column_shards_of_uneven_width_are_priced_in_shard_order():

@@ -20,7 +20,7 @@ from .argtypes import non_empty as _non_empty
 from .argtypes import positive_int as _positive_int
 from .argtypes import percent_below_100 as _percent
 from .argtypes import MAX_BATCH_TOKENS, MAX_DEGREE, count as _count, degree as _degree, int_up_to as _int_up_to
-from .errors import ParaplanError, SpecError
+from .errors import ParaplanError, SpecError, Terminated
 from .specs.files import MAX_COUNT
 from .specs.model import MAX_LAYERS
 from .specs.workload import ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S
@@ -51,8 +51,9 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     b = g.add_mutually_exclusive_group()
     b.add_argument("--batch", type=_count, help="global batch in sequences")
     b.add_argument("--batch-tokens", type=_int_up_to(MAX_BATCH_TOKENS),
-                   help=f"global batch in tokens, a multiple of --seq (default: {DEFAULT_BATCH_TOKENS} "
-                        "tokens rounded to whole sequences)")
+                   help=f"global batch in tokens, a multiple of --seq (default: about {DEFAULT_BATCH_TOKENS} "
+                        "tokens, in whole sequences, rounded so that powers of two up to an eighth of them "
+                        "divide it)")
     g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, tf32 or fp32 (default bf16; tf32/fp32: "
                    "4-byte activations, weights and gradients)")
     g.add_argument("--optimizer", default="adam",
@@ -89,8 +90,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules)")
         g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
-        g.add_argument("--zero", default=None, help="ZeRO stage 0-3 (3 = FSDP) (default 0; with --engine "
-                       "torchtitan 3, its FSDP, when there is data or context parallelism)")
+        g.add_argument("--zero", default=None, help="ZeRO stage 0-3 (3 = FSDP) (default 0; for torchtitan, "
+                       "with data or context parallelism, its FSDP default: 3, or 2 with --pp > 1)")
         g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
@@ -165,9 +166,10 @@ def _engine_plan(args, model, cluster, workload):
 def _engine_default_zero(args, cluster, plan, support):
     """The plan of the flags with the engine's own ZeRO default where --zero was not given and
     the plan has data or context parallelism to shard over (EngineSupport.default_zero)."""
-    if args.zero is not None or support.default_zero is plan.zero or plan.dp * plan.cp == 1:
+    zero = support.default_zero(plan)
+    if args.zero is not None or zero is plan.zero or plan.dp * plan.cp == 1:
         return plan
-    return _plan_from_args(_Flags(args, zero=support.default_zero.value), cluster)
+    return _plan_from_args(_Flags(args, zero=zero.value), cluster)
 
 
 class _Flags:
@@ -212,6 +214,17 @@ def _check_moe_imbalance(args, model) -> None:
                         "(one rank receiving every token)")
 
 
+def default_batch(seq: int) -> int:
+    """Sequences of the default batch: about DEFAULT_BATCH_TOKENS, rounded to a multiple of an
+    eighth of its leading power of two (within 1/16 of the tokens), so that data-parallel
+    degrees up to that power divide it (4M/3000 = 1398.1 gives 1408 = 11 * 128, not 1398)."""
+    n = DEFAULT_BATCH_TOKENS / seq
+    if n < 1:
+        return 1
+    step = 2 ** max(int(math.log2(n)) - 3, 0)
+    return max(step, round(n / step) * step)
+
+
 def _specs(args, cluster_name: str | None = None):
     """The model, cluster (`cluster_name`, else --hardware or --cluster) and workload of the flags."""
     from .specs.catalog import load_cluster, load_model
@@ -229,8 +242,8 @@ def _specs(args, cluster_name: str | None = None):
     cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
-    elif args.batch_tokens is None:  # the default: about 4M tokens, in whole sequences of --seq
-        gbs = max(1, round(DEFAULT_BATCH_TOKENS / args.seq))
+    elif args.batch_tokens is None:
+        gbs = default_batch(args.seq)
     else:
         tokens = args.batch_tokens
         if tokens % args.seq:
@@ -267,7 +280,7 @@ def _plan_from_args(args, cluster):
     if args.recompute_layers and recompute is not Recompute.FIRST_K:
         raise SpecError("plan", "--recompute-layers", args.recompute_layers,
                         f"applies with --recompute first_k only (not {recompute.value})")
-    zero = ZeroStage.parse(str(args.zero or "0"), "zero")
+    zero = ZeroStage.parse("0" if args.zero is None else str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     order = RankOrder.parse(args.rank_order, "rank_order") if args.rank_order is not None else RankOrder.TP_CP_DP_PP
@@ -306,19 +319,43 @@ def cmd_search(args) -> int:
     from .errors import NoPlanFitsError
     from .report.table import estimate_report, ranking_table, unchecked_gpus
     from .report.whatif import whatif_dict, whatif_table
-    from .search.planner import search
+    from .search.planner import PIN_FLAGS, search
     from .search.whatif import WHATIF_CANDIDATES, what_if
+    from .units import fmt_bytes, fmt_time
     model, cluster, wl = _specs(args)
-    fixed, limits = _search_pins(args)
+    user_pins, user_limits = _search_pins(args)
     mod = _engine(args, wl)
-    if mod is not None:
-        fixed, limits = _engine_space(_support(mod, args), fixed, limits)
+    fixed, limits = (user_pins, user_limits) if mod is None else _engine_space(_support(mod, args), user_pins,
+                                                                                user_limits)
     show = (not args.json) and sys.stderr.isatty()
 
-    def ranked_on(cl, w, top, progress=None, explain_pins=False):
-        res = search(model, cl, w, limits=limits, fixed=fixed, explain_pins=explain_pins,
+    def ranked_on(cl, w, top, progress=None, fixed=fixed, limits=limits):
+        res = search(model, cl, w, limits=limits, fixed=fixed,
                      top_k=top if mod is None else max(top, ENGINE_CANDIDATES), progress=progress)
         return res, (res.ranked if mod is None else _expressible(mod, args, res.ranked, model, w))
+
+    def without_pins(exc):
+        """The nothing-fits error, saying whether the search without the user's pins fits."""
+        pins = " ".join(f"{PIN_FLAGS[k]} {v}" for k, v in user_pins.items())
+        kept = [f for f, v in (("--schedule", args.schedule), ("--cp-comm", args.cp_comm),
+                               ("--rank-order", args.rank_order), ("--capacity-factor", args.capacity_factor))
+                if v is not None]
+        lifted = f"without the pins ({pins}{'; ' + ', '.join(kept) + ' kept' if kept else ''})"
+        if show:
+            sys.stderr.write(f"nothing fits; searching again {lifted}\n")
+        fixed2, limits2 = ({}, user_limits) if mod is None else _engine_space(_support(mod, args), {}, user_limits)
+        try:
+            best = ranked_on(cluster, wl, 1, _progress if show else None, fixed2, limits2)[1][0]
+        except NoPlanFitsError:
+            return NoPlanFitsError(f"{exc}; {lifted} no plan fits either")
+        fastest = (f"the fastest is {best.plan.describe()} ({fmt_bytes(best.memory.total)}, "
+                   f"step {fmt_time(best.step_time_s)})")
+        if exc.smallest is None:
+            return NoPlanFitsError(f"{exc}; {lifted} plans fit: {fastest}")
+        need, plan = exc.smallest
+        return NoPlanFitsError(f"no plan with the pins ({pins}) fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU: "
+                               f"the smallest needs {fmt_bytes(need)} ({plan.describe()}); {lifted} plans fit: "
+                               f"{fastest}")
 
     def fastest_on(cl, w):  # --whatif: the whole space searched again on a changed cluster
         try:
@@ -326,8 +363,13 @@ def cmd_search(args) -> int:
         except NoPlanFitsError:
             return None
 
-    res, pool = ranked_on(cluster, wl, args.top if args.whatif is None else max(args.top, WHATIF_CANDIDATES),
-                          _progress if show else None, explain_pins=True)
+    try:
+        res, pool = ranked_on(cluster, wl, args.top if args.whatif is None else max(args.top, WHATIF_CANDIDATES),
+                              _progress if show else None)
+    except NoPlanFitsError as exc:
+        if not user_pins:
+            raise
+        raise without_pins(exc) from None
     ranked = pool[: args.top]
     wi = None if args.whatif is None else what_if(model, cluster, wl, pool[:WHATIF_CANDIDATES], args.whatif / 100.0,
                                                   search_again=fastest_on)
@@ -888,9 +930,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's 128 + SIGINT; files are written whole or not at all
-        sys.stderr.write("\nparaplan: interrupted\n")
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C (or SIGTERM in run): one line; files are written whole or not at all
+        # on a terminal the progress bar may hold the line: start a fresh one
+        sys.stderr.write(f"{chr(10) if sys.stderr.isatty() else ''}paraplan: "
+                         f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}\n")
+        return 143 if isinstance(exc, Terminated) else 130  # the shells' 128 + signal number
 
 
 if __name__ == "__main__":

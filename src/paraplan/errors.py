@@ -43,5 +43,15 @@ class FileFormatError(ParaplanError):
         super().__init__(f"{loc}: {detail}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where a command stops what it started (paraplan run's torchrun); the CLI
+    exits 143 (128 + SIGTERM) for it, 130 for Ctrl-C."""
+
+
 class NoPlanFitsError(ParaplanError):
-    """Nothing fits: says why and what would help."""
+    """Nothing fits: says why and what would help. `smallest`: (bytes, plan) of the valid plan
+    that needs the least memory, where the search found one."""
+
+    def __init__(self, message: str, smallest: tuple | None = None):
+        super().__init__(message)
+        self.smallest = smallest

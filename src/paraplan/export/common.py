@@ -46,8 +46,8 @@ class EngineSupport:
     autocast_without_fsdp: bool = False
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
     # the ZeRO stage a plan from flags gets when --zero is not given and the plan has data or
-    # context parallelism (torchtitan: data_parallel_shard_degree = -1, FSDP over them all)
-    default_zero: ZeroStage = ZeroStage.NONE
+    # context parallelism to shard over (torchtitan: FSDP over them all by default)
+    default_zero: Callable[[Plan], ZeroStage] = lambda plan: ZeroStage.NONE
 
     def adapt(self, plan: Plan) -> Plan:
         """The plan with this framework's fixed policy knobs (the CLI never sets them)."""

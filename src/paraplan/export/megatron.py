@@ -52,11 +52,17 @@ def _tp_pp_dp_mapping_refused(plan) -> object:
             & (np.asarray(plan.cp) * np.asarray(plan.ep) > 1))
 
 
+def _offload_refused(plan) -> object:
+    """--optimizer-cpu-offload runs on the distributed optimizer (ZeRO-1) only (check). Vectorized."""
+    return np.asarray(plan.offload_optimizer, dtype=bool) & (np.asarray(plan.zero_code) != ZeroStage.OPTIMIZER.code)
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # the export writes PP×VP equal chunks (layers_per_chunk): even splits only
     limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), even_pipeline=True,
-                       hierarchical_a2a=False, engine_rule=lambda batch, model, workload: _tp_pp_dp_mapping_refused(batch)),
+                       hierarchical_a2a=False,
+                       engine_rule=lambda batch, model, workload: _tp_pp_dp_mapping_refused(batch) | _offload_refused(batch)),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
     tp_async_backward=True)       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
@@ -70,7 +76,7 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if plan.recompute is Recompute.FIRST_K and plan.recompute_num_layers % plan.vp:
         raise unsupported(ENGINE, "recompute_num_layers", plan.recompute_num_layers,
                           f"a multiple of VP={plan.vp} (--recompute-num-layers counts per virtual stage)")
-    if plan.offload_optimizer and plan.zero is not ZeroStage.OPTIMIZER:
+    if bool(_offload_refused(plan)):
         raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with zero=1 "
                           "(--optimizer-cpu-offload needs the distributed optimizer)")
     if plan.a2a_hierarchical:

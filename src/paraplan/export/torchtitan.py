@@ -144,6 +144,14 @@ def unbuildable(batch: PlanBatch, model: ModelSpec, workload: Workload) -> np.nd
     return bad
 
 
+def default_zero(plan: Plan) -> ZeroStage:
+    """torchtitan's sharding when the config leaves it alone: data_parallel_shard_degree = -1
+    (FSDP2 over every data-parallel rank) with fsdp_reshard_after_forward = "default", which
+    apply_fsdp reads as reshard_after_forward = not pp_enabled: ZeRO-3 without a pipeline,
+    ZeRO-2 (parameters kept gathered across micro-batches) with one."""
+    return ZeroStage.PARAMETERS if plan.pp == 1 else ZeroStage.GRADIENTS
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
@@ -155,7 +163,7 @@ SUPPORT = EngineSupport(
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
     fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
-    default_zero=ZeroStage.PARAMETERS,  # config default data_parallel_shard_degree = -1: FSDP over every DP rank
+    default_zero=default_zero,   # FSDP2 by default (see default_zero)
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
     compiled=True,                # each block under torch.compile (compile.enable): async TP and float8 need it
     autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)

@@ -150,7 +150,8 @@ def cmd_serve(args) -> int:
     plans = _plans(args, model, cluster)
     from ..cli import _progress
     show = not args.json and sys.stderr.isatty()
-    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None)
+    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None,
+                       replica_pinned=bool(args.tp or args.pp))
     wi = None
     if args.whatif is not None:
         from .whatif import serve_what_if
@@ -159,13 +160,16 @@ def cmd_serve(args) -> int:
         from ..report.whatif import serve_whatif_dict
         print(json.dumps({**_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
                                   has_tpot(traffic.output_tokens)),
+                          "engine_limits": {"max_batch": limits.max_batch, "max_num_tokens": limits.max_num_tokens,
+                                            "chunked_prefill": limits.chunked_prefill},
                           **({"whatif": serve_whatif_dict(wi, has_tpot(traffic.output_tokens))} if wi else {})},
                          indent=1))
         return 0
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
           f"{traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens at {load}; targets: "
-          f"p90 TTFT ≤ {args.ttft_ms:g} ms, mean TPOT ≤ {args.tpot_ms:g} ms")
+          f"p90 TTFT ≤ {args.ttft_ms:g} ms, mean TPOT ≤ {args.tpot_ms:g} ms; engine: {limits.max_batch:,} sequences, "
+          f"{limits.max_num_tokens:,} tokens per iteration{', chunked prefill' if limits.chunked_prefill else ''}")
     if model.sliding_window and model.num_sliding_window_layers:
         print(f"{model.num_sliding_window_layers} of {model.num_layers} layers attend to a {model.sliding_window}-token "
               + ("window, and the engine keeps only that in their KV cache (--sliding-window-kv)"

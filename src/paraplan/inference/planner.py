@@ -60,24 +60,28 @@ class DeploymentRejected(ParaplanError):
     largest came closest to fitting: it is the one a NoPlanFitsError names) and `advice`
     says what would make it fit."""
 
-    def __init__(self, reason: str, nearness: tuple, advice: str):
+    def __init__(self, reason: str, nearness: tuple, advice: str | None, room: tuple | None = None):
         super().__init__(reason)
-        self.nearness, self.advice = nearness, advice
+        # room: (plan, memory) where the weights leave no room for a request; the advice is
+        # then written once the candidates are known (plan_serving, _room_advice)
+        self.nearness, self.advice, self.room = nearness, advice, room
 
 
 GENERAL_ADVICE = ("try more GPUs per replica (a node with more GPUs), int4/fp8 weights, an fp8 KV cache or "
                   "shorter requests (--prompt, --output)")
 
 
-def _room_advice(plan: ServePlan, mem: ServeMemory, num_gpus: int) -> str:
+def _room_advice(plan: ServePlan, mem: ServeMemory, replica_pinned: bool, num_gpus: int) -> str:
     """What would make room for a request beside `plan`'s weights, leaving out what the plan
-    already does (its weights already int4, its KV cache already 8-bit); `num_gpus` are the
-    GPUs the user gave (a replica on fewer was held there by --tp/--pp)."""
+    already does (its weights already int4, its KV cache already 8-bit); `replica_pinned`:
+    the user's --tp/--pp set the replica's size (else more GPUs, --gpus, is the lever)."""
     usable = mem.hbm_bytes - mem.workspace_bytes - mem.reserved_bytes
     weights = mem.weights_bytes * plan.gpus_per_replica  # the worst stage's share on every GPU: an upper bound
-    more = "more GPUs (--gpus" if plan.gpus_per_replica >= num_gpus else "more GPUs per replica (--tp, --pp"
-    ways = [f"{more}: in {plan.weight_dtype} its weights alone fill about {math.ceil(weights / usable)} of these GPUs)"
-            if usable > 0 else f"{more})"]
+    more = "more GPUs per replica (--tp, --pp" if replica_pinned else "more GPUs (--gpus"
+    # candidate replicas are TP × PP in powers of two (candidate_plans): say so where --gpus is not one
+    powers = "" if replica_pinned or num_gpus & (num_gpus - 1) == 0 else "; a replica takes a power of two"
+    ways = [f"{more}: in {plan.weight_dtype} its weights alone fill about {math.ceil(weights / usable)} of these "
+            f"GPUs{powers})" if usable > 0 else f"{more})"]
     if plan.weight_dtype.bytes_per_element > StoreDtype.INT4.bytes_per_element:
         ways.append("int4 weights" if plan.weight_dtype.bytes_per_element == 1 else "fp8/int8 or int4 weights")
     if plan.kv_dtype.bytes_per_element > 1:
@@ -87,7 +91,7 @@ def _room_advice(plan: ServePlan, mem: ServeMemory, num_gpus: int) -> str:
 
 
 def _kv_rejection(plan: ServePlan, mem: ServeMemory, need: float, traffic: Traffic,
-                  limits: EngineLimits, num_gpus: int) -> DeploymentRejected:
+                  limits: EngineLimits) -> DeploymentRejected:
     """The KV cache holds less than one request: say whether the engine's workspace (sized by
     --max-num-tokens and --max-batch) is what leaves it too small, or the weights are."""
     reason = f"{plan.describe()}: the KV cache holds {mem.kv_capacity_tokens} tokens, one request needs {math.ceil(need)}"
@@ -103,7 +107,7 @@ def _kv_rejection(plan: ServePlan, mem: ServeMemory, need: float, traffic: Traff
             and limits.max_num_tokens >= traffic.prompt_tokens else "")
     else:
         reason += f" (the weights take {fmt_bytes(mem.weights_bytes)} of each GPU's {fmt_bytes(mem.hbm_bytes)})"
-        advice = _room_advice(plan, mem, num_gpus)
+        return DeploymentRejected(reason, nearness, None, room=(plan, mem))
     return DeploymentRejected(reason, nearness, advice)
 
 
@@ -172,7 +176,7 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
             (-1.0,), "raise --expert-cache (more experts in HBM) or use more GPUs per replica")
     need = request_kv_tokens(model, traffic, limits)
     if mem.kv_capacity_tokens < need:
-        raise _kv_rejection(plan, mem, need, traffic, limits, cluster.num_gpus)
+        raise _kv_rejection(plan, mem, need, traffic, limits)
     step = IterationModel(model, cluster, plan)
     alone = simulate(step, replace(traffic, rate_rps=None, concurrency=None, num_requests=1), limits,
                      mem.kv_capacity_tokens)
@@ -210,8 +214,9 @@ def pareto(estimates) -> tuple[ServeEstimate, ...]:
 
 
 def plan_serving(model: ModelSpec, cluster: ClusterSpec, traffic: Traffic, limits: EngineLimits = EngineLimits(),
-                 plans: list[ServePlan] | None = None, progress=None) -> ServeResult:
-    """Estimate every candidate; rank by GPUs the rate needs, then $ per million output tokens."""
+                 plans: list[ServePlan] | None = None, progress=None, replica_pinned: bool = False) -> ServeResult:
+    """Estimate every candidate; rank by GPUs the rate needs, then $ per million output tokens.
+    `replica_pinned`: the user's --tp/--pp chose the replicas' size (what nothing-fits advice names)."""
     plans = plans if plans is not None else candidate_plans(model, cluster, cluster.num_gpus)
     done, rejected, nearest = [], [], None
     for i, plan in enumerate(plans):
@@ -227,7 +232,8 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, traffic: Traffic, limit
         # the candidate that came closest says what rules them out (the first one tried,
         # one GPU, would blame its own size when a flag is what leaves no room)
         if nearest is not None:
-            why, advice = f"the nearest of {len(rejected)} candidates: {nearest}", nearest.advice
+            why = f"the nearest of {len(rejected)} candidates: {nearest}"
+            advice = nearest.advice if nearest.room is None else _room_advice(*nearest.room, replica_pinned, cluster.num_gpus)
         else:
             why, advice = rejected[0][1] if rejected else "no candidate plans", GENERAL_ADVICE
         raise NoPlanFitsError(f"no serving plan fits {model.name} on {cluster.gpu.name} ({why}); {advice}")

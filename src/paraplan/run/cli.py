@@ -26,7 +26,7 @@ from ..argtypes import non_empty as _non_empty
 from ..argtypes import count as _count
 from ..argtypes import degree as _degree
 from ..argtypes import int_up_to as _int_up_to
-from ..errors import FileFormatError, ParaplanError, SpecError
+from ..errors import FileFormatError, ParaplanError, SpecError, Terminated
 from ..specs.files import MAX_COUNT
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import MAX_LAYERS
@@ -185,7 +185,7 @@ def _summary(report: dict) -> str:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 def _launch(cmd: list[str], stdout) -> int:

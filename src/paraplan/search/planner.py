@@ -41,13 +41,11 @@ class SearchResult:
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits = SpaceLimits(),
            fixed: dict | None = None, top_k: int = 10, resimulate: int = SIMULATED_PLANS, progress=None,
-           require_fit: bool = True, explain_pins: bool = False) -> SearchResult:
+           require_fit: bool = True) -> SearchResult:
     """Rank plans by simulated step time; `progress(done, total)` (candidate plans) is called
     per slice of the space.
 
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
-    `explain_pins`: when no plan with the pins `fixed` (the user's flags) fits, search again
-    without them and say in the NoPlanFitsError whether lifting them would help.
     """
     t0 = _time.perf_counter()
     resimulate = max(resimulate, top_k)  # every plan shown is simulated
@@ -121,8 +119,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
                 "(a smaller shard per GPU)"
                 + ("" if ZeroStage.PARAMETERS in limits.zero_stages and Recompute.FULL in limits.recomputes
                    else ", or allow ZeRO-3 and full recomputation instead of offload"))
-        raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits,
-                                            fixed if explain_pins else None))
+        raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits),
+                              smallest=best_mem if n_valid else None)
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)
     order = np.argsort(times, kind="stable")[:resimulate]
@@ -182,9 +180,9 @@ def _explain_pins(model, cluster, workload, limits, fixed) -> None:
                             f"{workload.global_batch_size} and the other pins; allowed here: {listed}")
 
 
-def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits, fixed=None) -> str:
+def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
     """Why no plan fits and what would: more GPUs, a shorter sequence, what the limits left out
-    (an engine's), and, for the user's pins `fixed`, whether the space without them fits."""
+    (an engine's bounds)."""
     if n_valid == 0 and limits.engine_rule is not None:
         # the engine's own bounds (its device mesh, its schedules) may be what left nothing
         for batch, _ in enumerate_space(model, cluster, workload, replace(limits, engine_rule=None)):
@@ -206,20 +204,8 @@ def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits, fixed=Non
     left_out = [name for name, allowed in (("ZeRO-3", ZeroStage.PARAMETERS in limits.zero_stages),
                                            ("full recomputation", Recompute.FULL in limits.recomputes),
                                            ("optimizer offload", limits.allow_offload)) if not allowed]
-    if left_out:  # an engine's bounds (--engine): the plans it cannot build were never tried
-        ways.append(f"an engine with {' and '.join(left_out)} (this one has none)")
-    msg = (f"no plan fits in {fmt_bytes(cap)} per GPU: the smallest needs {fmt_bytes(need)} "
-           f"({plan.describe()}); try " + ", ".join(ways[:-1]) + " or " + ways[-1])
-    return msg + (_without_pins(model, cluster, workload, limits, fixed) if fixed else "")
-
-
-def _without_pins(model, cluster, workload, limits, fixed) -> str:
-    """'; without --tp 8 --pp 1 ...' and what the search finds once the pins are lifted."""
-    from ..units import fmt_time
-    pins = " ".join(f"{PIN_FLAGS.get(k, k)} {v}" for k, v in fixed.items())
-    try:
-        best = search(model, cluster, workload, limits=limits, top_k=1).ranked[0]
-    except NoPlanFitsError:
-        return f"; without the pins ({pins}) no plan fits either"
-    return (f"; without the pins ({pins}) plans fit: the fastest is {best.plan.describe()} "
-            f"({fmt_bytes(best.memory.total)}, step {fmt_time(best.step_time_s)})")
+    if left_out:  # bounds narrower than the whole space (an engine's): those plans were never tried
+        ways.append(f"{' and '.join(left_out)} (not searched "
+                    f"{'for this engine' if limits.engine_rule is not None else 'here'})")
+    return (f"no plan fits in {fmt_bytes(cap)} per GPU: the smallest needs {fmt_bytes(need)} "
+            f"({plan.describe()}); try " + ", ".join(ways[:-1]) + " or " + ways[-1])
