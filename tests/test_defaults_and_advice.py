@@ -234,3 +234,85 @@ def test_column_shards_of_uneven_width_are_priced_in_shard_order():
     assert hbm[0] > hbm[1] == hbm[2] > 0
     np.testing.assert_allclose(hbm[0] / hbm[1], (34 * t.weight_bytes + opt.state_bytes_per_row(34))
                                / (33 * t.weight_bytes + opt.state_bytes_per_row(33)))
+
+
+# ---------------------------------------------------------------- a second audit's findings
+
+def _training_csv(tmp_path, **changes):
+    from support import TRAINING_HEADER, TRAINING_ROW, write_csv
+    return write_csv(tmp_path, TRAINING_HEADER, [{**TRAINING_ROW, **changes}], "rows.csv")
+
+
+@pytest.mark.parametrize("mb,dp", [("1000000", "1"), ("8", "1"), ("2", "4")])
+def test_validate_skips_a_row_whose_micro_batches_exceed_its_batch(capsys, tmp_path, mb, dp):
+    # the row's global batch is 4: micro_batch × dp above it is no run that happened
+    code, out, err = run(capsys, "validate", str(_training_csv(tmp_path, micro_batch=mb, dp=dp)), "--json")
+    assert code == 1, err  # its one row skipped
+    (r,) = json.loads(out)["rows"]
+    assert r["predicted"] is None and "exceeds global_batch 4" in r["skipped"]
+
+
+def test_run_refuses_vp_without_a_pipeline_before_starting(capsys):
+    line = assert_user_error(*run(capsys, "run", "--vp", "2"))
+    assert "--vp=2" in line and "--pp > 1" in line
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["trace", "--gpus", "8", "--tp", "8", "-o"], "--model"),
+    (["export", "--format", "megatron", "--gpus", "8", "--tp", "8", "-o"], "--model"),
+])
+def test_an_output_naming_an_input_is_refused_and_the_input_kept(capsys, tmp_path, argv, flag):
+    model = write(tmp_path, "m.toml", MOE_TOML.replace("num_experts = 8\n", ""))
+    before = model.read_text()
+    line = assert_user_error(*run(capsys, *argv, str(model), "--model", str(model)))
+    assert f"the {flag} file this command reads" in line
+    assert model.read_text() == before
+
+
+def test_embeddings_export_naming_its_tables_is_refused(capsys, tmp_path):
+    tables = write(tmp_path, "t.csv", "name,num_rows,dim\nt,1000,64\n")
+    line = assert_user_error(*run(capsys, "embeddings", "--tables", str(tables), "--gpus", "8",
+                                  "--export-torchrec", str(tables)))
+    assert "the --tables file" in line and tables.read_text() == "name,num_rows,dim\nt,1000,64\n"
+
+
+def test_interruptions_too_frequent_for_progress_say_so(capsys):
+    code, out, err = run(capsys, "estimate", "--interruptions-per-gpu-day", "100")
+    assert code == 0, err
+    (line,) = [x for x in out.splitlines() if x.startswith("with failures")]
+    assert "no progress" in line and "years" not in line and "$" not in line
+
+
+def test_no_single_change_advice_points_to_search_not_only_more_gpus(capsys):
+    code, out, err = run(capsys, "estimate", "--model", "mixtral-8x7b")
+    assert code == 0, err
+    assert "several together may (`paraplan search`" in out
+
+
+def test_dualpipev_at_micro_batch_1_does_not_suggest_a_smaller_one(capsys):
+    line = assert_user_error(*run(capsys, "estimate", "--pp", "4", "--vp", "2", "--schedule", "dualpipev"))
+    assert "smaller micro-batch" not in line and "less DP" in line
+
+
+def test_the_default_batch_named_as_such_when_dp_does_not_divide_it(capsys):
+    line = assert_user_error(*run(capsys, "estimate", "--gpus", "1024"))
+    assert "--batch=512" in line and "the default" in line and "multiple of 1024" in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["scale", "--counts", "2_0"], ["estimate", "--model", "mixtral-8x7b", "--moe-imbalance", "2_0"],
+    ["embeddings", "--hbm-reserve", "0_1"], ["calibrate", "--ranks", "2_0"], ["run", "--lr", "2_0"],
+])
+def test_underscored_numbers_are_refused_everywhere(capsys, argv):
+    line = assert_user_error(*run(capsys, *argv))
+    assert "_" in line
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--recompute", "first_k", "--pp", "4"], "--recompute-layers=0"),
+    (["--pp", "4", "--schedule", "interleaved"], "give --vp 2 or more"),
+    (["--pp", "4", "--schedule", "zbv"], "give --vp 2"),
+])
+def test_plan_flags_name_the_flag_that_is_missing(capsys, argv, says):
+    line = assert_user_error(*run(capsys, "estimate", *argv))
+    assert says in line

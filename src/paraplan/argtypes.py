@@ -29,6 +29,16 @@ def _int(text: str) -> int:
     return _parse(text, int, "an integer")
 
 
+def integer(text: str) -> int:
+    """Any integer (range checked by the command), refusing 2_0 as the others do."""
+    return _int(text)
+
+
+def number(text: str) -> float:
+    """Any number (range checked by the command), refusing 2_0 as the others do."""
+    return _float(text)
+
+
 def positive_int(text: str) -> int:
     v = _int(text)
     if v < 1:

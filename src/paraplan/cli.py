@@ -14,6 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from .argtypes import number as _number
 from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import non_empty as _non_empty
@@ -61,7 +62,7 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
     g.add_argument("--tokens", type=_positive_float, default=1e12, help="token budget to train (default 1e12)")
     g.add_argument("--price", type=_positive_float, default=None, help="$ per GPU-hour (default: the cluster's)")
-    g.add_argument("--moe-imbalance", type=float, default=None,
+    g.add_argument("--moe-imbalance", type=_number, default=None,
                    help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
                         "(default 1.1, an assumption; 1.0 = perfectly balanced; at most EP and "
                         "experts/top-k, where a rank receives every token)")
@@ -156,6 +157,13 @@ def _engine(args, workload):
 def _engine_plan(args, model, cluster, workload):
     """The plan of the flags, with --engine's policy knobs and checked against it."""
     plan = _plan_from_args(args, cluster)
+    per = plan.dp * plan.micro_batch_size
+    if args.batch is None and args.batch_tokens is None and workload.global_batch_size % per:
+        # the default batch, not one the user gave: say so, and which flag sets it
+        raise SpecError("plan", "--batch", workload.global_batch_size,
+                        f"(the default, about {DEFAULT_BATCH_TOKENS:,} tokens of --seq {workload.seq_len}) is not a "
+                        f"multiple of DP×micro-batch = {plan.dp}×{plan.micro_batch_size}; give --batch, a multiple "
+                        f"of {per}")
     mod = _engine(args, workload)
     if mod is not None:
         plan = _support(mod, args).adapt(_engine_default_zero(args, cluster, plan, _support(mod, args)))
@@ -262,7 +270,7 @@ def _specs(args, cluster_name: str | None = None):
 
 
 def _plan_from_args(args, cluster):
-    from .plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+    from .plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
     from .plan.plan import make_plan
     tp, pp, cp, vp = args.tp or 1, args.pp or 1, args.cp or 1, args.vp or 1
     if args.dp is None:
@@ -276,7 +284,13 @@ def _plan_from_args(args, cluster):
     if args.schedule is not None and pp == 1:
         raise SpecError("plan", "--schedule", args.schedule, "applies to a pipeline only (--pp > 1); "
                         "one stage runs no pipeline schedule")
+    if (sched in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST) or sched in V_SCHEDULES) and vp == 1 and pp > 1:
+        raise SpecError("plan", "--vp", vp, f"--schedule {sched} runs several chunks per pipeline rank: give "
+                        + ("--vp 2" if sched in V_SCHEDULES else "--vp 2 or more"))
     recompute = Recompute.parse(args.recompute, "recompute")
+    if recompute is Recompute.FIRST_K and not args.recompute_layers:
+        raise SpecError("plan", "--recompute-layers", 0, "--recompute first_k needs it: the layers of each "
+                        "stage to recompute, at least 1")
     if args.recompute_layers and recompute is not Recompute.FIRST_K:
         raise SpecError("plan", "--recompute-layers", args.recompute_layers,
                         f"applies with --recompute first_k only (not {recompute.value})")
@@ -454,8 +468,10 @@ def _cluster_names(text: str) -> list[str]:
 def _gpu_counts(text: str) -> tuple[int, ...]:
     """--counts: GPU counts separated by commas, each a whole number >= 1."""
     try:
-        counts = tuple(int(x) for x in text.split(","))
+        counts = tuple(int(x) for x in text.split(",") if "_" not in x)  # int() reads 2_0 as 20
     except ValueError:
+        counts = ()
+    if len(counts) != len(text.split(",")):
         counts = ()
     if not counts or any(not 1 <= n <= MAX_DEGREE for n in counts):
         raise SpecError("scale", "--counts", text, f"GPU counts separated by commas, each a whole number from 1 to "
@@ -584,7 +600,7 @@ TRACE_COMM_MARKERS = ("TP", "CP", "FSDP", "EP", "all-to-all")
 def cmd_trace(args) -> int:
     from .cost.estimate import chunk_layers, estimate, stage_costs
     from .cost.evaluate import evaluate
-    from .outfile import check_output, write_output
+    from .outfile import check_not_input, check_output, write_output
     from .plan.axes import Schedule
     from .plan.space import PlanBatch
     from .report.timeline import chrome_trace
@@ -592,6 +608,7 @@ def cmd_trace(args) -> int:
     from .sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement, virtual_stage
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
+        check_not_input(args.output, args, "trace", "--output")
     model, cluster, wl = _specs(args)
     most = max(1, TRACE_MAX_LAYER_EVENTS // (10 * model.num_layers))  # counted as the default cap below
     if args.max_microbatches is not None and args.max_microbatches > most:
@@ -741,9 +758,10 @@ def cmd_embeddings(args) -> int:
     from .report.table import grid
     from .specs.catalog import load_cluster
     from .units import fmt_bytes, fmt_count
-    from .outfile import check_output, write_output
+    from .outfile import check_not_input, check_output, write_output
     if args.export_torchrec is not None:  # before planning
         check_output(args.export_torchrec, "embeddings", "--export-torchrec")
+        check_not_input(args.export_torchrec, args, "embeddings", "--export-torchrec")
     if not 0 <= args.hbm_reserve < 1:
         raise SpecError("--hbm-reserve", "value", args.hbm_reserve, "a fraction in [0, 1) is required")
     try:
@@ -874,7 +892,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--profile", type=_non_empty, help="a locality profile TOML applied to every table (dlrm-2022 is built in)")
     m.add_argument("--hot-rows", action="store_true", help="replicate each table's hottest rows on every GPU (FlexShard)")
     m.add_argument("--dedup", action="store_true", help="deduplicate ids within the batch before the all-to-all (RecD)")
-    m.add_argument("--hbm-reserve", type=float, default=0.15, help="HBM share kept for the dense model (default 0.15)")
+    m.add_argument("--hbm-reserve", type=_number, default=0.15, help="HBM share kept for the dense model (default 0.15)")
     m.add_argument("--ranks", type=_positive_int, default=16, help="ranks to show, slowest first (default 16)")
     m.add_argument("--export-torchrec", metavar="FILE", help="write the plan as TorchRec ParameterConstraints (JSON)")
     m.add_argument("--compare-torchrec", action="store_true", help="also run TorchRec's planner; price both plans with both models")

@@ -66,6 +66,19 @@ def check_output(path: str, where: str, option: str) -> None:
         raise bad("its directory must be writable")
 
 
+# the flags whose values a command reads as files (a preset name matches no file and passes)
+INPUT_FLAGS = ("model", "cluster", "hardware", "tables", "profile")
+
+
+def check_not_input(path: str, args, where: str, option: str) -> None:
+    """A one-line SpecError when `path` names a file the command reads (--model, --cluster,
+    --hardware, --tables, --profile): writing it would replace the input with the output."""
+    for name in INPUT_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and os.path.isfile(value) and same_file(path, value):
+            raise SpecError(where, option, path, f"is the --{name} file this command reads; name another file")
+
+
 def same_file(a: str, b: str) -> bool:
     """Whether two paths name one regular file (the same path, a link to it, a hard link);
     devices and pipes (/dev/null, /dev/stdout) may be named twice."""

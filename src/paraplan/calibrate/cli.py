@@ -10,14 +10,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..argtypes import non_empty
+from ..argtypes import integer, non_empty
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("calibrate", help="measure this machine (GEMM, attention, memory, collectives) "
                                                 "and write a hardware profile for --hardware")
     p.add_argument("-o", "--output", default=None, help="write the profile TOML here (default: stdout)")
-    p.add_argument("--ranks", type=int, default=1, help="local ranks measured side by side, with collectives "
+    p.add_argument("--ranks", type=integer, default=1, help="local ranks measured side by side, with collectives "
                                                         "between them (default 1: no collectives)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if torch sees one")
     p.add_argument("--quick", action="store_true", help="fewer shapes and shorter timings (seconds on a CPU)")

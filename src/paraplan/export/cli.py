@@ -34,10 +34,11 @@ def add_parser(subparsers) -> None:
 def cmd_export(args) -> int:
     from ..cli import _engine_default_zero, _plan_from_args, _specs
     from ..cost.estimate import estimate
-    from ..outfile import check_output, write_output
+    from ..outfile import check_not_input, check_output, write_output
     from .common import best_exportable, check_optimizer, engine_module, engine_support
     if args.output is not None:  # a path that cannot be written fails before the search
         check_output(args.output, "export", "--output")
+        check_not_input(args.output, args, "export", "--output")
     engine = Engine(args.format)
     mod = engine_module(engine)
     model, cluster, wl = _specs(args)

@@ -200,8 +200,9 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("dualpipev_m", lambda B: (B.schedule_code == Schedule.DUAL_PIPE_V.code)
          & (gbs // np.maximum(B.dp * B.micro_batch_size, 1) < 2 * B.pp),
          lambda P: f"DualPipeV needs at least 2×PP = {2 * P.pp} micro-batches per step, not "
-                   f"{gbs // (P.dp * P.micro_batch_size)} (torch ScheduleDualPipeV); use a smaller "
-                   f"micro-batch or DP, or zbv"),
+                   f"{gbs // (P.dp * P.micro_batch_size)} (torch ScheduleDualPipeV); use "
+                   + ("a smaller micro-batch, " if P.micro_batch_size > 1 else "")
+                   + "less DP, a larger batch or zbv"),
         ("vp_pp", lambda B: (B.vp > 1) & (B.pp == 1), lambda P: "VP>1 needs PP>1"),
         ("zb_chunks", lambda B: (B.schedule_code == Schedule.ZERO_BUBBLE.code) & (B.vp > 1),
          lambda P: "the zero-bubble schedule (ZB-H1) runs one chunk per stage: VP must be 1"),

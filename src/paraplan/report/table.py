@@ -74,13 +74,17 @@ def summary_lines(est: Estimate) -> list[str]:
     ]
 
 
+NO_PROGRESS_GOODPUT = 1e-3  # below it a line of years and dollars would be noise: "no progress"
+
+
 def failures_line(r) -> str:
     """The budget through interruptions, in one line (cost/reliability.py)."""
     if r.mtbf_s == float("inf"):
         return "with failures   none assumed (--interruptions-per-gpu-day 0)"
-    if r.goodput == 0.0:
-        return (f"with failures   no progress: an interruption every {fmt_time(r.mtbf_s)}, far shorter than a "
-                "restart; fewer GPUs or faster restarts")
+    if r.goodput < NO_PROGRESS_GOODPUT:  # the budget would take over a thousand times its failure-free time
+        return (f"with failures   no progress (goodput {100 * r.goodput:.2g}%): an interruption every "
+                f"{fmt_time(r.mtbf_s)}, too short for a restart ({fmt_time(r.checkpoint_s)} checkpoint stall); "
+                "fewer GPUs, faster restarts or fewer interruptions")
     return (f"with failures   an interruption every {fmt_time(r.mtbf_s)}, checkpoint every "
             f"{fmt_time(r.checkpoint_interval_s)} ({fmt_time(r.checkpoint_s)} stall): goodput {100 * r.goodput:.1f}%, "
             f"{fmt_time(r.wall_time_s)}, {fmt_usd(r.wall_usd)}, {r.interruptions:,.0f} interruptions")
@@ -140,7 +144,8 @@ def scaling_table(result) -> str:
         e, r = pt.best, pt.best.budget.with_failures
         rows.append(head + [f"{pt.num_gpus:,}", e.plan.describe(), fmt_time(e.step_time_s),
                             f"{e.tokens_per_s_per_gpu:,.0f}", f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%",
-                            fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd)])
+                            *((fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd))
+                              if r.goodput >= NO_PROGRESS_GOODPUT else ("no progress", f"{100 * r.goodput:.2g}%", "-"))])
     table = grid((["cluster"] if many else []) + ["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling",
                                                   "time to train", "goodput", "cost"],
                  rows, align=("l" if many else "") + "llrrrrrrr")

@@ -26,6 +26,7 @@ from ..argtypes import non_empty as _non_empty
 from ..argtypes import count as _count
 from ..argtypes import degree as _degree
 from ..argtypes import int_up_to as _int_up_to
+from ..argtypes import number
 from ..errors import FileFormatError, ParaplanError, SpecError, Terminated
 from ..specs.files import MAX_COUNT
 from ..sim.schedules import SPLIT_BACKWARD
@@ -78,7 +79,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"warm-up steps, not measured (default 3, at most {MAX_STEPS:,})")
     g.add_argument("--seed", type=_int_up_to(MAX_SEED, least=0), default=0,
                    help=f"seed of the weights and the synthetic tokens (0 to {MAX_SEED})")
-    g.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    g.add_argument("--lr", type=number, default=1e-3, help="AdamW learning rate (default 1e-3)")
     g.add_argument("--device", default="auto", help="auto (GPU if torch sees one), cpu or cuda")
     g.add_argument("--hardware", default=None, type=_non_empty,
                    help="cluster preset or calibrated profile TOML to predict with (default on a GPU: its preset)")
@@ -205,10 +206,11 @@ def _launch(cmd: list[str], stdout) -> int:
 
 def cmd_run(args) -> int:
     from dataclasses import replace
-    from ..outfile import check_output
+    from ..outfile import check_not_input, check_output
     from .report import write_report
     cfg = config_from_args(args)
     check_output(cfg.output, "run", "--output")  # before any process starts
+    check_not_input(cfg.output, args, "run", "--output")
     if importlib.util.find_spec("torch") is None:
         raise ParaplanError("paraplan run needs torch: pip install 'paraplan[run]' (pins torch==2.13.0)")
     with tempfile.TemporaryDirectory(prefix="paraplan-run-") as tmp:

@@ -194,6 +194,8 @@ def check_runnable(cfg: RunConfig) -> None:
             raise SpecError("run", "--tp", p.tp, f"must divide --seq {wl.seq_len} with sequence parallelism")
     if m.tied_embeddings and (p.tp > 1 or p.pp > 1):
         raise SpecError("run", "tied_embeddings", True, "tied embeddings run with --tp 1 --pp 1 only")
+    if p.vp > 1 and p.pp == 1:  # the plan rule (plan/space.py "VP>1 needs PP>1")
+        raise SpecError("run", "--vp", p.vp, "needs --pp > 1 (virtual stages split a pipeline rank's layers)")
     if p.pp > 1 and p.schedule in V_SCHEDULES and p.vp != 2:
         raise SpecError("run", "--vp", p.vp, f"2 with --schedule {p.schedule} (two chunks per rank, in a V)")
     chunks = p.pp * p.vp

@@ -83,7 +83,8 @@ def misfit_advice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, es
     why = f"does not fit: {est.misfit(cluster.gpu.name)}"
     if not changes:
         return (why + "; no single change of recomputation, micro-batch, ZeRO, offload or TP/PP/CP fits: "
-                "more GPUs would (`paraplan scale`)"), changes
+                "several together may (`paraplan search` with the axes to keep pinned finds them), or more GPUs "
+                "(`paraplan scale`)"), changes
     alts = ", ".join(f"{c.flags} ({fmt_bytes(c.estimate.memory.total)}, step {fmt_time(c.estimate.step_time_s)})"
                      for c in changes[:shown])
     return f"{why}; fits with one change: {alts}", changes

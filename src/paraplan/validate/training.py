@@ -253,6 +253,10 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
         # llm-foundry: "micro-batches need not divide GBS"; the last one is partial. Throughput
         # per token is that of full micro-batches, so round the batch up to whole ones.
         per = fixed["micro_batch_size"] * fixed["dp"]
+        if per > gbs:  # not even one micro-batch per data-parallel rank: no run was that
+            raise SpecError("row", "micro_batch", fixed["micro_batch_size"],
+                            f"micro_batch × dp = {per} exceeds global_batch {gbs} (each data-parallel rank "
+                            "runs at least one micro-batch)")
         gbs = -(-gbs // per) * per
     # "force-balanced token distribution" (Megatron-Bridge MoE benchmarks): no imbalance
     balanced = "force-balanced" in (row.get("notes") or "").lower()
