@@ -316,3 +316,8 @@ def test_underscored_numbers_are_refused_everywhere(capsys, argv):
 def test_plan_flags_name_the_flag_that_is_missing(capsys, argv, says):
     line = assert_user_error(*run(capsys, "estimate", *argv))
     assert says in line
+
+
+def test_moe_imbalance_on_a_dense_model_is_refused_like_capacity_factor(capsys):
+    line = assert_user_error(*run(capsys, "estimate", "--moe-imbalance", "1.2"))
+    assert "--moe-imbalance=1.2" in line and "llama3-70b is dense" in line

@@ -208,8 +208,11 @@ def _check_moe_imbalance(args, model) -> None:
     each token at most min(k, E/ep) times of the k·T/ep it gets on average, so the factor is
     at most min(EP, E/k) (cost/moe.py load_factor); EP where it is pinned, else E/k."""
     lam = args.moe_imbalance
-    if lam is None or not model.is_moe:
+    if lam is None:
         return
+    if not model.is_moe:  # as --capacity-factor: a flag that would change nothing is refused
+        raise SpecError("workload", "--moe-imbalance", lam,
+                        f"applies to mixture-of-experts models only; {model.name} is dense")
     most = model.num_experts / model.top_k
     ep = getattr(args, "ep", None)
     if ep is not None and ep > 1:
