@@ -28,6 +28,13 @@ def assert_bad_field_names_line(tmp_path, toml_text: str, old: str, new: str, fi
     assert "\n" not in str(e.value)
 
 
+def closed_form_step_s(model, cluster, workload, plan) -> float:
+    """The search's closed-form step time of one plan (cost/evaluate.py, no event simulation)."""
+    from paraplan.cost.evaluate import evaluate
+    from paraplan.plan.space import PlanBatch
+    return float(evaluate(model, cluster, workload, PlanBatch.from_plans([plan])).time.scalar(0).total)
+
+
 def run(capsys, *argv):
     """(exit code, stdout, stderr) of `paraplan ARGV`, argparse's SystemExit included."""
     try:

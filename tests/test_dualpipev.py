@@ -14,14 +14,16 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.cost.estimate import estimate
-from paraplan.cost.evaluate import dualpipev_bubble_s, evaluate
+from paraplan.cost.evaluate import dualpipev_bubble_s
 from paraplan.plan.axes import AttentionKernel, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
-from paraplan.plan.space import PlanBatch, SpaceLimits, check_plan, enumerate_space
+from paraplan.plan.space import SpaceLimits, check_plan, enumerate_space
 from paraplan.sim.engine import StageCosts, simulate
 from paraplan.sim.schedules import Phase, Placement, ScheduleError, build_schedule, placement, virtual_stage
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
+
+from support import closed_form_step_s
 
 DPV = Schedule.DUAL_PIPE_V
 
@@ -134,7 +136,7 @@ def test_cost_model_step_is_within_three_percent_of_the_simulated_one(batch, pp,
     wl = Workload(global_batch_size=batch, seq_len=8192)
     plan = make_plan(tp=8, pp=pp, dp=dp, vp=2, schedule=DPV, micro_batch_size=1, zero=ZeroStage.OPTIMIZER,
                      sequence_parallel=True, attention=AttentionKernel.FLASH3)
-    closed = float(evaluate(model, cluster, wl, PlanBatch.from_plans([plan])).time.scalar(0).total)
+    closed = closed_form_step_s(model, cluster, wl, plan)
     simulated = estimate(model, cluster, wl, plan)
     assert simulated.sim is not None and simulated.sim.peak_inflight[0] == pytest.approx(pp + 0.5)
     assert closed == pytest.approx(simulated.step_time_s, rel=0.03)

@@ -24,6 +24,8 @@ from paraplan.sim.schedules import (Phase, Placement, ScheduleError, build_sched
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
 
+from support import closed_form_step_s
+
 ZBV = Schedule.ZERO_BUBBLE_V
 
 
@@ -138,7 +140,7 @@ def test_cost_model_step_is_within_three_percent_of_the_simulated_one(batch, pp,
     wl = Workload(global_batch_size=batch, seq_len=8192)
     plan = make_plan(tp=8, pp=pp, dp=dp, vp=2, schedule=ZBV, micro_batch_size=1, zero=ZeroStage.OPTIMIZER,
                      sequence_parallel=True, attention=AttentionKernel.FLASH3)
-    closed = float(evaluate(model, cluster, wl, PlanBatch.from_plans([plan])).time.scalar(0).total)
+    closed = closed_form_step_s(model, cluster, wl, plan)
     simulated = estimate(model, cluster, wl, plan)
     assert simulated.sim is not None and simulated.sim.peak_inflight[0] == pytest.approx(min(pp, (batch // dp + 1) / 2))
     assert closed == pytest.approx(simulated.step_time_s, rel=0.03)

@@ -25,22 +25,13 @@ def non_empty(text: str) -> str:
     return text
 
 
-def _int(text: str) -> int:
+def integer(text: str) -> int:
+    """Any integer (the command checks its range); 2_0 refused."""
     return _parse(text, int, "an integer")
 
 
-def integer(text: str) -> int:
-    """Any integer (range checked by the command), refusing 2_0 as the others do."""
-    return _int(text)
-
-
-def number(text: str) -> float:
-    """Any number (range checked by the command), refusing 2_0 as the others do."""
-    return _float(text)
-
-
 def positive_int(text: str) -> int:
-    v = _int(text)
+    v = integer(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"{v} must be >= 1")
     return v
@@ -71,25 +62,26 @@ count = int_up_to(MAX_COUNT)  # a global batch, a sequence length
 
 
 def non_negative_int(text: str) -> int:
-    v = _int(text)
+    v = integer(text)
     if v < 0:
         raise argparse.ArgumentTypeError(f"{v} must be >= 0")
     return v
 
 
-def _float(text: str) -> float:
+def number(text: str) -> float:
+    """Any number (the command checks its range); 2_0 refused."""
     return _parse(text, float, "a number")
 
 
 def positive_float(text: str) -> float:
-    v = _float(text)
+    v = number(text)
     if not (v > 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"{v} must be a finite number > 0")
     return v
 
 
 def non_negative_float(text: str) -> float:
-    v = _float(text)
+    v = number(text)
     if not (v >= 0 and math.isfinite(v)):
         raise argparse.ArgumentTypeError(f"{v} must be a finite number >= 0")
     return v
@@ -97,7 +89,7 @@ def non_negative_float(text: str) -> float:
 
 def percent_below_100(text: str) -> float:
     """A percentage above 0 and below 100 (--whatif: how far each assumption moves)."""
-    v = _float(text)
+    v = number(text)
     if not 0 < v < 100:
         raise argparse.ArgumentTypeError(f"{v:g} must be a percentage above 0 and below 100")
     return v

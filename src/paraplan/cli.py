@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .argtypes import number as _number
+from .argtypes import integer as _integer, number as _number
 from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import non_empty as _non_empty
@@ -166,28 +166,17 @@ def _engine_plan(args, model, cluster, workload):
                         f"of {per}")
     mod = _engine(args, workload)
     if mod is not None:
-        plan = _support(mod, args).adapt(_engine_default_zero(args, cluster, plan, _support(mod, args)))
+        plan = _support(mod, args).adapt(_engine_default_zero(args, plan, _support(mod, args)))
         mod.check(plan, model, workload)
     return plan
 
 
-def _engine_default_zero(args, cluster, plan, support):
+def _engine_default_zero(args, plan, support):
     """The plan of the flags with the engine's own ZeRO default where --zero was not given and
     the plan has data or context parallelism to shard over (EngineSupport.default_zero)."""
-    zero = support.default_zero(plan)
-    if args.zero is not None or zero is plan.zero or plan.dp * plan.cp == 1:
+    if args.zero is not None or plan.dp * plan.cp == 1:
         return plan
-    return _plan_from_args(_Flags(args, zero=zero.value), cluster)
-
-
-class _Flags:
-    """`args` with some flags changed (the parsed namespace itself is left as the user gave it)."""
-
-    def __init__(self, args, **changed):
-        self._args, self._changed = args, changed
-
-    def __getattr__(self, name):
-        return self._changed[name] if name in self._changed else getattr(self._args, name)
+    return replace(plan, zero=support.default_zero(plan))  # dp_shard is already dp (make_plan)
 
 
 def _support(mod, args):
@@ -471,10 +460,8 @@ def _cluster_names(text: str) -> list[str]:
 def _gpu_counts(text: str) -> tuple[int, ...]:
     """--counts: GPU counts separated by commas, each a whole number >= 1."""
     try:
-        counts = tuple(int(x) for x in text.split(",") if "_" not in x)  # int() reads 2_0 as 20
-    except ValueError:
-        counts = ()
-    if len(counts) != len(text.split(",")):
+        counts = tuple(_integer(x) for x in text.split(","))
+    except argparse.ArgumentTypeError:
         counts = ()
     if not counts or any(not 1 <= n <= MAX_DEGREE for n in counts):
         raise SpecError("scale", "--counts", text, f"GPU counts separated by commas, each a whole number from 1 to "

@@ -48,7 +48,7 @@ def cmd_export(args) -> int:
                      for k in PLAN_FLAGS)
     if from_flags:
         args.recompute = args.recompute or "none"
-        plan = support.adapt(_engine_default_zero(args, cluster, _plan_from_args(args, cluster), support))
+        plan = support.adapt(_engine_default_zero(args, _plan_from_args(args, cluster), support))
         mod.check(plan, model, wl)
         est = estimate(model, cluster, wl, plan)
     else:
