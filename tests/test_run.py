@@ -288,12 +288,18 @@ def test_compare_error_math_and_ranking(tmp_path, capsys):
     (None, [], "no such file"),
     ("{not json", [], "invalid JSON"),
     ('{"kind": "something-else"}', [], "not a paraplan run report"),
-    ('{"kind": "paraplan-run", "measured": {"step_time_s": 0}}', [], "measured.step_time_s"),
-    ('{"kind": "paraplan-run", "measured": {"step_time_s": 1.0}, "predicted": null, '
+    ('{"kind": "paraplan-run", "version": 99, "status": "ok", "world_size": 1, "measured": {"step_time_s": 1.0}}',
+     [], "version = 99 is not allowed; this paraplan reads run reports of version 1"),
+    ('{"kind": "paraplan-run", "version": 1, "status": "refused", "reason": "needs 90 GiB", "world_size": 1}', [],
+     "status = 'refused': the run did not complete: needs 90 GiB"),
+    ('{"kind": "paraplan-run", "version": 1, "status": "ok", "world_size": 0, "measured": {"step_time_s": 1.0}}',
+     [], "world_size = 0 is not allowed; a positive integer"),
+    ('{"kind": "paraplan-run", "version": 1, "status": "ok", "world_size": 1, "measured": {"step_time_s": 0}}', [], "measured.step_time_s"),
+    ('{"kind": "paraplan-run", "version": 1, "status": "ok", "world_size": 1, "measured": {"step_time_s": 1.0}, "predicted": null, '
      '"prediction_note": "no hardware profile for this CPU"}', [], "has no prediction (no hardware profile"),
-    ('{"kind": "paraplan-run", "measured": {"step_time_s": 1.0}, "predicted": null}', ["--hardware", "dgx-h100"],
+    ('{"kind": "paraplan-run", "version": 1, "status": "ok", "world_size": 1, "measured": {"step_time_s": 1.0}, "predicted": null}', ["--hardware", "dgx-h100"],
      "has no run config to predict again"),
-    ('{"kind": "paraplan-run", "measured": {"step_time_s": 1.0}, "config": {"plan": {}}}',
+    ('{"kind": "paraplan-run", "version": 1, "status": "ok", "world_size": 1, "measured": {"step_time_s": 1.0}, "config": {"plan": {}}}',
      ["--hardware", "dgx-h100"], "not a paraplan run config"),
 ])
 def test_compare_bad_input_is_one_line_exit_2(content, flags, needle, tmp_path, capsys):

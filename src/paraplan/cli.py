@@ -297,17 +297,25 @@ def _plan_from_args(args, cluster):
                      recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
-                     attention=AttentionKernel.parse(args.attention, "attention") if args.attention
+                     attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None
                      else cluster.gpu.attention_kernels[-1])
+
+
+def _seq_notes(model, wl) -> list[str]:
+    """What the user may not know about the sequence length asked for (also under --json)."""
+    if model.max_seq_len and wl.seq_len > model.max_seq_len:
+        return [f"note: --seq {wl.seq_len:,} is longer than {model.name}'s max_seq_len of {model.max_seq_len:,}: "
+                "predicted as asked; training at it needs the positions extended (e.g. RoPE scaling)"]
+    return []
 
 
 def _header(model, cluster, wl, suffix: str = "") -> str:
     from .report.table import unchecked_note
     from .units import fmt_count
-    note = unchecked_note([cluster.gpu])
-    return (f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
-            f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"
-            + (f"\n{note}" if note else ""))
+    notes = [n for n in [unchecked_note([cluster.gpu])] + _seq_notes(model, wl) if n]
+    return "\n".join([f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
+                      f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"]
+                     + notes)
 
 
 def _progress(done: int, total: int) -> None:
@@ -382,6 +390,7 @@ def cmd_search(args) -> int:
     if args.json:
         print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
                           "engine": args.engine, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+                          "notes": _seq_notes(model, wl),
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
                           "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked],
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
@@ -558,6 +567,7 @@ def cmd_estimate(args) -> int:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
         print(json.dumps({**estimate_dict(est), "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+                          "notes": _seq_notes(model, wl),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:

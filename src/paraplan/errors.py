@@ -39,7 +39,8 @@ class UnknownPresetError(ParaplanError):
 
 class FileFormatError(ParaplanError):
     def __init__(self, path: str, detail: str, line: int | None = None):
-        loc = f"{path}:{line}" if line is not None else str(path)
+        shown = str(path) or "'' (an empty path)"
+        loc = f"{shown}:{line}" if line is not None else shown
         super().__init__(f"{loc}: {detail}")
 
 

@@ -141,6 +141,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("etp_ffn", lambda B: fe % B.etp != 0, lambda P: f"ETP={P.etp} must divide moe_ffn_hidden={fe}"),
         ("moe_sp", lambda B: (B.tp > 1) & ~B.sequence_parallel,
          lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
+        ("a2a_ep", lambda B: B.a2a_hierarchical & (B.ep == 1),
+         lambda P: "a hierarchical all-to-all needs EP>1 (at EP=1 experts exchange no tokens)"),
         # the overlap runs one micro-batch's forward beside another's backward: Megatron-Core's
         # merged 1F1B pairs them without a pipeline or with interleaved stages, DualPipeV in its
         # steady-state actions; GPipe, breadth-first and the zero-bubble orders have no such pairs
@@ -179,7 +181,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
          lambda P: f"TP×PP×DP×CP = {P.tp}×{P.pp}×{P.dp}×{P.cp} = {P.tp * P.pp * P.dp * P.cp} GPUs, "
                    f"but the cluster has {cluster.num_gpus}"),
         ("tp_heads", lambda B: (a % B.tp != 0) | ((k % B.tp != 0) & (B.tp % k != 0)),
-         lambda P: f"TP={P.tp} must divide heads={a} and kv_heads={k} (or be a multiple of kv_heads)"),
+         lambda P: (f"TP={P.tp} must divide heads={a}" if a % P.tp else
+                    f"TP={P.tp} must divide kv_heads={k} or be a multiple of it (KV heads are then replicated)")),
         ("tp_ffn", lambda B: f % B.tp != 0, lambda P: f"TP={P.tp} must divide ffn_hidden={f}"),
         # Uneven splits are allowed: Megatron-Core places layers per stage freely
         # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo

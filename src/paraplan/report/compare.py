@@ -16,7 +16,9 @@ import numpy as np
 from ..errors import FileFormatError, ParaplanError
 from ..specs.files import parse_json, read_text
 
-REPORT_KIND = "paraplan-run"  # run/report.py writes it
+# what run/report.py writes in every report, and the only version this paraplan reads
+REPORT_KIND = "paraplan-run"
+REPORT_VERSION = 1
 # metric -> (key under "measured", key under "predicted", label)
 METRICS = {"step_time": ("step_time_s", "step_time_s", "step time"),
            "memory": ("peak_memory_bytes", "memory_bytes", "peak memory")}
@@ -68,6 +70,16 @@ def load_reports(paths: list[str], hardware: str | None = None) -> list[tuple[st
         if not isinstance(report, dict) or report.get("kind") != REPORT_KIND:
             raise FileFormatError(path, f"not a paraplan run report (no \"kind\": \"{REPORT_KIND}\"; "
                                         "write one with `paraplan run -o FILE`)")
+        if report.get("version") != REPORT_VERSION:
+            raise FileFormatError(path, f"version = {report.get('version')!r:.40} is not allowed; this paraplan "
+                                        f"reads run reports of version {REPORT_VERSION}")
+        if report.get("status") != "ok":
+            why = f": {report['reason']!s:.200}" if report.get("reason") else ""
+            raise FileFormatError(path, f"status = {report.get('status')!r:.40}: the run did not complete{why}; "
+                                        "only a completed run (status \"ok\") has measurements to compare")
+        ws = report.get("world_size")
+        if not isinstance(ws, int) or isinstance(ws, bool) or ws < 1:
+            raise FileFormatError(path, f"world_size = {ws!r:.40} is not allowed; a positive integer is required")
         measured = report.get("measured")
         if not isinstance(measured, dict) or "step_time_s" not in measured:
             raise FileFormatError(path, "measured.step_time_s missing; a finite number > 0 is required")

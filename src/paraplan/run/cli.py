@@ -95,7 +95,7 @@ def config_from_args(args) -> "RunConfig":
     scaled = {k: v for k, v in (("layers", args.layers), ("hidden", args.hidden), ("heads", args.heads),
                                 ("kv-heads", args.kv_heads), ("ffn", args.ffn), ("vocab", args.vocab)) if v is not None}
     model = scale_model(load_model(args.model), **{k.replace("-", "_"): v for k, v in scaled.items()})
-    sched = Schedule.parse(args.schedule, "schedule") if args.schedule else (
+    sched = Schedule.parse(args.schedule, "schedule") if args.schedule is not None else (
         Schedule.INTERLEAVED_1F1B if args.vp > 1 else Schedule.ONE_F_ONE_B)
     zero = ZeroStage.parse(str(args.zero), "zero")
     if args.dp_shard is not None and zero is not ZeroStage.PARAMETERS:

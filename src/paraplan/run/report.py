@@ -21,10 +21,10 @@ import statistics
 from dataclasses import asdict, replace
 
 from ..errors import ParaplanError
+from ..report.compare import REPORT_KIND, REPORT_VERSION
 from ..specs.workload import Precision
 from .config import RUN_OPTIMIZER, RunConfig, runs_under_autocast
 
-REPORT_KIND = "paraplan-run"
 # The parts of the predicted memory that a measured peak (measure.py, by its kind) leaves
 # out: torch.cuda.max_memory_allocated counts live tensors only -- not the runtime (CUDA
 # context, NCCL, workspaces: the GPU's reserved bytes) nor the caching allocator's slack
@@ -71,7 +71,7 @@ def run_workload(cfg: RunConfig, device: str):
 
 def refused_report(reason: str) -> dict:
     """What a run refused before it started leaves for `paraplan run` to say."""
-    return {"kind": REPORT_KIND, "version": 1, "status": "refused", "reason": reason}
+    return {"kind": REPORT_KIND, "version": REPORT_VERSION, "status": "refused", "reason": reason}
 
 
 def preflight_refusal(need_bytes: float, have_bytes: float, where: str) -> str:
@@ -154,7 +154,7 @@ def build_report(cfg: RunConfig, records: list[dict], *, device: str, backend: s
     prediction, note = predict(cfg, device, first["device_name"])
     mem = [r["peak_memory_bytes"] for r in sorted(records, key=lambda r: r["rank"])]
     return {
-        "kind": REPORT_KIND, "version": 1, "status": "ok", "command": cfg.command_line(),
+        "kind": REPORT_KIND, "version": REPORT_VERSION, "status": "ok", "command": cfg.command_line(),
         "model": asdict(cfg.model), "plan": _plan_dict(cfg),
         "workload": {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg.workload).items()},
         "world_size": cfg.world_size, "device": device, "device_name": first["device_name"], "backend": backend,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 import sys
@@ -16,13 +17,26 @@ MAX_COUNT = 2**31 - 1
 
 
 def read_text(path: Path, shown: str) -> str:
-    """The file's UTF-8 text, or a one-line FileFormatError naming it."""
+    """The file's UTF-8 text (a leading byte-order mark dropped, as Windows editors write one),
+    or a one-line FileFormatError naming it (and the line of the first byte that is not UTF-8)."""
+    if not str(shown):  # Path("") is the working directory
+        raise FileFormatError(shown, "no such file")
     try:
-        return path.read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except FileNotFoundError:
         raise FileFormatError(shown, "no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise FileFormatError(shown, f"cannot read: {e}") from None
+    except IsADirectoryError:
+        raise FileFormatError(shown, "is a directory, not a file") from None
+    except OSError as e:
+        raise FileFormatError(shown, f"cannot read: {e.strerror or e}") from None
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise FileFormatError(shown, f"byte 0x{data[e.start]:02x} is not UTF-8 text; save the file as UTF-8",
+                              line) from None
 
 
 # What the parsers raise beyond their own decode errors: RecursionError for arrays or tables
@@ -58,10 +72,33 @@ def read_toml(path: Path, shown: str) -> tuple[dict, str]:
     return parse_toml(text, shown), text
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _DuplicateKey(k)
+        seen[k] = v
+    return seen
+
+
 def parse_json(text: str, shown: str):
     """The JSON value in `text`, or a one-line FileFormatError naming `shown` (and the line)."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        # json's last-wins would drop the first value without a word; TOML refuses this too
+        m = re.search(r'"%s"\s*:' % re.escape(json.dumps(e.key)[1:-1]), text)
+        first = m.end() if m else 0
+        m2 = re.search(r'"%s"\s*:' % re.escape(json.dumps(e.key)[1:-1]), text[first:])
+        line = text[:first + m2.start()].count("\n") + 1 if m and m2 else None
+        raise FileFormatError(shown, f"invalid JSON: key {e.key!r} appears twice in one object; "
+                              "each key may appear once", line) from None
     except json.JSONDecodeError as e:
         raise FileFormatError(shown, f"invalid JSON: {e.msg} (column {e.colno})", e.lineno) from None
     except RecursionError:

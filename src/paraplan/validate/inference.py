@@ -48,7 +48,7 @@ def is_inference_file(path: str) -> bool:
     except OSError:
         return False  # read_rows says why
     # a file that is not UTF-8 is refused by read_rows, with the line of the bad byte
-    cols = next(csv.reader([first.decode("utf-8", errors="replace")]), [])
+    cols = next(csv.reader([first.decode("utf-8-sig", errors="replace")]), [])
     return "input_len" in cols and "output_len" in cols
 
 

@@ -11,7 +11,6 @@ length or GPU, an unknown metric) is skipped with the reason (SpecError)."""
 
 from __future__ import annotations
 
-import codecs
 import csv
 import io
 import math
@@ -23,23 +22,12 @@ from pathlib import Path
 from ..errors import FileFormatError, ParaplanError, SpecError
 # Counts (GPUs, tokens, sequences, layers, degrees) above int32 are not a run anyone measured,
 # and the planner's integer arithmetic is not meant for them: the catalog's bound.
-from ..specs.files import MAX_COUNT
+from ..specs.files import MAX_COUNT, read_text
 
 
 def _text(path: str) -> str:
     """The file's text: UTF-8 (a leading byte-order mark is dropped); else the line of the first bad byte."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise FileFormatError(path, f"cannot read: {exc.strerror or exc}") from None
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise FileFormatError(path, f"byte 0x{data[exc.start]:02x} is not UTF-8 text; save the file as UTF-8",
-                              line) from None
+    return read_text(Path(path), path)
 
 
 def misspelled_column(header, known) -> tuple[str, str] | None:

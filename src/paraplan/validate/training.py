@@ -210,6 +210,19 @@ _SHAPE_COLUMNS = {"num_layers": "layers", "hidden_size": "hidden", "ffn_hidden_s
                   "num_heads": "heads", "num_kv_heads": "kv_heads", "vocab_size": "vocab"}
 
 
+# ModelSpec field -> the MoE training column that must agree with the preset (ffn_hidden and
+# kv_heads are left out: MoE rows give the expert ffn there, and MLA models no KV heads)
+_MOE_PRESET_COLUMNS = {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
+                       "vocab_size": "vocab", "num_experts": "num_experts", "top_k": "top_k",
+                       "moe_ffn_hidden_size": "moe_ffn_hidden"}
+
+
+def _moe_row_disagreements(cells: dict, model: ModelSpec) -> list[tuple[str, int]]:
+    """(column, the preset's value) for every given MoE-row cell the preset contradicts."""
+    return [(col, getattr(model, f)) for f, col in _MOE_PRESET_COLUMNS.items()
+            if cells[col] is not None and cells[col] != getattr(model, f)]
+
+
 def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> RowSetup:
     """The row's model, cluster (`hardware`, a profile or preset, replaces the row's GPU),
     workload and search space."""
@@ -221,10 +234,20 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     if moe_row and preset is None:
         raise FileFormatError(path, f"model {name!r}: an MoE row needs a preset with the model's published "
                               "configuration (shared experts, dense layers)", line)
+    if not moe_row:
+        for col in ("top_k", "moe_ffn_hidden"):
+            if c[col] is not None:  # would be ignored: the row is predicted as a dense model
+                raise SpecError(f"{path}:{line}", col, row[col].strip(),
+                                "blank on a dense row (num_experts blank or 0); an MoE row gives num_experts")
     if moe_row or any(v is None for v in shape.values()):
         if preset is None:
             raise FileFormatError(path, f"model {name!r}: architecture columns blank and no preset", line)
         model = preset
+        if moe_row:  # predicted on the preset: a column that says otherwise would be ignored
+            for col, value in _moe_row_disagreements(c, model):
+                raise SpecError(f"{path}:{line}", col, row[col].strip(),
+                                f"{value} as in preset {model.name!r}, on which an MoE row is predicted "
+                                "(or blank)")
     else:
         # a row whose architecture no model can have is skipped with the line and column (not
         # predicted on a guessed shape; one bad row does not refuse the file)

@@ -278,8 +278,15 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     for key in ("allocator_fragmentation", "overlap_slowdown"):
         if key in t.data:
             extra[key] = t.fraction(key)
+    hbm_gb = t.num("hbm_gb")
+    hbm_bytes = units.gbytes(hbm_gb)
+    if "hbm_usable_mib" in t.data:
+        # the driver's memory.total: the datasheet's "80GB" is up to 80 GiB (A100), and never
+        # under half of it (a value in GB or GiB typed as MiB)
+        low, high = math.ceil(hbm_bytes / 2 / units.MIB), math.floor(hbm_gb * units.GIB / units.MIB)
+        hbm_bytes = t.num("hbm_usable_mib", within=(low, high)) * units.MIB
     if "reserved_gb" in t.data:
-        reserved_gb, hbm_gb = t.num("reserved_gb"), t.num("hbm_gb")
+        reserved_gb = t.num("reserved_gb")
         if reserved_gb >= hbm_gb:
             t._bad("reserved_gb", reserved_gb, f"less than hbm_gb={hbm_gb}")
         extra["reserved_bytes"] = units.gbytes(reserved_gb)
@@ -288,8 +295,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     return GPUSpec(
         name=t.str_("name"), peak_flops_per_s=peak_flops_per_s,
         # the driver's memory.total when known (the datasheet's "80GB" is 80 GiB on A100)
-        hbm_bytes=(t.num("hbm_usable_mib") * units.MIB if "hbm_usable_mib" in t.data
-                   else units.gbytes(t.num("hbm_gb"))),
+        hbm_bytes=hbm_bytes,
         hbm_bw_bytes_per_s=t.num("hbm_tb_per_s", within=_TB_PER_S) * units.TERA,  # TB/s (decimal) -> bytes/s
         tdp_watts=t.num("tdp_watts"),
         host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s", within=_GB_PER_S)),
