@@ -156,3 +156,25 @@ def test_moe_row_that_contradicts_its_preset_is_skipped_naming_the_cell(capsys, 
 def test_dense_row_with_moe_columns_is_skipped(capsys, tmp_path):
     code, out, err = _validate_one(capsys, tmp_path, {**QWEN_ROW, "num_experts": ""})
     assert code == 1 and "top_k='8' is not allowed; blank on a dense row" in json.loads(out)["rows"][0]["skipped"]
+
+
+# ---- serving layouts that no engine runs --------------------------------------------------
+
+from support import GPU_ROW, INFERENCE_HEADER  # noqa: E402
+
+
+def test_serve_proposes_no_tp_that_cannot_split_the_heads():
+    from paraplan.inference.planner import candidate_plans
+    from paraplan.specs.catalog import load_model
+    model = load_model("mpt-760m")  # 12 heads: TP 8 splits them 1.5 per GPU
+    tps = {p.tp for p in candidate_plans(model, load_cluster("dgx-h100", num_gpus=8), 8)}
+    assert tps == {1, 2, 4}
+
+
+@pytest.mark.parametrize("tp,pp,needle", [("3", "1", "tp=3 is not allowed; TP=3 must divide heads=32"),
+                                          ("1", "64", "pp=64 is not allowed; at most the 32 layers")])
+def test_validate_skips_a_serving_row_no_engine_runs(capsys, tmp_path, tp, pp, needle):
+    # these rows used to be predicted on a layout serve refuses
+    row = {**GPU_ROW, "tp": tp, "pp": pp, "num_gpus": str(int(tp) * int(pp))}
+    code, out, _ = run(capsys, "validate", str(write_csv(tmp_path, INFERENCE_HEADER, [row])), "--json")
+    assert code == 1 and needle in json.loads(out)["rows"][0]["skipped"]

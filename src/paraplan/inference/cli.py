@@ -193,7 +193,8 @@ def cmd_serve(args) -> int:
     best = res.ranked[0]
     if best.at_rate is not None:
         r = best.at_rate
-        print(f"\nbest: {best.replicas_needed} × [{best.plan.describe()}] = {best.gpus_needed} GPUs at "
+        gpus = f"{best.gpus_needed} GPU" + ("s" if best.gpus_needed != 1 else "")
+        print(f"\nbest: {best.replicas_needed} × [{best.plan.describe()}] = {gpus} at "
               f"{traffic.rate_rps:g} req/s:")
         def stats(name: str) -> list[str]:
             values = getattr(r, name)

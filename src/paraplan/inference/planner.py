@@ -120,6 +120,9 @@ def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> li
     out = []
     tp = 1
     while tp <= min(cluster.gpus_per_node, max_gpus):
+        if model.tp_splits_heads_badly(tp):  # vLLM and TensorRT-LLM refuse it too
+            tp *= 2
+            continue
         pp = 1
         while tp * pp <= max_gpus and pp <= model.num_layers:
             eps = [e for e in range(1, tp + 1) if tp % e == 0 and model.is_moe and model.num_experts % e == 0] or [1]

@@ -180,9 +180,7 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         ("gpus", lambda B: B.tp * B.pp * B.dp * B.cp != cluster.num_gpus,
          lambda P: f"TP×PP×DP×CP = {P.tp}×{P.pp}×{P.dp}×{P.cp} = {P.tp * P.pp * P.dp * P.cp} GPUs, "
                    f"but the cluster has {cluster.num_gpus}"),
-        ("tp_heads", lambda B: (a % B.tp != 0) | ((k % B.tp != 0) & (B.tp % k != 0)),
-         lambda P: (f"TP={P.tp} must divide heads={a}" if a % P.tp else
-                    f"TP={P.tp} must divide kv_heads={k} or be a multiple of it (KV heads are then replicated)")),
+        ("tp_heads", lambda B: model.tp_splits_heads_badly(B.tp), lambda P: model.tp_heads_rule(P.tp)),
         ("tp_ffn", lambda B: f % B.tp != 0, lambda P: f"TP={P.tp} must divide ffn_hidden={f}"),
         # Uneven splits are allowed: Megatron-Core places layers per stage freely
         # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo

@@ -105,6 +105,19 @@ class ModelSpec:
                             f"must be below head_dim={self.head_dim} (head_dim = nope + rope widths)")
 
     # ---- parameter counts (weights only; biases and norms are counted, see docs/model.md) ----
+    def tp_splits_heads_badly(self, tp):
+        """Whether tensor parallelism of `tp` (an int or an array) cannot split the heads: it
+        must divide the query heads, and divide the KV heads or be a multiple of them (each KV
+        head then replicated on tp/kv_heads ranks: Megatron-Core, vLLM)."""
+        a, k = self.num_heads, self.num_kv_heads
+        return (a % tp != 0) | ((k % tp != 0) & (tp % k != 0))
+
+    def tp_heads_rule(self, tp: int) -> str:
+        """Why `tp` cannot split the heads (for a `tp` that tp_splits_heads_badly)."""
+        if self.num_heads % tp:
+            return f"TP={tp} must divide heads={self.num_heads}"
+        return f"TP={tp} must divide kv_heads={self.num_kv_heads} or be a multiple of it (KV heads are then replicated)"
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0

@@ -123,6 +123,10 @@ def _scenario(row: dict, path: str, line: int):
         raise SpecError("row", "input_len/output_len/batch_or_concurrency",
                         f"{row['input_len']}/{row['output_len']}/{row['batch_or_concurrency']}",
                         "a serving row needs both lengths and a load (max load, QPS=r or QPS=INF)")
+    if model.tp_splits_heads_badly(tp):  # a layout no engine runs (serve proposes none)
+        raise SpecError("row", "tp", tp, model.tp_heads_rule(tp) + f" of {model.name}")
+    if pp > model.num_layers:
+        raise SpecError("row", "pp", pp, f"at most the {model.num_layers} layers of {model.name} (a stage holds one)")
     if gpus % (tp * pp):
         raise SpecError("row", "num_gpus", gpus, f"a multiple of tp×pp = {tp * pp} (whole replicas) is required")
     key = (model.name, row["gpu"], tp, pp, gpus, row["precision"], kind, rate, isl, osl)
