@@ -178,3 +178,41 @@ def test_validate_skips_a_serving_row_no_engine_runs(capsys, tmp_path, tp, pp, n
     row = {**GPU_ROW, "tp": tp, "pp": pp, "num_gpus": str(int(tp) * int(pp))}
     code, out, _ = run(capsys, "validate", str(write_csv(tmp_path, INFERENCE_HEADER, [row])), "--json")
     assert code == 1 and needle in json.loads(out)["rows"][0]["skipped"]
+
+
+# ---- workload flags in their own units; nothing-fits advice --------------------------------
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--price", "1e308", "argument --price: 1e+308 is not allowed; allowed: above 0 to 1e+06 $ per GPU-hour"),
+    ("--storage-gb-per-s", "1e-300", "argument --storage-gb-per-s: 1e-300 is not allowed; allowed: 0.001 to 1e+06 GB/s"),
+    ("--tokens", "1e30", "argument --tokens: 1e+30 is not allowed; allowed: above 0 to 1e+18 tokens"),
+])
+def test_workload_bounds_are_said_in_the_flags_units(capsys, flag, value, needle):
+    # they used to name the Workload's fields: "storage_bytes_per_s=1e-291 is not allowed"
+    line = assert_user_error(*run(capsys, "estimate", flag, value))
+    assert needle in line and "_per_" not in line.split("allowed:")[0].replace(flag, "")
+
+
+def test_search_lifts_a_schedule_restriction_to_say_what_fits(capsys):
+    line = assert_user_error(*run(capsys, "search", "--model", "llama3.1-405b", "--gpus", "64", "--schedule", "gpipe"))
+    # it used to stop at "no plan fits ... try more GPUs", as if the schedule did not matter
+    assert line.startswith("paraplan: error: no plan with the pins (--schedule gpipe) fits")
+    fastest = line.split("plans fit: the fastest is ", 1)[1]
+    assert " gpipe " not in fastest and "more GPUs" not in line
+
+
+def test_more_gpus_than_paraplan_plans_for_is_not_advised():
+    from paraplan.plan.plan import make_plan
+    from paraplan.search.planner import _nothing_fits
+    from paraplan.plan.space import SpaceLimits
+    from paraplan.specs.catalog import load_model
+    from paraplan.specs.workload import Workload
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=1, seq_len=8192)
+    huge = (cluster.gpu.hbm_bytes * 2**20, make_plan(tp=8, pp=1, dp=1))
+    text = _nothing_fits(model, cluster, wl, 1, huge, SpaceLimits())
+    assert "more GPUs" not in text and "more than the 1,048,576 paraplan plans for" in text
+    assert text.endswith("try a shorter sequence")
+    fits_on_more = (cluster.gpu.hbm_bytes * 4, make_plan(tp=8, pp=1, dp=1))
+    assert "try more GPUs (about 32) or a shorter sequence" in _nothing_fits(model, cluster, wl, 1, fits_on_more,
+                                                                            SpaceLimits())

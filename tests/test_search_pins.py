@@ -55,7 +55,7 @@ def test_divisors_match_the_definition(n):
 def test_non_finite_numbers_are_refused(flags, capsys):
     code, out, err = run(capsys, "estimate", *flags)
     line = assert_user_error(code, out, err)
-    assert flags[0] in line and "finite number > 0" in line
+    assert flags[0] in line and "is not allowed; allowed: above 0 to " in line
 
 
 def test_a_count_past_the_limit_is_a_one_line_error(capsys):

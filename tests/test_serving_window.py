@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from paraplan.cli import main
@@ -51,8 +52,10 @@ class _Recorder:
         self.calls = []
 
     def time_s(self, prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens, logit_rows, **chunks):
-        self.calls.append((prefill_tokens, prefill_pairs, decode_seqs, decode_ctx_tokens))
-        return 1e-3
+        # a run of decode-only iterations comes as one array of reads (IterationModel.time_s)
+        reads = np.atleast_1d(decode_ctx_tokens)
+        self.calls += [(prefill_tokens, prefill_pairs, decode_seqs, float(r)) for r in reads]
+        return 1e-3 if np.ndim(decode_ctx_tokens) == 0 else np.full(reads.shape, 1e-3)
 
 
 @pytest.mark.parametrize("window", [200, 1100, 1300, 5000])

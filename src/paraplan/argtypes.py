@@ -87,6 +87,19 @@ def non_negative_float(text: str) -> float:
     return v
 
 
+def number_within(least: float, most: float, unit: str, *, above: bool = False):
+    """An argparse type: a number from `least` (above it with `above`) to `most`, in the
+    flag's own unit (the Workload checks the same bounds in its fields' units)."""
+    def parse(text: str) -> float:
+        v = number(text)
+        if not ((v > least if above else v >= least) and v <= most):
+            low = f"above {least:g}" if above else f"{least:g}"
+            raise argparse.ArgumentTypeError(f"{v:g} is not allowed; allowed: {low} to {most:g} {unit}")
+        return v
+    parse.__name__ = f"number_within_{least:g}_{most:g}"
+    return parse
+
+
 def percent_below_100(text: str) -> float:
     """A percentage above 0 and below 100 (--whatif: how far each assumption moves)."""
     v = number(text)

@@ -19,12 +19,13 @@ from .argtypes import non_negative_float as _non_negative_float
 from .argtypes import positive_float as _positive_float
 from .argtypes import non_empty as _non_empty
 from .argtypes import positive_int as _positive_int
-from .argtypes import percent_below_100 as _percent
+from .argtypes import number_within, percent_below_100 as _percent
 from .argtypes import MAX_BATCH_TOKENS, MAX_DEGREE, count as _count, degree as _degree, int_up_to as _int_up_to
 from .errors import ParaplanError, SpecError, Terminated
 from .specs.files import MAX_COUNT
 from .specs.model import MAX_LAYERS
-from .specs.workload import ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S
+from .specs.workload import (ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S,
+                             MAX_STORAGE_BYTES_PER_S, MAX_TOKEN_BUDGET, MAX_USD_PER_GPU_HOUR, MIN_STORAGE_BYTES_PER_S)
 from .units import GIGA as _GIGA
 
 DEFAULT_MODEL = "llama3-70b"
@@ -60,8 +61,10 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--optimizer", default="adam",
                    help="adam (one fused kernel: Megatron, DeepSpeed, torchtitan) or adam-unfused "
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
-    g.add_argument("--tokens", type=_positive_float, default=1e12, help="token budget to train (default 1e12)")
-    g.add_argument("--price", type=_positive_float, default=None, help="$ per GPU-hour (default: the cluster's)")
+    g.add_argument("--tokens", type=number_within(0, MAX_TOKEN_BUDGET, "tokens", above=True), default=1e12,
+                   help="token budget to train (default 1e12)")
+    g.add_argument("--price", type=number_within(0, MAX_USD_PER_GPU_HOUR, "$ per GPU-hour", above=True), default=None,
+                   help="$ per GPU-hour (default: the cluster's)")
     g.add_argument("--moe-imbalance", type=_number, default=None,
                    help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
                         "(default 1.1, an assumption; 1.0 = perfectly balanced; at most EP and "
@@ -72,7 +75,9 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--restart-min", type=_non_negative_float, default=ASSUMED_RESTART_S / 60.0,
                    help=f"minutes from an interruption to training again (default {ASSUMED_RESTART_S / 60.0:g}, "
                         "an assumption)")
-    g.add_argument("--storage-gb-per-s", type=_positive_float, default=LLAMA3_STORAGE_BYTES_PER_S / _GIGA,
+    g.add_argument("--storage-gb-per-s", type=number_within(MIN_STORAGE_BYTES_PER_S / _GIGA,
+                                                            MAX_STORAGE_BYTES_PER_S / _GIGA, "GB/s"),
+                   default=LLAMA3_STORAGE_BYTES_PER_S / _GIGA,
                    help="checkpoint storage write bandwidth for the job "
                         f"(default {LLAMA3_STORAGE_BYTES_PER_S / _GIGA:g}: Llama 3's Tectonic)")
     g.add_argument("--json", action="store_true", help="print JSON instead of tables")
@@ -333,6 +338,7 @@ def cmd_search(args) -> int:
     from .errors import NoPlanFitsError
     from .report.table import estimate_report, ranking_table, unchecked_gpus
     from .report.whatif import whatif_dict, whatif_table
+    from .plan.space import SpaceLimits
     from .search.planner import PIN_FLAGS, search
     from .search.whatif import WHATIF_CANDIDATES, what_if
     from .units import fmt_bytes, fmt_time
@@ -348,16 +354,22 @@ def cmd_search(args) -> int:
                      top_k=top if mod is None else max(top, ENGINE_CANDIDATES), progress=progress)
         return res, (res.ranked if mod is None else _expressible(mod, args, res.ranked, model, w))
 
+    # the user's restrictions of the plan space beyond the pinned axes, which a search without
+    # the pins lifts too (the capacity factor is kept: token dropping is a training choice)
+    restrictions = [(f, v) for f, v in (("--schedule", args.schedule), ("--cp-comm", args.cp_comm),
+                                        ("--rank-order", args.rank_order)) if v is not None]
+
     def without_pins(exc):
         """The nothing-fits error, saying whether the search without the user's pins fits."""
-        pins = " ".join(f"{PIN_FLAGS[k]} {v}" for k, v in user_pins.items())
-        kept = [f for f, v in (("--schedule", args.schedule), ("--cp-comm", args.cp_comm),
-                               ("--rank-order", args.rank_order), ("--capacity-factor", args.capacity_factor))
-                if v is not None]
-        lifted = f"without the pins ({pins}{'; ' + ', '.join(kept) + ' kept' if kept else ''})"
+        pins = " ".join([f"{PIN_FLAGS[k]} {v}" for k, v in user_pins.items()] + [f"{f} {v}" for f, v in restrictions])
+        kept = "; --capacity-factor kept" if args.capacity_factor is not None else ""
+        lifted = f"without the pins ({pins}{kept})"
         if show:
             sys.stderr.write(f"nothing fits; searching again {lifted}\n")
-        fixed2, limits2 = ({}, user_limits) if mod is None else _engine_space(_support(mod, args), {}, user_limits)
+        d = SpaceLimits()
+        unrestricted = replace(user_limits, schedules=d.schedules, cp_comm_types=d.cp_comm_types,
+                               rank_orders=d.rank_orders)
+        fixed2, limits2 = ({}, unrestricted) if mod is None else _engine_space(_support(mod, args), {}, unrestricted)
         try:
             best = ranked_on(cluster, wl, 1, _progress if show else None, fixed2, limits2)[1][0]
         except NoPlanFitsError:
@@ -381,7 +393,7 @@ def cmd_search(args) -> int:
         res, pool = ranked_on(cluster, wl, args.top if args.whatif is None else max(args.top, WHATIF_CANDIDATES),
                               _progress if show else None)
     except NoPlanFitsError as exc:
-        if not user_pins:
+        if not (user_pins or restrictions):
             raise
         raise without_pins(exc) from None
     ranked = pool[: args.top]

@@ -90,6 +90,14 @@ class ServingResult:
         return float(ok.sum()) / self.makespan_s
 
 
+def _decode_run(num_decoding: int, decoding_finish: list, reaching: deque, it: int) -> int:
+    """Iterations from `it` on after which no decoding sequence finishes or reaches the window."""
+    event = decoding_finish[0][0] if decoding_finish else math.inf
+    if reaching:
+        event = min(event, reaching[0])
+    return int(min(event - 1 - it, 1 << 20))
+
+
 def arrival_times_s(traffic: Traffic, seed: int = 0) -> np.ndarray:
     n = traffic.num_requests
     if traffic.rate_rps is None:
@@ -99,8 +107,10 @@ def arrival_times_s(traffic: Traffic, seed: int = 0) -> np.ndarray:
 
 
 def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_capacity_tokens: int,
-             seed: int = 0) -> ServingResult:
-    """Serve `traffic` on one replica; returns per-request latencies and throughput."""
+             seed: int = 0, *, decode_runs: bool = True) -> ServingResult:
+    """Serve `traffic` on one replica; returns per-request latencies and throughput.
+    `decode_runs`: time a run of decode-only iterations at once (the same result, one
+    iteration at a time with False: tests/test_serving_speed.py compares the two)."""
     n = traffic.num_requests
     isl, osl = traffic.prompt_tokens, traffic.output_tokens
     window = AttentionWindow.of(step.model, limits.sliding_window_kv)
@@ -174,6 +184,27 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
             pending += isl
             kv_reserved += need
             active += 1
+        if decode_runs and not prefilling and num_decoding and _decode_run(num_decoding, decoding_finish, reaching, it) > 1:
+            # Only decoding until the next event (a sequence finishing or reaching the window,
+            # an arrival while admission is open): the iterations differ only in the KV they
+            # read, so they are timed at once, each exactly as the loop below would time it.
+            # Admission cannot change before the event: the batch, the KV reserved and the
+            # token budget stay as they are.
+            D = num_decoding
+            k = np.arange(_decode_run(D, decoding_finish, reaching, it))
+            read = ((1.0 - window.share) * (ctx_sum + k * D + D)
+                    + window.share * (win_sum + k * growing + growing))
+            dts = step.time_s(0, 0.0, D, read, D, prefill_chunks=0, largest_chunk=0)
+            starts = np.cumsum(np.concatenate(([now], dts)))  # sequential, as now += dt is
+            runs = len(k)
+            if not waiting and next_arrival < released:  # the loop would admit it at once
+                runs = max(1, int(np.searchsorted(starts[:runs], arrivals[next_arrival], side="left")))
+            max_conc = max(max_conc, D)
+            now = float(starts[runs])
+            it += runs
+            ctx_sum += D * runs
+            win_sum += growing * runs
+            continue
         # this iteration's prefill chunks
         P = 0
         pairs = 0.0

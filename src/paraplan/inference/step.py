@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from ..cost.comm import Collective, collective_time_s, pipeline_hops_s
 from ..cost.memory import ACT_BYTES  # activations and all-reduces in 16 bits (FP8 engines too)
 from ..errors import SpecError
@@ -315,8 +317,9 @@ class IterationModel:
             mlp = L * dense_mlp
         return L * per_layer + mlp
 
-    def attention_s(self, prefill_pairs: float, decode_ctx_tokens: float) -> float:
-        """One stage's attention: prefill (query, key) pairs and tokens of KV read by decode."""
+    def attention_s(self, prefill_pairs: float, decode_ctx_tokens):
+        """One stage's attention: prefill (query, key) pairs and tokens of KV read by decode
+        (a number, or an array of them: one value per iteration)."""
         m = self.model
         L = self.layers_per_stage
         s = 0.0
@@ -325,8 +328,8 @@ class IterationModel:
             # d_v = 128 < d = 192): 4·pairs·a·d without MLA
             flops = 2.0 * prefill_pairs * (m.q_dim + m.v_dim) * self.attn_heads_share
             s += flops / (self.peak16 * self.attn_curve.at(flops) * self.gpu.sustained_compute_ratio)
-        if decode_ctx_tokens > 0:
-            s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
+        # (no test on decode_ctx_tokens: it may be an array of iterations, batching.py)
+        s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
         return L * s
 
     def _hop_s(self, tokens: int) -> tuple[float, float]:
@@ -347,11 +350,13 @@ class IterationModel:
         m = self.model
         return self._gemm_s(rows, m.vocab_size / self.plan.tp, m.hidden_size)
 
-    def time_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens: float,
-               logit_rows: int, *, prefill_chunks: int | None = None, largest_chunk: int | None = None) -> float:
+    def time_s(self, prefill_tokens: int, prefill_pairs: float, decode_seqs: int, decode_ctx_tokens,
+               logit_rows: int, *, prefill_chunks: int | None = None, largest_chunk: int | None = None):
         """Iteration time of one replica: every sequence advances one step (a prompt chunk or
         one decoded token). `prefill_chunks` prompts are being prefilled, the longest chunk
-        `largest_chunk` tokens (default: all prefill tokens are one prompt's chunk).
+        `largest_chunk` tokens (default: all prefill tokens are one prompt's chunk). With an
+        array of `decode_ctx_tokens` (iterations alike but for the KV they read), an array of
+        times, each what the call with that one value returns.
 
         With p > 1 stages the batch runs as m ≤ p micro-batches of whole sequences (a chunk is
         not split; GPipe, Huang et al. 2019; vLLM/TensorRT-LLM pipeline parallelism), each
@@ -378,4 +383,4 @@ class IterationModel:
         stage = self._linear(Tm) + self.attention_s(prefill_pairs * share, decode_ctx_tokens * share)
         head = self.lm_head_s(-(-logit_rows * Tm // T))
         hops, slowest = self._hop(Tm)
-        return max(p * stage + head + hops, m * (stage + max(head, slowest)))
+        return np.maximum(p * stage + head + hops, m * (stage + max(head, slowest)))

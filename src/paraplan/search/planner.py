@@ -12,6 +12,7 @@ import numpy as np
 from ..cost.estimate import Estimate, finish
 from ..cost.evaluate import evaluate, plan_memory
 from ..cost.memory import fits as plan_fits
+from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
 from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan,
@@ -200,12 +201,15 @@ def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
     need, plan = best_mem
     cap = cluster.gpu.hbm_bytes
     more = int(np.ceil(cluster.num_gpus * need / cap / cluster.gpus_per_node)) * cluster.gpus_per_node
-    ways = [f"more GPUs (about {more})", "a shorter sequence"]
+    # past the GPU counts the CLI plans for (--gpus), more GPUs is no answer
+    ways = ([f"more GPUs (about {more:,})"] if more <= MAX_DEGREE else []) + ["a shorter sequence"]
     left_out = [name for name, allowed in (("ZeRO-3", ZeroStage.PARAMETERS in limits.zero_stages),
                                            ("full recomputation", Recompute.FULL in limits.recomputes),
                                            ("optimizer offload", limits.allow_offload)) if not allowed]
     if left_out:  # bounds narrower than the whole space (an engine's): those plans were never tried
         ways.append(f"{' and '.join(left_out)} (not searched "
                     f"{'for this engine' if limits.engine_rule is not None else 'here'})")
+    beyond = "" if more <= MAX_DEGREE else (f" (about {more:,} GPUs would hold it, more than the "
+                                             f"{MAX_DEGREE:,} paraplan plans for)")
     return (f"no plan fits in {fmt_bytes(cap)} per GPU: the smallest needs {fmt_bytes(need)} "
-            f"({plan.describe()}); try " + ", ".join(ways[:-1]) + " or " + ways[-1])
+            f"({plan.describe()}){beyond}; try " + (", ".join(ways[:-1]) + " or " if len(ways) > 1 else "") + ways[-1])
