@@ -216,3 +216,22 @@ def test_more_gpus_than_paraplan_plans_for_is_not_advised():
     fits_on_more = (cluster.gpu.hbm_bytes * 4, make_plan(tp=8, pp=1, dp=1))
     assert "try more GPUs (about 32) or a shorter sequence" in _nothing_fits(model, cluster, wl, 1, fits_on_more,
                                                                             SpaceLimits())
+
+
+# ---- serve when no deployment meets the targets -------------------------------------------
+
+def test_serve_says_why_no_deployment_meets_the_targets(capsys):
+    # it used to print a table of "misses" and nothing else
+    code, out, _ = run(capsys, "serve", "--gpus", "4", "--tpot-ms", "5")
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("no deployment meets the targets"))
+    floor = float(line.split("TPOT at best ")[1].split(" ms")[0])
+    assert floor > 5 and "above the 5 ms target" in line and "TTFT" not in line
+    assert "--gpus up to 8" in line  # 4 GPUs: a wider TP would lower the TPOT floor
+    code, out, _ = run(capsys, "serve", "--gpus", "4", "--tpot-ms", "5", "--json")
+    d = json.loads(out)
+    assert d["missed_targets"] == line
+    # the floor it names is the lowest lone-request TPOT of the deployments it priced
+    assert floor == pytest.approx(min(e["tpot_floor_s"] for e in d["ranked"] + d["pareto"]) * 1e3, abs=0.06)
+    code, out, _ = run(capsys, "serve", "--gpus", "4", "--json")
+    assert json.loads(out)["missed_targets"] is None

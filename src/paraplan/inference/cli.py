@@ -124,7 +124,7 @@ def cmd_serve(args) -> int:
     from ..units import GIB, fmt_count
     from .batching import has_tpot
     from .deploy import EngineLimits, Traffic
-    from .planner import max_sequences, plan_serving
+    from .planner import max_sequences, missed_targets_advice, plan_serving
     from ..errors import SpecError
     if args.requests > MAX_REQUESTS:
         raise SpecError("serve", "--requests", args.requests, f"at most {MAX_REQUESTS:,} requests are simulated")
@@ -162,6 +162,7 @@ def cmd_serve(args) -> int:
                                   has_tpot(traffic.output_tokens)),
                           "engine_limits": {"max_batch": limits.max_batch, "max_num_tokens": limits.max_num_tokens,
                                             "chunked_prefill": limits.chunked_prefill},
+                          "missed_targets": missed_targets_advice(res, traffic, cluster) or None,
                           **({"whatif": serve_whatif_dict(wi, has_tpot(traffic.output_tokens))} if wi else {})},
                          indent=1))
         return 0
@@ -209,6 +210,9 @@ def cmd_serve(args) -> int:
               f"completion; offered {traffic.rate_rps:g} req/s)")
         if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
             print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
+    missed = missed_targets_advice(res, traffic, cluster)
+    if missed:
+        print("\n" + missed)
     print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
     print(grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
                [[e.plan.describe(), tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],

@@ -21,7 +21,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
 from ..units import SECONDS_PER_HOUR, fmt_bytes
-from .batching import ServingResult, simulate
+from .batching import ServingResult, has_tpot, simulate
 from .deploy import EngineLimits, ServePlan, StoreDtype, Traffic
 from .step import AttentionWindow, IterationModel, ServeMemory, serve_memory
 
@@ -245,3 +245,31 @@ def plan_serving(model: ModelSpec, cluster: ClusterSpec, traffic: Traffic, limit
     ranked = sorted(meeting, key=lambda e: (e.gpus_needed or math.inf, e.usd_per_m_output_tokens)) + \
         sorted([e for e in done if e.slo_rate_rps <= 0], key=lambda e: e.tpot_floor_s)
     return ServeResult(ranked=tuple(ranked), rejected=tuple(rejected), pareto=pareto(done))
+
+
+def missed_targets_advice(res: ServeResult, traffic: Traffic, cluster: ClusterSpec) -> str:
+    """Why no deployment meets the latency targets at any rate, and what would ("" when one does)."""
+    if not res.ranked or res.ranked[0].slo_rate_rps > 0:
+        return ""
+    why = []
+    fastest_ttft = min(res.ranked, key=lambda e: e.ttft_floor_s)
+    fastest_tpot = min(res.ranked, key=lambda e: e.tpot_floor_s)
+    if traffic.ttft_target_s is not None and fastest_ttft.ttft_floor_s > traffic.ttft_target_s:
+        why.append(f"a lone request's TTFT is at best {fastest_ttft.ttft_floor_s * 1e3:.1f} ms "
+                   f"({fastest_ttft.plan.describe()}), above the {traffic.ttft_target_s * 1e3:g} ms target")
+    if (traffic.tpot_target_s is not None and has_tpot(traffic.output_tokens)
+            and fastest_tpot.tpot_floor_s > traffic.tpot_target_s):
+        whose = "its" if why else "a lone request's"
+        why.append(f"{whose} TPOT at best {fastest_tpot.tpot_floor_s * 1e3:.1f} ms ({fastest_tpot.plan.describe()}), "
+                   f"above the {traffic.tpot_target_s * 1e3:g} ms target")
+    if not why:
+        why.append(f"a lone request meets them, but none does at {PROBE_REQUESTS} requests even at a low rate")
+    helps = ["looser targets (--ttft-ms, --tpot-ms)"]
+    if any("TTFT" in w for w in why):
+        helps.append("a shorter --prompt")
+    if cluster.num_gpus < cluster.gpus_per_node:
+        helps.append(f"more GPUs per replica (--gpus up to {cluster.gpus_per_node}: wider tensor parallelism)")
+    helps.append("a faster GPU (--cluster)")
+    return ("no deployment meets the targets at any rate: " + "; ".join(why) + ". What would help: "
+            + ", ".join(helps[:-1]) + " or " + helps[-1])
+
