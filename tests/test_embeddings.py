@@ -245,3 +245,25 @@ def test_profiled_cache_hit_rate_does_not_depend_on_the_shard_count():
     one = _hit_rate(t, 0.2 * 1_000_000, 1_000_000, 1e8)
     eight = _hit_rate(t, 0.2 * 125_000, 125_000, 1e8 / 8)
     assert eight == pytest.approx(one)
+
+
+def test_two_shards_on_one_rank_add_up():
+    # an imported plan may put two column shards of one table on one rank: the rank pays both
+    # (the planner's own plans never do, and take the indexed-add path)
+    W = 4
+    _, apart = _one(BIG, ShardingType.COLUMN_WISE, (0, 1), W)
+    _, together = _one(BIG, ShardingType.COLUMN_WISE, (2, 2), W)
+    assert together.hbm_bytes[2] == pytest.approx(apart.hbm_bytes[0] + apart.hbm_bytes[1])
+    assert together.fwd_lookup_s[2] == pytest.approx(apart.fwd_lookup_s[0] + apart.fwd_lookup_s[1])
+    assert together.table_s["big"] == pytest.approx(apart.table_s["big"] * 2, rel=0.05)
+    assert together.hbm_bytes[[0, 1, 3]].max() == 0
+
+
+def test_the_search_prices_without_table_times_and_reports_them():
+    wl = load_embedding_workload("criteo-1tb", 512)
+    cluster = load_cluster("dgx-h100", num_gpus=64)
+    res = plan_embeddings(wl, cluster)
+    full = evaluate(res.plan, wl, cluster)
+    lean = evaluate(res.plan, wl, cluster, per_table=False)
+    assert lean.step_time_s == full.step_time_s and lean.table_s == {}
+    assert res.cost.table_s == full.table_s and set(full.table_s) == {t.name for t in wl.tables}

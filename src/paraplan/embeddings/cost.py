@@ -258,16 +258,21 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
 
 
 def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *, hbm_reserve_fraction: float = 0.15,
-             memo: dict | None = None) -> EmbeddingCost:
+             memo: dict | None = None, per_table: bool = True) -> EmbeddingCost:
     """Per-rank time and memory of `plan` (see the module docstring for the model).
 
-    `memo`: a dict the caller keeps across plans of one workload and cluster (the search)."""
+    `memo`: a dict the caller keeps across plans of one workload and cluster (the search).
+    `per_table`: also each table's busiest rank (table_s, for the report; the search, which
+    compares steps, leaves it out until its best plan)."""
     memo = {} if memo is None else memo
     W = plan.world_size
-    acc = {k: np.zeros(W) for k in _FIELDS}
     tables = {t.name: t for t in wl.tables}
     wl_key = (wl.batch_size_per_rank, wl.id_bytes, wl.output_comm_bytes, wl.optimizer)
     table_rank = {}
+    # every table's shards side by side: one bincount per field adds them to their ranks
+    # (a rank holding two shards of one table, as an imported plan may, gets both)
+    rank_parts, shard_parts = [], []
+    every = {k: 0.0 for k in _FIELDS}
     for p in plan.placements:
         key = (p.table, p.sharding, len(p.ranks), p.kernel, p.cache_ratio, p.hot_row_fraction, plan.dedup, wl_key, W)
         contrib = memo.get(key)
@@ -275,13 +280,28 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
             contrib = memo[key] = table_contribution(tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
                                                      p.hot_row_fraction, plan.dedup, wl_key, cluster, W)
         ranks = np.asarray(p.ranks)
-        for k, v in contrib["per_shard"].items():
-            np.add.at(acc[k], ranks, v)
+        rank_parts.append(ranks)
+        if "stacked" not in contrib:  # the fields as rows of one array: one append per table
+            contrib["stacked"] = np.stack([np.broadcast_to(contrib["per_shard"][k], (len(p.ranks),)) for k in _FIELDS])
+        shard_parts.append(contrib["stacked"])
         for k, v in contrib["every_rank"].items():
-            acc[k] += v
-        per_rank = np.zeros(W)
-        np.add.at(per_rank, ranks, contrib["per_shard"]["fwd"] + contrib["per_shard"]["bwd"])
-        table_rank[p.table] = per_rank + contrib["every_rank"]["fwd"] + contrib["every_rank"]["bwd"]
+            every[k] += v
+        if not per_table:
+            continue
+        per = contrib["per_shard"]
+        lookup = per["fwd"] + per["bwd"]
+        on_every = contrib["every_rank"]["fwd"] + contrib["every_rank"]["bwd"]
+        if len(set(p.ranks)) == len(p.ranks):  # its busiest rank: the busiest shard's, or one it left
+            busiest = float((lookup + on_every).max()) if len(lookup) else 0.0
+            table_rank[p.table] = busiest if len(p.ranks) == W else max(busiest, 0.0 + on_every)
+        else:
+            per_rank = np.bincount(ranks, weights=lookup, minlength=W)
+            table_rank[p.table] = float((per_rank + on_every).max())
+    if rank_parts:
+        all_ranks, shards = np.concatenate(rank_parts), np.concatenate(shard_parts, axis=1)
+        acc = {k: np.bincount(all_ranks, weights=shards[i], minlength=W) + every[k] for i, k in enumerate(_FIELDS)}
+    else:
+        acc = {k: np.zeros(W) + every[k] for k in _FIELDS}
 
     def a2a(buf):
         return np.asarray(collective_time_s(cluster, Collective.ALL_TO_ALL, buf, W, 1), dtype=float) * (buf > 0)
@@ -303,4 +323,4 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
                          host_bytes=acc["host"], capacity_bytes=capacity, host_bytes_per_host=host_node,
                          host_capacity_bytes=cluster.host_memory_bytes_per_host,
                          a2a_bytes=float(acc["a2a_total"].sum()),
-                         table_s={k: float(v.max()) for k, v in table_rank.items()})
+                         table_s=table_rank)

@@ -53,6 +53,7 @@ class _Planner:
         self.tables = {t.name: t for t in wl.tables}
         self.evaluated = 0
         self._load_cache: dict = {}
+        self._unit_cache: dict = {}
         self.memo: dict = {}
 
     def load(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel=ComputeKernel.HBM, cache=0.0, hot=0.0):
@@ -65,6 +66,17 @@ class _Planner:
                              hbm_reserve_fraction=self.reserve, memo=self.memo)
             self._load_cache[key] = (alone.rank_total_s, alone.hbm_bytes)
         return self._load_cache[key]
+
+    def unit_cost(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel, cache, hot) -> float:
+        """What orders a table's shards in the greedy placement, largest first: a node's
+        shards together (table-row-wise), else its busiest shard (k column shards each cost
+        about 1/k of the whole)."""
+        key = (t.name, sharding, k, kernel, cache, hot)
+        if key not in self._unit_cache:
+            time_v, _ = self.load(t, sharding, k, kernel, cache, hot)
+            self._unit_cache[key] = float(time_v[:k].sum() if sharding is ShardingType.TABLE_ROW_WISE
+                                          else time_v[:k].max())
+        return self._unit_cache[key]
 
     def table_bytes(self, t: EmbeddingTable) -> float:
         """The table's rows with their optimizer state."""
@@ -103,12 +115,11 @@ class _Planner:
                 mem += mem_v
                 placements.append(TablePlacement(table=name, sharding=sh, ranks=tuple(range(W)), kernel=kern,
                                                  cache_ratio=cache, hot_row_fraction=hot))
-            elif sh is ShardingType.TABLE_ROW_WISE:
-                units.append((float(time_v[:k].sum()), name, sh, k, kern, cache, hot, time_v[:k], mem_v[:k]))
             else:
-                # k column shards: each costs about 1/k of the whole (priced with k ranks)
-                units.append((float(time_v[:k].max()), name, sh, k, kern, cache, hot, time_v[:k], mem_v[:k]))
+                units.append((self.unit_cost(t, sh, k, kern, cache, hot), name, sh, k, kern, cache, hot,
+                              time_v[:k], mem_v[:k]))
         units.sort(key=lambda u: -u[0])
+        mem_max = float(mem.max())  # kept as shards are added: whether any rank can run out
         for _, name, sh, k, kern, cache, hot, tv, mv in units:
             if sh is ShardingType.TABLE_ROW_WISE:
                 # a whole node: the node whose busiest rank is least loaded, among those with
@@ -119,14 +130,20 @@ class _Planner:
                 ranks = tuple(range(n * self.g, (n + 1) * self.g))
                 load[list(ranks)] += tv
                 mem[list(ranks)] += mv
+                mem_max = max(mem_max, float(mem[list(ranks)].max()))
             else:
+                # each shard to the least-loaded rank with room (else the least loaded), not one
+                # of the table's own; ties to the lowest rank (argmin's first minimum)
                 ranks = []
+                roomy = mem_max + float(mv.max()) <= self.capacity  # no rank can run out
                 for j in range(k):
-                    order = np.argsort(load + (mem + mv[j] > self.capacity) * 1e9, kind="stable")
-                    r = next(int(r) for r in order if int(r) not in ranks)
+                    key = load.copy() if roomy else load + (mem + mv[j] > self.capacity) * 1e9
+                    key[ranks] = np.inf
+                    r = int(key.argmin())
                     ranks.append(r)
                     load[r] += tv[j]
                     mem[r] += mv[j]
+                    mem_max = max(mem_max, float(mem[r]))
                 ranks = tuple(ranks)
             placements.append(TablePlacement(table=name, sharding=sh, ranks=ranks, kernel=kern, cache_ratio=cache,
                                              hot_row_fraction=hot))
@@ -136,7 +153,8 @@ class _Planner:
 
     def price(self, choice: dict) -> tuple[float, EmbeddingPlan, EmbeddingCost]:
         plan = self.place(choice)
-        cost = evaluate(plan, self.wl, self.cluster, hbm_reserve_fraction=self.reserve, memo=self.memo)
+        cost = evaluate(plan, self.wl, self.cluster, hbm_reserve_fraction=self.reserve, memo=self.memo,
+                        per_table=False)
         self.evaluated += 1
         penalty = 0.0 if cost.fits_hbm else 1e6 * float(cost.hbm_bytes.max() - cost.capacity_bytes) / self.capacity
         if not cost.fits_host:
@@ -245,7 +263,8 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
                 priced = P.price(trial)
                 if _better(priced, best):
                     best, choice = priced, trial
-    _, plan, cost = best
+    _, plan, _ = best
+    cost = evaluate(plan, wl, cluster, hbm_reserve_fraction=hbm_reserve_fraction, memo=P.memo)  # with table_s
     if cost.fits_hbm and not cost.fits_host:
         raise ParaplanError(
             f"no embedding plan fits: the rows kept in host memory (UVM) need {fmt_bytes(float(cost.host_bytes_per_host.max()))} "

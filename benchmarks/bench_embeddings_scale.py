@@ -1,0 +1,66 @@
+"""How the embedding planner's time grows with the tables and the GPUs.
+
+    python benchmarks/bench_embeddings_scale.py                  # 100, 200, 400 tables on 64 GPUs; Criteo at 16,384
+    python benchmarks/bench_embeddings_scale.py --tables 100,200 --gpus 16
+
+Synthetic workloads: N tables with a fixed seed, rows log-uniform from 1,000 to 40M, widths
+64/128/128/256, pooling factors 1/1/2/5/20 (the spread of a production DLRM: a few huge
+tables, many small). Each case is one `plan_embeddings` call, wall time, with the plans it
+priced and its step. Timings belong here, never in unit tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+from bench_search import environment, environment_line  # noqa: E402
+from paraplan.embeddings.search import plan_embeddings  # noqa: E402
+from paraplan.embeddings.tables import EmbeddingTable, EmbeddingWorkload, load_embedding_workload  # noqa: E402
+from paraplan.specs.catalog import load_cluster  # noqa: E402
+
+
+def synthetic(n: int, batch_per_rank: int = 512, seed: int = 0) -> EmbeddingWorkload:
+    rng = random.Random(seed)
+    tables = tuple(EmbeddingTable(name=f"t{i}", num_rows=int(10 ** rng.uniform(3, 7.6)),
+                                  dim=rng.choice([64, 128, 128, 256]), pooling_factor=rng.choice([1, 1, 2, 5, 20]))
+                   for i in range(n))
+    return EmbeddingWorkload(name=f"synthetic-{n}", tables=tables, batch_size_per_rank=batch_per_rank)
+
+
+def run_case(label: str, wl: EmbeddingWorkload, gpus: int) -> dict:
+    cluster = load_cluster("dgx-h100", num_gpus=gpus)
+    t0 = time.perf_counter()
+    res = plan_embeddings(wl, cluster)
+    return {"case": label, "tables": len(wl.tables), "gpus": gpus, "seconds": time.perf_counter() - t0,
+            "plans_priced": res.candidates, "step_ms": res.cost.step_time_s * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tables", default="100,200,400")
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--criteo-gpus", default="16384", help="Criteo-1TB at these GPU counts ('' for none)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = [run_case(f"{n} synthetic tables", synthetic(n), args.gpus) for n in map(int, args.tables.split(","))]
+    rows += [run_case("Criteo-1TB (26 tables)", load_embedding_workload("criteo-1tb", 512), int(g))
+             for g in filter(None, args.criteo_gpus.split(","))]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(environment_line(environment()))
+    print(f"{'case':<26} {'GPUs':>7} {'seconds':>8} {'plans priced':>13} {'step ms':>9}")
+    print("-" * 67)
+    for r in rows:
+        print(f"{r['case']:<26} {r['gpus']:>7,} {r['seconds']:>8.2f} {r['plans_priced']:>13,} {r['step_ms']:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()
