@@ -254,7 +254,8 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
         every["fwd"] = (local * t.dim * t.weight_bytes + (G / W) * t.dim * POOLED_OUTPUT_BYTES) / hbm_bw
         every["bwd"] = (local * i * 2.0 + hot * 2.0 * row_state) / hbm_bw
         every["ar"] = float(collective_time_s(cluster, Collective.ALL_REDUCE, hot * t.dim * t.weight_bytes, W, 1))
-    return {"per_shard": per, "every_rank": every}
+    # the fields as rows of one array, in _FIELDS order: evaluate adds every table's at once
+    return {"per_shard": per, "every_rank": every, "stacked": np.stack([per[k] for k in _FIELDS])}
 
 
 def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *, hbm_reserve_fraction: float = 0.15,
@@ -281,22 +282,14 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
                                                      p.hot_row_fraction, plan.dedup, wl_key, cluster, W)
         ranks = np.asarray(p.ranks)
         rank_parts.append(ranks)
-        if "stacked" not in contrib:  # the fields as rows of one array: one append per table
-            contrib["stacked"] = np.stack([np.broadcast_to(contrib["per_shard"][k], (len(p.ranks),)) for k in _FIELDS])
         shard_parts.append(contrib["stacked"])
         for k, v in contrib["every_rank"].items():
             every[k] += v
         if not per_table:
             continue
-        per = contrib["per_shard"]
-        lookup = per["fwd"] + per["bwd"]
-        on_every = contrib["every_rank"]["fwd"] + contrib["every_rank"]["bwd"]
-        if len(set(p.ranks)) == len(p.ranks):  # its busiest rank: the busiest shard's, or one it left
-            busiest = float((lookup + on_every).max()) if len(lookup) else 0.0
-            table_rank[p.table] = busiest if len(p.ranks) == W else max(busiest, 0.0 + on_every)
-        else:
-            per_rank = np.bincount(ranks, weights=lookup, minlength=W)
-            table_rank[p.table] = float((per_rank + on_every).max())
+        per, on_every = contrib["per_shard"], contrib["every_rank"]
+        per_rank = np.bincount(ranks, weights=per["fwd"] + per["bwd"], minlength=W)
+        table_rank[p.table] = float((per_rank + on_every["fwd"] + on_every["bwd"]).max())
     if rank_parts:
         all_ranks, shards = np.concatenate(rank_parts), np.concatenate(shard_parts, axis=1)
         acc = {k: np.bincount(all_ranks, weights=shards[i], minlength=W) + every[k] for i, k in enumerate(_FIELDS)}

@@ -90,12 +90,13 @@ class ServingResult:
         return float(ok.sum()) / self.makespan_s
 
 
-def _decode_run(num_decoding: int, decoding_finish: list, reaching: deque, it: int) -> int:
-    """Iterations from `it` on after which no decoding sequence finishes or reaches the window."""
-    event = decoding_finish[0][0] if decoding_finish else math.inf
+def _decode_run(decoding_finish: list, reaching: deque, it: int) -> int:
+    """Iterations from `it` on after which no decoding sequence finishes or reaches the window
+    (some sequence is decoding: `decoding_finish` is not empty)."""
+    event = decoding_finish[0][0]
     if reaching:
         event = min(event, reaching[0])
-    return int(min(event - 1 - it, 1 << 20))
+    return event - 1 - it
 
 
 def arrival_times_s(traffic: Traffic, seed: int = 0) -> np.ndarray:
@@ -184,19 +185,20 @@ def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_ca
             pending += isl
             kv_reserved += need
             active += 1
-        if decode_runs and not prefilling and num_decoding and _decode_run(num_decoding, decoding_finish, reaching, it) > 1:
+        run = _decode_run(decoding_finish, reaching, it) if decode_runs and not prefilling and num_decoding else 0
+        if run > 1:
             # Only decoding until the next event (a sequence finishing or reaching the window,
             # an arrival while admission is open): the iterations differ only in the KV they
             # read, so they are timed at once, each exactly as the loop below would time it.
             # Admission cannot change before the event: the batch, the KV reserved and the
             # token budget stay as they are.
             D = num_decoding
-            k = np.arange(_decode_run(D, decoding_finish, reaching, it))
+            k = np.arange(run)
             read = ((1.0 - window.share) * (ctx_sum + k * D + D)
                     + window.share * (win_sum + k * growing + growing))
             dts = step.time_s(0, 0.0, D, read, D, prefill_chunks=0, largest_chunk=0)
             starts = np.cumsum(np.concatenate(([now], dts)))  # sequential, as now += dt is
-            runs = len(k)
+            runs = run
             if not waiting and next_arrival < released:  # the loop would admit it at once
                 runs = max(1, int(np.searchsorted(starts[:runs], arrivals[next_arrival], side="left")))
             max_conc = max(max_conc, D)

@@ -254,7 +254,8 @@ def missed_targets_advice(res: ServeResult, traffic: Traffic, cluster: ClusterSp
     why = []
     fastest_ttft = min(res.ranked, key=lambda e: e.ttft_floor_s)
     fastest_tpot = min(res.ranked, key=lambda e: e.tpot_floor_s)
-    if traffic.ttft_target_s is not None and fastest_ttft.ttft_floor_s > traffic.ttft_target_s:
+    ttft_missed = traffic.ttft_target_s is not None and fastest_ttft.ttft_floor_s > traffic.ttft_target_s
+    if ttft_missed:
         why.append(f"a lone request's TTFT is at best {fastest_ttft.ttft_floor_s * 1e3:.1f} ms "
                    f"({fastest_ttft.plan.describe()}), above the {traffic.ttft_target_s * 1e3:g} ms target")
     if (traffic.tpot_target_s is not None and has_tpot(traffic.output_tokens)
@@ -265,7 +266,7 @@ def missed_targets_advice(res: ServeResult, traffic: Traffic, cluster: ClusterSp
     if not why:
         why.append(f"a lone request meets them, but none does at {PROBE_REQUESTS} requests even at a low rate")
     helps = ["looser targets (--ttft-ms, --tpot-ms)"]
-    if any("TTFT" in w for w in why):
+    if ttft_missed:
         helps.append("a shorter --prompt")
     if cluster.num_gpus < cluster.gpus_per_node:
         helps.append(f"more GPUs per replica (--gpus up to {cluster.gpus_per_node}: wider tensor parallelism)")

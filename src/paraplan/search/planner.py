@@ -202,14 +202,14 @@ def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
     cap = cluster.gpu.hbm_bytes
     more = int(np.ceil(cluster.num_gpus * need / cap / cluster.gpus_per_node)) * cluster.gpus_per_node
     # past the GPU counts the CLI plans for (--gpus), more GPUs is no answer
-    ways = ([f"more GPUs (about {more:,})"] if more <= MAX_DEGREE else []) + ["a shorter sequence"]
+    too_many = more > MAX_DEGREE
+    ways = ([] if too_many else [f"more GPUs (about {more:,})"]) + ["a shorter sequence"]
     left_out = [name for name, allowed in (("ZeRO-3", ZeroStage.PARAMETERS in limits.zero_stages),
                                            ("full recomputation", Recompute.FULL in limits.recomputes),
                                            ("optimizer offload", limits.allow_offload)) if not allowed]
     if left_out:  # bounds narrower than the whole space (an engine's): those plans were never tried
         ways.append(f"{' and '.join(left_out)} (not searched "
                     f"{'for this engine' if limits.engine_rule is not None else 'here'})")
-    beyond = "" if more <= MAX_DEGREE else (f" (about {more:,} GPUs would hold it, more than the "
-                                             f"{MAX_DEGREE:,} paraplan plans for)")
+    beyond = f" (about {more:,} GPUs would hold it, more than the {MAX_DEGREE:,} paraplan plans for)" if too_many else ""
     return (f"no plan fits in {fmt_bytes(cap)} per GPU: the smallest needs {fmt_bytes(need)} "
             f"({plan.describe()}){beyond}; try " + (", ".join(ways[:-1]) + " or " if len(ways) > 1 else "") + ways[-1])
