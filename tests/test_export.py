@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shlex
 import tomllib
 from dataclasses import replace
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 from support import run
 
+from paraplan.cost.estimate import chunk_layers
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
 from paraplan.export.common import Engine
@@ -80,6 +82,13 @@ PLANS = {
     "pp4-1f1b-m2": (plan(pp=4, dp=4, micro_batch_size=8, zero=ZeroStage.PARAMETERS), {Engine.MEGATRON}),
     "cp2-ulysses": (plan(cp=2, dp=8, cp_comm_type=CPCommType.A2A), {Engine.MEGATRON}),
     "ddp-mb8": (plan(micro_batch_size=4), {Engine.TORCHTITAN, Engine.MEGATRON, Engine.DEEPSPEED}),
+    # 32 layers in 2 × 17 chunks of 2 slots: the embedding and the loss take one each
+    # (--account-for-embedding/loss-in-pipeline-split)
+    "pp2-vp17-accounted": (plan(pp=2, dp=8, vp=17, schedule=Schedule.INTERLEAVED_1F1B, zero=ZeroStage.OPTIMIZER),
+                           {Engine.MEGATRON}),
+    # 32 layers in 4 × 3 chunks of 3: four spare slots, a layout string
+    "pp4-vp3-layout": (plan(tp=2, pp=4, dp=2, vp=3, schedule=Schedule.INTERLEAVED_1F1B, sequence_parallel=True,
+                            zero=ZeroStage.OPTIMIZER), {Engine.MEGATRON}),
 }
 CASES = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e in ok]
 REFUSED = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e not in ok]
@@ -231,6 +240,8 @@ MEGATRON_FLAGS = {
     "--overlap-moe-expert-parallel-comm": bool, "--moe-shared-expert-overlap": bool,
     "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
     "--cp-comm-type": str, "--num-layers-per-virtual-pipeline-stage": int, "--sequence-parallel": bool,
+    "--account-for-embedding-in-pipeline-split": bool, "--account-for-loss-in-pipeline-split": bool,
+    "--pipeline-model-parallel-layout": str,
     "--tp-comm-overlap": bool, "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int,
     "--micro-batch-size": int, "--global-batch-size": int,
     "--recompute-granularity": str, "--recompute-method": str, "--recompute-num-layers": int,
@@ -265,6 +276,31 @@ def megatron_args(text: str) -> dict:
     return out
 
 
+def megatron_stage_layers(a: dict, num_layers: int) -> list[int]:
+    """Decoder layers per virtual stage (rank j % PP, chunk j // PP) as Megatron-LM reads the
+    flags: its layout grammar ("E|(t|)*3,m|m||L": '|' splits stages, '(..)*r' and 'x*n'
+    repeat, commas are cosmetic; PipelineParallelLayerLayout's docstring), or equal chunks
+    of the layers plus one slot per account-for flag, the embedding's taken off the first
+    chunk and the loss's off the last (validate_args, get_num_layers_to_build)."""
+    pp = a["pipeline_model_parallel_size"]
+    if "pipeline_model_parallel_layout" in a:
+        text = a["pipeline_model_parallel_layout"].replace(",", "")
+        text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+        stages = text.split("|")
+        assert stages[0].startswith("E") and stages[-1].endswith("L") and len(stages) % pp == 0
+        assert text.count("E") == text.count("L") == 1 and set(text) <= set("EtL|")
+        return [x.count("t") for x in stages]
+    emb, loss = (bool(a.get(f"account_for_{x}_in_pipeline_split")) for x in ("embedding", "loss"))
+    slots = num_layers + emb + loss
+    chunk = a.get("num_layers_per_virtual_pipeline_stage", slots // pp)
+    assert slots % pp == 0 and (slots // pp) % chunk == 0
+    counts = [chunk] * (slots // chunk)
+    counts[0] -= emb
+    counts[-1] -= loss
+    return counts
+
+
 def check_megatron(p, a: dict) -> None:
     assert a["tensor_model_parallel_size"] == p.tp and a["pipeline_model_parallel_size"] == p.pp
     assert a["context_parallel_size"] == p.cp
@@ -275,8 +311,10 @@ def check_megatron(p, a: dict) -> None:
     assert a.get("sequence_parallel", False) == p.sequence_parallel
     assert a.get("tp_comm_overlap", False) == p.tp_overlap
     assert a["micro_batch_size"] == p.micro_batch_size and a["global_batch_size"] == WL.global_batch_size
-    chunk = a.get("num_layers_per_virtual_pipeline_stage")
-    assert (MODEL.num_layers // (p.pp * chunk) if chunk else 1) == p.vp
+    # the layers land on the virtual stages where the cost model and the simulator put them
+    counts = megatron_stage_layers(a, MODEL.num_layers)
+    assert len(counts) == p.pp * p.vp and sum(counts) == MODEL.num_layers
+    assert counts == [len(r) for r in chunk_layers(MODEL, WL, p)]
     rc = (a.get("recompute_granularity"), a.get("recompute_method"), a.get("recompute_num_layers"))
     assert rc == {Recompute.NONE: (None, None, None), Recompute.SELECTIVE: ("selective", None, None),
                   Recompute.MODULES: ("selective", None, None), Recompute.FULL: ("full", "uniform", 1),
@@ -344,8 +382,15 @@ def test_megatron_core_accepts_the_arguments(name, monkeypatch):
     import torch
     # validate_args: params_dtype from --bf16/--fp16; core_transformer_config_from_args: pipeline_dtype = params_dtype
     kw["params_dtype"] = kw["pipeline_dtype"] = torch.bfloat16 if a.get("bf16") else torch.float16
-    if "num_layers_per_virtual_pipeline_stage" in a:
-        kw["virtual_pipeline_model_parallel_size"] = a["num_layers"] // (
+    # validate_args: the virtual stages from the layout string, or from the layers per virtual
+    # stage counting a slot per account-for flag
+    accounts = {f"account_for_{x}_in_pipeline_split": a.get(f"account_for_{x}_in_pipeline_split", False)
+                for x in ("embedding", "loss")}
+    kw.update(accounts)
+    if "pipeline_model_parallel_layout" in a:
+        kw["pipeline_model_parallel_layout"] = a["pipeline_model_parallel_layout"]
+    elif "num_layers_per_virtual_pipeline_stage" in a:
+        kw["virtual_pipeline_model_parallel_size"] = (a["num_layers"] + sum(accounts.values())) // (
             a["pipeline_model_parallel_size"] * a["num_layers_per_virtual_pipeline_stage"])
     if "num_experts" in a:
         kw.update(num_moe_experts=a["num_experts"], moe_router_topk=a["moe_router_topk"],
@@ -356,6 +401,16 @@ def test_megatron_core_accepts_the_arguments(name, monkeypatch):
     cfg = TransformerConfig(**kw)  # Megatron-Core's own validation (__post_init__)
     assert cfg.tensor_model_parallel_size == p.tp and cfg.pipeline_model_parallel_size == p.pp
     assert (cfg.virtual_pipeline_model_parallel_size or 1) == p.vp
+    # Megatron-Core's own placement of the decoder layers, virtual stage by virtual stage,
+    # is the cost model's
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    vps = cfg.virtual_pipeline_model_parallel_size
+    built = [cfg.pipeline_model_parallel_layout.layout[j % p.pp][j // p.pp].count(LayerType.decoder)
+             if cfg.pipeline_model_parallel_layout is not None
+             else get_num_layers_to_build(cfg, vp_stage=j // p.pp if vps else None, pp_rank=j % p.pp)
+             for j in range(p.pp * p.vp)]
+    assert built == [len(r) for r in chunk_layers(model, WL, p)]
     ddp = DistributedDataParallelConfig(
         use_distributed_optimizer=a.get("use_distributed_optimizer", False),
         overlap_grad_reduce=a.get("overlap_grad_reduce", False), overlap_param_gather=a.get("overlap_param_gather", False),

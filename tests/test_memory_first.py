@@ -55,3 +55,31 @@ def test_the_ranking_does_not_depend_on_how_the_space_is_chunked(monkeypatch):
         ranked[chunk] = [(e.plan, e.step_time_s) for e in res.ranked]
     first, *others = ranked.values()
     assert all(o == first for o in others)
+
+
+@pytest.mark.parametrize("name,gpus,prec", [("llama3-70b", 64, Precision.BF16), ("qwen3-30b-a3b", 16, Precision.FP8)])
+def test_threads_rank_and_count_as_one_thread_does(monkeypatch, name, gpus, prec):
+    """Slices priced on threads are merged in enumeration order: the same plans, times,
+    counts and smallest plan as in one thread, with small slices so that many run at once."""
+    import paraplan.search.planner as planner
+    model, cluster = load_model(name), load_cluster("dgx-h100", num_gpus=gpus)
+    wl = Workload(global_batch_size=256, seq_len=4096, precision=prec)
+    monkeypatch.setattr(planner, "CHUNK", 20_000)
+    out = {}
+    for threads in ("1", "3"):
+        monkeypatch.setenv("PARAPLAN_THREADS", threads)
+        assert planner.search_threads() == int(threads)
+        res = search(model, cluster, wl, top_k=16, resimulate=16)
+        out[threads] = ([(e.plan, e.step_time_s, e.memory.total) for e in res.ranked],
+                        (res.num_candidates, res.num_valid, res.num_fit))
+    assert out["1"] == out["3"]
+    assert out["1"][1][0] > 10 * 20_000  # many slices
+
+
+@pytest.mark.parametrize("value", ["0", "9", "two", "1.5"])
+def test_a_bad_thread_count_is_one_line(monkeypatch, capsys, value):
+    from support import run
+    monkeypatch.setenv("PARAPLAN_THREADS", value)
+    code, out, err = run(capsys, "search", "--model", "llama3-8b", "--gpus", "8")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"PARAPLAN_THREADS={value!r}" in err and "1 to 8" in err

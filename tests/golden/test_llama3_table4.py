@@ -52,10 +52,16 @@ def test_search_proposes_meta_layout_without_pins():
         layouts |= set(zip(batch.pp.tolist(), batch.vp.tolist()))
     assert (16, 8) in layouts and (2, 1) in layouts
     assert all(pp * vp <= 128 for pp, vp in layouts)
-    # 5 stages cannot even out 126 layers (+ embedding + loss): proposed only when pinned
+    # 5 stages cannot even out 126 layers (+ embedding + loss): proposed all the same, with
+    # the fullest stage's ⌈126/5⌉ = 26 layers split evenly into its chunks (VP dividing 26,
+    # up to the search's VP 8); engines that need equal chunks (torchtitan) leave them out
     small = load_cluster("dgx-h100", num_gpus=40)
     wl = Workload(global_batch_size=80, seq_len=8192)
-    pps = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8}) for p in b.pp.tolist()}
+    found = {(p, v) for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8})
+             for p, v in zip(b.pp.tolist(), b.vp.tolist())}
+    assert found == {(1, 1), (5, 1), (5, 2)}
+    pps = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(even_pipeline=True), fixed={"tp": 8})
+           for p in b.pp.tolist()}
     assert pps == {1}
     pinned = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8, "pp": 5})
               for p in b.pp.tolist()}
@@ -86,10 +92,15 @@ def test_end_stages_give_a_layer_slot_to_the_embedding_and_the_loss():
     assert float(a.middle.forward_s[0]) == pytest.approx(float(b.middle.forward_s[0]))
 
 
-def test_engines_that_need_equal_chunks_export_the_best_plan_they_can_run(capsys):
-    # the plain search prefers 126 layers in slot-counted chunks; Megatron's export writes
-    # equal chunks, so it searches those only (and still finds a plan)
+def test_megatron_exports_the_slot_counted_split_of_405b(capsys):
+    # the search lays 126 layers out in 128 slot-counted chunks; Megatron-LM runs that split
+    # with its account-for flags (as Megatron-Bridge's Llama 3.1 405B recipe does), so its
+    # best plan is the plain search's PP16 VP8 layout, not one of equal chunks
     assert main(["export", "--format", "megatron", "--model", "llama3.1-405b", "--gpus", "2048", "--seq", "8192",
                  "--batch", "1024", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["plan_source"] == "search" and out["fits"]
+    assert " PP16 " in out["plan"] and " VP8 " in out["plan"]
+    args = out["text"].split()
+    assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "1"

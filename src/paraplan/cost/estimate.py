@@ -10,8 +10,8 @@ from ..errors import ParaplanError
 from ..plan.axes import ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, check_plan
-from ..sim.engine import SimResult, StageCosts, simulate
-from ..sim.schedules import SPLIT_BACKWARD, build_schedule, placement, stage_rank
+from ..sim.engine import SimResult, StageCosts, simulate_schedule
+from ..sim.schedules import SPLIT_BACKWARD, placement, stage_rank
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -166,10 +166,10 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     time = costs.time.scalar(0)
     sim = None
     if simulate_pipeline and plan.pp > 1:
-        sc, where = stage_costs(costs, plan), placement(plan.schedule)
+        sc = stage_costs(costs, plan)
         m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
         if m <= 2 * m1:
-            sim = simulate(build_schedule(plan.schedule, plan.pp, m, plan.vp), sc, where)
+            sim = simulate_schedule(plan.schedule, m, sc)
             makespan = sim.step_time_s
         else:
             # every micro-batch costs the same, so past the warm-up each schedule repeats one
@@ -177,8 +177,8 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
             # of PP, as interleaving needs) and extend the line to m: exact once the steady state
             # has set in by m1 (tests/test_estimate_many_microbatches.py checks it against the full
             # simulation); no timeline is kept
-            t1 = simulate(build_schedule(plan.schedule, plan.pp, m1, plan.vp), sc, where).step_time_s
-            t2 = simulate(build_schedule(plan.schedule, plan.pp, 2 * m1, plan.vp), sc, where).step_time_s
+            t1 = simulate_schedule(plan.schedule, m1, sc).step_time_s
+            t2 = simulate_schedule(plan.schedule, 2 * m1, sc).step_time_s
             makespan = t2 + (m - 2 * m1) * (t2 - t1) / m1
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
         rest = makespan - _batch_index(costs.critical_stage_s) - time.pp_comm_s

@@ -19,6 +19,12 @@ Mapping (paraplan -> Megatron-LM):
   `--fp8-recipe tensorwise` (Megatron-Core refuses moe_act/layernorm recomputation with
   delayed scaling).
 - Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
+- Layers per virtual stage (`pipeline_args`): as the cost model and the simulator lay them out
+  (cost/estimate.py chunk_layers). Equal chunks as they are; one or two spare slots as
+  `--account-for-loss-in-pipeline-split` (and `--account-for-embedding-in-pipeline-split`),
+  as Megatron-Bridge's Llama 3.1 405B recipe runs its 126 layers; any other split as
+  `--pipeline-model-parallel-layout`, one `E`/`t`/`L` string per virtual stage (Megatron-Core
+  PipelineParallelLayerLayout; Megatron-Bridge's DeepSeek-V3 recipes lay out its 61 layers so).
 - CP: `--cp-comm-type` p2p (ring), all_gather or a2a (Ulysses), Transformer Engine's names.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 import shlex
 import numpy as np
 
+from ..cost.estimate import chunk_layers
 from ..cost.moe import shared_expert_overlap
 from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
@@ -34,8 +41,7 @@ from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, layers_per_chunk, nodes_and_gpus_per_node,
-                     unsupported)
+from .common import Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, unsupported
 
 ENGINE = Engine.MEGATRON
 # Megatron's --attention-backend: TE's flash-attn path, TE's cuDNN fused attention, unfused.
@@ -59,8 +65,8 @@ def _offload_refused(plan) -> object:
 
 SUPPORT = EngineSupport(
     engine=ENGINE,
-    # the export writes PP×VP equal chunks (layers_per_chunk): even splits only
-    limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B), even_pipeline=True,
+    # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
+    limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B),
                        hierarchical_a2a=False,
                        engine_rule=lambda batch, model, workload: _tp_pp_dp_mapping_refused(batch) | _offload_refused(batch)),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
@@ -72,7 +78,6 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     """Raise a one-line error for what Megatron-LM cannot express."""
     if plan.pp > 1 and plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
         raise unsupported(ENGINE, "schedule", str(plan.schedule), "1f1b or interleaved (VP>1)")
-    layers_per_chunk(model, plan, ENGINE)
     if plan.recompute is Recompute.FIRST_K and plan.recompute_num_layers % plan.vp:
         raise unsupported(ENGINE, "recompute_num_layers", plan.recompute_num_layers,
                           f"a multiple of VP={plan.vp} (--recompute-num-layers counts per virtual stage)")
@@ -88,6 +93,55 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16, fp16 or fp8 (--bf16 / --fp16 / --fp8-format)")
     if plan.attention not in ATTENTION:  # pragma: no cover - closed enum
         raise unsupported(ENGINE, "attention", str(plan.attention), ", ".join(map(str, ATTENTION)))
+
+
+def layout_string(counts: list[int]) -> str:
+    """Megatron-Core's --pipeline-model-parallel-layout for `counts[j]` decoder layers on
+    virtual stage j (rank j % PP, chunk j // PP, the order PipelineParallelLayerLayout
+    reads): stages split by '|', the embedding 'E' first, the loss 'L' last, runs written
+    't*n' and repeated stages '(...|)*r' (its parse_str_to_list unrolls both)."""
+    n = len(counts)
+    stages = [("E" if j == 0 else "") + ("t" if c == 1 else f"t*{c}" if c else "") + ("L" if j == n - 1 else "")
+              for j, c in enumerate(counts)]
+    groups: list[list] = []
+    for x in stages:
+        if groups and groups[-1][0] == x:
+            groups[-1][1] += 1
+        else:
+            groups.append([x, 1])
+    out = []
+    for i, (x, r) in enumerate(groups):
+        last = i == len(groups) - 1
+        reps = r - 1 if last else r
+        if reps > 1:
+            out.append(f"({x}|)*{reps}")
+        elif reps == 1:
+            out.append(x + "|")
+        if last:
+            out.append(x)
+    return "".join(out)
+
+
+def pipeline_args(model: ModelSpec, workload: Workload, plan: Plan) -> list:
+    """The flags that place the layers on the virtual stages as the cost model lays them out
+    (chunk_layers): equal chunks through --num-layers-per-virtual-pipeline-stage; the
+    embedding's and the loss's spare slots through Megatron-Core's account-for flags, which
+    take a layer off the first and the last chunk (transformer_block.get_num_layers_to_build);
+    anything else as a layout string."""
+    if plan.pp == 1:
+        return []
+    counts = [len(r) for r in chunk_layers(model, workload, plan)]
+    chunks = plan.pp * plan.vp
+    slots = -(-model.num_layers // chunks) * chunks - model.num_layers
+    per_chunk = (model.num_layers + slots) // chunks
+    vp = ["--num-layers-per-virtual-pipeline-stage", per_chunk] if plan.vp > 1 else []
+    if slots == 0:
+        return vp
+    accounted = [per_chunk - (j == 0 and slots == 2) - (j == chunks - 1) for j in range(chunks)]
+    if slots <= 2 and accounted == counts:
+        return ((["--account-for-embedding-in-pipeline-split"] if slots == 2 else [])
+                + ["--account-for-loss-in-pipeline-split"] + vp)
+    return ["--pipeline-model-parallel-layout", layout_string(counts)]
 
 
 def _model_args(model: ModelSpec, workload: Workload) -> list[str]:
@@ -130,8 +184,7 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     a += ["--tensor-model-parallel-size", plan.tp, "--pipeline-model-parallel-size", plan.pp,
           "--context-parallel-size", plan.cp, "--micro-batch-size", plan.micro_batch_size,
           "--global-batch-size", workload.global_batch_size]
-    if plan.vp > 1:
-        a += ["--num-layers-per-virtual-pipeline-stage", layers_per_chunk(model, plan, ENGINE)]
+    a += pipeline_args(model, workload, plan)
     if plan.cp > 1:
         a += ["--cp-comm-type", CP_COMM[plan.cp_comm_type]]
     if plan.rank_order is RankOrder.TP_CP_PP_DP and plan.pp > 1:

@@ -470,7 +470,9 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             if cp > limits.max_cp or fixed.get("cp", cp) != cp:
                 continue
             for pp in _divisors(N // (tp * cp)):
-                splits = L % pp == 0 if limits.even_pipeline else _balanced(L, pp)
+                # any PP up to a layer per stage: the fullest stage holds ⌈l/PP⌉ layers, the
+                # spare slots come off the others (DeepSeek-V3's 61 layers run on PP 16)
+                splits = L % pp == 0 if limits.even_pipeline else (pp <= L or _balanced(L, pp))
                 if (not splits and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
                 dp = N // (tp * cp * pp)
@@ -486,19 +488,23 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
         if pp > 1:
             # equal chunks of layers, or (unless the engine needs even splits) equal counting the
-            # embedding and the loss as a slot each; a pinned PP keeps every divisor of the
-            # fullest stage's ⌈l/PP⌉ layers (those split it evenly: ⌈⌈l/PP⌉/v⌉·v = ⌈l/PP⌉; a
-            # divisor of ⌊l/PP⌋ alone would put more layers on it, 6 for DeepSeek-V3's 61 at
-            # PP 16 × VP 3)
-            even = _divisors(-(-L // pp)) if L % pp == 0 or "pp" in fixed else [1]
+            # embedding and the loss as a slot each, or every divisor of the fullest stage's
+            # ⌈l/PP⌉ layers (those split it evenly: ⌈⌈l/PP⌉/v⌉·v = ⌈l/PP⌉; a divisor of
+            # ⌊l/PP⌋ alone would put more layers on it, 6 for DeepSeek-V3's 61 at PP 16 × VP 3);
+            # a pinned PP keeps those under even splits too, for the engine's check to name
+            uneven = not limits.even_pipeline or "pp" in fixed
+            even = _divisors(-(-L // pp)) if L % pp == 0 or uneven else [1]
             slots = [] if limits.even_pipeline else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)]
-            vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp)
+            # (at most l + 2 chunks: the pp_layers rule)
+            vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp and pp * x <= L + 2)
         else:
             vps = [1]
         if "vp" in fixed:  # virtual stages need pipeline stages: vp > 1 pins out PP = 1
             vps = [fixed["vp"]] if pp > 1 else ([1] if fixed["vp"] == 1 else [])
         L_s = -(-L // pp)
+        # (fewer than the layers of the emptiest stage: the first_k rule)
         ks = sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s}) if L_s > 1 else []
+        ks = [k for k in ks if k < L // pp]
         shards = [dp]
         if limits.hybrid_shard:  # (a shard group of one rank, dp_shard·cp = 1, shards nothing)
             shards += [x for x in _divisors(dp) if x < dp and x * cp > 1
@@ -534,7 +540,11 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                     rks = ks if rc is Recompute.FIRST_K else [0]
                     rc_code = rc.code
                     for rk in rks:
-                        for sp in (limits.sequence_parallel if tp > 1 else (False,)):
+                        # an MoE model with TP needs SP (the moe_sp rule)
+                        sps = (limits.sequence_parallel if tp > 1 else (False,))
+                        if model.is_moe and tp > 1:
+                            sps = tuple(x for x in sps if x)
+                        for sp in sps:
                             for zero in zeros:
                                 zshards = shards if zero is ZeroStage.PARAMETERS else [dp]
                                 z_code = zero.code
@@ -556,8 +566,15 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         # with data parallelism outermost, expert layers need EP×ETP = TP×CP (the ep_rank_order
         # rule): those rows take only such expert layouts, not the whole product
         outer_experts = tuple(x for x in experts if x[0] * x[1] == tp * cp) if model.is_moe else tuple(experts)
-        for part, ex in ((rows[~outermost_dp], tuple(experts)), (rows[outermost_dp], outer_experts)):
-            if len(part) and ex:
-                blocks.append(SpaceBlock(rows=part, experts=ex, micro_batches=tuple(mbs), kernel_code=kernel.code,
-                                         limits=limits))
+        # EP overlap pairs a forward with a backward: rows whose schedule has no such pairs, or
+        # that recompute whole layers, take only the expert layouts without it (the ep_overlap
+        # and ep_overlap_recompute rules), not the whole product
+        pairs = ((pp == 1) | ((rows[:, 5] == Schedule.INTERLEAVED_1F1B.code) & (rows[:, 4] > 1))
+                 | (rows[:, 5] == Schedule.DUAL_PIPE_V.code))
+        pairs &= ~np.isin(rows[:, 6], [Recompute.FULL.code, Recompute.FIRST_K.code])
+        for part, ex in ((~outermost_dp, tuple(experts)), (outermost_dp, outer_experts)):
+            for sub, sub_ex in ((part & pairs, ex), (part & ~pairs, tuple(x for x in ex if not x[4]))):
+                if sub.any() and sub_ex:
+                    blocks.append(SpaceBlock(rows=rows[sub], experts=sub_ex, micro_batches=tuple(mbs),
+                                             kernel_code=kernel.code, limits=limits))
     return blocks

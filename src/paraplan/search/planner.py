@@ -4,7 +4,9 @@ the simulated pipeline, so the top of the ranking is stable; see docs/model.md).
 
 from __future__ import annotations
 
+import os
 import time as _time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -22,8 +24,74 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import fmt_bytes
 
-CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search)
+CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search, per thread)
 SIMULATED_PLANS = 64  # the closed form's fastest plans the event simulator re-times (docs/model.md, Search)
+MAX_THREADS = 8  # slices priced at once (each holds up to CHUNK plans' arrays)
+
+
+def search_threads() -> int:
+    """Threads that price slices of the space at once: this process's CPUs (at most
+    MAX_THREADS), or PARAPLAN_THREADS."""
+    env = os.environ.get("PARAPLAN_THREADS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            raise SpecError("environment", "PARAPLAN_THREADS", env, f"an integer from 1 to {MAX_THREADS}") from None
+        if not 1 <= n <= MAX_THREADS:
+            raise SpecError("environment", "PARAPLAN_THREADS", env, f"an integer from 1 to {MAX_THREADS}")
+        return n
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_THREADS, cpus))
+
+
+@dataclass(kw_only=True)
+class _Slice:
+    """What one slice of the space leaves for the ranking."""
+
+    candidates: int
+    rejected: int
+    valid: int
+    fit: int = 0
+    device_fit: int = 0
+    smallest: tuple | None = None   # (bytes, plan) of its smallest-memory valid plan
+    kept: PlanBatch | None = None   # its fastest plans and their closed-form step times
+    kept_times: np.ndarray | None = None
+
+
+def _slices(blocks, size: int) -> list[list]:
+    """The space's parts in enumeration order, grouped into runs of about `size` candidates."""
+    out, cur, n = [], [], 0
+    for part in (part for block in blocks for part in block.parts(size)):
+        if cur and n + part.num_candidates > size:
+            out.append(cur)
+            cur, n = [], 0
+        cur.append(part)
+        n += part.num_candidates
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _map_in_order(fn, items: list):
+    """fn over items, results in the items' order: on threads where there is more than one
+    slice and one CPU (a pool's start costs more than a small search)."""
+    threads = min(search_threads(), len(items))
+    if threads <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="paraplan-search")
+    try:
+        # at most two slices per thread in flight: memory stays about 2 × threads × CHUNK plans
+        pending = []
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 2 * threads:
+                yield pending.pop(0).result()
+        for fut in pending:
+            yield fut.result()
+    finally:  # an error or Ctrl-C: the slices not started are dropped, not run
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,27 +127,37 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     n_cand = n_valid = n_fit = n_device_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
-    # the layouts first (cheap), each expanded into plans only when its turn comes, so that
-    # at most about one chunk of plans is held at once
+    # the layouts first (cheap), each expanded into plans only when its slice's turn comes, so
+    # that at most about one chunk of plans per thread is held at once
     blocks = space_blocks(model, cluster, workload, limits, fixed)
     total = sum(b.num_candidates for b in blocks) or 1
     done = 0
-    pending: list[PlanBatch] = []
 
-    def flush(batches):
-        nonlocal n_fit, n_device_fit, best_mem
+    def run(parts) -> _Slice:
+        """Materialize a slice of the space; price the memory of its valid plans and the time of
+        those that fit; keep its `resimulate` fastest, ties in enumeration order (a stable sort,
+        so the kept plans do not depend on how the space is sliced)."""
+        batches, n_rej = [], 0
+        for part in parts:
+            batch, rej = part.materialize(model, cluster, workload)
+            n_rej += rej
+            if len(batch):
+                batches.append(batch)
+        out = _Slice(candidates=sum(p.num_candidates for p in parts), rejected=n_rej,
+                     valid=sum(len(b) for b in batches))
+        if not batches:
+            return out
         batch = PlanBatch.concat(batches)
         # memory first (a fraction of the cost): only the plans that fit are timed
         memory, host_bytes = plan_memory(model, cluster, workload, batch)
         mem_total = np.asarray(memory.total)
         fits = plan_fits(cluster, mem_total, host_bytes)
-        n_fit += int(fits.sum())
-        n_device_fit += int((mem_total <= cluster.gpu.hbm_bytes).sum())
+        out.fit = int(fits.sum())
+        out.device_fit = int((mem_total <= cluster.gpu.hbm_bytes).sum())
         if not require_fit:
             fits = np.ones_like(fits)
         i_min = int(np.argmin(mem_total))
-        if best_mem is None or mem_total[i_min] < best_mem[0]:
-            best_mem = (float(mem_total[i_min]), batch.plan(i_min))
+        out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
         if fits.any():
             if fits.all():
                 sub, known = batch, (memory, host_bytes)
@@ -87,29 +165,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
                 sel = np.flatnonzero(fits)
                 sub, known = batch.take(sel), (memory.select(sel), np.asarray(host_bytes)[sel])
             step = np.asarray(evaluate(model, cluster, workload, sub, memory=known).time.total)
-            k = min(resimulate, len(step))
-            # the k fastest, ties in enumeration order (a stable sort): which of several
-            # equally fast plans is shown must not depend on how the space is chunked
-            idx = np.argsort(step, kind="stable")[:k]
-            keep_batches.append(sub.take(idx))
-            keep_times.append(step[idx])
+            idx = np.argsort(step, kind="stable")[:min(resimulate, len(step))]
+            out.kept, out.kept_times = sub.take(idx), step[idx]
+        return out
 
-    size = 0
-    for part in (part for block in blocks for part in block.parts(CHUNK)):
-        batch, n_rej = part.materialize(model, cluster, workload)
-        n_cand += len(batch) + n_rej
-        n_valid += len(batch)
-        if pending and size + len(batch) > CHUNK:  # at most CHUNK plans per evaluation
-            flush(pending)
-            pending, size = [], 0
-        if len(batch):
-            pending.append(batch)
-            size += len(batch)
-        done += part.num_candidates
+    # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
+    # releases the GIL in its array operations) and merged in enumeration order
+    for res in _map_in_order(run, _slices(blocks, CHUNK)):
+        n_cand += res.candidates
+        n_valid += res.valid
+        n_fit += res.fit
+        n_device_fit += res.device_fit
+        if res.smallest is not None and (best_mem is None or res.smallest[0] < best_mem[0]):
+            best_mem = res.smallest
+        if res.kept is not None:
+            keep_batches.append(res.kept)
+            keep_times.append(res.kept_times)
+        done += res.candidates
         if progress:
             progress(done, total)
-    if pending:
-        flush(pending)
     if not keep_batches:
         if n_valid == 0 and fixed:
             _explain_pins(model, cluster, workload, limits, fixed)
@@ -196,7 +270,8 @@ def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
         max_tp = limits.max_tp or cluster.gpus_per_node
         return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
                 f"{workload.global_batch_size}: DP = GPUs/(TP·CP·PP) must divide the batch, with TP ≤ {max_tp}, "
-                f"CP ≤ {limits.max_cp} and PP dividing the {model.num_layers} layers (and TP the heads); "
+                f"CP ≤ {limits.max_cp} and PP at most the {model.num_layers} layers"
+                + (", dividing them," if limits.even_pipeline else "") + " (and TP dividing the heads); "
                 "try fewer GPUs, a larger batch, or counts with more divisors (e.g. powers of two)")
     need, plan = best_mem
     cap = cluster.gpu.hbm_bytes

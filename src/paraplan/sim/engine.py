@@ -37,6 +37,7 @@ the weight gradient needs; Qi et al. 2024 Sec. 3.1).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .schedules import Phase, Placement, ScheduleError, Task, positive_int, stage_rank, virtual_stage
+from ..plan.axes import Schedule
+from .schedules import (Phase, Placement, ScheduleError, Task, build_schedule, placement, positive_int, stage_rank,
+                        virtual_stage)
 
 PerRankChunk = tuple[tuple[float, ...], ...]
 
@@ -190,7 +193,26 @@ def simulate(tasks_per_rank: Sequence[Sequence[Task]], costs: StageCosts,
         raise ScheduleError(f"schedule has {len(tasks_per_rank)} ranks; the stage costs have {p}")
     if where is Placement.V_SHAPE and v != 2:
         raise ScheduleError(f"placement 'v' needs 2 chunks per rank; the stage costs have {v}")
-    g = _Graph(tasks_per_rank, p, v, where)
+    return _simulate(_Graph(tasks_per_rank, p, v, where), tasks_per_rank, costs)
+
+
+@functools.lru_cache(maxsize=32)
+def _prepared(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, _Graph]:
+    """A schedule's task lists and their dependency graph, which do not depend on the costs:
+    built once for the many plans a search simulates with the same shape."""
+    tasks = build_schedule(schedule, p, m, v)
+    return tasks, _Graph(tasks, p, v, placement(schedule))
+
+
+def simulate_schedule(schedule: Schedule, num_microbatches: int, costs: StageCosts) -> SimResult:
+    """simulate(build_schedule(schedule, p, m, v), costs, placement(schedule)), the schedule's
+    graph built once per shape (p, m, v from the costs)."""
+    tasks, g = _prepared(Schedule(schedule), costs.num_stages, num_microbatches, costs.num_chunks)
+    return _simulate(g, tasks, costs)
+
+
+def _simulate(g: _Graph, tasks_per_rank, costs: StageCosts) -> SimResult:
+    p, v = costs.num_stages, costs.num_chunks
     if not g.has_weight and any(w for row in costs.weight_s for w in row):
         raise ScheduleError(
             "stage costs: weight_s is nonzero but the schedule has no W tasks; "
@@ -230,12 +252,8 @@ def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[floa
     # is a slot; the last slot is "no dependency", finished at time 0. The loop runs
     # actions (g.unit_*): an action's tasks fill their slots when the action ends.
     avail = [_NOT_DONE] * (2 * g.num_keys) + [0.0]
-    slot = (2 * g.task_key).tolist()
-    dep_a, dep_b, dep_c = g.unit_dep_a.tolist(), g.unit_dep_b.tolist(), g.unit_dep_c.tolist()
-    first_task, last_task = g.unit_first.tolist(), (g.unit_first + g.unit_size).tolist()
-    notify = g.notify.tolist()
-    next_unit = g.rank_first_unit.tolist()  # each rank's next action
-    stop = (g.rank_first_unit + g.rank_units).tolist()
+    slot, dep_a, dep_b, dep_c, first_task, last_task, notify, stop = g.loop_lists
+    next_unit = g.rank_first_unit.tolist()  # each rank's next action (advanced below)
     p = len(next_unit)
     rank_free = [0.0] * p
     queued = [False] * p
@@ -404,6 +422,13 @@ class _Graph:
                 raise ScheduleError(f"rank {self.rank[a]}: the action at task {flat[a]} waits for more than 3 inputs")
             outside += [none] * (3 - len(outside))
             self.unit_dep_a[u], self.unit_dep_b[u], self.unit_dep_c[u] = outside
+
+    @cached_property
+    def loop_lists(self) -> tuple[list, ...]:
+        """The event loop's read-only inputs as Python lists (it indexes them per task)."""
+        return ((2 * self.task_key).tolist(), self.unit_dep_a.tolist(), self.unit_dep_b.tolist(),
+                self.unit_dep_c.tolist(), self.unit_first.tolist(), (self.unit_first + self.unit_size).tolist(),
+                self.notify.tolist(), (self.rank_first_unit + self.rank_units).tolist())
 
 
 def _deadlock(tasks_per_rank, g: _Graph, next_unit, stop, avail) -> RuntimeError:
