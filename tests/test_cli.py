@@ -77,9 +77,13 @@ def test_estimate_text_report(capsys):
 
 def test_estimate_reports_a_plan_that_does_not_fit(capsys):
     # estimate predicts what it is asked; it says the plan does not fit rather than failing
-    code, out, _ = run(capsys, "estimate", "--model", "gpt3-175b", "--gpus", "8", "--batch", "8", "--seq", "2048")
+    code, out, _ = run(capsys, "estimate", "--model", "gpt3-175b", "--gpus", "8", "--batch", "8", "--seq", "2048",
+                       "--tp", "1")
     assert code == 0
     assert "DOES NOT FIT" in out
+    # with no plan flag the search's best plan is estimated, and where none fits, that is the error
+    assert "no plan fits" in assert_user_error(*run(capsys, "estimate", "--model", "gpt3-175b", "--gpus", "8",
+                                                    "--batch", "8", "--seq", "2048"))
 
 
 # ---------------------------------------------------------------- search
@@ -275,7 +279,8 @@ def test_unknown_cluster(capsys):
       "--seq", "2048"], "TP×PP×DP×CP"),
     (["estimate", "--model", "llama3-8b", "--gpus", "8", "--pp", "8", "--vp", "5", "--batch", "8", "--seq", "2048"],
      "must not exceed layers + 2 = 34"),
-    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--batch", "12", "--seq", "2048"], "not a multiple"),
+    (["estimate", "--model", "llama3-8b", "--gpus", "8", "--dp", "8", "--batch", "12", "--seq", "2048"],
+     "not a multiple"),
     (["estimate", "--recompute", "sometimes"], "allowed: none, selective, full, first_k"),
     (["estimate", "--schedule", "2f2b"], "allowed: gpipe, 1f1b"),
     (["estimate", "--zero", "4"], "allowed: 0, 1, 2, 3"),

@@ -289,7 +289,7 @@ def test_interruptions_too_frequent_for_progress_say_so(capsys):
 
 
 def test_no_single_change_advice_points_to_search_not_only_more_gpus(capsys):
-    code, out, err = run(capsys, "estimate", "--model", "mixtral-8x7b")
+    code, out, err = run(capsys, "estimate", "--model", "mixtral-8x7b", "--tp", "1")
     assert code == 0, err
     assert "several together may (`paraplan search`" in out
 
@@ -300,7 +300,7 @@ def test_dualpipev_at_micro_batch_1_does_not_suggest_a_smaller_one(capsys):
 
 
 def test_the_default_batch_named_as_such_when_dp_does_not_divide_it(capsys):
-    line = assert_user_error(*run(capsys, "estimate", "--gpus", "1024"))
+    line = assert_user_error(*run(capsys, "estimate", "--gpus", "1024", "--tp", "1"))
     assert "--batch=512" in line and "the default" in line and "multiple of 1024" in line
 
 
@@ -326,3 +326,44 @@ def test_plan_flags_name_the_flag_that_is_missing(capsys, argv, says):
 def test_moe_imbalance_on_a_dense_model_is_refused_like_capacity_factor(capsys):
     line = assert_user_error(*run(capsys, "estimate", "--moe-imbalance", "1.2"))
     assert "--moe-imbalance=1.2" in line and "llama3-70b is dense" in line
+
+
+def test_estimate_without_plan_flags_estimates_the_search_best(capsys):
+    # a first `estimate` with no plan flag used to price TP1 PP1 DP-all (1.39 TiB per GPU for
+    # the default Llama 3 70B); it now takes the plan the search ranks first, and says so
+    small = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "64"]
+    code, out, err = run(capsys, "search", *small, "--top", "1", "--json")
+    assert code == 0, err
+    best = json.loads(out)["ranked"][0]
+    code, out, err = run(capsys, "estimate", *small, "--json")
+    assert code == 0, err
+    est = json.loads(out)
+    assert est["plan_source"] == "search" and est["fits"]
+    assert est["plan"] == best["plan"] and est["step_time_s"] == best["step_time_s"]
+    code, out, err = run(capsys, "estimate", *small)
+    assert "no plan flags: the fastest plan that fits" in out
+    # any plan flag, even the default value of one, is a plan from the flags
+    for flag in (["--tp", "1"], ["--recompute", "none"], ["--no-sp"]):
+        code, out, err = run(capsys, "estimate", *small, *flag, "--json")
+        assert code == 0 and json.loads(out)["plan_source"] == "flags", flag
+        assert json.loads(out)["plan"]["tp"] == 1
+    # under --engine, the best plan that engine runs (as export picks it)
+    code, out, err = run(capsys, "estimate", *small, "--engine", "megatron")
+    exported = json.loads(run(capsys, "export", "--format", "megatron", *small, "--json")[1])
+    assert code == 0 and exported["plan_source"] == "search"
+    assert f"plan            {exported['plan']}\n" in out
+
+
+def test_trace_without_plan_flags_traces_the_search_best(capsys, tmp_path):
+    small = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "64"]
+    best = json.loads(run(capsys, "estimate", *small, "--json")[1])
+    code, out, err = run(capsys, "trace", *small, "-o", str(tmp_path / "t.json"), "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["plan_source"] == "search" and summary["step_time_s"] == best["step_time_s"]
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["plan"] == summary["plan"]
+
+
+def test_an_empty_recompute_is_still_refused(capsys):
+    line = assert_user_error(*run(capsys, "estimate", "--model", "llama3-8b", "--gpus", "8", "--recompute", ""))
+    assert "recompute" in line

@@ -86,7 +86,11 @@ PLANS = {
     # (--account-for-embedding/loss-in-pipeline-split)
     "pp2-vp17-accounted": (plan(pp=2, dp=8, vp=17, schedule=Schedule.INTERLEAVED_1F1B, zero=ZeroStage.OPTIMIZER),
                            {Engine.MEGATRON}),
-    # 32 layers in 4 × 3 chunks of 3: four spare slots, a layout string
+    # the same split on FSDP2, as torchtitan runs it (pipeline_parallel_first/last_stage_less_layers)
+    "pp2-vp17-fsdp": (plan(pp=2, dp=8, vp=17, schedule=Schedule.INTERLEAVED_1F1B, zero=ZeroStage.GRADIENTS),
+                      {Engine.TORCHTITAN, Engine.MEGATRON}),
+    # 32 layers in 4 × 3 chunks of 3: four spare slots, a layout string (torchtitan's split
+    # cannot hold it)
     "pp4-vp3-layout": (plan(tp=2, pp=4, dp=2, vp=3, schedule=Schedule.INTERLEAVED_1F1B, sequence_parallel=True,
                             zero=ZeroStage.OPTIMIZER), {Engine.MEGATRON}),
 }
@@ -145,7 +149,15 @@ def check_torchtitan(p, cfg: dict) -> None:
     if p.pp > 1:
         assert tr["local_batch_size"] == per_dp
         assert par["pipeline_parallel_microbatch_size"] == p.micro_batch_size
-        assert par["pipeline_parallel_layers_per_stage"] * p.pp * p.vp == MODEL.num_layers
+        # torchtitan's split (generate_llm_fqn_per_model_part): PP×VP stages of equal slots, the
+        # embedding's (first_stage_less_layers) and the loss's (last_...) taken off the ends
+        per = par["pipeline_parallel_layers_per_stage"]
+        first, last = par["pipeline_parallel_first_stage_less_layers"], par["pipeline_parallel_last_stage_less_layers"]
+        assert per * p.pp * p.vp == MODEL.num_layers + first + last
+        counts = [per] * (p.pp * p.vp)
+        counts[0] -= first
+        counts[-1] -= last
+        assert counts == [len(r) for r in chunk_layers(MODEL, WL, p)]
         assert par["pipeline_parallel_schedule"] == torchtitan.SCHEDULES[p.schedule]
     else:
         assert tr["local_batch_size"] == p.micro_batch_size  # accumulation: per_dp / mb steps
@@ -213,11 +225,12 @@ def test_torchtitan_03_parses_the_overrides(name):
     assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
     check_torchtitan(p, cfg)
     dims = ParallelDims.from_config(par, p.num_gpus)  # torchtitan's own mesh validation
-    if p.pp > 1:  # torchtitan's own stage split: PP×VP stages of equal layers
+    if p.pp > 1:  # torchtitan's own stage split: the layers where the simulator put them
         stages, layers, first, last = _get_pipeline_metadata(dims, par, SimpleNamespace(layers=[0] * MODEL.num_layers))
         assert stages == p.pp * p.vp
         parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
-        assert [sum(n.startswith("layers.") for n in part) for part in parts] == [MODEL.num_layers // stages] * stages
+        assert [sum(n.startswith("layers.") for n in part) for part in parts] == [len(r) for r in
+                                                                                  chunk_layers(MODEL, WL, p)]
 
 
 # --------------------------------------------------------------------- Megatron-LM

@@ -186,7 +186,7 @@ def test_bad_whatif_is_a_one_line_error(capsys, value):
 def test_marks_say_what_the_assumption_did_not_do(capsys):
     # a plan that never fits is not marked as losing its fit to each assumption
     code, out, _ = run(capsys, "estimate", "--model", "llama3-8b", "--gpus", "1", "--batch", "8", "--seq", "1024",
-                       "--whatif")
+                       "--mb", "1", "--whatif")
     assert code == 0 and "DOES NOT FIT" in out and "(no fit)" not in out
     # A100: compute sustained whole (1.0), so 50% better would pass the peak: held there, and marked
     args = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-a100-80gb", "--gpus", "8", "--batch", "64",

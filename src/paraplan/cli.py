@@ -92,8 +92,8 @@ def _add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument(f"--{name}", type=_degree, default=None, help=hlp)
     if required:
         g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (ZB-H1), zbv (ZB-V, --vp 2), dualpipev (DualPipeV, --vp 2) (default 1f1b / interleaved if --vp>1)")
-        g.add_argument("--recompute", default="none",
-                       help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules)")
+        g.add_argument("--recompute", default=None,
+                       help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules) (default none)")
         g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
         g.add_argument("--zero", default=None, help="ZeRO stage 0-3 (3 = FSDP) (default 0; for torchtitan, "
@@ -157,6 +157,37 @@ def _engine(args, workload):
     engine = Engine(args.engine)
     check_optimizer(engine, workload)
     return engine_module(engine)
+
+
+# parser attributes that pin a plan (estimate, trace, export): any of them given, the plan
+# comes from the flags; none, it is the fastest plan that fits (within --engine's bounds)
+PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
+              "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
+              "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
+
+
+def _plan_flags_given(args) -> bool:
+    return any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
+               for k in PLAN_FLAGS)
+
+
+def _chosen_plan(args, model, cluster, workload) -> tuple:
+    """(plan, source): the plan of the flags ("flags"), or, with no plan flag at all, the
+    fastest plan that fits as `paraplan search` ranks it, within --engine's bounds
+    ("search"; export picks its plan the same way)."""
+    if _plan_flags_given(args):
+        return _engine_plan(args, model, cluster, workload), "flags"
+    progress = _progress if (not args.json and sys.stderr.isatty()) else None
+    mod = _engine(args, workload)
+    if mod is None:
+        from .search.planner import search
+        return search(model, cluster, workload, top_k=1, progress=progress).ranked[0].plan, "search"
+    from .export.common import best_exportable
+    return best_exportable(model, cluster, workload, _support(mod, args), mod.check).plan, "search"
+
+
+SEARCHED_PLAN_NOTE = ("no plan flags: the fastest plan that fits, as `paraplan search` ranks it (plan flags such as "
+                      "--tp pick one)")
 
 
 def _engine_plan(args, model, cluster, workload):
@@ -284,7 +315,7 @@ def _plan_from_args(args, cluster):
     if (sched in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST) or sched in V_SCHEDULES) and vp == 1 and pp > 1:
         raise SpecError("plan", "--vp", vp, f"--schedule {sched} runs several chunks per pipeline rank: give "
                         + ("--vp 2" if sched in V_SCHEDULES else "--vp 2 or more"))
-    recompute = Recompute.parse(args.recompute, "recompute")
+    recompute = Recompute.parse("none" if args.recompute is None else args.recompute, "recompute")
     if recompute is Recompute.FIRST_K and not args.recompute_layers:
         raise SpecError("plan", "--recompute-layers", 0, "--recompute first_k needs it: the layers of each "
                         "stage to recompute, at least 1")
@@ -572,18 +603,19 @@ def cmd_estimate(args) -> int:
     from .report.whatif import whatif_dict, whatif_table
     from .search.whatif import what_if
     model, cluster, wl = _specs(args)
-    est = estimate(model, cluster, wl, _engine_plan(args, model, cluster, wl))
+    plan, source = _chosen_plan(args, model, cluster, wl)
+    est = estimate(model, cluster, wl, plan)
     wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
     advice, changes = _misfit_advice(args, model, cluster, wl, est)
     if args.json:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
-        print(json.dumps({**estimate_dict(est), "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+        print(json.dumps({**estimate_dict(est), "plan_source": source, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
                           "notes": _seq_notes(model, wl),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
-        print(_header(model, cluster, wl) + "\n")
+        print(_header(model, cluster, wl) + ("\n" + SEARCHED_PLAN_NOTE if source == "search" else "") + "\n")
         print(estimate_report(est))
         if advice:
             print("\n" + advice)
@@ -626,7 +658,7 @@ def cmd_trace(args) -> int:
     if args.max_microbatches is not None and args.max_microbatches > most:
         raise SpecError("trace", "--max-microbatches", args.max_microbatches,
                         f"at most {most:,} for {model.num_layers} layers (about 2 GB of trace JSON)")
-    plan = _engine_plan(args, model, cluster, wl)
+    plan, source = _chosen_plan(args, model, cluster, wl)
     est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
     m = est.num_microbatches
     # a trace of every micro-batch of a long step is gigabytes no viewer opens: show the
@@ -678,11 +710,13 @@ def cmd_trace(args) -> int:
         if not args.json:
             print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
                   "(open in https://ui.perfetto.dev or chrome://tracing)"
-                  + (f"; {shown} of the step's {m} micro-batches shown (--max-microbatches)" if shown < m else ""))
+                  + (f"; {shown} of the step's {m} micro-batches shown (--max-microbatches)" if shown < m else "")
+                  + (f"\nplan {plan.describe()}: {SEARCHED_PLAN_NOTE}" if source == "search" else ""))
             if advice:
                 print(f"the plan {advice}")
         else:
             print(json.dumps({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
+                              "plan": plan.describe(), "plan_source": source,
                               "microbatches": m, "microbatches_shown": shown, **({"misfit": advice} if advice else {})}))
     return 0
 

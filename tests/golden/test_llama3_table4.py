@@ -41,6 +41,7 @@ def test_chunks_beyond_layers_plus_two_are_refused(capsys):
 def test_search_proposes_meta_layout_without_pins():
     """126 layers do not divide by 16 (nor 126/16 by 8): the search proposes PP 16 × VP 8
     anyway, because the embedding and the loss take the two spare chunk slots."""
+    from paraplan.plan.axes import PipelineSplit
     from paraplan.plan.space import SpaceLimits, enumerate_space
     from paraplan.specs.catalog import load_cluster, load_model
     from paraplan.specs.workload import Workload
@@ -60,9 +61,10 @@ def test_search_proposes_meta_layout_without_pins():
     found = {(p, v) for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8})
              for p, v in zip(b.pp.tolist(), b.vp.tolist())}
     assert found == {(1, 1), (5, 1), (5, 2)}
-    pps = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(even_pipeline=True), fixed={"tp": 8})
-           for p in b.pp.tolist()}
-    assert pps == {1}
+    for split in (PipelineSplit.EQUAL, PipelineSplit.SLOTS):
+        pps = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(pipeline_split=split), fixed={"tp": 8})
+               for p in b.pp.tolist()}
+        assert pps == {1}
     pinned = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8, "pp": 5})
               for p in b.pp.tolist()}
     assert pinned == {5}

@@ -13,12 +13,6 @@ import sys
 
 from .common import Engine
 
-# parser attributes that pin a plan (any of them given: the plan comes from the flags)
-PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
-              "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
-              "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
-
-
 def add_parser(subparsers) -> None:
     from ..cli import _add_plan, _add_specs
     p = subparsers.add_parser("export", help="write a torchtitan, Megatron-LM or DeepSpeed config for a plan")
@@ -28,11 +22,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("-o", "--output", default=None, help="write the config to this file (default: stdout)")
     _add_specs(p)
     _add_plan(p, required=True)
-    p.set_defaults(func=cmd_export, recompute=None, zero=None)
+    p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
-    from ..cli import _engine_default_zero, _plan_from_args, _specs
+    from ..cli import _engine_default_zero, _plan_flags_given, _plan_from_args, _specs
     from ..cost.estimate import estimate
     from ..outfile import check_not_input, check_output, write_output
     from .common import best_exportable, check_optimizer, engine_module, engine_support
@@ -44,10 +38,8 @@ def cmd_export(args) -> int:
     model, cluster, wl = _specs(args)
     check_optimizer(engine, wl)  # the configs written here step the engine's fused Adam
     support = engine_support(mod, args.no_compile)
-    from_flags = any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
-                     for k in PLAN_FLAGS)
+    from_flags = _plan_flags_given(args)
     if from_flags:
-        args.recompute = args.recompute or "none"
         plan = support.adapt(_engine_default_zero(args, _plan_from_args(args, cluster), support))
         mod.check(plan, model, wl)
         est = estimate(model, cluster, wl, plan)

@@ -123,12 +123,17 @@ def nodes_and_gpus_per_node(plan: Plan, cluster: ClusterSpec) -> tuple[int, int]
     return plan.num_gpus // per_node, per_node
 
 
-def layers_per_chunk(model: ModelSpec, plan: Plan, engine: Engine) -> int:
-    """Layers per virtual pipeline stage; engines here split layers evenly only."""
+def slot_counted_split(model: ModelSpec, plan: Plan, engine: Engine) -> tuple[int, int, int]:
+    """(layers per chunk, embedding slot, loss slot) of a split with PP×VP chunks of equal
+    slots, the loss and then the embedding taking a layer's slot where l does not divide
+    (cost/estimate.py chunk_layers lays them out so); more spare slots are refused."""
     chunks = plan.pp * plan.vp
-    if model.num_layers % chunks:
-        raise unsupported(engine, "pp×vp", chunks, f"only an even split: PP×VP must divide num_layers={model.num_layers}")
-    return model.num_layers // chunks
+    slots = -(-model.num_layers // chunks) * chunks - model.num_layers
+    if slots > 2:
+        raise unsupported(engine, "pp×vp", chunks,
+                          f"PP×VP dividing num_layers={model.num_layers}, or num_layers + 1 or + 2 (the loss "
+                          "and the embedding each taking a layer's slot)")
+    return (model.num_layers + slots) // chunks, int(slots == 2), int(slots >= 1)
 
 
 # ranked plans a search inside an engine's bounds keeps for the exporter's own check to pick from

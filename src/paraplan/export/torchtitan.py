@@ -13,8 +13,12 @@ Mapping (paraplan -> torchtitan):
   optimizer-only sharding (ZeRO-1). With CP>1 torchtitan always shards over dp_shard × CP
   (ParallelDims.fsdp_enabled), so ZeRO-0 with CP is refused. The expert mesh folds
   dp_shard × CP × TP into EP × ETP (never the replicate dimension) with ETP = 1 or TP.
-- PP: `pipeline_parallel_layers_per_stage` = layers / (PP × VP) with no lighter first/last
-  stage, so torchtitan builds exactly PP × VP stages, as paraplan costs them. torch's
+- PP: `pipeline_parallel_layers_per_stage` = (layers + s) / (PP × VP) with s = 0, 1 or 2
+  spare slots, `pipeline_parallel_last_stage_less_layers` = 1 if s ≥ 1 and
+  `_first_stage_less_layers` = 1 if s = 2 (0 otherwise): torchtitan's own split
+  (generate_llm_fqn_per_model_part) then builds exactly PP × VP stages with the loss's and
+  the embedding's slot taken off the last and the first virtual stage, as paraplan lays them
+  out (cost/estimate.py chunk_layers); more spare slots are refused. torch's
   multi-stage schedules (Interleaved1F1B, LoopedBFS) need VP ≥ 2, Schedule1F1B at least PP
   micro-batches.
 - FP8: the float8 linear converter, and for an MoE the grouped-GEMM one on the routed
@@ -36,13 +40,14 @@ import shlex
 
 import numpy as np
 
-from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import (V_SCHEDULES, AttentionKernel, CPCommType, PipelineSplit, RankOrder, Recompute, Schedule,
+                         ZeroStage)
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, layers_per_chunk, nodes_and_gpus_per_node,
+from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split,
                      unsupported)
 from .toml import toml_text
 
@@ -157,7 +162,7 @@ SUPPORT = EngineSupport(
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
                        allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
-                       even_pipeline=True, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
+                       pipeline_split=PipelineSplit.SLOTS, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
                        rank_orders=(RankOrder.TP_CP_DP_PP,)),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
@@ -209,7 +214,7 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if plan.ep_overlap:
         raise unsupported(ENGINE, "ep_overlap", True, "no overlap of the expert all-to-all with compute")
     if plan.pp > 1:
-        layers_per_chunk(model, plan, ENGINE)
+        slot_counted_split(model, plan, ENGINE)
 
 
 def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
@@ -237,10 +242,11 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
     if plan.cp > 1:
         par["context_parallel_rotate_method"] = CP_ROTATE[plan.cp_comm_type]
     if plan.pp > 1:
+        per_stage, first_less, last_less = slot_counted_split(model, plan, ENGINE)
         par.update(pipeline_parallel_schedule=SCHEDULES[plan.schedule],
-                   pipeline_parallel_microbatch_size=plan.micro_batch_size,
-                   pipeline_parallel_layers_per_stage=layers_per_chunk(model, plan, ENGINE),
-                   pipeline_parallel_first_stage_less_layers=0, pipeline_parallel_last_stage_less_layers=0)
+                   pipeline_parallel_microbatch_size=plan.micro_batch_size)
+        par.update(pipeline_parallel_layers_per_stage=per_stage, pipeline_parallel_first_stage_less_layers=first_less,
+                   pipeline_parallel_last_stage_less_layers=last_less)
     ac: dict = {"mode": RECOMPUTE_MODES[plan.recompute]}
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"

@@ -18,7 +18,8 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from .axes import (V_SCHEDULES, AttentionKernel, CPCommType, PipelineSplit, RankOrder, Recompute, Schedule,
+                   ZeroStage)
 from .placement import rank_orders_differ
 from .plan import Plan, Rejected
 
@@ -327,8 +328,8 @@ class SpaceLimits:
     cp_comm_types: tuple[CPCommType, ...] = tuple(CPCommType)
     # rank orders tried (plan/axes.py RankOrder); an engine with a fixed mesh offers one
     rank_orders: tuple[RankOrder, ...] = tuple(RankOrder)
-    # only PP dividing the layers and VP dividing layers/PP (engines that split evenly)
-    even_pipeline: bool = False
+    # the layer splits over PP×VP chunks the engine runs (plan/axes.py PipelineSplit)
+    pipeline_split: PipelineSplit = PipelineSplit.ANY
     # MoE: whether the two-dimensional all-to-all and the EP overlap may be tried (engines lack them)
     hierarchical_a2a: bool = True
     ep_overlap: bool = True
@@ -472,7 +473,9 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             for pp in _divisors(N // (tp * cp)):
                 # any PP up to a layer per stage: the fullest stage holds ⌈l/PP⌉ layers, the
                 # spare slots come off the others (DeepSeek-V3's 61 layers run on PP 16)
-                splits = L % pp == 0 if limits.even_pipeline else (pp <= L or _balanced(L, pp))
+                split = limits.pipeline_split
+                splits = (L % pp == 0 if split is PipelineSplit.EQUAL else _balanced(L, pp)
+                          or (split is PipelineSplit.ANY and pp <= L))
                 if (not splits and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
                 dp = N // (tp * cp * pp)
@@ -491,10 +494,12 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             # embedding and the loss as a slot each, or every divisor of the fullest stage's
             # ⌈l/PP⌉ layers (those split it evenly: ⌈⌈l/PP⌉/v⌉·v = ⌈l/PP⌉; a divisor of
             # ⌊l/PP⌋ alone would put more layers on it, 6 for DeepSeek-V3's 61 at PP 16 × VP 3);
-            # a pinned PP keeps those under even splits too, for the engine's check to name
-            uneven = not limits.even_pipeline or "pp" in fixed
+            # a pinned PP keeps those under narrower splits too, for the engine's check to name
+            split = limits.pipeline_split
+            uneven = split is PipelineSplit.ANY or "pp" in fixed
             even = _divisors(-(-L // pp)) if L % pp == 0 or uneven else [1]
-            slots = [] if limits.even_pipeline else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)]
+            slots = ([] if split is PipelineSplit.EQUAL
+                     else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)])
             # (at most l + 2 chunks: the pp_layers rule)
             vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp and pp * x <= L + 2)
         else:
