@@ -41,6 +41,11 @@ PLANS = {
     # DualPipeV: the same V, forward-backward pairs as one action (torch ScheduleDualPipeV)
     "pp_dualpipev": (["--pp", "2", "--vp", "2", "--schedule", "dualpipev"], 2, "TP1 PP2 DP1 VP2 mb1 dualpipev rc:none"),
     "pp_fsdp_tp": (["--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3"], 8, "TP2 PP2 DP2 mb1 1f1b SP rc:none zero3"),
+    # uneven splits as the cost model lays them out: 4 layers on 3 stages (1, 2, 1: the
+    # embedding's and the head's slots), and in 2 × 3 chunks (0, 1, 1, 1, 1, 0: the first
+    # chunk the embedding alone, the last the norm and head alone)
+    "pp3_uneven": (["--pp", "3"], 3, "TP1 PP3 DP1 mb1 1f1b rc:none"),
+    "pp2_vp3_uneven": (["--pp", "2", "--vp", "3"], 2, "TP1 PP2 DP1 VP3 mb1 interleaved rc:none"),
 }
 
 
@@ -149,7 +154,7 @@ def test_scaled_model_keeps_ratios():
 
 @pytest.mark.parametrize("flags,needle", [
     (["--tp", "3"], "--tp=3"),                                   # 3 does not divide 4 heads
-    (["--pp", "3"], "--pp×--vp=3"),                              # nor 4 layers
+    (["--pp", "7"], "--pp×--vp=7"),                              # more chunks than 4 layers + 2
     (["--pp", "2", "--batch", "1"], "micro-batches=1"),          # fewer micro-batches than stages
     (["--vp", "2", "--pp", "2", "--schedule", "1f1b"], "--schedule='1f1b'"),
     (["--dp", "2", "--dp-shard", "2"], "--dp-shard=2"),           # HSDP needs ZeRO-3

@@ -199,8 +199,9 @@ def check_runnable(cfg: RunConfig) -> None:
     if p.pp > 1 and p.schedule in V_SCHEDULES and p.vp != 2:
         raise SpecError("run", "--vp", p.vp, f"2 with --schedule {p.schedule} (two chunks per rank, in a V)")
     chunks = p.pp * p.vp
-    if m.num_layers % chunks:
-        raise SpecError("run", "--pp×--vp", chunks, f"must divide the {m.num_layers} layers (--layers scales them)")
+    if chunks > m.num_layers + 2:  # (an uneven split runs as the cost model lays it out: chunk_layers)
+        raise SpecError("run", "--pp×--vp", chunks, f"at most the {m.num_layers} layers + 2 (the embedding and the "
+                        "head may hold a chunk of their own; --layers scales the layers)")
     if wl.global_batch_size % (p.dp * p.micro_batch_size):
         raise SpecError("run", "--batch", wl.global_batch_size,
                         f"must be a multiple of dp×mb={p.dp * p.micro_batch_size}")

@@ -133,12 +133,15 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def build_model(spec: ModelSpec, seq_len: int, seed: int, *, stage: int = 0, num_stages: int = 1) -> Transformer:
-    """One stage of the model (the whole model when num_stages is 1), seeded random init, on
-    the CPU: the same layers get the same weights whatever the plan."""
-    n = spec.num_layers // num_stages
-    model = Transformer(spec, seq_len, layer_ids=range(stage * n, (stage + 1) * n),
-                        first=stage == 0, last=stage == num_stages - 1)
+def build_model(spec: ModelSpec, seq_len: int, seed: int, *, stage: int = 0, num_stages: int = 1,
+                layer_ids: range | None = None) -> Transformer:
+    """One stage of the model (the whole model when num_stages is 1) holding `layer_ids`
+    (default: an equal share), seeded random init, on the CPU: the same layers get the same
+    weights whatever the plan."""
+    if layer_ids is None:
+        n = spec.num_layers // num_stages
+        layer_ids = range(stage * n, (stage + 1) * n)
+    model = Transformer(spec, seq_len, layer_ids=layer_ids, first=stage == 0, last=stage == num_stages - 1)
     model.init_weights(spec, seed)
     return model
 

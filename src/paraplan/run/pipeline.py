@@ -1,6 +1,8 @@
 """Pipeline parallelism with `torch.distributed.pipelining`: stage modules and schedules.
 
-The model is cut into pp×vp chunks of equal layer count (model.build_model builds one);
+The model is cut into pp×vp chunks as the cost model lays them out (cost/estimate.py
+chunk_layers: equal where the layers divide, else the embedding's and the head's chunks
+lighter; model.build_model builds one);
 chunk c runs on pipeline rank c mod pp (the looped placement of interleaved 1F1B,
 Narayanan et al. SC'21), or under ZB-V on rank c for c < pp and 2·pp−1−c above (its V,
 sim/schedules.py Placement). The first chunk holds the embedding, the last the norm and head.

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from ..cost.estimate import chunk_layers
 from ..plan.axes import ZeroStage
 from .attention import run_kernel
 from .checkpointing import apply_checkpointing
@@ -68,8 +69,12 @@ class Runner:
         num_stages = p.pp * p.vp
         self.stage_ids = stage_ids(self.pp_rank, p.pp, p.vp, p.schedule)
         self.modules = []
+        # each virtual stage's layers where the cost model and the simulator put them (an
+        # uneven split: the embedding's and the head's chunks lighter, spare slots off the middle)
+        layers = chunk_layers(cfg.model, cfg.workload, p)
         for sid in self.stage_ids:
-            m = build_model(cfg.model, cfg.workload.seq_len, cfg.seed, stage=sid, num_stages=num_stages).to(device)
+            m = build_model(cfg.model, cfg.workload.seq_len, cfg.seed, stage=sid, num_stages=num_stages,
+                            layer_ids=layers[sid]).to(device)
             if p.tp > 1:
                 apply_tensor_parallel(m, self.mesh["tp"], sequence_parallel=p.sequence_parallel)
             apply_checkpointing(m, p.recompute, p.recompute_num_layers)
