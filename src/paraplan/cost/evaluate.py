@@ -363,8 +363,9 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     sp = np.asarray(plan.sequence_parallel, dtype=bool)
     rc = np.asarray(plan.recompute_code)
     zc = np.asarray(plan.zero_code)
-    # layers on the critical stage: ceil(l / (p·v)) per chunk × v chunks (uneven splits
-    # put the slack on the first/last stages)
+    # layers on the critical stage: ceil(l / (p·v)) per chunk × v chunks (an uneven split's
+    # spare slots: the loss's and the embedding's off the last and first stages, any more
+    # off the middle ones, which are timed full: conservative)
     L_s = np.ceil(model.num_layers / (p * v)) * v
     # Chunk slots left over by ceil(l/(p·v)) go to the embedding and the loss: the last stage
     # holds one layer fewer when the split leaves a slot, the first one fewer when it leaves

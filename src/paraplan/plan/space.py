@@ -186,8 +186,9 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         # Uneven splits are allowed: Megatron-Core places layers per stage freely
         # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo
         # gives the embedding and loss stages fewer layers). The cost model times the fullest
-        # stage, ceil(l/(p·v)) layers per chunk. The search proposes PP dividing l, l+1 or l+2
-        # (and VP also dividing l/p, or chunks that count so; `_balanced`). The
+        # stage, ceil(l/(p·v)) layers per chunk. The search proposes any PP up to l (and VP
+        # dividing ceil(l/p), or chunks that count the two slots; `_balanced`), within the
+        # engine's SpaceLimits.pipeline_split. The
         # embedding and the loss may take a chunk of their own (Megatron-Core
         # --account-for-embedding/loss-in-pipeline-split; Llama 3 405B ran 126 layers as 16×8
         # chunks with one layer fewer on the first and last stage, Dubey et al. 2024 Sec. 3.3.2).
@@ -577,6 +578,8 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         pairs = ((pp == 1) | ((rows[:, 5] == Schedule.INTERLEAVED_1F1B.code) & (rows[:, 4] > 1))
                  | (rows[:, 5] == Schedule.DUAL_PIPE_V.code))
         pairs &= ~np.isin(rows[:, 6], [Recompute.FULL.code, Recompute.FIRST_K.code])
+        if not any(x[4] for x in experts):  # no layout overlaps: one part, in enumeration order
+            pairs = np.ones(len(rows), dtype=bool)
         for part, ex in ((~outermost_dp, tuple(experts)), (outermost_dp, outer_experts)):
             for sub, sub_ex in ((part & pairs, ex), (part & ~pairs, tuple(x for x in ex if not x[4]))):
                 if sub.any() and sub_ex:

@@ -30,8 +30,8 @@ MAX_THREADS = 8  # slices priced at once (each holds up to CHUNK plans' arrays)
 
 
 def search_threads() -> int:
-    """Threads that price slices of the space at once: this process's CPUs (at most
-    MAX_THREADS), or PARAPLAN_THREADS."""
+    """Threads that price slices of the space at once: this process's CPUs (within a
+    container's quota, at most MAX_THREADS), or PARAPLAN_THREADS."""
     env = os.environ.get("PARAPLAN_THREADS", "").strip()
     if env:
         try:
@@ -42,7 +42,18 @@ def search_threads() -> int:
             raise SpecError("environment", "PARAPLAN_THREADS", env, f"an integer from 1 to {MAX_THREADS}")
         return n
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_THREADS, cpus))
+    return max(1, min(MAX_THREADS, cpus, _cgroup_cpus()))
+
+
+def _cgroup_cpus() -> int:
+    """The CPUs a container's quota allows (cgroup v2 cpu.max 'quota period', rounded up);
+    MAX_THREADS where there is none or it cannot be read."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return MAX_THREADS if quota == "max" else max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        return MAX_THREADS
 
 
 @dataclass(kw_only=True)
@@ -82,7 +93,8 @@ def _map_in_order(fn, items: list):
         return
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="paraplan-search")
     try:
-        # at most two slices per thread in flight: memory stays about 2 × threads × CHUNK plans
+        # two slices per thread queued (a queued one holds only its rows): about threads × CHUNK
+        # plans materialized at once
         pending = []
         for item in items:
             pending.append(pool.submit(fn, item))
@@ -271,7 +283,9 @@ def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
         return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
                 f"{workload.global_batch_size}: DP = GPUs/(TP·CP·PP) must divide the batch, with TP ≤ {max_tp}, "
                 f"CP ≤ {limits.max_cp} and PP at most the {model.num_layers} layers"
-                + (", dividing them," if limits.pipeline_split is PipelineSplit.EQUAL else "") + " (and TP dividing the heads); "
+                + {PipelineSplit.EQUAL: ", PP×VP dividing them,",
+                   PipelineSplit.SLOTS: ", PP×VP dividing them, or them + 1 or + 2,"}.get(limits.pipeline_split, "")
+                + " (and TP dividing the heads); "
                 "try fewer GPUs, a larger batch, or counts with more divisors (e.g. powers of two)")
     need, plan = best_mem
     cap = cluster.gpu.hbm_bytes

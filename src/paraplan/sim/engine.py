@@ -196,7 +196,9 @@ def simulate(tasks_per_rank: Sequence[Sequence[Task]], costs: StageCosts,
     return _simulate(_Graph(tasks_per_rank, p, v, where), tasks_per_rank, costs)
 
 
-@functools.lru_cache(maxsize=32)
+# a graph of p = 64, m = 256, v = 2 holds some 36 MB (tasks, arrays, the loop's lists): a few
+# shapes cover a search's simulated plans
+@functools.lru_cache(maxsize=8)
 def _prepared(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, _Graph]:
     """A schedule's task lists and their dependency graph, which do not depend on the costs:
     built once for the many plans a search simulates with the same shape."""
