@@ -254,7 +254,7 @@ MEGATRON_FLAGS = {
     "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
     "--cp-comm-type": str, "--num-layers-per-virtual-pipeline-stage": int, "--sequence-parallel": bool,
     "--account-for-embedding-in-pipeline-split": bool, "--account-for-loss-in-pipeline-split": bool,
-    "--pipeline-model-parallel-layout": str,
+    "--pipeline-model-parallel-layout": str, "--mtp-num-layers": int,
     "--tp-comm-overlap": bool, "--expert-model-parallel-size": int, "--expert-tensor-parallel-size": int,
     "--micro-batch-size": int, "--global-batch-size": int,
     "--recompute-granularity": str, "--recompute-method": str, "--recompute-num-layers": int,

@@ -14,6 +14,7 @@ distributed/pipelining/schedules.py Schedule1F1B (micro-batches >= stages).
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 import tomllib
 
 import pytest
@@ -27,7 +28,9 @@ from paraplan.plan.space import enumerate_space
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
 
-LLAMA, MIXTRAL, DSV3 = load_model("llama3-8b"), load_model("mixtral-8x7b"), load_model("deepseek-v3")
+LLAMA, MIXTRAL = load_model("llama3-8b"), load_model("mixtral-8x7b")
+# torchtitan's DeepSeek-V3 trains no multi-token-prediction module: the model as --mtp-layers 0 gives it
+DSV3 = replace(load_model("deepseek-v3"), mtp_layers=0)
 WL = Workload(global_batch_size=64, seq_len=4096)
 WL_MOE = Workload(global_batch_size=256, seq_len=4096)
 
@@ -180,6 +183,8 @@ def test_torchtitan_fp8_moe_converts_the_grouped_experts(tmp_path):
     assert dense["model"]["converters"] == ["quantize.linear.float8"] and "quantize" not in dense
     with pytest.raises(SpecError, match="pp×cp"):  # Float8GroupedMMConverter asserts PP = CP = 1
         torchtitan.check(plan(pp=2, dp=128, ep=64, zero=ZeroStage.GRADIENTS), DSV3, wl)
+    with pytest.raises(SpecError, match="--mtp-layers 0"):  # the preset's MTP module, which it would not train
+        torchtitan.check(p, load_model("deepseek-v3"), wl)
     if torchtitan_02():
         from torchtitan.config import ConfigManager
         path = tmp_path / "tt.toml"

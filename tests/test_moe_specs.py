@@ -144,7 +144,9 @@ HF_CONFIGS = {
                           num_hidden_layers=48, num_attention_heads=32),
     "qwen3-235b-a22b": dict(_QWEN3_MOE, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,
                             num_hidden_layers=94, num_attention_heads=64),
-    "deepseek-v2": dict(_DEEPSEEK_V3, architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
+    # (DeepSeek-V2's config has no multi-token-prediction module: no num_nextn_predict_layers)
+    "deepseek-v2": dict({k: v for k, v in _DEEPSEEK_V3.items() if k != "num_nextn_predict_layers"},
+                        architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
                         hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
                         num_hidden_layers=60, n_shared_experts=2, n_routed_experts=160, num_experts_per_tok=6,
                         first_k_dense_replace=1, vocab_size=102400, topk_method="group_limited_greedy"),

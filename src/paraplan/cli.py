@@ -23,7 +23,7 @@ from .argtypes import number_within, percent_below_100 as _percent
 from .argtypes import MAX_BATCH_TOKENS, MAX_DEGREE, count as _count, degree as _degree, int_up_to as _int_up_to
 from .errors import ParaplanError, SpecError, Terminated
 from .specs.files import MAX_COUNT
-from .specs.model import MAX_LAYERS
+from .specs.model import MAX_LAYERS, MAX_MTP_LAYERS
 from .specs.workload import (ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S,
                              MAX_STORAGE_BYTES_PER_S, MAX_TOKEN_BUDGET, MAX_USD_PER_GPU_HOUR, MIN_STORAGE_BYTES_PER_S)
 from .units import GIGA as _GIGA
@@ -65,6 +65,9 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
                    help="token budget to train (default 1e12)")
     g.add_argument("--price", type=number_within(0, MAX_USD_PER_GPU_HOUR, "$ per GPU-hour", above=True), default=None,
                    help="$ per GPU-hour (default: the cluster's)")
+    g.add_argument("--mtp-layers", type=_int_up_to(MAX_MTP_LAYERS, least=0), default=None,
+                   help="multi-token-prediction modules trained after the last layer (default: the model's, "
+                        "DeepSeek-V3's 1; 0 trains none)")
     g.add_argument("--moe-imbalance", type=_number, default=None,
                    help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
                         "(default 1.1, an assumption; 1.0 = perfectly balanced; at most EP and "
@@ -271,6 +274,8 @@ def _specs(args, cluster_name: str | None = None):
         raise SpecError("workload", "--optimizer", args.optimizer,
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
     model = load_model(args.model)
+    if args.mtp_layers is not None:
+        model = replace(model, mtp_layers=args.mtp_layers)
     _check_moe_imbalance(args, model)
     if cluster_name is None and not args.hardware and "," in args.cluster and not os.path.exists(args.cluster):
         raise SpecError(args.command, "--cluster", args.cluster, "one cluster preset or TOML (a list of clusters "
@@ -767,7 +772,8 @@ def cmd_presets(args) -> int:
         return text + (f" ({m.num_dense_mlp_layers} dense {m.ffn_hidden_size})" if m.num_dense_mlp_layers else "")
     print(grid(["model", "params", "active", "layers", "hidden", "heads/kv", "ffn (experts/top-k×f_e)", "vocab"],
                [[m.name, fmt_count(m.num_params), fmt_count(m.num_active_params) if m.is_moe else "",
-                 str(m.num_layers), str(m.hidden_size), f"{m.num_heads}/{m.num_kv_heads}" + (" MLA" if m.is_mla else ""),
+                 str(m.num_layers) + (f"+{m.mtp_layers} MTP" if m.mtp_layers else ""), str(m.hidden_size),
+                 f"{m.num_heads}/{m.num_kv_heads}" + (" MLA" if m.is_mla else ""),
                  ffn(m), str(m.vocab_size)] for m in models]))
     print()
     print(grid(["gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"],

@@ -17,7 +17,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .evaluate import PlanCosts, evaluate, layout
+from .evaluate import PlanCosts, end_chunk_slots, evaluate, layout
 from .flops import model_flops_per_token
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES, fits
 from .reliability import Reliability, reliability
@@ -107,18 +107,20 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
 def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[range, ...]:
     """The layers of each virtual stage j (looped: rank j % p, chunk j // p; ZB-V's V: sim/
     schedules.py Placement), laid out as the cost model counts them (evaluate.layout):
-    ceil(l/(p·v)) per chunk, one fewer on the last chunk where a slot is left for the loss and
-    on the first where another is left for the embedding. Spare slots beyond those two come off
+    ceil(l/(p·v)) per chunk, fewer on the last chunk where slots are left for the loss and the
+    multi-token-prediction modules, and on the first where another is left for the embedding
+    (evaluate.end_chunk_slots). Spare slots beyond those two come off
     the middle ranks' chunks (the cost model times the middle stages full: conservative), last
     chunks first; with no middle rank, off the other chunks."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     p, v, l = plan.pp, plan.vp, model.num_layers
     L_s, slack = (int(round(_batch_index(x))) for x in (lay.L_s, lay.slack))
-    # the loss's slot off the last virtual stage, the embedding's off the first (under ZB-V
-    # both on the first rank)
+    # the loss's (and the MTP modules') slots off the last virtual stage, the embedding's off
+    # the first (under ZB-V both on the first rank)
     counts = [L_s // v] * (p * v)
-    counts[-1] -= min(slack, 1)
-    counts[0] -= min(max(slack - 1, 0), 1)
+    off_last, off_first = (int(x) for x in end_chunk_slots(model, L_s // v, slack))
+    counts[-1] -= off_last
+    counts[0] -= off_first
     spare = sum(counts) - l
     where = placement(plan.schedule)
     rank_of = [int(stage_rank(where, p, j)) for j in range(p * v)]

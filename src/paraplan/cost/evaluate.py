@@ -34,6 +34,7 @@ from . import memory as mem
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .comm import Collective, collective_time_s, p2p_time_s, pipeline_hops_s
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
+                    mtp_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
 from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s, rows_aligned,
@@ -258,6 +259,7 @@ class Layout:
     expert_params: object   # one (average) layer's routed experts on this rank
     params_stage_first: object
     params_stage_last: object
+    mtp_experts: object     # routed experts of the multi-token-prediction blocks on the head's rank
     params_stage: object
     expert_stage: object
     is_z3: object
@@ -352,6 +354,18 @@ def _zbv_few(q, m, f, b, w, c):
         2 * q * f + (2 * q - 3 * k) * b - k * w + 2 * (2 * q + 1 - m) * c))
 
 
+def end_chunk_slots(model: ModelSpec, per_chunk, slack):
+    """(layers off the last virtual stage, off the first) where a split leaves `slack` slots
+    past the layers in chunks of `per_chunk`: the last chunk gives one to the loss and one to
+    each multi-token-prediction module (as many as it has layers), then the first one to the
+    embedding. Megatron-Core --account-for-loss/embedding-in-pipeline-split; Llama 3 405B's 126
+    layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2; Megatron-Bridge lays out
+    DeepSeek-V3's 61 layers and its MTP module in 32 chunks as `Et|(tt|)*30mL`. Vectorized."""
+    off_last = np.minimum(np.minimum(slack, 1.0 + model.mtp_layers), per_chunk)
+    off_first = np.minimum(np.maximum(slack - off_last, 0.0), 1.0)
+    return off_last, off_first
+
+
 def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     prec = Precision(workload.precision)
     ab = prec.activation_bytes
@@ -367,11 +381,9 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     # spare slots: the loss's and the embedding's off the last and first stages, any more
     # off the middle ones, which are timed full: conservative)
     L_s = np.ceil(model.num_layers / (p * v)) * v
-    # Chunk slots left over by ceil(l/(p·v)) go to the embedding and the loss: the last stage
-    # holds one layer fewer when the split leaves a slot, the first one fewer when it leaves
-    # two (Megatron-Core --account-for-embedding/loss-in-pipeline-split; Llama 3 405B's
-    # 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2). Further slack stays on the
-    # middle stages' count (conservative).
+    # Chunk slots left over by ceil(l/(p·v)) go to the loss (and the multi-token-prediction
+    # modules) and the embedding: end_chunk_slots. Further slack stays on the middle stages'
+    # count (conservative).
     only = p == 1
     # ZB-V and DualPipeV place their two chunks per rank in a V: the first rank holds the first
     # and the last virtual stage, so the embedding, the head and both spare slots; the last
@@ -389,15 +401,23 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     ep_etp = _f(plan.ep) * _f(plan.etp)
     # routed experts: this rank's shard, replicated over the expert data-parallel group EDP
     expert_params = w_moe * model.expert_params_per_moe_layer / ep_etp
-    L_last = np.where(vshape, L_s, L_s - np.minimum(slack, 1.0))
-    L_first = L_s - np.where(vshape, np.minimum(slack, 2.0), np.clip(slack - 1.0, 0.0, 1.0))
+    off_last, off_first = end_chunk_slots(model, L_s / v, slack)
+    L_last = np.where(vshape, L_s, L_s - off_last)
+    L_first = L_s - np.where(vshape, off_last + off_first, off_first)
+    # multi-token prediction: the D modules sit with the head (DeepSeek-V3 report Sec. 2.2;
+    # Megatron-Core builds them on the last pipeline stage), their routed experts sharded like
+    # a layer's; their input embedding is the main one, which a separate last stage keeps a copy
+    # of, as of a tied table
+    mtp_dense = model.mtp_layers * model.mtp_dense_params_per_module
+    mtp_experts = model.mtp_layers * model.mtp_expert_params_per_module / ep_etp
     params_stage_first = (L_first * dense_layer_params + model.embedding_params
-                          + np.where(ends, model.lm_head_params + model.hidden_size, 0.0)) / t
+                          + np.where(ends, model.lm_head_params + model.hidden_size + mtp_dense, 0.0)) / t
     # a tied table is on the last stage too when the stages differ: Megatron keeps a copy for
     # the output layer and all-reduces the two gradients (shared_embedding), paraplan run unties it
     params_stage_last = np.where(vshape, L_last * dense_layer_params,
-                                 L_last * dense_layer_params + model.lm_head_params + model.hidden_size
-                                 + np.where(only | model.tied_embeddings, model.embedding_params, 0.0)) / t
+                                 L_last * dense_layer_params + model.lm_head_params + model.hidden_size + mtp_dense
+                                 + np.where(only | model.tied_embeddings | (model.mtp_layers > 0),
+                                            model.embedding_params, 0.0)) / t
     S = _f(plan.dp_shard) * c
     edp = t * c * d / ep_etp
     dp_outermost = (np.asarray(plan.rank_order_code) == RankOrder.TP_CP_PP_DP.code) & (p > 1)
@@ -423,7 +443,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         e_stride=ep_etp * dp_outer / (t * c), dp_outer=dp_outer, dp_block=np.where(dp_outermost, c, c * d),
         pp_stride=np.where(dp_outermost, t * c, t * c * d),
         dense_layer_params=dense_layer_params, layer_params=dense_layer_params / t, expert_params=expert_params,
-        params_stage_first=params_stage_first, params_stage_last=params_stage_last,
+        params_stage_first=params_stage_first, params_stage_last=params_stage_last, mtp_experts=mtp_experts,
         params_stage=np.maximum(params_stage_first, params_stage_last),
         expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
         is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
@@ -475,10 +495,16 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     # logits, which the backward has freed before it re-runs the last layer
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
-    acts_first = (inflight * L_first * per_layer_stored + np.where(ends, working_past_loss, recompute_working)
-                  + inflight * residual_bytes * T * h / sp_div)
+    # multi-token prediction, on the head's rank: per module its block's activations (priced as
+    # the stage's average layer) and what its projection keeps, the normed hidden state and
+    # next-token embedding (2h, for M_k's weight gradient) and the two norms' inputs (2h)
+    D = model.mtp_layers
+    mtp_acts = D * (per_layer_stored + 4.0 * ab * T * h / sp_div)
+    acts_first = (inflight * (L_first * per_layer_stored + np.where(ends, mtp_acts, 0.0))
+                  + np.where(ends, working_past_loss, recompute_working) + inflight * residual_bytes * T * h / sp_div)
     # (under ZB-V the last rank holds no loss: its recomputed layer's working set is whole)
-    acts_last = inflight_last * L_last * per_layer_stored + np.where(lay.vshape, recompute_working, working_past_loss)
+    acts_last = (inflight_last * (L_last * per_layer_stored + np.where(lay.vshape, 0.0, mtp_acts))
+                 + np.where(lay.vshape, recompute_working, working_past_loss))
 
     # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
     # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
@@ -511,18 +537,19 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
         uncast_first = np.where(cast_cache, table + freed, 0.0)
         uncast_last = np.where(cast_cache & only, table + freed, 0.0)
 
-    def states(params, embedding=0.0):
+    def states(params, embedding=0.0, experts=expert_stage):
         w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
-                       + expert_stage / np.where(z3_sharded, S_e, 1.0))
+                       + experts / np.where(z3_sharded, S_e, 1.0))
         g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes, mem.GRAD_BYTES) * (
-            params / np.where(g_sharded, S, 1.0) + expert_stage / np.where(g_sharded, S_e, 1.0))
-        o = np.where(offload, 0.0, o_bytes * (params / shard + expert_stage / shard_e))
+            params / np.where(g_sharded, S, 1.0) + experts / np.where(g_sharded, S_e, 1.0))
+        o = np.where(offload, 0.0, o_bytes * (params / shard + experts / shard_e))
         # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
-        host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + expert_stage / shard_e), 0.0)
+        host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + experts / shard_e), 0.0)
         return w, g, o, host
 
-    w1, g1, o1, host1 = states(params_stage_first, uncast_first)
-    wl, gl, ol, hostl = states(params_stage_last, uncast_last)
+    w1, g1, o1, host1 = states(params_stage_first, uncast_first, expert_stage + np.where(ends, lay.mtp_experts, 0.0))
+    wl, gl, ol, hostl = states(params_stage_last, uncast_last,
+                               expert_stage + np.where(lay.vshape, 0.0, lay.mtp_experts))
     # the second stage: all L_s layers and its own micro-batches in flight (as many as the
     # first's under GPipe, breadth-first and ZB-H1, fewer under 1F1B); it outgrows the first
     # when the embedding took one of the first stage's layer slots
@@ -531,7 +558,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
     # the loss state: on the first rank where it holds the head (one stage, or ZB-V's V)
-    lo1 = np.where(ends, mem.inflight_logits(plan, m) * logits, 0.0)
+    lo1 = np.where(ends, mem.inflight_logits(plan, m) * logits * (1.0 + D), 0.0)  # (each MTP module's too)
     # Gradients allocated by the backward itself (eager torch without DDP's or Megatron's
     # preallocated buffers: paraplan run and torchtitan on one GPU, under autocast), in a
     # step of one micro-batch: at the loss's backward only the head's gradient exists; by
@@ -540,7 +567,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     lazy = lay.autocast_casts & (lay.d * lay.c == 1) & (m <= 1.0) & only
     # the last stage keeps each micro-batch's loss state until that micro-batch's backward:
     # several at once where the schedule runs every forward first (GPipe, breadth-first)
-    lol = np.where(lay.vshape, 0.0, mem.inflight_logits(plan, m) * logits)
+    lol = np.where(lay.vshape, 0.0, mem.inflight_logits(plan, m) * logits * (1.0 + D))
     if np.any(lazy):
         head_grad = mem.GRAD_BYTES * (model.output_weight_params / t + h)
 
@@ -975,6 +1002,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     head_red = np.where(tp_async, np.maximum(head_red - lm_gemm, 0.0), head_red)
     lm_bwd = (2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * loss_bwd_b, LOSS_BWD_KERNELS, gpu.loss_bw_efficiency)
               + head_red + tp_host)
+    # multi-token prediction (DeepSeek-V3 report Sec. 2.2): after the head, per module the
+    # next token's embedding, the projection M_k (T × 2h -> h/t, column-parallel), one block
+    # priced as the stage's average layer (an MoE layer in an MoE model) and the shared head and
+    # loss again (without the head's own gradient accumulation, counted once below)
+    D = model.mtp_layers
+    mtp_proj = gemm_time_s(gpu, T, h / t, 2.0 * h, prec) if D else 0.0
+    mtp_fwd = D * (emb_fwd + mtp_proj + layer_fwd_total + lm_fwd)
+    mtp_bwd = D * (emb_fwd + 2.0 * mtp_proj + layer_bwd_total + lm_bwd)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = gathers * fsdp_ag
 
@@ -1018,7 +1053,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         emb_acc = emb_acc + np.where(autocast, autocast_grad_s(gpu, model.embedding_params / t, 1.0, m, cast=False),
                                      0.0)
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
-    lm_bwd = lm_bwd + head_acc
+    lm_fwd = lm_fwd + mtp_fwd
+    lm_bwd = lm_bwd + head_acc + mtp_bwd
     # (layers, forward extra, backward extra) of the first, a middle and the last stage
     # (under ZB-V the first rank holds the embedding and the head, the last rank neither)
     ends, vshape = lay.ends, lay.vshape
@@ -1194,11 +1230,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     sp_norm = np.where(sp & (t > 1), np.where(f2, np.where(mb_reduce, m, 1.0) * one_each, flat), 0.0)
 
     # ---------------- time breakdown on the critical stage ----------------
-    crit_tp = L_s * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
-    crit_cp = L_s * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
-    crit_ep = L_s * (a2a_fwd_exp + a2a_bwd_exp) + rc_ep_stage
-    compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_compute_stage - (L_s * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first)
-                  - crit_wait)
+    # (layers counted: the fullest stage's, and the MTP blocks where the critical stage holds
+    # the head: their exposed collectives are communication, not compute)
+    crit_layers = L_s + model.mtp_layers * np.where(ends, t_max == per_mb[0], (t_max == per_mb[2]) & ~vshape)
+    crit_tp = crit_layers * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
+    crit_cp = crit_layers * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
+    crit_ep = crit_layers * (a2a_fwd_exp + a2a_bwd_exp) + rc_ep_stage
+    compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_compute_stage
+                  - (crit_layers * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first) - crit_wait)
     time = TimeBreakdown(
         compute_s=m * compute_mb,
         host_wait_s=m * crit_wait,
@@ -1240,7 +1279,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
               + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
               + np.where(rc == Recompute.MODULES.code,
                          L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
-              + 3.0 * lm_head_forward_flops(model, T) / t / p)
+              + 3.0 * (lm_head_forward_flops(model, T) + mtp_forward_flops(model, T, s)) / t / p)
 
     layer_detail = {
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,

@@ -111,17 +111,38 @@ def lm_head_forward_flops(model: ModelSpec, tokens) -> float:
     return 2.0 * tokens * model.hidden_size * model.vocab_size
 
 
+def mtp_projection_forward_flops(model: ModelSpec, tokens) -> float:
+    """One multi-token-prediction module's projection M_k of the concatenated, normed hidden
+    state and next-token embedding, 2h -> h: 2·t·2h·h (DeepSeek-V3 report Sec. 2.2, Eq. 21)."""
+    return 4.0 * tokens * model.hidden_size * model.hidden_size
+
+
+def mtp_forward_flops(model: ModelSpec, tokens, seq_len, *, causal: bool = True) -> float:
+    """Forward FLOPs of the D multi-token-prediction modules (0 without): each its
+    projection, one transformer block (an MoE layer in an MoE model) and the shared output
+    head over the same tokens (DeepSeek-V3 report Sec. 2.2, Fig. 3)."""
+    if not model.mtp_layers:
+        return 0.0
+    lf = layer_forward_flops(model, tokens, seq_len, causal=causal)
+    ffn = moe_forward_flops(model, tokens) if model.is_moe else lf.mlp
+    block = lf.total - lf.mlp + ffn
+    return model.mtp_layers * (mtp_projection_forward_flops(model, tokens) + block
+                               + lm_head_forward_flops(model, tokens))
+
+
 def model_flops_per_token(model: ModelSpec, seq_len: int, *, causal: bool = False) -> float:
     """Training FLOPs per token, forward + backward = 3× forward, without recomputation.
 
     This is paraplan's MFU convention (PaLM, Chowdhery et al. 2022, App. B: 6N + attention):
     attention counted over the full s×s (causal=False) unless asked otherwise. For an MoE
-    model N is the active parameters: each token's k routed experts, not all E.
+    model N is the active parameters: each token's k routed experts, not all E. Multi-token
+    prediction modules count (NeMo's reported DeepSeek-V3 TFLOP/s do: tests/golden/
+    test_mtp.py).
     """
     lf = layer_forward_flops(model, 1.0, seq_len, causal=causal)
     layers = (model.num_layers * (lf.total - lf.mlp) + model.num_dense_mlp_layers * lf.mlp
               + model.num_moe_layers * moe_forward_flops(model, 1.0))
-    return 3.0 * (layers + lm_head_forward_flops(model, 1.0))
+    return 3.0 * (layers + lm_head_forward_flops(model, 1.0) + mtp_forward_flops(model, 1.0, seq_len, causal=causal))
 
 
 def megatron_flops_per_iteration(model: ModelSpec, batch: int, seq_len: int) -> float:

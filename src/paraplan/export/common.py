@@ -106,6 +106,14 @@ def engine_support(mod, no_compile: bool = False) -> EngineSupport:
     return replace(support, compiled=False, limits=replace(support.limits, tp_overlap=(False,)))
 
 
+def refuse_mtp(engine: Engine, model: ModelSpec) -> None:
+    """An engine whose models train no multi-token-prediction module refuses a model with
+    one, naming the flag that drops it (its prediction would price modules it never runs)."""
+    if model.mtp_layers:
+        raise unsupported(engine, "mtp_layers", model.mtp_layers,
+                          f"0: its {model.name} trains no multi-token-prediction module (--mtp-layers 0)")
+
+
 def check_optimizer(engine: Engine, workload: Workload) -> None:
     """The engines here step their fused Adam (Megatron/DeepSpeed FusedAdam, torchtitan's
     default fused implementation): a prediction for another optimizer would not match."""

@@ -19,6 +19,8 @@ Mapping (paraplan -> Megatron-LM):
   `--fp8-recipe tensorwise` (Megatron-Core refuses moe_act/layernorm recomputation with
   delayed scaling).
 - Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
+- Multi-token prediction: `--mtp-num-layers D`, the modules on the last stage (an 'm' each in
+  a layout string).
 - Layers per virtual stage (`pipeline_args`): as the cost model and the simulator lay them out
   (cost/estimate.py chunk_layers). Equal chunks as they are; one or two spare slots as
   `--account-for-loss-in-pipeline-split` (and `--account-for-embedding-in-pipeline-split`),
@@ -95,13 +97,15 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "attention", str(plan.attention), ", ".join(map(str, ATTENTION)))
 
 
-def layout_string(counts: list[int]) -> str:
+def layout_string(counts: list[int], mtp: int = 0) -> str:
     """Megatron-Core's --pipeline-model-parallel-layout for `counts[j]` decoder layers on
     virtual stage j (rank j % PP, chunk j // PP, the order PipelineParallelLayerLayout
-    reads): stages split by '|', the embedding 'E' first, the loss 'L' last, runs written
-    't*n' and repeated stages '(...|)*r' (its parse_str_to_list unrolls both)."""
+    reads): stages split by '|', the embedding 'E' first, the `mtp` multi-token-prediction
+    modules 'm' and the loss 'L' last, runs written 't*n' and repeated stages '(...|)*r' (its
+    parse_str_to_list unrolls both)."""
     n = len(counts)
-    stages = [("E" if j == 0 else "") + ("t" if c == 1 else f"t*{c}" if c else "") + ("L" if j == n - 1 else "")
+    run = lambda x, c: x if c == 1 else f"{x}*{c}" if c else ""  # noqa: E731
+    stages = [("E" if j == 0 else "") + run("t", c) + (run("m", mtp) + "L" if j == n - 1 else "")
               for j, c in enumerate(counts)]
     groups: list[list] = []
     for x in stages:
@@ -128,20 +132,22 @@ def pipeline_args(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     embedding's and the loss's spare slots through Megatron-Core's account-for flags, which
     take a layer off the first and the last chunk (transformer_block.get_num_layers_to_build);
     anything else as a layout string."""
+    mtp = ["--mtp-num-layers", model.mtp_layers] if model.mtp_layers else []
     if plan.pp == 1:
-        return []
+        return mtp
     counts = [len(r) for r in chunk_layers(model, workload, plan)]
     chunks = plan.pp * plan.vp
     slots = -(-model.num_layers // chunks) * chunks - model.num_layers
     per_chunk = (model.num_layers + slots) // chunks
     vp = ["--num-layers-per-virtual-pipeline-stage", per_chunk] if plan.vp > 1 else []
-    if slots == 0:
-        return vp
+    if slots == 0:  # (Megatron-Core builds the MTP modules on the last stage, beside its layers)
+        return vp + mtp
     accounted = [per_chunk - (j == 0 and slots == 2) - (j == chunks - 1) for j in range(chunks)]
-    if slots <= 2 and accounted == counts:
+    if slots <= 2 and accounted == counts and not model.mtp_layers:
         return ((["--account-for-embedding-in-pipeline-split"] if slots == 2 else [])
                 + ["--account-for-loss-in-pipeline-split"] + vp)
-    return ["--pipeline-model-parallel-layout", layout_string(counts)]
+    # (the MTP modules take their slots in the layout: 'm', Megatron-Bridge's DeepSeek-V3 recipes)
+    return ["--pipeline-model-parallel-layout", layout_string(counts, model.mtp_layers)] + mtp
 
 
 def _model_args(model: ModelSpec, workload: Workload) -> list[str]:

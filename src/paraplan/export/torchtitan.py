@@ -47,8 +47,8 @@ from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split,
-                     unsupported)
+from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, refuse_mtp,
+                     slot_counted_split, unsupported)
 from .toml import toml_text
 
 ENGINE = Engine.TORCHTITAN
@@ -176,6 +176,7 @@ SUPPORT = EngineSupport(
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     """Raise a one-line error for what torchtitan cannot express."""
+    refuse_mtp(ENGINE, model)
     if workload.precision not in PRECISIONS and workload.precision is not Precision.FP8:
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 converters)")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:

@@ -279,11 +279,13 @@ def check_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Wor
 
 
 # ---------------------------------------------------------------- enumeration
-def _balanced(layers: int, chunks: int) -> bool:
-    """Equal chunks of layers, counting the embedding and the loss as a layer's slot each
-    where that evens them (Megatron-Core --account-for-embedding/loss-in-pipeline-split;
-    Llama 3 405B: 126 layers in 16 × 8 chunks, Dubey et al. 2024 Sec. 3.3.2)."""
-    return any((layers + slack) % chunks == 0 for slack in (0, 1, 2))
+def _balanced(layers: int, chunks: int, mtp: int = 0) -> bool:
+    """Equal chunks of layers, counting the embedding, the loss and each of `mtp` multi-token-
+    prediction modules as a layer's slot where that evens them (Megatron-Core --account-for-
+    embedding/loss-in-pipeline-split; Llama 3 405B: 126 layers in 16 × 8 chunks, Dubey et al.
+    2024 Sec. 3.3.2; DeepSeek-V3's 61 layers and MTP module in 32, cost/evaluate.py
+    end_chunk_slots)."""
+    return any((layers + slack) % chunks == 0 for slack in range(3 + mtp))
 
 
 @functools.lru_cache(maxsize=256)
@@ -475,7 +477,7 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
                 # any PP up to a layer per stage: the fullest stage holds ⌈l/PP⌉ layers, the
                 # spare slots come off the others (DeepSeek-V3's 61 layers run on PP 16)
                 split = limits.pipeline_split
-                splits = (L % pp == 0 if split is PipelineSplit.EQUAL else _balanced(L, pp)
+                splits = (L % pp == 0 if split is PipelineSplit.EQUAL else _balanced(L, pp, model.mtp_layers)
                           or (split is PipelineSplit.ANY and pp <= L))
                 if (not splits and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
@@ -500,7 +502,7 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             uneven = split is PipelineSplit.ANY or "pp" in fixed
             even = _divisors(-(-L // pp)) if L % pp == 0 or uneven else [1]
             slots = ([] if split is PipelineSplit.EQUAL
-                     else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v)])
+                     else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v, model.mtp_layers)])
             # (at most l + 2 chunks: the pp_layers rule)
             vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp and pp * x <= L + 2)
         else:

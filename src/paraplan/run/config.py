@@ -150,6 +150,9 @@ def scale_model(spec: ModelSpec, *, layers: int | None = None, hidden: int | Non
     if spec.is_moe or spec.is_mla:
         raise SpecError(f"model {spec.name!r}", "architecture", "MoE/MLA",
                         "paraplan run builds dense decoders with standard attention only")
+    if spec.mtp_layers:
+        raise SpecError(f"model {spec.name!r}", "mtp_layers", spec.mtp_layers,
+                        "0: paraplan run builds no multi-token-prediction module (--mtp-layers 0)")
     h = hidden or spec.hidden_size
     a = heads or spec.num_heads
     k = kv_heads or min(spec.num_kv_heads, a)

@@ -70,6 +70,7 @@ _SOURCE_KEYS = {
     "head_dim": ("head_dim",),
     "top_k": ("experts_per_token", "num_experts_per_tok"),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
+    "mtp_layers": ("num_nextn_predict_layers",),
 }
 
 
@@ -288,7 +289,9 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         tied_at.fail("tie_word_embeddings", f"field 'tie_word_embeddings' = {tied!r} is not allowed; "
                                             f"true or false is required")
 
-    extra = {"head_dim": c.int_(("head_dim",), required=False), **_sliding_window_fields(c, num_layers)}
+    extra = {"head_dim": c.int_(("head_dim",), required=False), **_sliding_window_fields(c, num_layers),
+             # multi-token-prediction modules (DeepSeek-V3 report Sec. 2.2; also GLM-4.5, MiMo)
+             "mtp_layers": c.count("num_nextn_predict_layers")}
     if moe:
         # MLA configs may carry head_dim = qk_rope_head_dim (for RoPE); the MLA fields win.
         extra.update(_moe_mla_fields(c, model_type, num_layers))

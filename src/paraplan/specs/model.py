@@ -5,6 +5,9 @@ f ffn hidden size, a attention heads, k kv heads (GQA groups), d head dim, V voc
 Mixture of experts (Fedus et al. 2022; DeepSeek-V3 report Sec. 2): E routed experts of ffn
 size f_e, top-k routing, shared experts of total ffn size f_sh, the first l_d layers dense,
 then one MoE layer every `moe_layer_interval` layers (Llama 4 interleaves: 2).
+Multi-token prediction (DeepSeek-V3 report Sec. 2.2): D modules after the last layer, each an
+RMS-normed concatenation of the previous depth's hidden state and the next token's embedding
+projected 2h -> h, one transformer block (MoE in an MoE model) and the shared output head.
 Multi-head latent attention (DeepSeek-V2 report Sec. 2.1): queries through a rank-r_q
 bottleneck, keys and values through a shared rank-r_kv latent plus a d_r-wide RoPE key;
 head_dim is the query/key width (d_nope + d_r), v_head_dim the value width.
@@ -20,6 +23,7 @@ from ..errors import SpecError
 # per-layer lists (the MoE layout, a trace's events), which a count in the billions would
 # never finish building.
 MAX_LAYERS = 10_000
+MAX_MTP_LAYERS = 16  # multi-token-prediction depth; DeepSeek-V3 trains D = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +54,8 @@ class ModelSpec:
     kv_lora_rank: int = 0           # r_kv
     qk_rope_head_dim: int = 0       # d_r, part of head_dim
     v_head_dim: int = 0             # value width per head (0: head_dim)
+    # ---- multi-token prediction (0: none) ----
+    mtp_layers: int = 0             # D, DeepSeek-V3's num_nextn_predict_layers (1)
     # ---- sliding-window (banded) attention (0: every layer attends to the whole prefix) ----
     sliding_window: int = 0         # w: a windowed layer's query attends to the last w tokens
     num_sliding_window_layers: int = 0  # how many layers use it (GPT-OSS: every other one)
@@ -69,10 +75,13 @@ class ModelSpec:
                             f"must divide num_heads={self.num_heads} (MHA: equal; GQA: a divisor; MQA: 1)")
         for f in ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
                   "num_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
-                  "sliding_window", "num_sliding_window_layers"):
+                  "sliding_window", "num_sliding_window_layers", "mtp_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise SpecError(where, f, v, "a non-negative integer is required (0: not used)")
+        if self.mtp_layers > MAX_MTP_LAYERS:
+            raise SpecError(where, "mtp_layers", self.mtp_layers,
+                            f"at most {MAX_MTP_LAYERS} multi-token-prediction modules (DeepSeek-V3 trains 1)")
         if self.num_sliding_window_layers > self.num_layers:
             raise SpecError(where, "num_sliding_window_layers", self.num_sliding_window_layers,
                             f"at most num_layers={self.num_layers}")
@@ -219,6 +228,30 @@ class ModelSpec:
     @property
     def norm_params_per_layer(self) -> int:
         return 2 * self.hidden_size
+
+    @property
+    def mtp_dense_params_per_module(self) -> int:
+        """One multi-token-prediction module's weights outside the routed experts (DeepSeek-V3
+        report Sec. 2.2, Fig. 3): the two RMSNorms of its inputs (2h), the projection M_k
+        (2h·h), its transformer block's attention, norms and MLP (router and shared experts in
+        an MoE model) and the shared head's final norm (h). The embedding and the output head
+        are the main model's, shared."""
+        h = self.hidden_size
+        mlp = self.moe_dense_params_per_moe_layer if self.is_moe else self.mlp_params_per_layer
+        return 2 * h + 2 * h * h + self.attn_params_per_layer + self.norm_params_per_layer + mlp + h
+
+    @property
+    def mtp_expert_params_per_module(self) -> int:
+        """The routed experts of one module's block (0 for a dense model): its block is an MoE
+        layer, as DeepSeek-V3's layer 61 is (past first_k_dense_replace)."""
+        return self.expert_params_per_moe_layer if self.is_moe else 0
+
+    @property
+    def mtp_params(self) -> int:
+        """All multi-token-prediction weights, outside `num_params` (DeepSeek-V3's 671B leave
+        out its 14B MTP module, which Hugging Face stores with its own copies of the shared
+        embedding and head)."""
+        return self.mtp_layers * (self.mtp_dense_params_per_module + self.mtp_expert_params_per_module)
 
     @property
     def expert_params(self) -> int:

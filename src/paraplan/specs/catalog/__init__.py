@@ -35,12 +35,13 @@ _DIRS = {"model": "models", "gpu": "gpus", "cluster": "clusters"}
 # ---- schemas: (required keys, optional keys) ----
 _MODEL_REQUIRED = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_heads",
                    "num_kv_heads", "vocab_size", "gated_mlp", "tied_embeddings")
-# Mixture-of-experts and latent-attention fields: non-negative integers, 0 (not used) when
+# Mixture-of-experts, latent-attention, sliding-window and multi-token-prediction fields:
+# non-negative integers, 0 (not used) when
 # absent; moe_layer_interval is positive and 1 when absent (see ModelSpec).
 _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
                   "num_dense_layers", "moe_layer_interval", "q_lora_rank", "kv_lora_rank",
                   "qk_rope_head_dim", "v_head_dim",
-                  "sliding_window", "num_sliding_window_layers")
+                  "sliding_window", "num_sliding_window_layers", "mtp_layers")
 _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
