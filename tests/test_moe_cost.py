@@ -162,11 +162,12 @@ def test_module_recomputation_between_none_and_full_for_mla_moe():
     rcs = {rc: e.time.recompute_s for rc, e in est.items()}
     assert 0 < rcs[Recompute.MODULES] < 0.25 * rcs[Recompute.FULL]
     # the re-run FLOPs are the up-projections' (DeepSeek-V2 Sec. 2.1: W_UQ, W_UK, W_UV) on
-    # every token of every layer of the stage, per micro-batch: 2·T·params/t
+    # every token of every layer of the stage, per micro-batch: 2·T·params/t; and of the MTP
+    # module's block, on one of the 8 stages (per GPU, an eighth)
     def hw_flops(e):
         return e.hfu * e.step_time_s * cluster.gpu.peak(Precision.FP8)
     m = wl.global_batch_size // 64
-    layers = -(-model.num_layers // 32) * 4
+    layers = -(-model.num_layers // 32) * 4 + model.mtp_layers / 8
     extra = m * layers * 2.0 * 4096 * model.mla_up_proj_params / 2
     assert hw_flops(est[Recompute.MODULES]) - hw_flops(est[Recompute.NONE]) == pytest.approx(extra, rel=1e-6)
     assert model.mla_up_proj_params == 1536 * 128 * 192 + 512 * 128 * (128 + 128)

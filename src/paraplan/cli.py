@@ -150,16 +150,20 @@ def _add_whatif(p: argparse.ArgumentParser, what: str) -> None:
                         f"better (default {100 * DEFAULT_CHANGE:g}), {what}")
 
 
-def _engine(args, workload):
-    """The export module of --engine with its optimizer rule checked; None without the flag."""
+def _engine(args, workload, model=None):
+    """The export module of --engine with its optimizer rule (and the model's, e.g. an MTP
+    module the engine does not train) checked; None without the flag."""
     if getattr(args, "engine", None) is None:
         if getattr(args, "no_compile", False):
             raise SpecError("flag", "--no-compile", True, "needs --engine torchtitan (the engine that compiles)")
         return None
-    from .export.common import Engine, check_optimizer, engine_module
+    from .export.common import Engine, check_model, check_optimizer, engine_module
     engine = Engine(args.engine)
     check_optimizer(engine, workload)
-    return engine_module(engine)
+    mod = engine_module(engine)
+    if model is not None:
+        check_model(mod.SUPPORT, model)
+    return mod
 
 
 # parser attributes that pin a plan (estimate, trace, export): any of them given, the plan
@@ -181,7 +185,7 @@ def _chosen_plan(args, model, cluster, workload) -> tuple:
     if _plan_flags_given(args):
         return _engine_plan(args, model, cluster, workload), "flags"
     progress = _progress if (not args.json and sys.stderr.isatty()) else None
-    mod = _engine(args, workload)
+    mod = _engine(args, workload, model)
     if mod is None:
         from .search.planner import search
         return search(model, cluster, workload, top_k=1, progress=progress).ranked[0].plan, "search"
@@ -203,7 +207,7 @@ def _engine_plan(args, model, cluster, workload):
                         f"(the default, about {DEFAULT_BATCH_TOKENS:,} tokens of --seq {workload.seq_len}) is not a "
                         f"multiple of DP×micro-batch = {plan.dp}×{plan.micro_batch_size}; give --batch, a multiple "
                         f"of {per}")
-    mod = _engine(args, workload)
+    mod = _engine(args, workload, model)
     if mod is not None:
         plan = _support(mod, args).adapt(_engine_default_zero(args, plan, _support(mod, args)))
         mod.check(plan, model, workload)
@@ -380,7 +384,7 @@ def cmd_search(args) -> int:
     from .units import fmt_bytes, fmt_time
     model, cluster, wl = _specs(args)
     user_pins, user_limits = _search_pins(args)
-    mod = _engine(args, wl)
+    mod = _engine(args, wl, model)
     fixed, limits = (user_pins, user_limits) if mod is None else _engine_space(_support(mod, args), user_pins,
                                                                                 user_limits)
     show = (not args.json) and sys.stderr.isatty()
@@ -549,7 +553,7 @@ def cmd_scale(args) -> int:
     if len(set(loaded)) < len(loaded):  # points are told apart by their cluster's name
         raise SpecError("scale", "--cluster", args.cluster, f"clusters with distinct names (these load as {', '.join(loaded)})")
     fixed, limits = _search_pins(args)
-    mod = _engine(args, wl)
+    mod = _engine(args, wl, model)
     if mod is not None:
         fixed, limits = _engine_space(_support(mod, args), fixed, limits)
     show = (not args.json) and sys.stderr.isatty()
@@ -635,7 +639,7 @@ def _misfit_advice(args, model, cluster, wl, est):
     if est.fits:
         return "", []
     from .search.advice import misfit_advice
-    mod = _engine(args, wl)
+    mod = _engine(args, wl, model)
     check = None if mod is None else (lambda p: mod.check(_support(mod, args).adapt(p), model, wl))
     return misfit_advice(model, cluster, wl, est, check)
 

@@ -147,7 +147,7 @@ def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, m
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     zero3, zero0 = plan.zero is ZeroStage.PARAMETERS, plan.zero is ZeroStage.NONE
     r, edp = _batch_index(lay.R), _batch_index(lay.edp)
-    dense, experts = _batch_index(lay.params_stage), _batch_index(lay.expert_stage)
+    dense, experts = _batch_index(lay.params_stage), _batch_index(lay.expert_head)
     # this GPU's dense and expert parameters as its weights and optimizer hold them
     w_dense = dense / (_batch_index(lay.S) if zero3 else 1.0)
     w_exp = experts / (_batch_index(lay.S_e) if zero3 else 1.0)

@@ -260,6 +260,9 @@ class Layout:
     params_stage_first: object
     params_stage_last: object
     mtp_experts: object     # routed experts of the multi-token-prediction blocks on the head's rank
+    # routed experts on the head's stage: its layers' and the MTP blocks', counted like the
+    # other stages' (as a full stage's) at least; the busiest stage's experts
+    expert_head: object
     params_stage: object
     expert_stage: object
     is_z3: object
@@ -446,6 +449,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         params_stage_first=params_stage_first, params_stage_last=params_stage_last, mtp_experts=mtp_experts,
         params_stage=np.maximum(params_stage_first, params_stage_last),
         expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
+        expert_head=np.maximum(L_s * expert_params, np.where(ends, L_first, L_last) * expert_params + mtp_experts),
         is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
@@ -495,16 +499,20 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     # logits, which the backward has freed before it re-runs the last layer
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
-    # multi-token prediction, on the head's rank: per module its block's activations (priced as
-    # the stage's average layer) and what its projection keeps, the normed hidden state and
-    # next-token embedding (2h, for M_k's weight gradient) and the two norms' inputs (2h)
-    D = model.mtp_layers
-    mtp_acts = D * (per_layer_stored + 4.0 * ab * T * h / sp_div)
-    acts_first = (inflight * (L_first * per_layer_stored + np.where(ends, mtp_acts, 0.0))
-                  + np.where(ends, working_past_loss, recompute_working) + inflight * residual_bytes * T * h / sp_div)
+    acts_first = (inflight * L_first * per_layer_stored + np.where(ends, working_past_loss, recompute_working)
+                  + inflight * residual_bytes * T * h / sp_div)
     # (under ZB-V the last rank holds no loss: its recomputed layer's working set is whole)
-    acts_last = (inflight_last * (L_last * per_layer_stored + np.where(lay.vshape, 0.0, mtp_acts))
-                 + np.where(lay.vshape, recompute_working, working_past_loss))
+    acts_last = inflight_last * L_last * per_layer_stored + np.where(lay.vshape, recompute_working, working_past_loss)
+    # multi-token prediction, on the head's rank: per module its block's activations (priced as
+    # the stage's average layer, recomputed under full, selective and module recomputation as
+    # Megatron-Core's uniform method does, kept whole under first-k, whose block method leaves
+    # it out) and what its projection keeps, the normed hidden state and next-token embedding
+    # (2h, for M_k's weight gradient) and the two norms' inputs (2h)
+    D = model.mtp_layers
+    if D:
+        mtp_acts = D * (np.where(rc == Recompute.FIRST_K.code, none_act, stored) + 4.0 * ab * T * h / sp_div)
+        acts_first = acts_first + inflight * np.where(ends, mtp_acts, 0.0)
+        acts_last = acts_last + inflight_last * np.where(lay.vshape, 0.0, mtp_acts)
 
     # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
     # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
@@ -547,9 +555,8 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
         host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + experts / shard_e), 0.0)
         return w, g, o, host
 
-    w1, g1, o1, host1 = states(params_stage_first, uncast_first, expert_stage + np.where(ends, lay.mtp_experts, 0.0))
-    wl, gl, ol, hostl = states(params_stage_last, uncast_last,
-                               expert_stage + np.where(lay.vshape, 0.0, lay.mtp_experts))
+    w1, g1, o1, host1 = states(params_stage_first, uncast_first, np.where(ends, lay.expert_head, expert_stage))
+    wl, gl, ol, hostl = states(params_stage_last, uncast_last, np.where(lay.vshape, expert_stage, lay.expert_head))
     # the second stage: all L_s layers and its own micro-batches in flight (as many as the
     # first's under GPipe, breadth-first and ZB-H1, fewer under 1F1B); it outgrows the first
     # when the embedding took one of the first stage's layer slots
@@ -1006,10 +1013,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # next token's embedding, the projection M_k (T × 2h -> h/t, column-parallel), one block
     # priced as the stage's average layer (an MoE layer in an MoE model) and the shared head and
     # loss again (without the head's own gradient accumulation, counted once below)
+    # (with the vocab-parallel embedding's collectives; the block recomputed as a layer of the
+    # stage is under full, selective and module recomputation, not under first-k's block method)
     D = model.mtp_layers
     mtp_proj = gemm_time_s(gpu, T, h / t, 2.0 * h, prec) if D else 0.0
-    mtp_fwd = D * (emb_fwd + mtp_proj + layer_fwd_total + lm_fwd)
-    mtp_bwd = D * (emb_fwd + 2.0 * mtp_proj + layer_bwd_total + lm_bwd)
+    mtp_rc = np.where(rc == Recompute.FIRST_K.code, 0.0, rc_stage / L_s)
+    mtp_fwd = D * (emb_fwd + emb_tp + mtp_proj + layer_fwd_total + lm_fwd)
+    mtp_bwd = D * (emb_fwd + emb_tp_bwd + 2.0 * mtp_proj + layer_bwd_total + mtp_rc + lm_bwd)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = gathers * fsdp_ag
 
@@ -1124,7 +1134,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     pp_exposed = np.where(only, 0.0, np.where(vshape, pp_zbv, 2.0 * (p * v - 1.0) * p2p))
 
     # ---------------- data-parallel gradient sync and optimizer ----------------
-    expert_stage, params_stage = lay.expert_stage, lay.params_stage
+    # (the busiest stage's weights: the step waits for its reduction and optimizer step)
+    expert_stage, params_stage = lay.expert_head, lay.params_stage
     grad_bytes = reduce_bytes * params_stage
     dp_group = d * c
     dp_runs = dict(block=lay.dp_block, outer_stride=lay.dp_outer)
@@ -1230,18 +1241,22 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     sp_norm = np.where(sp & (t > 1), np.where(f2, np.where(mb_reduce, m, 1.0) * one_each, flat), 0.0)
 
     # ---------------- time breakdown on the critical stage ----------------
-    # (layers counted: the fullest stage's, and the MTP blocks where the critical stage holds
-    # the head: their exposed collectives are communication, not compute)
-    crit_layers = L_s + model.mtp_layers * np.where(ends, t_max == per_mb[0], (t_max == per_mb[2]) & ~vshape)
-    crit_tp = crit_layers * (tp_fwd_exp + tp_bwd_exp) + rc_tp_stage
-    crit_cp = crit_layers * (cp_fwd_exp + cp_bwd_exp) + rc_cp_stage
-    crit_ep = crit_layers * (a2a_fwd_exp + a2a_bwd_exp) + rc_ep_stage
-    compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_compute_stage
+    # (layers counted: the fullest stage's; where the critical stage holds the head and MTP
+    # blocks, its layers and those blocks, whose exposed collectives are communication and
+    # whose recomputation is recomputation, not compute)
+    head_crit = (D > 0) & np.where(ends, t_max == per_mb[0], t_max == per_mb[2])
+    L_head = np.where(ends, L_first, L_last)
+    crit_layers = np.where(head_crit, L_head + D, L_s)
+    rc_crit = np.where(head_crit & (rc != Recompute.FIRST_K.code), (L_head + D) / L_s, 1.0)
+    crit_tp = crit_layers * (tp_fwd_exp + tp_bwd_exp) + rc_crit * rc_tp_stage
+    crit_cp = crit_layers * (cp_fwd_exp + cp_bwd_exp) + rc_crit * rc_cp_stage
+    crit_ep = crit_layers * (a2a_fwd_exp + a2a_bwd_exp) + rc_crit * rc_ep_stage
+    compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc_compute_stage
                   - (crit_layers * (z3_fwd_exp + z3_bwd_exp) + 2.0 * z3_first) - crit_wait)
     time = TimeBreakdown(
         compute_s=m * compute_mb,
         host_wait_s=m * crit_wait,
-        recompute_s=m * rc_compute_stage,
+        recompute_s=m * rc_crit * rc_compute_stage,
         tp_comm_s=m * crit_tp + sp_norm,
         cp_comm_s=m * crit_cp,
         ep_comm_s=m * crit_ep,
@@ -1275,11 +1290,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # early stop: no down-projections (dense MLP; routed and shared experts of MoE layers)
     down_flops = w_dense * lf.mlp / model.num_mlp_matrices + w_moe * moe_down_proj_flops(model, T)
     rc_layer_flops = layer_flops - np.where(early, down_flops, 0.0)
-    hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t
-              + np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
-              + np.where(rc == Recompute.MODULES.code,
-                         L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
-              + 3.0 * (lm_head_forward_flops(model, T) + mtp_forward_flops(model, T, s)) / t / p)
+    rc_sel = np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
+    rc_mod = np.where(rc == Recompute.MODULES.code,
+                      L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
+    # (the head, and each MTP block recomputed as a layer of its stage but under first-k, on one
+    # stage of p: per GPU, a p-th)
+    mtp_rc_hw = (model.mtp_layers * np.where(rc == Recompute.FIRST_K.code, 0.0,
+                                             (rc_layers * rc_layer_flops / t + rc_sel + rc_mod) / L_s)
+                 if model.mtp_layers else 0.0)
+    hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t + rc_sel + rc_mod
+              + 3.0 * (lm_head_forward_flops(model, T) + mtp_forward_flops(model, T, s)) / t / p + mtp_rc_hw / p)
 
     layer_detail = {
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,

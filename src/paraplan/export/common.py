@@ -45,6 +45,7 @@ class EngineSupport:
     # (Plan.autocast; torchtitan's maybe_enable_amp), per plan (plan/space.py without_fsdp_autocast)
     autocast_without_fsdp: bool = False
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
+    trains_mtp: bool = False    # builds multi-token-prediction modules (Megatron-Core --mtp-num-layers)
     # the ZeRO stage a plan from flags gets when --zero is not given and the plan has data or
     # context parallelism to shard over (torchtitan: FSDP over them all by default)
     default_zero: Callable[[Plan], ZeroStage] = lambda plan: ZeroStage.NONE
@@ -106,11 +107,12 @@ def engine_support(mod, no_compile: bool = False) -> EngineSupport:
     return replace(support, compiled=False, limits=replace(support.limits, tp_overlap=(False,)))
 
 
-def refuse_mtp(engine: Engine, model: ModelSpec) -> None:
+def check_model(support: EngineSupport, model: ModelSpec) -> None:
     """An engine whose models train no multi-token-prediction module refuses a model with
-    one, naming the flag that drops it (its prediction would price modules it never runs)."""
-    if model.mtp_layers:
-        raise unsupported(engine, "mtp_layers", model.mtp_layers,
+    one, naming the flag that drops it (its prediction would price modules it never runs):
+    before a search, which would otherwise rank plans the exporter refuses one by one."""
+    if model.mtp_layers and not support.trains_mtp:
+        raise unsupported(support.engine, "mtp_layers", model.mtp_layers,
                           f"0: its {model.name} trains no multi-token-prediction module (--mtp-layers 0)")
 
 

@@ -26,7 +26,7 @@ from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, refuse_mtp,
+from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, check_model,
                      unsupported)
 
 ENGINE = Engine.DEEPSPEED
@@ -45,7 +45,7 @@ SUPPORT = EngineSupport(
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     """Raise a one-line error for what a DeepSpeed JSON config cannot express."""
-    refuse_mtp(ENGINE, model)
+    check_model(SUPPORT, model)
     for name, allowed in (("pp", "1 in the JSON (pipeline stages are set by PipelineModule in code)"),
                           ("cp", "1 (Ulysses sequence parallelism is not ring context parallelism)"),
                           ("ep", "1 in the JSON (expert parallelism is set by deepspeed.moe in code)"),

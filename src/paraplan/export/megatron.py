@@ -73,7 +73,8 @@ SUPPORT = EngineSupport(
                        engine_rule=lambda batch, model, workload: _tp_pp_dp_mapping_refused(batch) | _offload_refused(batch)),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
-    tp_async_backward=True)       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
+    tp_async_backward=True,       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
+    trains_mtp=True)              # --mtp-num-layers
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:

@@ -47,7 +47,7 @@ from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, refuse_mtp,
+from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, check_model,
                      slot_counted_split, unsupported)
 from .toml import toml_text
 
@@ -176,7 +176,7 @@ SUPPORT = EngineSupport(
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     """Raise a one-line error for what torchtitan cannot express."""
-    refuse_mtp(ENGINE, model)
+    check_model(SUPPORT, model)
     if workload.precision not in PRECISIONS and workload.precision is not Precision.FP8:
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 converters)")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
