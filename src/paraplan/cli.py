@@ -684,6 +684,7 @@ def cmd_trace(args) -> int:
     # each virtual stage's layers as the cost model lays them out (embedding and loss slots)
     layers = chunk_layers(model, wl, staged)
     labels = [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
+                        + ([f"MTP ×{model.mtp_layers}"] if j == len(layers) - 1 and model.mtp_layers else [])
                         + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
     fwd = est.layer_detail["fwd"]
     bwd = est.layer_detail["bwd"]
