@@ -89,10 +89,12 @@ PLANS = {
     # the same split on FSDP2, as torchtitan runs it (pipeline_parallel_first/last_stage_less_layers)
     "pp2-vp17-fsdp": (plan(pp=2, dp=8, vp=17, schedule=Schedule.INTERLEAVED_1F1B, zero=ZeroStage.GRADIENTS),
                       {Engine.TORCHTITAN, Engine.MEGATRON}),
-    # 32 layers in 4 × 3 chunks of 3: four spare slots, a layout string (torchtitan's split
-    # cannot hold it)
+    # 32 layers in 4 × 3 chunks of 3: four spare slots, a layout string (Megatron) or each
+    # chunk's modules by name (torchtitan's module_fqns_per_model_part)
     "pp4-vp3-layout": (plan(tp=2, pp=4, dp=2, vp=3, schedule=Schedule.INTERLEAVED_1F1B, sequence_parallel=True,
                             zero=ZeroStage.OPTIMIZER), {Engine.MEGATRON}),
+    "pp4-vp3-fsdp-layout": (plan(tp=2, pp=4, dp=2, vp=3, schedule=Schedule.INTERLEAVED_1F1B, sequence_parallel=True,
+                                 zero=ZeroStage.GRADIENTS), {Engine.TORCHTITAN, Engine.MEGATRON}),
 }
 CASES = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e in ok]
 REFUSED = [(name, e) for name, (_, ok) in PLANS.items() for e in Engine if e not in ok]
@@ -124,7 +126,7 @@ TORCHTITAN_SCHEMA = {
                     "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
                     "pipeline_parallel_layers_per_stage", "pipeline_parallel_first_stage_less_layers",
                     "pipeline_parallel_last_stage_less_layers", "context_parallel_degree", "expert_parallel_degree",
-                    "expert_tensor_parallel_degree", "context_parallel_rotate_method"},
+                    "expert_tensor_parallel_degree", "context_parallel_rotate_method", "module_fqns_per_model_part"},
     "activation_checkpoint": {"mode", "selective_ac_option"},
     "compile": {"enable", "components"},
 }
@@ -149,14 +151,22 @@ def check_torchtitan(p, cfg: dict) -> None:
     if p.pp > 1:
         assert tr["local_batch_size"] == per_dp
         assert par["pipeline_parallel_microbatch_size"] == p.micro_batch_size
-        # torchtitan's split (generate_llm_fqn_per_model_part): PP×VP stages of equal slots, the
-        # embedding's (first_stage_less_layers) and the loss's (last_...) taken off the ends
-        per = par["pipeline_parallel_layers_per_stage"]
-        first, last = par["pipeline_parallel_first_stage_less_layers"], par["pipeline_parallel_last_stage_less_layers"]
-        assert per * p.pp * p.vp == MODEL.num_layers + first + last
-        counts = [per] * (p.pp * p.vp)
-        counts[0] -= first
-        counts[-1] -= last
+        parts = par.get("module_fqns_per_model_part")
+        if parts:  # each virtual stage's modules by name: the embedding first, norm and head last
+            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+            assert [n for part in parts for n in part if n.startswith("layers.")] == [
+                f"layers.{i}" for i in range(MODEL.num_layers)]
+            counts = [sum(n.startswith("layers.") for n in part) for part in parts]
+        else:
+            # torchtitan's split (generate_llm_fqn_per_model_part): PP×VP stages of equal slots, the
+            # embedding's (first_stage_less_layers) and the loss's (last_...) taken off the ends
+            per = par["pipeline_parallel_layers_per_stage"]
+            first, last = (par["pipeline_parallel_first_stage_less_layers"],
+                           par["pipeline_parallel_last_stage_less_layers"])
+            assert per * p.pp * p.vp == MODEL.num_layers + first + last
+            counts = [per] * (p.pp * p.vp)
+            counts[0] -= first
+            counts[-1] -= last
         assert counts == [len(r) for r in chunk_layers(MODEL, WL, p)]
         assert par["pipeline_parallel_schedule"] == torchtitan.SCHEDULES[p.schedule]
     else:
@@ -226,9 +236,13 @@ def test_torchtitan_03_parses_the_overrides(name):
     check_torchtitan(p, cfg)
     dims = ParallelDims.from_config(par, p.num_gpus)  # torchtitan's own mesh validation
     if p.pp > 1:  # torchtitan's own stage split: the layers where the simulator put them
-        stages, layers, first, last = _get_pipeline_metadata(dims, par, SimpleNamespace(layers=[0] * MODEL.num_layers))
-        assert stages == p.pp * p.vp
-        parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+        parts = par.module_fqns_per_model_part  # given, torchtitan splits by it
+        if parts is None:
+            stages, layers, first, last = _get_pipeline_metadata(dims, par,
+                                                                 SimpleNamespace(layers=[0] * MODEL.num_layers))
+            assert stages == p.pp * p.vp
+            parts = _generate_llm_fqn_per_model_part(stages, layers, first, last)
+        assert len(parts) == p.pp * p.vp
         assert [sum(n.startswith("layers.") for n in part) for part in parts] == [len(r) for r in
                                                                                   chunk_layers(MODEL, WL, p)]
 

@@ -55,7 +55,7 @@ def test_search_proposes_meta_layout_without_pins():
     assert all(pp * vp <= 128 for pp, vp in layouts)
     # 5 stages cannot even out 126 layers (+ embedding + loss): proposed all the same, with
     # the fullest stage's ⌈126/5⌉ = 26 layers split evenly into its chunks (VP dividing 26,
-    # up to the search's VP 8); engines that need equal chunks (torchtitan) leave them out
+    # up to the search's VP 8); a search bounded to equal or slot-counted splits leaves them out
     small = load_cluster("dgx-h100", num_gpus=40)
     wl = Workload(global_batch_size=80, seq_len=8192)
     found = {(p, v) for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8})

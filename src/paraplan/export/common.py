@@ -133,16 +133,14 @@ def nodes_and_gpus_per_node(plan: Plan, cluster: ClusterSpec) -> tuple[int, int]
     return plan.num_gpus // per_node, per_node
 
 
-def slot_counted_split(model: ModelSpec, plan: Plan, engine: Engine) -> tuple[int, int, int]:
+def slot_counted_split(model: ModelSpec, plan: Plan) -> tuple[int, int, int] | None:
     """(layers per chunk, embedding slot, loss slot) of a split with PP×VP chunks of equal
     slots, the loss and then the embedding taking a layer's slot where l does not divide
-    (cost/estimate.py chunk_layers lays them out so); more spare slots are refused."""
+    (cost/estimate.py chunk_layers lays them out so); None where more slots are spare."""
     chunks = plan.pp * plan.vp
     slots = -(-model.num_layers // chunks) * chunks - model.num_layers
     if slots > 2:
-        raise unsupported(engine, "pp×vp", chunks,
-                          f"PP×VP dividing num_layers={model.num_layers}, or num_layers + 1 or + 2 (the loss "
-                          "and the embedding each taking a layer's slot)")
+        return None
     return (model.num_layers + slots) // chunks, int(slots == 2), int(slots >= 1)
 
 

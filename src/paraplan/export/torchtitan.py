@@ -18,7 +18,9 @@ Mapping (paraplan -> torchtitan):
   `_first_stage_less_layers` = 1 if s = 2 (0 otherwise): torchtitan's own split
   (generate_llm_fqn_per_model_part) then builds exactly PP × VP stages with the loss's and
   the embedding's slot taken off the last and the first virtual stage, as paraplan lays them
-  out (cost/estimate.py chunk_layers); more spare slots are refused. torch's
+  out (cost/estimate.py chunk_layers); with more spare slots, `module_fqns_per_model_part`
+  names each virtual stage's modules as chunk_layers lays them out (0.3: comma-joined
+  stages after `--parallelism.module_fqns_per_model_part`). torch's
   multi-stage schedules (Interleaved1F1B, LoopedBFS) need VP ≥ 2, Schedule1F1B at least PP
   micro-batches.
 - FP8: the float8 linear converter, and for an MoE the grouped-GEMM one on the routed
@@ -40,6 +42,7 @@ import shlex
 
 import numpy as np
 
+from ..cost.estimate import chunk_layers
 from ..plan.axes import (V_SCHEDULES, AttentionKernel, CPCommType, PipelineSplit, RankOrder, Recompute, Schedule,
                          ZeroStage)
 from ..plan.plan import Plan
@@ -162,7 +165,7 @@ SUPPORT = EngineSupport(
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
                        allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
-                       pipeline_split=PipelineSplit.SLOTS, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
+                       pipeline_split=PipelineSplit.ANY, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
                        rank_orders=(RankOrder.TP_CP_DP_PP,)),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False
@@ -214,8 +217,15 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "a2a_hierarchical", True, "the flat all-to-all only")
     if plan.ep_overlap:
         raise unsupported(ENGINE, "ep_overlap", True, "no overlap of the expert all-to-all with compute")
-    if plan.pp > 1:
-        slot_counted_split(model, plan, ENGINE)
+
+
+def module_fqns(model: ModelSpec, workload: Workload, plan: Plan) -> list[list[str]]:
+    """torchtitan's `module_fqns_per_model_part`: per virtual stage (its stage index, in model
+    order) the modules it holds, the embedding first and the final norm and head last, the
+    names its own split uses (generate_llm_fqn_per_model_part)."""
+    chunks = chunk_layers(model, workload, plan)
+    return [(["tok_embeddings"] if j == 0 else []) + [f"layers.{i}" for i in r]
+            + (["norm", "output"] if j == len(chunks) - 1 else []) for j, r in enumerate(chunks)]
 
 
 def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
@@ -243,11 +253,16 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
     if plan.cp > 1:
         par["context_parallel_rotate_method"] = CP_ROTATE[plan.cp_comm_type]
     if plan.pp > 1:
-        per_stage, first_less, last_less = slot_counted_split(model, plan, ENGINE)
         par.update(pipeline_parallel_schedule=SCHEDULES[plan.schedule],
                    pipeline_parallel_microbatch_size=plan.micro_batch_size)
-        par.update(pipeline_parallel_layers_per_stage=per_stage, pipeline_parallel_first_stage_less_layers=first_less,
-                   pipeline_parallel_last_stage_less_layers=last_less)
+        split = slot_counted_split(model, plan)
+        if split is not None:
+            per_stage, first_less, last_less = split
+            par.update(pipeline_parallel_layers_per_stage=per_stage,
+                       pipeline_parallel_first_stage_less_layers=first_less,
+                       pipeline_parallel_last_stage_less_layers=last_less)
+        else:  # any other split: each virtual stage's modules by name, as the simulator lays them out
+            par["module_fqns_per_model_part"] = module_fqns(model, workload, plan)
     ac: dict = {"mode": RECOMPUTE_MODES[plan.recompute]}
     if plan.recompute is Recompute.SELECTIVE:
         ac["selective_ac_option"] = "op"
@@ -282,7 +297,10 @@ def cli_overrides_v03(cfg: dict, model: ModelSpec) -> list[str] | None:
     async_tp = par.pop("enable_async_tensor_parallel")
     for section, values in (("training", cfg["training"]), ("parallelism", par)):
         for key, value in values.items():
-            args += [f"--{section}.{key}", str(value)]
+            if isinstance(value, list):  # a list of lists: comma-joined inner lists (module_fqns_per_model_part)
+                args += [f"--{section}.{key}", *(",".join(part) for part in value)]
+            else:
+                args += [f"--{section}.{key}", str(value)]
     if par["pipeline_parallel_degree"] > 1:  # 0.3 captures CUDA graphs by default, not under PP
         args.append("--training.disable_cuda_graphs")
     if cfg["compile"]["enable"]:
