@@ -150,7 +150,7 @@ def _add_whatif(p: argparse.ArgumentParser, what: str) -> None:
                         f"better (default {100 * DEFAULT_CHANGE:g}), {what}")
 
 
-def _engine(args, workload, model=None):
+def _engine(args, workload, model):
     """The export module of --engine with its optimizer rule (and the model's, e.g. an MTP
     module the engine does not train) checked; None without the flag."""
     if getattr(args, "engine", None) is None:
@@ -161,8 +161,7 @@ def _engine(args, workload, model=None):
     engine = Engine(args.engine)
     check_optimizer(engine, workload)
     mod = engine_module(engine)
-    if model is not None:
-        check_model(mod.SUPPORT, model)
+    check_model(mod.SUPPORT, model)
     return mod
 
 

@@ -41,7 +41,6 @@ def test_chunks_beyond_layers_plus_two_are_refused(capsys):
 def test_search_proposes_meta_layout_without_pins():
     """126 layers do not divide by 16 (nor 126/16 by 8): the search proposes PP 16 × VP 8
     anyway, because the embedding and the loss take the two spare chunk slots."""
-    from paraplan.plan.axes import PipelineSplit
     from paraplan.plan.space import SpaceLimits, enumerate_space
     from paraplan.specs.catalog import load_cluster, load_model
     from paraplan.specs.workload import Workload
@@ -55,16 +54,12 @@ def test_search_proposes_meta_layout_without_pins():
     assert all(pp * vp <= 128 for pp, vp in layouts)
     # 5 stages cannot even out 126 layers (+ embedding + loss): proposed all the same, with
     # the fullest stage's ⌈126/5⌉ = 26 layers split evenly into its chunks (VP dividing 26,
-    # up to the search's VP 8); a search bounded to equal or slot-counted splits leaves them out
+    # up to the search's VP 8)
     small = load_cluster("dgx-h100", num_gpus=40)
     wl = Workload(global_batch_size=80, seq_len=8192)
     found = {(p, v) for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8})
              for p, v in zip(b.pp.tolist(), b.vp.tolist())}
     assert found == {(1, 1), (5, 1), (5, 2)}
-    for split in (PipelineSplit.EQUAL, PipelineSplit.SLOTS):
-        pps = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(pipeline_split=split), fixed={"tp": 8})
-               for p in b.pp.tolist()}
-        assert pps == {1}
     pinned = {p for b, _ in enumerate_space(model, small, wl, SpaceLimits(), fixed={"tp": 8, "pp": 5})
               for p in b.pp.tolist()}
     assert pinned == {5}

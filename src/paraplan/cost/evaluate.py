@@ -449,7 +449,8 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         params_stage_first=params_stage_first, params_stage_last=params_stage_last, mtp_experts=mtp_experts,
         params_stage=np.maximum(params_stage_first, params_stage_last),
         expert_stage=L_s * expert_params,  # the same on every stage (0 for a dense model)
-        expert_head=np.maximum(L_s * expert_params, np.where(ends, L_first, L_last) * expert_params + mtp_experts),
+        expert_head=(np.maximum(L_s * expert_params, np.where(ends, L_first, L_last) * expert_params + mtp_experts)
+                     if model.mtp_layers else L_s * expert_params),
         is_z3=zc == ZeroStage.PARAMETERS.code, is_z2=zc == ZeroStage.GRADIENTS.code,
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
         gather_bytes=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
@@ -565,7 +566,9 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     has_mid = p > 2
     host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
     # the loss state: on the first rank where it holds the head (one stage, or ZB-V's V)
-    lo1 = np.where(ends, mem.inflight_logits(plan, m) * logits * (1.0 + D), 0.0)  # (each MTP module's too)
+    if D:  # each MTP module's logits beside the head's
+        logits = logits * (1.0 + D)
+    lo1 = np.where(ends, mem.inflight_logits(plan, m) * logits, 0.0)
     # Gradients allocated by the backward itself (eager torch without DDP's or Megatron's
     # preallocated buffers: paraplan run and torchtitan on one GPU, under autocast), in a
     # step of one micro-batch: at the loss's backward only the head's gradient exists; by
@@ -574,7 +577,7 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     lazy = lay.autocast_casts & (lay.d * lay.c == 1) & (m <= 1.0) & only
     # the last stage keeps each micro-batch's loss state until that micro-batch's backward:
     # several at once where the schedule runs every forward first (GPipe, breadth-first)
-    lol = np.where(lay.vshape, 0.0, mem.inflight_logits(plan, m) * logits * (1.0 + D))
+    lol = np.where(lay.vshape, 0.0, mem.inflight_logits(plan, m) * logits)
     if np.any(lazy):
         head_grad = mem.GRAD_BYTES * (model.output_weight_params / t + h)
 
@@ -1016,10 +1019,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (with the vocab-parallel embedding's collectives; the block recomputed as a layer of the
     # stage is under full, selective and module recomputation, not under first-k's block method)
     D = model.mtp_layers
-    mtp_proj = gemm_time_s(gpu, T, h / t, 2.0 * h, prec) if D else 0.0
-    mtp_rc = np.where(rc == Recompute.FIRST_K.code, 0.0, rc_stage / L_s)
-    mtp_fwd = D * (emb_fwd + emb_tp + mtp_proj + layer_fwd_total + lm_fwd)
-    mtp_bwd = D * (emb_fwd + emb_tp_bwd + 2.0 * mtp_proj + layer_bwd_total + mtp_rc + lm_bwd)
+    mtp_fwd = mtp_bwd = 0.0
+    if D:
+        mtp_proj = gemm_time_s(gpu, T, h / t, 2.0 * h, prec)
+        mtp_rc = np.where(rc == Recompute.FIRST_K.code, 0.0, rc_stage / L_s)
+        mtp_fwd = D * (emb_fwd + emb_tp + mtp_proj + layer_fwd_total + lm_fwd)
+        mtp_bwd = D * (emb_fwd + emb_tp_bwd + 2.0 * mtp_proj + layer_bwd_total + mtp_rc + lm_bwd)
     # first FSDP gather of a pass cannot be prefetched
     z3_first = gathers * fsdp_ag
 
@@ -1063,8 +1068,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
         emb_acc = emb_acc + np.where(autocast, autocast_grad_s(gpu, model.embedding_params / t, 1.0, m, cast=False),
                                      0.0)
     emb_bwd_total = emb_fwd + emb_tp_bwd + emb_acc
-    lm_fwd = lm_fwd + mtp_fwd
-    lm_bwd = lm_bwd + head_acc + mtp_bwd
+    lm_bwd = lm_bwd + head_acc
+    if D:
+        lm_fwd, lm_bwd = lm_fwd + mtp_fwd, lm_bwd + mtp_bwd
     # (layers, forward extra, backward extra) of the first, a middle and the last stage
     # (under ZB-V the first rank holds the embedding and the head, the last rank neither)
     ends, vshape = lay.ends, lay.vshape
@@ -1244,10 +1250,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (layers counted: the fullest stage's; where the critical stage holds the head and MTP
     # blocks, its layers and those blocks, whose exposed collectives are communication and
     # whose recomputation is recomputation, not compute)
-    head_crit = (D > 0) & np.where(ends, t_max == per_mb[0], t_max == per_mb[2])
-    L_head = np.where(ends, L_first, L_last)
-    crit_layers = np.where(head_crit, L_head + D, L_s)
-    rc_crit = np.where(head_crit & (rc != Recompute.FIRST_K.code), (L_head + D) / L_s, 1.0)
+    crit_layers, rc_crit = L_s, 1.0
+    if D:
+        head_crit = np.where(ends, t_max == per_mb[0], t_max == per_mb[2])
+        L_head = np.where(ends, L_first, L_last)
+        crit_layers = np.where(head_crit, L_head + D, L_s)
+        rc_crit = np.where(head_crit & (rc != Recompute.FIRST_K.code), (L_head + D) / L_s, 1.0)
     crit_tp = crit_layers * (tp_fwd_exp + tp_bwd_exp) + rc_crit * rc_tp_stage
     crit_cp = crit_layers * (cp_fwd_exp + cp_bwd_exp) + rc_crit * rc_cp_stage
     crit_ep = crit_layers * (a2a_fwd_exp + a2a_bwd_exp) + rc_crit * rc_ep_stage
@@ -1295,11 +1303,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                       L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
     # (the head, and each MTP block recomputed as a layer of its stage but under first-k, on one
     # stage of p: per GPU, a p-th)
-    mtp_rc_hw = (model.mtp_layers * np.where(rc == Recompute.FIRST_K.code, 0.0,
-                                             (rc_layers * rc_layer_flops / t + rc_sel + rc_mod) / L_s)
-                 if model.mtp_layers else 0.0)
     hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t + rc_sel + rc_mod
-              + 3.0 * (lm_head_forward_flops(model, T) + mtp_forward_flops(model, T, s)) / t / p + mtp_rc_hw / p)
+              + 3.0 * lm_head_forward_flops(model, T) / t / p)
+    if D:
+        mtp_rc_hw = D * np.where(rc == Recompute.FIRST_K.code, 0.0,
+                                 (rc_layers * rc_layer_flops / t + rc_sel + rc_mod) / L_s)
+        hw = hw + m * (3.0 * mtp_forward_flops(model, T, s) / t + mtp_rc_hw) / p
 
     layer_detail = {
         "fwd": {"QKV GEMM": g_qkv, "attention": attn_fwd, "out-proj GEMM": g_out, "MLP up GEMM": w_dense * g_up,

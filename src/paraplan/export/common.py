@@ -135,11 +135,13 @@ def nodes_and_gpus_per_node(plan: Plan, cluster: ClusterSpec) -> tuple[int, int]
 
 def slot_counted_split(model: ModelSpec, plan: Plan) -> tuple[int, int, int] | None:
     """(layers per chunk, embedding slot, loss slot) of a split with PP×VP chunks of equal
-    slots, the loss and then the embedding taking a layer's slot where l does not divide
-    (cost/estimate.py chunk_layers lays them out so); None where more slots are spare."""
+    slots, the loss and then the embedding taking a layer's slot where l does not divide, as
+    cost/evaluate.py end_chunk_slots lays them out (Megatron-Core's account-for flags,
+    torchtitan's first/last-stage-less-layers); None where more slots are spare or MTP
+    modules take some (only a per-stage layout says that)."""
     chunks = plan.pp * plan.vp
     slots = -(-model.num_layers // chunks) * chunks - model.num_layers
-    if slots > 2:
+    if slots > 2 or (slots and model.mtp_layers):
         return None
     return (model.num_layers + slots) // chunks, int(slots == 2), int(slots >= 1)
 

@@ -32,6 +32,7 @@ Mapping (paraplan -> Megatron-LM):
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import numpy as np
 
@@ -43,7 +44,8 @@ from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, unsupported
+from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split,
+                     unsupported)
 
 ENGINE = Engine.MEGATRON
 # Megatron's --attention-backend: TE's flash-attn path, TE's cuDNN fused attention, unfused.
@@ -108,12 +110,7 @@ def layout_string(counts: list[int], mtp: int = 0) -> str:
     run = lambda x, c: x if c == 1 else f"{x}*{c}" if c else ""  # noqa: E731
     stages = [("E" if j == 0 else "") + run("t", c) + (run("m", mtp) + "L" if j == n - 1 else "")
               for j, c in enumerate(counts)]
-    groups: list[list] = []
-    for x in stages:
-        if groups and groups[-1][0] == x:
-            groups[-1][1] += 1
-        else:
-            groups.append([x, 1])
+    groups = [(x, len(list(g))) for x, g in itertools.groupby(stages)]
     out = []
     for i, (x, r) in enumerate(groups):
         last = i == len(groups) - 1
@@ -133,21 +130,18 @@ def pipeline_args(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     embedding's and the loss's spare slots through Megatron-Core's account-for flags, which
     take a layer off the first and the last chunk (transformer_block.get_num_layers_to_build);
     anything else as a layout string."""
+    # (Megatron-Core builds the MTP modules on the last stage, beside its layers)
     mtp = ["--mtp-num-layers", model.mtp_layers] if model.mtp_layers else []
     if plan.pp == 1:
         return mtp
-    counts = [len(r) for r in chunk_layers(model, workload, plan)]
-    chunks = plan.pp * plan.vp
-    slots = -(-model.num_layers // chunks) * chunks - model.num_layers
-    per_chunk = (model.num_layers + slots) // chunks
-    vp = ["--num-layers-per-virtual-pipeline-stage", per_chunk] if plan.vp > 1 else []
-    if slots == 0:  # (Megatron-Core builds the MTP modules on the last stage, beside its layers)
-        return vp + mtp
-    accounted = [per_chunk - (j == 0 and slots == 2) - (j == chunks - 1) for j in range(chunks)]
-    if slots <= 2 and accounted == counts and not model.mtp_layers:
-        return ((["--account-for-embedding-in-pipeline-split"] if slots == 2 else [])
-                + ["--account-for-loss-in-pipeline-split"] + vp)
+    split = slot_counted_split(model, plan)
+    if split is not None:
+        per_chunk, embedding, loss = split
+        return ((["--account-for-embedding-in-pipeline-split"] if embedding else [])
+                + (["--account-for-loss-in-pipeline-split"] if loss else [])
+                + (["--num-layers-per-virtual-pipeline-stage", per_chunk] if plan.vp > 1 else []) + mtp)
     # (the MTP modules take their slots in the layout: 'm', Megatron-Bridge's DeepSeek-V3 recipes)
+    counts = [len(r) for r in chunk_layers(model, workload, plan)]
     return ["--pipeline-model-parallel-layout", layout_string(counts, model.mtp_layers)] + mtp
 
 

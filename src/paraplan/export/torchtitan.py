@@ -43,8 +43,7 @@ import shlex
 import numpy as np
 
 from ..cost.estimate import chunk_layers
-from ..plan.axes import (V_SCHEDULES, AttentionKernel, CPCommType, PipelineSplit, RankOrder, Recompute, Schedule,
-                         ZeroStage)
+from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
@@ -165,7 +164,7 @@ SUPPORT = EngineSupport(
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
                        allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
-                       pipeline_split=PipelineSplit.ANY, hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
+                       hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
                        rank_orders=(RankOrder.TP_CP_DP_PP,)),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
     checkpoint_early_stop=False,  # FullAC wraps blocks with early_stop=False

@@ -3,8 +3,6 @@ cost model can work on numpy arrays of plans (see plan/space.py)."""
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from ..enums import CodedEnum as _Coded
 from ..specs.hardware import AttentionKernel  # noqa: F401  (re-exported: a plan axis)
 
@@ -26,20 +24,6 @@ class Schedule(_Coded):
 
 # Schedules that place exactly two chunks per rank in a V (rank r holds stages r and 2p-1-r)
 V_SCHEDULES = frozenset({Schedule.ZERO_BUBBLE_V, Schedule.DUAL_PIPE_V})
-
-
-class PipelineSplit(StrEnum):
-    """Which layer splits over PP×VP chunks an engine can run (a search bound, not a plan
-    column: the cost model lays out every split the same way, cost/estimate.py chunk_layers)."""
-
-    EQUAL = "equal"   # PP×VP divides the layers
-    # PP×VP divides l, l+1 or l+2: the loss and the embedding take a layer's slot each
-    # (Megatron-Core --account-for-loss/embedding-in-pipeline-split; torchtitan
-    # pipeline_parallel_last/first_stage_less_layers)
-    SLOTS = "slots"
-    # any: the fullest stage holds ceil(l/PP) layers, spare slots come off the others
-    # (Megatron-Core --pipeline-model-parallel-layout)
-    ANY = "any"
 
 
 class Recompute(_Coded):

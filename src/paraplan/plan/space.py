@@ -18,8 +18,7 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import (V_SCHEDULES, AttentionKernel, CPCommType, PipelineSplit, RankOrder, Recompute, Schedule,
-                   ZeroStage)
+from .axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from .placement import rank_orders_differ
 from .plan import Plan, Rejected
 
@@ -187,8 +186,8 @@ def _rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         # (--decoder-first/last-pipeline-num-layers, --pipeline-model-parallel-layout; NeMo
         # gives the embedding and loss stages fewer layers). The cost model times the fullest
         # stage, ceil(l/(p·v)) layers per chunk. The search proposes any PP up to l (and VP
-        # dividing ceil(l/p), or chunks that count the two slots; `_balanced`), within the
-        # engine's SpaceLimits.pipeline_split. The
+        # dividing ceil(l/p), or chunks that count the two slots; `_balanced`); every engine
+        # exported to writes such a split (export/megatron.py, export/torchtitan.py). The
         # embedding and the loss may take a chunk of their own (Megatron-Core
         # --account-for-embedding/loss-in-pipeline-split; Llama 3 405B ran 126 layers as 16×8
         # chunks with one layer fewer on the first and last stage, Dubey et al. 2024 Sec. 3.3.2).
@@ -331,8 +330,6 @@ class SpaceLimits:
     cp_comm_types: tuple[CPCommType, ...] = tuple(CPCommType)
     # rank orders tried (plan/axes.py RankOrder); an engine with a fixed mesh offers one
     rank_orders: tuple[RankOrder, ...] = tuple(RankOrder)
-    # the layer splits over PP×VP chunks the engine runs (plan/axes.py PipelineSplit)
-    pipeline_split: PipelineSplit = PipelineSplit.ANY
     # MoE: whether the two-dimensional all-to-all and the EP overlap may be tried (engines lack them)
     hierarchical_a2a: bool = True
     ep_overlap: bool = True
@@ -476,10 +473,7 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
             for pp in _divisors(N // (tp * cp)):
                 # any PP up to a layer per stage: the fullest stage holds ⌈l/PP⌉ layers, the
                 # spare slots come off the others (DeepSeek-V3's 61 layers run on PP 16)
-                split = limits.pipeline_split
-                splits = (L % pp == 0 if split is PipelineSplit.EQUAL else _balanced(L, pp, model.mtp_layers)
-                          or (split is PipelineSplit.ANY and pp <= L))
-                if (not splits and "pp" not in fixed) or fixed.get("pp", pp) != pp:
+                if (pp > L + 2 and "pp" not in fixed) or fixed.get("pp", pp) != pp:
                     continue
                 dp = N // (tp * cp * pp)
                 if gbs % dp or fixed.get("dp", dp) != dp:
@@ -493,16 +487,12 @@ def space_blocks(model: ModelSpec, cluster: ClusterSpec, workload: Workload,
         if "micro_batch_size" in fixed:
             mbs = [x for x in mbs if x == fixed["micro_batch_size"]]
         if pp > 1:
-            # equal chunks of layers, or (unless the engine needs even splits) equal counting the
-            # embedding and the loss as a slot each, or every divisor of the fullest stage's
-            # ⌈l/PP⌉ layers (those split it evenly: ⌈⌈l/PP⌉/v⌉·v = ⌈l/PP⌉; a divisor of
-            # ⌊l/PP⌋ alone would put more layers on it, 6 for DeepSeek-V3's 61 at PP 16 × VP 3);
-            # a pinned PP keeps those under narrower splits too, for the engine's check to name
-            split = limits.pipeline_split
-            uneven = split is PipelineSplit.ANY or "pp" in fixed
-            even = _divisors(-(-L // pp)) if L % pp == 0 or uneven else [1]
-            slots = ([] if split is PipelineSplit.EQUAL
-                     else [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v, model.mtp_layers)])
+            # every divisor of the fullest stage's ⌈l/PP⌉ layers (those split it evenly:
+            # ⌈⌈l/PP⌉/v⌉·v = ⌈l/PP⌉; a divisor of ⌊l/PP⌋ alone would put more layers on it, 6 for
+            # DeepSeek-V3's 61 at PP 16 × VP 3), and those whose chunks even out counting the
+            # embedding, the loss and the MTP modules as a slot each
+            even = _divisors(-(-L // pp))
+            slots = [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v, model.mtp_layers)]
             # (at most l + 2 chunks: the pp_layers rule)
             vps = sorted(x for x in set(even) | set(slots) if x <= limits.max_vp and pp * x <= L + 2)
         else:

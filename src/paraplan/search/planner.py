@@ -16,7 +16,7 @@ from ..cost.evaluate import evaluate, plan_memory
 from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
-from ..plan.axes import CPCommType, PipelineSplit, Recompute, ZeroStage
+from ..plan.axes import CPCommType, Recompute, ZeroStage
 from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan,
                           enumerate_space, space_blocks)
 from ..specs.hardware import ClusterSpec
@@ -282,10 +282,7 @@ def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
         max_tp = limits.max_tp or cluster.gpus_per_node
         return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
                 f"{workload.global_batch_size}: DP = GPUs/(TP·CP·PP) must divide the batch, with TP ≤ {max_tp}, "
-                f"CP ≤ {limits.max_cp} and PP at most the {model.num_layers} layers"
-                + {PipelineSplit.EQUAL: ", PP×VP dividing them,",
-                   PipelineSplit.SLOTS: ", PP×VP dividing them, or them + 1 or + 2,"}.get(limits.pipeline_split, "")
-                + " (and TP dividing the heads); "
+                f"CP ≤ {limits.max_cp}, PP at most the {model.num_layers} layers and TP dividing the heads; "
                 "try fewer GPUs, a larger batch, or counts with more divisors (e.g. powers of two)")
     need, plan = best_mem
     cap = cluster.gpu.hbm_bytes
