@@ -234,7 +234,7 @@ def test_compare_refuses_values_that_are_not_positive_finite_numbers(capsys, tmp
 
 # ---------------------------------------------------------------- 13-15. validate files
 
-# rows whose metric is unknown: validate would skip them, so only a bad cell can fail the file
+# rows whose metric is unknown: validate skips them, and a bad cell must be the reason given
 def _csv(tmp_path, header, rows, name="rows.csv") -> Path:
     return write_csv(tmp_path, header, [{**r, "metric_id": "not_a_metric"} for r in rows], name)
 
@@ -243,10 +243,18 @@ def _training_csv(tmp_path, **changes) -> Path:
     return _csv(tmp_path, TRAINING_HEADER, [{**TRAINING_ROW, **changes}])
 
 
+def _skip_reason(capsys, path) -> str:
+    """The skip reason of the file's one row (exit 1: nothing predicted, nothing refused)."""
+    code, out, err = run(capsys, "validate", str(path), "--json")
+    assert code == 1, err
+    (row,) = json.loads(out)["rows"]
+    return row["skipped"]
+
+
 @pytest.mark.parametrize("value", ["xbf16y", "int4 weights", "bf16 fp8"])
-def test_inference_unknown_precision_refuses_the_file(capsys, tmp_path, value):
+def test_inference_unknown_precision_skips_the_row(capsys, tmp_path, value):
     path = _csv(tmp_path, INFERENCE_HEADER, [{**GPU_ROW, "precision": value}])
-    line = _error(capsys, "validate", str(path), "--json")
+    line = _skip_reason(capsys, path)
     assert f"{path}:2:" in line and "'precision'" in line and repr(value) in line
 
 
@@ -262,9 +270,9 @@ def test_inference_tpot_row_with_one_output_token_is_skipped_with_the_reason(tmp
 
 
 @pytest.mark.parametrize("value", ["lots", "QPS", "batch 8"])
-def test_inference_non_numeric_batch_refuses_the_file(capsys, tmp_path, value):
+def test_inference_non_numeric_batch_skips_the_row(capsys, tmp_path, value):
     path = _csv(tmp_path, INFERENCE_HEADER, [{**GPU_ROW, "batch_or_concurrency": value}])
-    line = _error(capsys, "validate", str(path), "--json")
+    line = _skip_reason(capsys, path)
     assert f"{path}:2:" in line and "'batch_or_concurrency'" in line and repr(value) in line
 
 
@@ -273,10 +281,10 @@ def test_inference_non_numeric_batch_refuses_the_file(capsys, tmp_path, value):
     ({"recompute": "sometimes"}, "recompute"),
     ({"vp": "2", "pp": "1"}, "vp"),
 ])
-def test_training_bad_cell_refuses_the_file(capsys, tmp_path, changes, column):
-    # the metric is unknown: the row would be skipped, yet its bad cell refuses the file
+def test_training_bad_cell_is_the_reason_its_row_is_skipped(capsys, tmp_path, changes, column):
+    # the metric is unknown too: the bad cell is named, not the metric
     path = _training_csv(tmp_path, **changes)
-    line = _error(capsys, "validate", str(path), "--json")
+    line = _skip_reason(capsys, path)
     assert f"{path}:2:" in line and repr(column) in line and repr(changes[column]) in line
 
 

@@ -222,10 +222,23 @@ def test_validate_table(capsys, tmp_path):
     assert "TP8" in out  # --verbose shows the plan chosen for the blank knobs
 
 
+@pytest.mark.parametrize("content,column,detail", [
+    (TRAINING_CSV.replace(",iteration_time_s,1.42,", ",iteration_time_s,fast,"), "value", "is not allowed"),
+    (TRAINING_CSV.replace(",2048,A100 80GB,8,8,", ",2k,A100 80GB,8,8,", 1), "seq_len", "is not a number"),
+])
+def test_validate_malformed_cell_skips_its_row_only(capsys, tmp_path, content, column, detail):
+    csv_path = tmp_path / "bad.csv"
+    csv_path.write_text(content)
+    code, out, err = run(capsys, "validate", str(csv_path), "--json")
+    assert code == 0, err
+    first, second = json.loads(out)["rows"]
+    assert f"{csv_path}:2: column {column!r}" in first["skipped"] and detail in first["skipped"]
+    assert first["measured"] is None or column != "value"
+    assert second["skipped"] is None and second["predicted"] > 0
+
+
 @pytest.mark.parametrize("content,detail", [
     ("a,b\n1,2\n", "missing column"),
-    (TRAINING_CSV.replace(",iteration_time_s,1.42,", ",iteration_time_s,fast,"), "is not a number"),
-    (TRAINING_CSV.replace(",2048,A100 80GB,8,8,", ",2k,A100 80GB,8,8,", 1), "is not a number"),
     # a misspelled column would have been ignored: TP unpinned, the row predicted for another plan
     (TRAINING_CSV.replace(",dp,sp,", ",dp,spp,", 1), "column 'spp' is not one paraplan reads; did you mean 'sp'?"),
     (TRAINING_CSV.replace(",tp,pp,", ",TP,pp,", 1), "did you mean 'tp'?"),

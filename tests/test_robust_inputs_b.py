@@ -28,6 +28,16 @@ def _validate_error(capsys, path: Path) -> str:
     return line
 
 
+def _skip_reason(capsys, path: Path) -> str:
+    """The reason `paraplan validate PATH --json` gives for skipping the file's one row (a
+    malformed cell skips its row, not the file: exit 1 as nothing was predicted)."""
+    code, out, err = run(capsys, "validate", str(path), "--json")
+    assert code == 1, err
+    (row,) = json.loads(out)["rows"]
+    assert row["predicted"] is None and row["skipped"]
+    return row["skipped"]
+
+
 # ---------------------------------------------------------------- validate: malformed cells
 
 @pytest.mark.parametrize("column,value", [
@@ -39,7 +49,7 @@ def _validate_error(capsys, path: Path) -> str:
 ])
 def test_training_malformed_cell_names_file_line_column_value(capsys, tmp_path, column, value):
     path = _csv(tmp_path, TRAINING_HEADER, TRAINING_ROW, **{column: value})
-    line = _validate_error(capsys, path)
+    line = _skip_reason(capsys, path)
     assert f"{path}:2:" in line and repr(column) in line and repr(value) in line
     assert "allowed" in line or "required" in line
 
@@ -50,7 +60,7 @@ def test_training_malformed_cell_names_file_line_column_value(capsys, tmp_path, 
 ])
 def test_tpu_inference_malformed_cell(capsys, tmp_path, column, value):
     path = _csv(tmp_path, INFERENCE_HEADER, TPU_ROW, **{column: value})
-    line = _validate_error(capsys, path)
+    line = _skip_reason(capsys, path)
     assert f"{path}:2:" in line and repr(column) in line and repr(value) in line
 
 
@@ -60,8 +70,23 @@ def test_tpu_inference_malformed_cell(capsys, tmp_path, column, value):
 ])
 def test_gpu_inference_malformed_cell(capsys, tmp_path, column, value):
     path = _csv(tmp_path, INFERENCE_HEADER, GPU_ROW, **{column: value})
-    line = _validate_error(capsys, path)
+    line = _skip_reason(capsys, path)
     assert f"{path}:2:" in line and repr(column) in line and repr(value) in line
+
+
+@pytest.mark.parametrize("header,row,bad", [(TRAINING_HEADER, TRAINING_ROW, {"zero": "ZeRO-7"}),
+                                            (TRAINING_HEADER, TRAINING_ROW, {"precision": "int3"}),
+                                            (INFERENCE_HEADER, GPU_ROW, {"precision": "int3"})])
+def test_one_unreadable_row_does_not_refuse_the_file(capsys, tmp_path, header, row, bad):
+    # a whole file refused for one row's value would lose every other row: the bad row is
+    # skipped naming its line and column, the good one is still predicted
+    path = write_csv(tmp_path, header, [{**row, **bad}, {**row, "id": "good"}])
+    code, out, err = run(capsys, "validate", str(path), "--json")
+    assert code == 0, err
+    first, second = json.loads(out)["rows"]
+    (column,) = bad
+    assert first["predicted"] is None and f"{path}:2:" in first["skipped"] and repr(column) in first["skipped"]
+    assert second["skipped"] is None and second["predicted"] > 0
 
 
 @pytest.mark.parametrize("header,row", [(TRAINING_HEADER, TRAINING_ROW), (INFERENCE_HEADER, TPU_ROW)])

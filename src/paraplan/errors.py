@@ -44,6 +44,17 @@ class FileFormatError(ParaplanError):
         super().__init__(f"{loc}: {detail}")
 
 
+class RowError(ParaplanError):
+    """One row of a measurements file has a cell paraplan cannot read (a count that is not a
+    whole number, a label it does not know): that row is skipped with this reason, naming the
+    file, line, column and value, and every other row is still predicted. A file that is not
+    a CSV of the documented columns is a FileFormatError instead."""
+
+    def __init__(self, path: str, line: int, column: str, detail: str):
+        self.column = column
+        super().__init__(f"{path}:{line}: column {column!r}: {detail}")
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where a command stops what it started (paraplan run's torchrun); the CLI
     exits 143 (128 + SIGTERM) for it, 130 for Ctrl-C."""

@@ -11,7 +11,7 @@ import csv
 import re
 from pathlib import Path
 
-from ..errors import FileFormatError, SpecError
+from ..errors import RowError, SpecError
 from ..specs.catalog import load_cluster
 from ..specs.files import without_note
 from ..units import MILLI
@@ -59,7 +59,7 @@ def _cluster_for(row: dict, path: str, line: int) -> str:
 
 
 def _dtypes(precision: str, path: str, line: int):
-    """(weights, KV cache) dtypes of a precision cell; an unknown one refuses the file."""
+    """(weights, KV cache) dtypes of a precision cell; an unknown one skips the row."""
     from ..inference.deploy import StoreDtype
     bf16, fp16, fp8, int8 = StoreDtype.BF16, StoreDtype.FP16, StoreDtype.FP8, StoreDtype.INT8
     # TensorRT-LLM's FP8 checkpoints quantize the KV cache to FP8 as well; Pope et al.'s
@@ -69,15 +69,15 @@ def _dtypes(precision: str, path: str, line: int):
     text = precision.strip()
     key = without_note(text).lower()  # "FP8 (implied)": a note may follow, as in training rows
     if key not in known:
-        raise FileFormatError(path, f"column 'precision': {text!r} is not allowed; allowed: "
-                              + ", ".join(known) + " (a note in parentheses may follow)", line)
+        raise RowError(path, line, "precision", f"{text!r} is not allowed; allowed: "
+                       + ", ".join(known) + " (a note in parentheses may follow)")
     return known[key]
 
 
 def _load(text: str, path: str, line: int) -> tuple[str, float | None]:
     """('max', None) for maximum load, ('rate', r) for QPS=r, ('burst', None) for QPS=INF;
     ('unknown', None) for a static batch or a blank cell, which the serving simulation lacks;
-    anything else refuses the file."""
+    anything else skips the row."""
     t = text.strip().lower()
     if t.startswith("max load") or "infinite request rate" in t:
         return "max", None
@@ -90,16 +90,16 @@ def _load(text: str, path: str, line: int) -> tuple[str, float | None]:
         except ValueError:
             rate = float("nan")
         if not 0 < rate < float("inf"):
-            raise FileFormatError(path, f"column 'batch_or_concurrency': {text.strip()!r} is not allowed; a request "
-                                  "rate is QPS=r with r a positive number, or QPS=INF", line)
+            raise RowError(path, line, "batch_or_concurrency", f"{text.strip()!r} is not allowed; a request "
+                           "rate is QPS=r with r a positive number, or QPS=INF")
         return "rate", rate
     try:  # a static batch: a whole number of sequences (int_cell's rules)
         batch = float(t) if t else 1.0
     except ValueError:
         batch = 0.0
     if not (batch.is_integer() and 1 <= batch <= MAX_COUNT):  # also false for inf and nan
-        raise FileFormatError(path, f"column 'batch_or_concurrency': {text.strip()!r} is not allowed; max load, "
-                              "QPS=r (r > 0), QPS=INF, a static batch (a whole number >= 1) or blank", line)
+        raise RowError(path, line, "batch_or_concurrency", f"{text.strip()!r} is not allowed; max load, "
+                       "QPS=r (r > 0), QPS=INF, a static batch (a whole number >= 1) or blank")
     return "unknown", None
 
 
@@ -170,7 +170,7 @@ def _predict(metric: str, plan, res) -> float:
 
 def predict_row(row: dict, path: str, line: int) -> dict:
     out = row_result(row, path, line, METRICS)
-    # a malformed cell refuses the file even on a row that is skipped
+    # a malformed cell skips the row with its reason, before an unknown metric would
     for col in ("num_gpus", "tp", "pp", "input_len", "output_len"):
         int_cell(row, col, path, line)
     _load(row["batch_or_concurrency"], path, line)

@@ -2,12 +2,14 @@
 result record (the `validate --json` contract of ../shared/validation/README.md), the loop
 that skips a row with its reason, and the error summary.
 
-A malformed cell (a non-integer where a count is required, a count below its minimum, a
-measured value that is not a positive finite number, a GPU no preset names, a row with the
-wrong number of cells, a header naming a column twice, a file that is not UTF-8) is a
-FileFormatError naming the file, line, column and value: the whole file is refused, since a
-partial table would hide it. A row that lacks what a prediction needs (a blank sequence
-length or GPU, an unknown metric) is skipped with the reason (SpecError)."""
+A file that is not a CSV of the documented columns (a missing or doubled column, a row with
+the wrong number of cells, a file that is not UTF-8) is a FileFormatError: nothing is
+predicted. A row whose cell paraplan cannot read (a non-integer where a count is required, a
+count below its minimum, a measured value that is not a positive finite number, a label it
+does not know) is skipped with a RowError naming the file, line, column and value, and so is a
+row that lacks what a prediction needs (a blank sequence length, a GPU without a preset, an
+unknown metric: SpecError); every other row is still predicted and reported.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import re
 import stat
 from pathlib import Path
 
-from ..errors import FileFormatError, ParaplanError, SpecError
+from ..errors import FileFormatError, ParaplanError, RowError, SpecError
 # Counts (GPUs, tokens, sequences, layers, degrees) above int32 are not a run anyone measured,
 # and the planner's integer arithmetic is not meant for them: the catalog's bound.
 from ..specs.files import MAX_COUNT, read_text
@@ -94,8 +96,9 @@ def read_rows(path: str, required: tuple[str, ...], kind: str, known: tuple[str,
 
 
 def int_cell(row: dict, key: str, path: str, line: int, minimum: int = 1) -> int | None:
-    """An integer column in [minimum, MAX_COUNT] (blank: None); anything else names the file,
-    line, column and value. "8.0" and "1e3" are integers; "2.5", "inf" and "nan" are not."""
+    """An integer column in [minimum, MAX_COUNT] (blank: None); anything else is a RowError
+    naming the file, line, column and value. "8.0" and "1e3" are integers; "2.5", "inf" and
+    "nan" are not."""
     text = (row.get(key) or "").strip()
     if not text:
         return None
@@ -106,12 +109,12 @@ def int_cell(row: dict, key: str, path: str, line: int, minimum: int = 1) -> int
         try:
             number = float(text)
         except ValueError:
-            raise FileFormatError(path, f"column {key!r}: {text!r} is not a number; {allowed}", line) from None
+            raise RowError(path, line, key, f"{text!r} is not a number; {allowed}") from None
         if not number.is_integer():  # also false for inf and nan
-            raise FileFormatError(path, f"column {key!r}: {text!r} is not allowed; {allowed}", line) from None
+            raise RowError(path, line, key, f"{text!r} is not allowed; {allowed}") from None
         value = int(number)
     if not minimum <= value <= MAX_COUNT:
-        raise FileFormatError(path, f"column {key!r}: {text!r} is not allowed; {allowed}", line)
+        raise RowError(path, line, key, f"{text!r} is not allowed; {allowed}")
     return value
 
 
@@ -123,17 +126,22 @@ def required_int(row: dict, key: str, path: str, line: int, needed_for: str) -> 
     return value
 
 
+def measured_value(row: dict) -> float | None:
+    """The row's measured value, or None where the cell is not a positive finite number."""
+    try:
+        measured = float((row.get("value") or "").strip())
+    except ValueError:
+        return None
+    return measured if math.isfinite(measured) and measured > 0 else None
+
+
 def row_result(row: dict, path: str, line: int, metrics: tuple[str, ...]) -> dict:
     """The row's record before prediction; `skipped` is set when its metric is unknown."""
     metric = row["metric_id"].strip()
-    text = row["value"].strip()
-    allowed = "a measured value is a positive finite number"
-    try:
-        measured = float(text)
-    except ValueError:
-        raise FileFormatError(path, f"column 'value': {text!r} is not a number; {allowed}", line) from None
-    if not (math.isfinite(measured) and measured > 0):
-        raise FileFormatError(path, f"column 'value': {text!r} is not allowed; {allowed}", line)
+    measured = measured_value(row)
+    if measured is None:
+        text = row["value"].strip()
+        raise RowError(path, line, "value", f"{text!r} is not allowed; a measured value is a positive finite number")
     out = {"id": row["id"], "source": row["source"], "model": row["model"], "metric_id": metric,
            "measured": measured, "predicted": None, "error_pct": None, "skipped": None, "plan": None}
     if metric not in metrics:
@@ -149,7 +157,8 @@ def with_prediction(out: dict, predicted: float, plan: str, note: str | None = N
 
 
 def validate_rows(rows: list[tuple[int, dict]], predict, progress=None) -> dict:
-    """Predict every row; a user-level error on one row skips that row with its reason."""
+    """Predict every row; a user-level error on one row (a RowError, a SpecError) skips that
+    row with its reason; a FileFormatError refuses the file."""
     out = []
     for i, (line, row) in enumerate(rows):
         try:
@@ -158,7 +167,7 @@ def validate_rows(rows: list[tuple[int, dict]], predict, progress=None) -> dict:
             if isinstance(exc, FileFormatError):
                 raise
             out.append({"id": row.get("id"), "source": row.get("source"), "model": row.get("model"),
-                        "metric_id": row.get("metric_id"), "measured": float(row.get("value") or "nan"),
+                        "metric_id": row.get("metric_id"), "measured": measured_value(row),
                         "predicted": None, "error_pct": None, "skipped": str(exc), "plan": None})
         if progress:
             progress(i + 1, len(rows))

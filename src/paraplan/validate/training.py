@@ -12,14 +12,15 @@ import re
 from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
-from ..errors import FileFormatError, NoPlanFitsError, ParaplanError, SpecError, UnknownPresetError
+from ..export.torchtitan import SUPPORT as TORCHTITAN
+from ..errors import NoPlanFitsError, ParaplanError, RowError, SpecError, UnknownPresetError
 from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model, preset_name
 from ..specs.files import without_note
 from ..specs.model import ModelSpec
-from ..specs.workload import Workload, parse_precision
+from ..specs.workload import Precision, Workload, parse_precision
 from ..units import GIB, TERA
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
@@ -62,12 +63,13 @@ def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
     """The attention kernel the row's framework runs (preference order; the GPU decides).
 
     2021–22 Megatron-LM: unfused softmax attention. llm-foundry (2023 benchmarks):
-    FlashAttention-2 / Triton. Megatron-Core, NeMo, Megatron-Bridge: Transformer Engine's
-    cuDNN fused attention (FlashAttention-3-class on Hopper), FlashAttention-2 elsewhere.
+    FlashAttention-2 / Triton. torchtitan: PyTorch SDPA, whose flash backend is
+    FlashAttention-2. Megatron-Core, NeMo, Megatron-Bridge: Transformer Engine's cuDNN fused
+    attention (FlashAttention-3-class on Hopper), FlashAttention-2 elsewhere.
     """
     if _is_legacy_megatron(row):
         return (AttentionKernel.UNFUSED,)
-    if _is_composer(row):
+    if _is_composer(row) or _is_torchtitan(row):
         return (AttentionKernel.FLASH2,)
     return (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
 
@@ -111,38 +113,57 @@ def _cluster_for(row: dict, path: str, line: int) -> str:
     return GPU_CLUSTERS[gpu]
 
 
+def _is_torchtitan(row: dict) -> bool:
+    return "torchtitan" in (row.get("framework") or "").lower()
+
+
 def _pytorch_fsdp_whole_group(row: dict) -> bool:
-    """PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP shard over the whole DP group (no HSDP)."""
-    z = (row.get("zero") or "").lower()
-    return "full_shard" in z or "shard_grad_op" in z
+    """PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP, and FSDP2 as torchtitan runs it
+    (data_parallel_shard_degree -1: every data-parallel rank), shard over the whole DP group
+    (no HSDP) unless the row says hybrid sharding."""
+    z = _label(row.get("zero"))
+    if "hybrid" in z or "hsdp" in z:
+        return False
+    return "full_shard" in z or "full shard" in z or "shard_grad_op" in z or "fsdp2" in z
 
 
-ZERO_ALLOWED = ("0, 1, 2, 3, fsdp, PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, Megatron-FSDP, "
-                "distributed optimizer, or blank (not stated)")
+ZERO_ALLOWED = ("0, 1, 2, 3, fsdp, FSDP2, HSDP, PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, "
+                "Megatron FSDP, MaxText FSDP, distributed optimizer, DDP, or blank (not stated)")
 
 
-def _zero(row: dict, path: str, line: int) -> tuple[ZeroStage, ...]:
-    z = (row.get("zero") or "").strip().lower()
+def _label(text: str | None) -> str:
+    """A published label folded for matching: lower case, '-' and '_' as spaces."""
+    return re.sub(r"[-_]+", " ", (text or "").strip().lower())
+
+
+def _zero(row: dict, path: str, line: int, pp: int | None) -> tuple[ZeroStage, ...]:
+    """The sharding the row's `zero` label names, as each framework publishes it."""
+    z = _label(row.get("zero"))
     if not z or z == "fsdp":  # not stated, or FSDP without its sharding strategy: searched
         return tuple(ZeroStage)
-    if "full_shard" in z or "hybrid_shard" in z or "megatron-fsdp" in z or z == "3":
-        return (ZeroStage.PARAMETERS,)
-    if "shard_grad_op" in z or z == "2":
+    if "shard grad op" in z or z == "2":
         return (ZeroStage.GRADIENTS,)
+    if "fsdp2" in z and "full shard" not in z and (pp or 1) > 1:
+        # torchtitan's FSDP2 keeps parameters gathered across a pipeline's micro-batches
+        # (reshard_after_forward = not pp_enabled): ZeRO-2
+        return (ZeroStage.GRADIENTS,)
+    if any(k in z for k in ("full shard", "hybrid shard", "fsdp", "hsdp")) or z == "3":
+        # FSDP2, HSDP, Megatron FSDP (optim_grads_params), MaxText FSDP: parameters sharded
+        return (ZeroStage.PARAMETERS,)
     if "distributed optimizer" in z or z == "1":
         return (ZeroStage.OPTIMIZER,)
-    if z == "0":
+    if z in ("0", "ddp"):
         return (ZeroStage.NONE,)
-    raise FileFormatError(path, f"column 'zero': {row['zero'].strip()!r} is not allowed; allowed: {ZERO_ALLOWED}", line)
+    raise RowError(path, line, "zero", f"{row['zero'].strip()!r} is not allowed; allowed: {ZERO_ALLOWED}")
 
 
 def _yes_no(row: dict, key: str, path: str, line: int) -> bool | None:
-    """A yes/no column (blank: None, not stated)."""
-    text = (row.get(key) or "").strip()
+    """A yes/no column (blank: None, not stated); a note may follow ("yes (torchtitan TP plan)")."""
+    text = without_note(row.get(key) or "")
     if not text:
         return None
     if text.lower() not in ("yes", "no"):
-        raise FileFormatError(path, f"column {key!r}: {text!r} is not allowed; yes, no or blank (not stated)", line)
+        raise RowError(path, line, key, f"{text!r} is not allowed; yes, no or blank (not stated)")
     return text.lower() == "yes"
 
 
@@ -163,15 +184,27 @@ def _token_drop(row: dict) -> bool:
 
 def _enum_cell(row: dict, column: str, enum, blank: str, path: str, line: int):
     """An optional column naming a member of `enum` (blank: None, which means `blank`); any
-    other value is a FileFormatError naming the file, line, column and what is allowed."""
+    other value is a RowError naming the file, line, column and what is allowed."""
     text = (row.get(column) or "").strip()
     if not text:
         return None
     try:
         return enum.parse(text, column)
     except SpecError:
-        raise FileFormatError(path, f"column {column!r}: {text!r} is not allowed; allowed: "
-                              + ", ".join(k.value for k in enum) + f" or blank ({blank})", line) from None
+        raise RowError(path, line, column, f"{text!r} is not allowed; allowed: "
+                       + ", ".join(k.value for k in enum) + f" or blank ({blank})") from None
+
+
+def published_precision(text: str) -> Precision:
+    """A precision as sources publish it: a name or alias (parse_precision), or torchtitan's
+    and torchao's "BF16 + Float8 linear (tensorwise)" / "BF16 + MXFP8 linear (...)": the linear
+    layers' GEMMs in the low precision, everything else in BF16 -- what paraplan's fp8 prices
+    (16-bit activations, FP8 GEMM inputs)."""
+    m = re.fullmatch(r"(?:bf16|fp16)\s*\+\s*(\S+)\s+linear", without_note(text), re.IGNORECASE)
+    if m:
+        low = m.group(1).lower()
+        return parse_precision("fp8" if low == "float8" else low)
+    return parse_precision(text)
 
 
 COUNT_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "top_k", "moe_ffn_hidden", "seq_len",
@@ -179,29 +212,28 @@ COUNT_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab",
 
 
 def row_cells(row: dict, path: str, line: int) -> dict:
-    """Every typed cell of a training row (blank: None); a malformed one is a FileFormatError
-    naming the file, line, column and value, whether or not the row can be predicted."""
+    """Every typed cell of a training row (blank: None); a malformed one is a RowError naming
+    the file, line, column and value, which skips the row."""
     cells = {k: int_cell(row, k, path, line) for k in COUNT_COLUMNS}
     cells["num_experts"] = int_cell(row, "num_experts", path, line, minimum=0)  # 0: dense
     cells["gated_mlp"] = _yes_no(row, "gated_mlp", path, line)
     cells["sp"] = _yes_no(row, "sp", path, line)
-    cells["zero"] = _zero(row, path, line)
+    cells["zero"] = _zero(row, path, line, cells["pp"])
     cells["cp_comm_type"] = _enum_cell(row, "cp_comm_type", CPCommType, "ring, p2p", path, line)
     cells["rank_order"] = _enum_cell(row, "rank_order", RankOrder, "tp-cp-dp-pp", path, line)
     prec = (row.get("precision") or "").strip()
     try:
-        cells["precision"] = parse_precision(prec) if prec else None  # blank: the row is skipped (row_setup)
+        cells["precision"] = published_precision(prec) if prec else None  # blank: the row is skipped (row_setup)
     except SpecError as e:
-        raise FileFormatError(path, f"column 'precision': {prec!r} is not allowed; {e.allowed}", line) from None
+        raise RowError(path, line, "precision", f"{prec!r} is not allowed; {e.allowed}") from None
     rc = (row.get("recompute") or "").strip()
-    try:
-        cells["recompute"] = Recompute.parse(rc, "recompute") if rc else None
+    try:  # a note may follow: "selective (per-op SAC)" is torchtitan's op-level selective AC
+        cells["recompute"] = Recompute.parse(without_note(rc), "recompute") if rc else None
     except SpecError as e:
-        raise FileFormatError(path, f"column 'recompute': {rc!r} is not allowed; {e.allowed} or blank (not stated)",
-                              line) from None
+        raise RowError(path, line, "recompute", f"{rc!r} is not allowed; {e.allowed} or blank (not stated)") from None
     if (cells["vp"] or 1) > 1 and cells["pp"] == 1:
-        raise FileFormatError(path, f"column 'vp': {row['vp'].strip()!r} is not allowed with pp 1; "
-                              "virtual stages need pp > 1 (or pp blank: searched)", line)
+        raise RowError(path, line, "vp", f"{row['vp'].strip()!r} is not allowed with pp 1; "
+                       "virtual stages need pp > 1 (or pp blank: searched)")
     return cells
 
 
@@ -232,8 +264,8 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     preset = _preset(name)
     moe_row = (c["num_experts"] or 0) > 0
     if moe_row and preset is None:
-        raise FileFormatError(path, f"model {name!r}: an MoE row needs a preset with the model's published "
-                              "configuration (shared experts, dense layers)", line)
+        raise RowError(path, line, "model", f"{name!r}: an MoE row needs a preset with the model's published "
+                       "configuration (shared experts, dense layers)")
     if not moe_row:
         for col in ("top_k", "moe_ffn_hidden"):
             if c[col] is not None:  # would be ignored: the row is predicted as a dense model
@@ -241,7 +273,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                                 "blank on a dense row (num_experts blank or 0); an MoE row gives num_experts")
     if moe_row or any(v is None for v in shape.values()):
         if preset is None:
-            raise FileFormatError(path, f"model {name!r}: architecture columns blank and no preset", line)
+            raise RowError(path, line, "model", f"{name!r}: architecture columns blank and no preset")
         model = preset
         if moe_row:  # predicted on the preset: a column that says otherwise would be ignored
             for col, value in _moe_row_disagreements(c, model):
@@ -263,6 +295,11 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
             raise SpecError(f"{path}:{line}", col, (row.get(col) or "").strip(), e.allowed) from None
     legacy = _is_legacy_megatron(row)
     model = replace(model, dropout=legacy)
+    titan = _is_torchtitan(row)
+    if c["global_batch"] is None and titan and c["micro_batch"] and c["dp"]:
+        # torchtitan's training.global_batch_size defaults to -1: local_batch_size × the
+        # data-parallel degree (no gradient accumulation), and its tables give the local batch
+        c["global_batch"] = c["micro_batch"] * c["dp"]
     for col in ("global_batch", "seq_len", "num_gpus"):
         if c[col] is None:  # lacks what a prediction needs: skipped with the reason
             raise SpecError("row", col, "", "a training row needs it (a whole number >= 1)")
@@ -272,6 +309,10 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                      ("micro_batch", "micro_batch_size")):
         if c[col] is not None:
             fixed[key] = c[col]
+    if titan and (c["pp"] or 1) > 1:
+        # torchtitan's local batch is split into pipeline micro-batches of
+        # parallelism.pipeline_parallel_microbatch_size (not in its tables): searched
+        fixed.pop("micro_batch_size", None)
     if "micro_batch_size" in fixed and "dp" in fixed:
         # llm-foundry: "micro-batches need not divide GBS"; the last one is partial. Throughput
         # per token is that of full micro-batches, so round the batch up to whole ones.
@@ -301,8 +342,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     # the rank order: the row's optional rank_order column, else the pipeline outermost, as
     # Megatron-LM (without --use-tp-pp-dp-mapping), NeMo and FSDP stacks lay ranks out
     orders = (c["rank_order"] or RankOrder.TP_CP_DP_PP,)
-    # the schedules Megatron-LM, NeMo and llm-foundry run (PP=1 rows ignore it)
-    schedules = (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
+    schedules = _published_schedules(row)  # PP=1 rows ignore it
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
                          attention=_attention_kernels(row), sequence_parallel=sps,
                          # precision policy as the row states it: 2021–22 Megatron-LM all-reduces fp32
@@ -319,11 +359,38 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms,
                          rank_orders=orders)
+    if titan:
+        limits = torchtitan_limits(row, limits)
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")
     return RowSetup(model=model, cluster_name=hardware or named or _cluster_for(row, path, line), num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits)
+
+
+def _published_schedules(row: dict) -> tuple[Schedule, ...]:
+    """The pipeline schedule the row names ("PP schedule Interleaved 1F1B", "4D, 1F1B" in its
+    framework or notes), else those Megatron-LM, NeMo, llm-foundry and torchtitan run."""
+    text = _label((row.get("framework") or "") + " " + (row.get("notes") or ""))
+    if "interleaved 1f1b" in text or "interleaved1f1b" in text:
+        return (Schedule.INTERLEAVED_1F1B,)
+    if re.search(r"\b1f1b\b", text):
+        return (Schedule.ONE_F_ONE_B,)
+    return (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
+
+
+def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
+    """A torchtitan row's plan space under torchtitan's own policy (export/torchtitan.py
+    SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
+    the framework cell says torch.compile, and with async TP only where it says so."""
+    framework = _label(row.get("framework"))
+    policy = replace(TORCHTITAN.search_limits(), compiled="compile" in framework)
+    return replace(limits, grad_reduce_fp32=policy.grad_reduce_fp32, checkpoint_early_stop=policy.checkpoint_early_stop,
+                   tp_async_backward=policy.tp_async_backward, fsdp2_copies=policy.fsdp2_copies,
+                   fused_kernels=policy.fused_kernels, compiled=policy.compiled,
+                   autocast_without_fsdp=policy.autocast_without_fsdp, engine_rule=policy.engine_rule,
+                   tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
+                   cp_comm_types=policy.cp_comm_types, hierarchical_a2a=False, ep_overlap=False)
 
 
 def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
@@ -357,7 +424,7 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
     """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
     cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
     out = row_result(row, path, line, METRICS)
-    row_cells(row, path, line)  # a malformed cell refuses the file even on a row that is skipped
+    row_cells(row, path, line)  # a malformed cell skips the row with its reason, before an unknown metric would
     if out["skipped"]:
         return out
     metric = out["metric_id"]

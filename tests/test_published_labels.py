@@ -1,0 +1,105 @@
+"""The labels sources publish in a training row (torchtitan's, NeMo's, Megatron-Bridge's) read
+as what they mean, and a row that only a framework default completes is predicted."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from paraplan.errors import RowError
+from paraplan.plan.axes import AttentionKernel, Schedule, ZeroStage
+from paraplan.specs.workload import Precision
+from paraplan.validate.training import published_precision, row_cells, row_setup
+
+from support import TRAINING_ROW
+
+VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
+
+
+@pytest.mark.parametrize("label,precision", [
+    ("BF16 + Float8 linear (tensorwise)", Precision.FP8),
+    ("BF16 + Float8 linear (float8 rowwise)", Precision.FP8),
+    ("BF16 + MXFP8 linear (mxfp8_cublas)", Precision.FP8),
+    ("FP8 (page caption: per-tensor FP8, current-step scaling)", Precision.FP8),
+    ("FP8-MX", Precision.FP8), ("BF16", Precision.BF16),
+])
+def test_published_precision_labels(label, precision):
+    assert published_precision(label) is precision
+
+
+@pytest.mark.parametrize("label", ["BF16 + linear", "Float8 linear", "BF16 + int3 linear"])
+def test_a_precision_label_that_names_no_precision_is_refused(label):
+    with pytest.raises(Exception, match="allowed"):
+        published_precision(label)
+
+
+@pytest.mark.parametrize("zero,pp,stages", [
+    ("FSDP2", "1", (ZeroStage.PARAMETERS,)),
+    ("FSDP2", "8", (ZeroStage.GRADIENTS,)),          # torchtitan: reshard_after_forward = not pp_enabled
+    ("fsdp (FSDP2 full shard)", "8", (ZeroStage.PARAMETERS,)),
+    ("Megatron FSDP", "1", (ZeroStage.PARAMETERS,)),
+    ("MaxText FSDP", "1", (ZeroStage.PARAMETERS,)),
+    ("DDP + distributed optimizer", "1", (ZeroStage.OPTIMIZER,)),
+    ("distributed optimizer (DDP)", "1", (ZeroStage.OPTIMIZER,)),
+    ("DDP", "1", (ZeroStage.NONE,)),
+    ("fsdp", "1", tuple(ZeroStage)),                # FSDP without its strategy: searched
+])
+def test_published_zero_labels(zero, pp, stages):
+    assert row_cells({**TRAINING_ROW, "zero": zero, "pp": pp, "vp": ""}, "rows.csv", 2)["zero"] == stages
+
+
+def test_an_unknown_zero_label_names_the_row_and_column():
+    with pytest.raises(RowError, match=r"rows.csv:2: column 'zero': 'ZeRO-7'"):
+        row_cells({**TRAINING_ROW, "zero": "ZeRO-7"}, "rows.csv", 2)
+
+
+def test_recompute_label_with_a_note():
+    assert row_cells({**TRAINING_ROW, "recompute": "selective (per-op SAC)"}, "rows.csv", 2)["recompute"].value == "selective"
+
+
+TITAN = {**TRAINING_ROW, "model": "llama3.1-8b", "layers": "", "hidden": "", "ffn_hidden": "", "heads": "",
+         "kv_heads": "", "vocab": "", "gpu": "H100", "num_gpus": "64", "seq_len": "8192", "global_batch": "",
+         "micro_batch": "12", "tp": "8", "pp": "1", "vp": "", "dp": "8", "sp": "yes", "recompute": "full",
+         "zero": "FSDP2", "precision": "BF16", "framework": "torchtitan (Async TP, torch.compile)", "notes": ""}
+
+
+def test_torchtitan_row_without_global_batch_takes_its_default():
+    # torchtitan's global_batch_size defaults to local batch × data-parallel degree
+    setup = row_setup(TITAN, "rows.csv", 2)
+    assert setup.workload.global_batch_size == 12 * 8
+    lim = setup.limits
+    assert lim.compiled and lim.fsdp2_copies and not lim.fused_kernels and lim.grad_reduce_fp32
+    assert lim.tp_overlap == (True,) and lim.attention == (AttentionKernel.FLASH2,)
+    vanilla = row_setup({**TITAN, "framework": "torchtitan (Vanilla TP)"}, "rows.csv", 2).limits
+    assert vanilla.tp_overlap == (False,) and not vanilla.compiled
+
+
+def test_other_frameworks_still_need_the_global_batch():
+    with pytest.raises(Exception, match="global_batch"):
+        row_setup({**TITAN, "framework": "NeMo 25.04"}, "rows.csv", 2)
+
+
+def test_torchtitan_pipeline_row_names_its_schedule_and_leaves_the_micro_batch_to_search():
+    row = {**TITAN, "tp": "8", "pp": "8", "dp": "8", "num_gpus": "512", "micro_batch": "32",
+           "framework": "torchtitan (PP schedule 1F1B)"}
+    setup = row_setup(row, "rows.csv", 2)
+    assert setup.limits.schedules == (Schedule.ONE_F_ONE_B,)
+    assert "micro_batch_size" not in setup.fixed and setup.workload.global_batch_size == 32 * 8
+    inter = row_setup({**row, "framework": "torchtitan (PP schedule Interleaved 1F1B)"}, "rows.csv", 2)
+    assert inter.limits.schedules == (Schedule.INTERLEAVED_1F1B,)
+
+
+@pytest.mark.parametrize("name", ["training_dev.csv", "training_dev_more.csv", "training_dev_moe.csv"])
+def test_every_published_training_label_is_read(name):
+    """No cell of the published files is refused as unreadable (a row may still be skipped for
+    a missing input or a GPU without a preset, with that reason)."""
+    path = VALIDATION / name
+    if not path.is_file():
+        pytest.skip("published validation data not present")
+    with path.open(encoding="utf-8") as fh:
+        for line, row in enumerate(csv.DictReader(fh), start=2):
+            if Precision.__members__.get("NVFP4") is None and "fp4" in row["precision"].lower():
+                continue  # NVFP4 arrives with its precision
+            row_cells(row, name, line)
