@@ -19,6 +19,7 @@ from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model, preset_name
 from ..specs.files import without_note
+from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload, parse_precision
 from ..units import GIB, TERA
@@ -27,7 +28,7 @@ from .rows import int_cell, read_rows, row_result, validate_rows, with_predictio
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
                     "metric_id", "value")
 # every other column a training file may have that paraplan reads or carries (the shared
-# files' headers, ../shared/validation/README.md; the model-shape aliases are _SHAPE_COLUMNS)
+# files' headers, ../shared/validation/README.md; the model-shape aliases are SHAPE_COLUMNS)
 KNOWN_COLUMNS = ("params_b", "layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "gated_mlp",
                  "num_experts", "top_k", "moe_ffn_hidden", "gpus_per_node", "micro_batch", "tp", "pp", "vp", "cp",
                  "ep", "dp", "sp", "recompute", "zero", "framework", "metric_text", "notes", "cp_comm_type",
@@ -77,13 +78,15 @@ def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
 # The cluster preset a row's GPU is predicted on (its GPU preset's canonical name -> cluster).
 GPU_CLUSTERS = {"a100-sxm-80gb": "dgx-a100-80gb", "a100-sxm-40gb": "dgx-a100-40gb", "h100-sxm-80gb": "dgx-h100",
                 "h200-sxm-141gb": "dgx-h200", "b200": "dgx-b200", "gb200": "gb200-nvl72", "mi300x": "mi300x-8",
-                "tpu-v4": "tpu-v4-pod"}
+                "tpu-v4": "tpu-v4-pod", "b300": "dgx-b300", "gb300": "gb300-nvl72", "gh200-96gb": "gh200-quad",
+                "l40s": "l40s-pcie-8"}
 
 
 # GPU families named inside a longer GPU cell ("NVIDIA H100 SXM5 80GB"), as whole words
 # ("H1000" is none of them); the A100's memory size picks its preset
-_GPU_FAMILIES = (("gb200", "gb200"), ("b200", "b200"), ("h200", "h200-sxm-141gb"), ("h100", "h100-sxm-80gb"),
-                 ("a100", "a100-sxm-80gb"), ("mi300x", "mi300x"))
+_GPU_FAMILIES = (("gb300", "gb300"), ("gb200", "gb200"), ("b300", "b300"), ("b200", "b200"), ("gh200", "gh200-96gb"),
+                 ("h200", "h200-sxm-141gb"), ("h100", "h100-sxm-80gb"), ("a100", "a100-sxm-80gb"), ("mi300x", "mi300x"),
+                 ("l40s", "l40s"))
 
 
 def _cluster_for(row: dict, path: str, line: int) -> str:
@@ -238,7 +241,7 @@ def row_cells(row: dict, path: str, line: int) -> dict:
 
 
 # ModelSpec field -> the training column it comes from
-_SHAPE_COLUMNS = {"num_layers": "layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
+SHAPE_COLUMNS = {"num_layers": "layers", "hidden_size": "hidden", "ffn_hidden_size": "ffn_hidden",
                   "num_heads": "heads", "num_kv_heads": "kv_heads", "vocab_size": "vocab"}
 
 
@@ -260,7 +263,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     workload and search space."""
     c = row_cells(row, path, line)
     name = row["model"].strip()
-    shape = {col: c[col] for col in _SHAPE_COLUMNS.values()}
+    shape = {col: c[col] for col in SHAPE_COLUMNS.values()}
     preset = _preset(name)
     moe_row = (c["num_experts"] or 0) > 0
     if moe_row and preset is None:
@@ -287,11 +290,11 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
             raise SpecError(f"{path}:{line}", "hidden", row["hidden"].strip(),
                             f"a multiple of heads={shape['heads']} (head dim = hidden / heads)")
         try:
-            model = ModelSpec(name=name, **{f: shape[col] for f, col in _SHAPE_COLUMNS.items()},
+            model = ModelSpec(name=name, **{f: shape[col] for f, col in SHAPE_COLUMNS.items()},
                               head_dim=shape["hidden"] // shape["heads"], gated_mlp=bool(c["gated_mlp"]),
                               tied_embeddings=preset.tied_embeddings if preset else False, source=row["source"])
         except SpecError as e:  # the row states an architecture no model has: skipped, naming the cell
-            col = _SHAPE_COLUMNS.get(e.field, e.field)
+            col = SHAPE_COLUMNS.get(e.field, e.field)
             raise SpecError(f"{path}:{line}", col, (row.get(col) or "").strip(), e.allowed) from None
     legacy = _is_legacy_megatron(row)
     model = replace(model, dropout=legacy)
@@ -420,17 +423,9 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
     raise AssertionError(metric)
 
 
-def predict_row(row: dict, path: str, line: int, hardware: str | None = None) -> dict:
-    """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
-    cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
-    out = row_result(row, path, line, METRICS)
-    row_cells(row, path, line)  # a malformed cell skips the row with its reason, before an unknown metric would
-    if out["skipped"]:
-        return out
-    metric = out["metric_id"]
-    setup = row_setup(row, path, line, hardware)
-    cluster = load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
-    memory_metric = metric.endswith("_gib")
+def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float, str, str | None]:
+    """(the row's metric predicted on `cluster`, the plan chosen for its blank knobs, a note)."""
+    memory_metric = setup_metric(row).endswith("_gib")
     kw = dict(limits=setup.limits, fixed=setup.fixed, top_k=1, resimulate=4)
     note = None
     try:
@@ -441,10 +436,35 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
         res = search(setup.model, cluster, setup.workload, require_fit=False, **kw)
         note = f"paraplan's memory model says this does not fit ({exc})"
     est = res.ranked[0]
-    pred = predicted_metric(metric, row, setup, est)
-    return with_prediction(out, pred, est.plan.describe(), note)
+    return predicted_metric(setup_metric(row), row, setup, est), est.plan.describe(), note
+
+
+def setup_metric(row: dict) -> str:
+    return row["metric_id"].strip()
+
+
+def row_cluster(setup: RowSetup) -> ClusterSpec:
+    """The cluster a row is predicted on (its GPU's reference cluster, or --hardware)."""
+    return load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
+
+
+def predict_row(row: dict, path: str, line: int, hardware: str | None = None) -> dict:
+    """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
+    cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
+    out = row_result(row, path, line, METRICS)
+    row_cells(row, path, line)  # a malformed cell skips the row with its reason, before an unknown metric would
+    if out["skipped"]:
+        return out
+    setup = row_setup(row, path, line, hardware)
+    pred, plan, note = predict_on(row, setup, row_cluster(setup))
+    return with_prediction(out, pred, plan, note)
+
+
+def read_training_rows(path: str) -> list[tuple[int, dict]]:
+    """(line, row) of every row of a training-measurements file (see rows.read_rows)."""
+    return read_rows(path, REQUIRED_COLUMNS, "a training file", KNOWN_COLUMNS + tuple(SHAPE_COLUMNS))
 
 
 def validate_file(path: str, progress=None, hardware: str | None = None) -> dict:
-    rows = read_rows(path, REQUIRED_COLUMNS, "a training file", KNOWN_COLUMNS + tuple(_SHAPE_COLUMNS))
+    rows = read_training_rows(path)
     return validate_rows(rows, lambda row, line: predict_row(row, path, line, hardware), progress)

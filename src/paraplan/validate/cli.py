@@ -1,0 +1,134 @@
+"""`paraplan fit` and `paraplan validate --cv source`: fitting a GPU's physical knobs to
+measured runs, and how well fitted knobs predict runs they were not fitted on."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import textwrap
+
+import numpy as np
+
+from ..errors import SpecError
+from ..report.table import grid
+from .fit import KNOBS, Run, cross_validate_sources, fit_gpu, prior_knobs, profile_toml, tabulate
+
+# GPU preset -> the generation the accuracy table groups it under
+GENERATIONS = {"a100-sxm-80gb": "A100", "a100-sxm-40gb": "A100", "h100-sxm-80gb": "H100/H200",
+               "h200-sxm-141gb": "H100/H200", "b200": "B200/GB200", "gb200": "B200/GB200",
+               "b300": "B300/GB300", "gb300": "B300/GB300"}
+
+
+def _progress(label: str):
+    """A one-line progress counter on a terminal's stderr; nothing elsewhere."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{label}: {done}/{total} rows" + ("\n" if done >= total else ""))
+        sys.stderr.flush()
+    return show
+
+
+def add_fit_parser(sub) -> None:
+    f = sub.add_parser("fit", help="fit a GPU type's physical knobs (sustained compute share, FP8 GEMM efficiency) "
+                                   "to measured runs and write a hardware profile for --hardware")
+    f.add_argument("files", nargs="+", metavar="RUNS.csv", help="measured training runs in the validation-file format")
+    f.add_argument("--gpu", required=True, help="the GPU preset whose runs are fitted (e.g. h100, gb200)")
+    f.add_argument("-o", "--output", default=None, help="write the fitted hardware profile (a cluster TOML) here")
+    f.add_argument("--json", action="store_true")
+    f.set_defaults(func=cmd_fit)
+
+
+def cmd_fit(args) -> int:
+    from ..outfile import check_output, write_output
+    from ..specs.catalog import load_gpu
+    from .training import GPU_CLUSTERS
+    gpu = load_gpu(args.gpu)
+    if gpu.name not in GPU_CLUSTERS:
+        raise SpecError("fit", "--gpu", args.gpu, "a GPU with a reference cluster preset: " + ", ".join(GPU_CLUSTERS))
+    if args.output:
+        check_output(args.output, "fit", "--output")  # a bad path fails before the work
+    result = fit_gpu(args.files, gpu, progress=_progress(f"fitting {gpu.name}"))
+    command = "paraplan fit " + " ".join(shlex.quote(a) for a in args.files) + f" --gpu {gpu.name}"
+    if args.output:
+        write_output(args.output, profile_toml(result, GPU_CLUSTERS[gpu.name], command), "fit", "--output")
+    summary = {"gpu": gpu.name, "runs": len(result.runs), "skipped": len(result.skipped),
+               "knobs": {k.field: {"value": result.values[k.field], "preset": result.prior[k.field],
+                                   "bounds": [k.low, k.high], "meaning": k.meaning} for k in KNOBS},
+               "in_sample_mean_abs_pct_error": result.mean_abs_pct(result.in_sample),
+               "cv_mean_abs_pct_error": result.mean_abs_pct(result.leave_one_out),
+               "preset_mean_abs_pct_error": result.mean_abs_pct(
+                   [_at_prior(r, result.prior) for r in result.runs]),
+               "rows": [{"id": r.id, "source": r.source, "measured": r.measured, "in_sample": p, "leave_one_out": q}
+                        for r, p, q in zip(result.runs, result.in_sample, result.leave_one_out)],
+               "output": args.output}
+    if args.json:
+        print(json.dumps(summary, indent=1))
+        return 0
+    print(grid(["knob", "fitted", "preset", "bounds", "meaning"],
+               [[k.field, f"{result.values[k.field]:.2f}", f"{result.prior[k.field]:.2f}", f"{k.low}-{k.high}",
+                 k.meaning] for k in KNOBS]))
+    print(f"\n{len(result.runs)} runs on {gpu.name} ({len(result.skipped)} rows skipped: `paraplan validate` says why); "
+          f"mean |error|: preset {summary['preset_mean_abs_pct_error']:.2f}%, fitted in sample "
+          f"{summary['in_sample_mean_abs_pct_error']:.2f}%, leave-one-out {summary['cv_mean_abs_pct_error']:.2f}%")
+    if args.output:
+        print(f"wrote {args.output} (use it with --hardware {args.output})")
+    return 0
+
+
+def _at_prior(run: Run, prior: dict) -> float:
+    from .fit import predict_at
+    return predict_at(run, prior)
+
+
+def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
+    return float(np.mean([abs(100.0 * (p - m) / m) for p, m in pairs])) if pairs else None
+
+
+def cross_validation(files: list[str]) -> dict:
+    """Every training row of `files` predicted by knobs fitted per GPU on all sources (in
+    sample) and on every source but its own (out of source), summarized per GPU generation,
+    for MoE and per source."""
+    from ..specs.catalog import load_gpu
+    runs, skipped = tabulate(files, progress=_progress("tabulating"))
+    priors = {g: prior_knobs(load_gpu(g)) for g in {r.gpu for r in runs}}
+    cv = cross_validate_sources(runs, priors)
+    rows = [{"id": r.id, "source": r.source, "gpu": r.gpu, "moe": r.moe, "measured": r.measured,
+             "preset": _at_prior(r, priors[r.gpu]), "in_sample": c["in_sample"], "out_of_source": c["out_of_source"]}
+            for r, c in zip(runs, cv)]
+
+    def group(select) -> dict:
+        chosen = [row for row in rows if select(row)]
+        return {"n": len(chosen),
+                "preset_mean_abs_pct_error": _mean_abs([(x["preset"], x["measured"]) for x in chosen]),
+                "in_sample_mean_abs_pct_error": _mean_abs([(x["in_sample"], x["measured"]) for x in chosen]),
+                "cv_mean_abs_pct_error": _mean_abs([(x["out_of_source"], x["measured"]) for x in chosen])}
+    generations = sorted({GENERATIONS.get(r["gpu"], r["gpu"]) for r in rows})
+    return {"rows": rows, "skipped": skipped,
+            "summary": {"all": group(lambda x: True), "moe": group(lambda x: x["moe"]),
+                        "by_generation": {g: group(lambda x, g=g: GENERATIONS.get(x["gpu"], x["gpu"]) == g)
+                                          for g in generations},
+                        "by_source": {s: group(lambda x, s=s: x["source"] == s) for s in sorted({r["source"] for r in rows})},
+                        "knobs_in_sample": {g: next(c["knobs_in_sample"] for r, c in zip(runs, cv) if r.gpu == g)
+                                            for g in priors}}}
+
+
+def render_cross_validation(result: dict) -> str:
+    s = result["summary"]
+
+    def pct(x):
+        return "-" if x is None else f"{x:.1f}%"
+
+    def line(name, g):
+        return [name, str(g["n"]), pct(g["preset_mean_abs_pct_error"]), pct(g["in_sample_mean_abs_pct_error"]),
+                pct(g["cv_mean_abs_pct_error"])]
+    table = [line("all training rows", s["all"]), line("MoE", s["moe"])]
+    table += [line(g, v) for g, v in s["by_generation"].items()]
+    table += [line("source: " + k[:60], v) for k, v in s["by_source"].items()]
+    knobs = "; ".join(f"{g}: " + ", ".join(f"{k} {v:.2f}" for k, v in vals.items())
+                      for g, vals in sorted(s["knobs_in_sample"].items()))
+    return "\n".join([grid(["rows", "n", "presets", "fitted (in sample)", "out of source"], table, align="lrrrr"),
+                      "", textwrap.fill("knobs fitted on every source: " + knobs, 100),
+                      f"{len(result['rows'])} rows predicted, {len(result['skipped'])} skipped (validate says why)"])

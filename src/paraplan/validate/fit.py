@@ -1,0 +1,262 @@
+"""Fit a GPU type's physical knobs to measured training runs (`paraplan fit`), and measure
+how well fitted knobs predict runs they were not fitted on (leave-one-out; `validate --cv
+source`, which fits on every source but one and predicts that one).
+
+The knobs (docs/model.md, "Fitted knobs") are physical, one value per GPU type, bounded:
+
+- sustained_compute_ratio in [0.5, 1.0]: the share of the microbenchmarked GEMM and
+  attention throughput a training step sustains (power-capped clocks under a whole step's
+  load, contention); 1.0 is the microbenchmark itself.
+- fp8_gemm_efficiency_ratio in [0.5, 1.0]: an FP8 GEMM's efficiency relative to the same
+  BF16 GEMM's (scaling-factor work, casts, FP8 tile shapes); only FP8 runs inform it.
+
+Each run is predicted as `validate` predicts it (the best plan for its blank knobs) at every
+point of a coarse grid of the knobs; between grid points the prediction is interpolated
+(bilinearly), and the fit is the point of a 0.01 grid with the least mean |error|. A knob no
+run informs keeps the preset's value. Nothing is fitted per run or per source.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ParaplanError, SpecError
+from ..specs.hardware import GPUSpec
+from ..specs.workload import Precision
+from .rows import row_result
+from .training import METRICS, predict_on, read_training_rows, row_cells, row_cluster, row_setup
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    field: str                 # the GPUSpec field it sets
+    low: float
+    high: float
+    coarse: tuple[float, ...]  # where each run is predicted
+    meaning: str
+    informed_by: Callable[[Precision], bool]
+
+
+KNOBS = (
+    Knob(field="sustained_compute_ratio", low=0.5, high=1.0, coarse=(0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+         meaning="share of the microbenchmarked GEMM and attention throughput a training step sustains",
+         informed_by=lambda precision: True),
+    Knob(field="fp8_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(0.5, 0.75, 1.0),
+         meaning="an FP8 GEMM's efficiency relative to the same BF16 GEMM's",
+         informed_by=lambda precision: precision is Precision.FP8),
+)
+FINE_STEP = 0.01  # the resolution the fitted knobs are reported at
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run:
+    """One measured run and its prediction at every point of the knobs' coarse grid."""
+
+    id: str
+    source: str        # the publication (source_key): what `--cv source` holds out
+    gpu: str           # the GPU preset the run was measured on
+    moe: bool
+    precision: Precision
+    measured: float
+    grid: np.ndarray   # predicted metric, shape (len(KNOBS[0].coarse), len(KNOBS[1].coarse))
+
+
+def source_key(source: str) -> str:
+    """The publication a row comes from: a repository or a paper, without commit, file and
+    table ("NVIDIA/dgxc-benchmarking@35a9aec:..." -> "NVIDIA/dgxc-benchmarking")."""
+    return re.split(r"[@:(;]", source, maxsplit=1)[0].strip() or source.strip()
+
+
+def with_knobs(gpu: GPUSpec, values: dict[str, float]) -> GPUSpec:
+    return replace(gpu, **values)
+
+
+def tabulate(paths: list[str], gpu: str | None = None, progress=None) -> tuple[list[Run], list[dict]]:
+    """Every predictable training row of `paths` (of GPU preset `gpu`, when given) predicted
+    on the knobs' coarse grid; and the rows skipped, each with its reason."""
+    runs, skipped, todo = [], [], []
+    for path in paths:
+        for line, row in read_training_rows(path):
+            todo.append((path, line, row))
+    for i, (path, line, row) in enumerate(todo):
+        try:
+            run = _tabulate_row(path, line, row, gpu)
+        except ParaplanError as exc:
+            skipped.append({"id": row.get("id"), "source": row.get("source"), "skipped": str(exc)})
+            run = None
+        if run is not None:
+            runs.append(run)
+        if progress:
+            progress(i + 1, len(todo))
+    return runs, skipped
+
+
+def _tabulate_row(path: str, line: int, row: dict, gpu: str | None) -> Run | None:
+    out = row_result(row, path, line, METRICS)
+    row_cells(row, path, line)
+    if out["skipped"]:
+        raise SpecError(f"{path}:{line}", "metric_id", out["metric_id"], "a training metric")
+    if out["metric_id"].endswith("_gib"):
+        return None  # memory rows say nothing about compute knobs
+    setup = row_setup(row, path, line)
+    cluster = row_cluster(setup)
+    if gpu is not None and cluster.gpu.name != gpu:
+        return None
+    precision = setup.workload.precision
+    grid = np.empty((len(KNOBS[0].coarse), len(KNOBS[1].coarse)))
+    informs_fp8 = KNOBS[1].informed_by(precision)
+    for i, s in enumerate(KNOBS[0].coarse):
+        for j, f in enumerate(KNOBS[1].coarse):
+            if j and not informs_fp8:
+                grid[i, j] = grid[i, 0]  # the knob does not touch this run
+                continue
+            c = replace(cluster, gpu=with_knobs(cluster.gpu, {KNOBS[0].field: s, KNOBS[1].field: f}))
+            grid[i, j] = predict_on(row, setup, c)[0]
+    return Run(id=row["id"], source=source_key(row.get("source") or ""), gpu=cluster.gpu.name,
+               moe=setup.model.is_moe, precision=precision, measured=out["measured"], grid=grid)
+
+
+def _fine(knob: Knob) -> np.ndarray:
+    return np.round(np.arange(knob.low, knob.high + FINE_STEP / 2, FINE_STEP), 6)
+
+
+def _interpolated(runs: list[Run]) -> np.ndarray:
+    """Each run's prediction on the fine grid: shape (runs, fine s, fine f), bilinear in the
+    coarse grid."""
+    s_fine, f_fine = _fine(KNOBS[0]), _fine(KNOBS[1])
+    s_c, f_c = np.array(KNOBS[0].coarse), np.array(KNOBS[1].coarse)
+    grids = np.stack([r.grid for r in runs])  # (runs, S, F)
+    along_s = np.stack([np.interp(s_fine, s_c, g[:, j]) for g in grids for j in range(len(f_c))])
+    along_s = along_s.reshape(len(runs), len(f_c), len(s_fine)).transpose(0, 2, 1)  # (runs, s_fine, F)
+    out = np.empty((len(runs), len(s_fine), len(f_fine)))
+    for r in range(len(runs)):
+        for i in range(len(s_fine)):
+            out[r, i] = np.interp(f_fine, f_c, along_s[r, i])
+    return out
+
+
+def _abs_pct(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(100.0 * (pred - measured) / measured)
+
+
+def fit_knobs(runs: list[Run], prior: dict[str, float], fine: np.ndarray | None = None) -> dict[str, float]:
+    """The knob values (on the fine grid) with the least mean |error| over `runs`; a knob no
+    run informs keeps its `prior` value. Ties go to the value nearest the prior."""
+    if not runs:
+        return dict(prior)
+    fine = _interpolated(runs) if fine is None else fine
+    measured = np.array([r.measured for r in runs])[:, None, None]
+    s_fine, f_fine = _fine(KNOBS[0]), _fine(KNOBS[1])
+    informs_fp8 = any(KNOBS[1].informed_by(r.precision) for r in runs)
+    if not informs_fp8:  # score the prior's column only
+        f_index = int(np.argmin(np.abs(f_fine - np.clip(prior[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))))
+        fine, f_fine = fine[:, :, f_index:f_index + 1], f_fine[f_index:f_index + 1]
+    err = _abs_pct(fine, measured).mean(axis=0)  # (s, f)
+    distance = np.abs(s_fine[:, None] - prior[KNOBS[0].field]) + np.abs(f_fine[None, :] - prior[KNOBS[1].field])
+    order = np.lexsort((distance.ravel(), np.round(err.ravel(), 9)))
+    i, j = np.unravel_index(order[0], err.shape)
+    values = {KNOBS[0].field: float(s_fine[i]), KNOBS[1].field: float(f_fine[j])}
+    if not informs_fp8:
+        values[KNOBS[1].field] = prior[KNOBS[1].field]
+    return values
+
+
+def predict_at(run: Run, values: dict[str, float]) -> float:
+    """The run's prediction at knob values inside the bounds (bilinear in the coarse grid)."""
+    s_c, f_c = np.array(KNOBS[0].coarse), np.array(KNOBS[1].coarse)
+    s = float(np.clip(values[KNOBS[0].field], KNOBS[0].low, KNOBS[0].high))
+    f = float(np.clip(values[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))
+    along_s = [np.interp(s, s_c, run.grid[:, j]) for j in range(len(f_c))]
+    return float(np.interp(f, f_c, along_s))
+
+
+def prior_knobs(gpu: GPUSpec) -> dict[str, float]:
+    return {k.field: float(getattr(gpu, k.field)) for k in KNOBS}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitResult:
+    gpu: str
+    values: dict[str, float]
+    prior: dict[str, float]
+    runs: list[Run]
+    in_sample: list[float]        # each run predicted by the fit on all runs
+    leave_one_out: list[float]    # each run predicted by a fit without it
+    skipped: list[dict]
+
+    def mean_abs_pct(self, predictions: list[float]) -> float | None:
+        if not self.runs:
+            return None
+        return float(np.mean([abs(100.0 * (p - r.measured) / r.measured) for p, r in zip(predictions, self.runs)]))
+
+
+def fit_gpu(paths: list[str], gpu: GPUSpec, progress=None) -> FitResult:
+    """Fit `gpu`'s knobs to the runs of `paths` measured on it."""
+    runs, skipped = tabulate(paths, gpu.name, progress)
+    prior = prior_knobs(gpu)
+    if not runs:
+        raise SpecError("fit", "--gpu", gpu.name, f"a GPU some predictable row of {', '.join(paths)} was measured "
+                        "on (no row names it)")
+    fine = _interpolated(runs)
+    values = fit_knobs(runs, prior, fine)
+    keep = np.ones(len(runs), bool)
+    loo = []
+    for i, run in enumerate(runs):
+        keep[i] = False
+        others = [r for r, k in zip(runs, keep) if k]
+        loo.append(predict_at(run, fit_knobs(others, prior, fine[keep]) if others else prior))
+        keep[i] = True
+    return FitResult(gpu=gpu.name, values=values, prior=prior, runs=runs,
+                     in_sample=[predict_at(r, values) for r in runs], leave_one_out=loo, skipped=skipped)
+
+
+def cross_validate_sources(runs: list[Run], priors: dict[str, dict[str, float]]) -> list[dict]:
+    """Per run, in order: the prediction of knobs fitted on every run of its GPU (in sample)
+    and of knobs fitted on its GPU's runs from every other source (out of source; the
+    preset's values where no other source measured that GPU)."""
+    out: list[dict] = [{} for _ in runs]
+    by_gpu: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        by_gpu.setdefault(r.gpu, []).append(i)
+    for gpu, idx in by_gpu.items():
+        group = [runs[i] for i in idx]
+        fine = _interpolated(group)
+        everything = fit_knobs(group, priors[gpu], fine)
+        for source in sorted({r.source for r in group}):
+            keep = np.array([r.source != source for r in group])
+            held = fit_knobs([r for r, k in zip(group, keep) if k], priors[gpu], fine[keep]) if keep.any() else priors[gpu]
+            for i, r, k in zip(idx, group, keep):
+                if not k:
+                    out[i] = {"in_sample": predict_at(r, everything), "out_of_source": predict_at(r, held),
+                                 "knobs_in_sample": everything, "knobs_out_of_source": held}
+    return out
+
+
+def profile_toml(result: FitResult, cluster_preset: str, command: str) -> str:
+    """A hardware profile for `--hardware`: the GPU's reference cluster preset with the GPU
+    inline and the fitted knobs set, its header saying how they were fitted."""
+    import tomllib
+
+    import tomli_w
+
+    from ..specs.catalog import CATALOG_DIR
+    cluster = tomllib.loads((CATALOG_DIR / "clusters" / f"{cluster_preset}.toml").read_text(encoding="utf-8"))
+    gpu = tomllib.loads((CATALOG_DIR / "gpus" / f"{result.gpu}.toml").read_text(encoding="utf-8"))
+    gpu.update({k: round(v, 6) for k, v in result.values.items()})
+    gpu.pop("aliases", None)
+    cluster.pop("aliases", None)
+    cluster["name"] = f"{cluster_preset}-fitted"
+    cluster["gpu"] = gpu
+    errors = (f"in-sample mean |error| {result.mean_abs_pct(result.in_sample):.2f}%, leave-one-out "
+              f"{result.mean_abs_pct(result.leave_one_out):.2f}% over {len(result.runs)} runs")
+    cluster["source"] = f"{cluster.get('source', cluster_preset)}; knobs fitted by `{command}` ({errors})"
+    header = [f"# Written by `{command}`.",
+              f"# {result.gpu} knobs fitted to {len(result.runs)} measured runs ({errors}):"]
+    header += [f"#   {k.field} = {result.values[k.field]:.2f} (preset {result.prior[k.field]:.2f}; bounds "
+               f"{k.low}-{k.high}): {k.meaning}" for k in KNOBS]
+    header += ["# Runs: " + ", ".join(r.id for r in result.runs)]
+    return "\n".join(header) + "\n\n" + tomli_w.dumps(cluster)
