@@ -113,3 +113,28 @@ def test_fit_bad_input_is_one_line(capsys, tmp_path, argv, says):
 def test_source_key_is_the_publication():
     assert source_key("NVIDIA/dgxc-benchmarking@35a9aec:nemo/README.md (table)") == "NVIDIA/dgxc-benchmarking"
     assert source_key("Korthikanti et al. 2022 (arXiv 2205.05198) Table 5") == "Korthikanti et al. 2022"
+
+
+def test_out_of_source_never_uses_the_held_out_source(tmp_path):
+    # H100 runs only in lab-a (made at share 0.6), H200 runs only in lab-b (made at 0.8): holding
+    # out lab-a leaves no H100 run, so its runs are predicted with the Hopper family's share
+    # fitted on lab-b (0.8), not with anything lab-a measured
+    from paraplan.validate.fit import cross_validate_sources, predict_at, tabulate
+    rows = [{**r, "source": "lab-a@x:t.md"} for r in _runs(0.6, 1.0) if r["precision"] == "bf16"]
+    h200 = []
+    for r in _runs(0.8, 1.0):
+        if r["precision"] != "bf16":
+            continue
+        row = {**r, "gpu": "H200", "source": "lab-b@x:t.md", "id": r["id"] + "-h200"}
+        setup = row_setup(row, "rows.csv", 2)
+        cluster = row_cluster(setup)
+        gpu = replace(cluster.gpu, sustained_compute_ratio=0.8)
+        row["value"] = repr(predict_on(row, setup, replace(cluster, gpu=gpu))[0])
+        h200.append(row)
+    runs, _ = tabulate([str(write_csv(tmp_path, TRAINING_HEADER, rows + h200))])
+    cv = cross_validate_sources(runs)
+    for run_, c in zip(runs, cv):
+        if run_.gpu == H100:
+            assert c["knobs_in_sample"]["sustained_compute_ratio"] == pytest.approx(0.6, abs=0.02)
+            assert c["knobs_out_of_source"]["sustained_compute_ratio"] == pytest.approx(0.8, abs=0.02)
+            assert c["out_of_source"] == pytest.approx(predict_at(run_, c["knobs_out_of_source"]))

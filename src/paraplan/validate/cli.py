@@ -94,7 +94,7 @@ def cross_validation(files: list[str]) -> dict:
     from ..specs.catalog import load_gpu
     runs, skipped = tabulate(files, progress=_progress("tabulating"))
     priors = {g: prior_knobs(load_gpu(g)) for g in {r.gpu for r in runs}}
-    cv = cross_validate_sources(runs, priors)
+    cv = cross_validate_sources(runs)
     rows = [{"id": r.id, "source": r.source, "gpu": r.gpu, "moe": r.moe, "measured": r.measured,
              "preset": _at_prior(r, priors[r.gpu]), "in_sample": c["in_sample"], "out_of_source": c["out_of_source"]}
             for r, c in zip(runs, cv)]

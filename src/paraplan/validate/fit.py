@@ -6,14 +6,15 @@ The knobs (docs/model.md, "Fitted knobs") are physical, one value per GPU type, 
 
 - sustained_compute_ratio in [0.5, 1.0]: the share of the microbenchmarked GEMM and
   attention throughput a training step sustains (power-capped clocks under a whole step's
-  load, contention); 1.0 is the microbenchmark itself.
+  load, contention); 1.0 is the microbenchmark itself; 16- and 32-bit runs inform it.
 - fp8_gemm_efficiency_ratio in [0.5, 1.0]: an FP8 GEMM's efficiency relative to the same
   BF16 GEMM's (scaling-factor work, casts, FP8 tile shapes); only FP8 runs inform it.
 
 Each run is predicted as `validate` predicts it (the best plan for its blank knobs) at every
 point of a coarse grid of the knobs; between grid points the prediction is interpolated
-(bilinearly), and the fit is the point of a 0.01 grid with the least mean |error|. A knob no
-run informs keeps the preset's value. Nothing is fitted per run or per source.
+(bilinearly). The sustained share is fitted on the 16/32-bit runs, then the FP8 ratio on the
+FP8 runs at that share, each to the value of a 0.01 grid with the least mean |error|. A knob
+no run informs keeps the preset's value. Nothing is fitted per run or per source.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Knob:
 KNOBS = (
     Knob(field="sustained_compute_ratio", low=0.5, high=1.0, coarse=(0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
          meaning="share of the microbenchmarked GEMM and attention throughput a training step sustains",
-         informed_by=lambda precision: True),
+         informed_by=lambda precision: precision in (Precision.BF16, Precision.FP16, Precision.TF32, Precision.FP32)),
     Knob(field="fp8_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(0.5, 0.75, 1.0),
          meaning="an FP8 GEMM's efficiency relative to the same BF16 GEMM's",
          informed_by=lambda precision: precision is Precision.FP8),
@@ -144,25 +145,33 @@ def _abs_pct(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 
 def fit_knobs(runs: list[Run], prior: dict[str, float], fine: np.ndarray | None = None) -> dict[str, float]:
-    """The knob values (on the fine grid) with the least mean |error| over `runs`; a knob no
-    run informs keeps its `prior` value. Ties go to the value nearest the prior."""
-    if not runs:
-        return dict(prior)
-    fine = _interpolated(runs) if fine is None else fine
-    measured = np.array([r.measured for r in runs])[:, None, None]
+    """The knob values (on the fine grid) with the least mean |error|, one knob at a time: the
+    sustained compute share on the 16- and 32-bit runs, then the FP8 ratio on the FP8 runs at
+    that share. Both knobs scale an FP8 run's GEMMs alike, so FP8 runs alone cannot tell them
+    apart: without a 16/32-bit run the share is fitted on the FP8 runs at the prior's ratio,
+    which stays. A knob no run informs keeps its `prior` value; ties go to the value nearest
+    the prior."""
+    fine = _interpolated(runs) if fine is None and runs else fine
+    values = dict(prior)
     s_fine, f_fine = _fine(KNOBS[0]), _fine(KNOBS[1])
-    informs_fp8 = any(KNOBS[1].informed_by(r.precision) for r in runs)
-    if not informs_fp8:  # score the prior's column only
-        f_index = int(np.argmin(np.abs(f_fine - np.clip(prior[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))))
-        fine, f_fine = fine[:, :, f_index:f_index + 1], f_fine[f_index:f_index + 1]
-    err = _abs_pct(fine, measured).mean(axis=0)  # (s, f)
-    distance = np.abs(s_fine[:, None] - prior[KNOBS[0].field]) + np.abs(f_fine[None, :] - prior[KNOBS[1].field])
-    order = np.lexsort((distance.ravel(), np.round(err.ravel(), 9)))
-    i, j = np.unravel_index(order[0], err.shape)
-    values = {KNOBS[0].field: float(s_fine[i]), KNOBS[1].field: float(f_fine[j])}
-    if not informs_fp8:
-        values[KNOBS[1].field] = prior[KNOBS[1].field]
+    f_prior = int(np.argmin(np.abs(f_fine - np.clip(prior[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))))
+    measured = np.array([r.measured for r in runs])
+    wide = np.array([KNOBS[0].informed_by(r.precision) for r in runs], bool)
+    fp8 = np.array([KNOBS[1].informed_by(r.precision) for r in runs], bool)
+    share_runs = wide if wide.any() else fp8
+    if share_runs.any():
+        err = _abs_pct(fine[share_runs, :, f_prior], measured[share_runs, None]).mean(axis=0)
+        values[KNOBS[0].field] = float(s_fine[_argmin_near(err, s_fine, prior[KNOBS[0].field])])
+    if wide.any() and fp8.any():
+        s_index = int(np.argmin(np.abs(s_fine - np.clip(values[KNOBS[0].field], KNOBS[0].low, KNOBS[0].high))))
+        err = _abs_pct(fine[fp8, s_index, :], measured[fp8, None]).mean(axis=0)
+        values[KNOBS[1].field] = float(f_fine[_argmin_near(err, f_fine, prior[KNOBS[1].field])])
     return values
+
+
+def _argmin_near(err: np.ndarray, grid: np.ndarray, prior: float) -> int:
+    """The grid index of the least error (to 1e-9), the one nearest `prior` among ties."""
+    return int(np.lexsort((np.abs(grid - prior), np.round(err, 9)))[0])
 
 
 def predict_at(run: Run, values: dict[str, float]) -> float:
@@ -214,25 +223,42 @@ def fit_gpu(paths: list[str], gpu: GPUSpec, progress=None) -> FitResult:
                      in_sample=[predict_at(r, values) for r in runs], leave_one_out=loo, skipped=skipped)
 
 
-def cross_validate_sources(runs: list[Run], priors: dict[str, dict[str, float]]) -> list[dict]:
+# GPU preset -> its architecture family: a GPU whose held-out source is the only one that
+# measured it borrows the knobs its family's other GPUs were fitted to on the other sources
+# (Blackwell Ultra's power and clock behaviour is Blackwell's; the H200 is the H100's die)
+FAMILIES = {"a100-sxm-80gb": "Ampere", "a100-sxm-40gb": "Ampere", "h100-sxm-80gb": "Hopper",
+            "h200-sxm-141gb": "Hopper", "gh200-96gb": "Hopper", "gh200-144gb": "Hopper", "b200": "Blackwell",
+            "gb200": "Blackwell", "b300": "Blackwell", "gb300": "Blackwell"}
+# what a fit knows without runs: the microbenchmark itself (each knob's upper bound)
+NEUTRAL = {k.field: k.high for k in KNOBS}
+
+
+def _fit_pool(group: list[Run], fine: np.ndarray, keep: np.ndarray, fallback: dict[str, float]) -> dict[str, float]:
+    """Knobs fitted on group[keep]; a knob those runs do not inform takes `fallback`'s value."""
+    chosen = [r for r, k in zip(group, keep) if k]
+    return fit_knobs(chosen, fallback, fine[keep]) if chosen else dict(fallback)
+
+
+def cross_validate_sources(runs: list[Run]) -> list[dict]:
     """Per run, in order: the prediction of knobs fitted on every run of its GPU (in sample)
-    and of knobs fitted on its GPU's runs from every other source (out of source; the
-    preset's values where no other source measured that GPU)."""
+    and of knobs fitted on its GPU's runs from every other source (out of source). A knob the
+    other sources' runs of that GPU do not inform comes from its family's runs on the other
+    sources (FAMILIES), else from NEUTRAL: no value fitted on the held-out source is used."""
     out: list[dict] = [{} for _ in runs]
-    by_gpu: dict[str, list[int]] = {}
-    for i, r in enumerate(runs):
-        by_gpu.setdefault(r.gpu, []).append(i)
-    for gpu, idx in by_gpu.items():
-        group = [runs[i] for i in idx]
-        fine = _interpolated(group)
-        everything = fit_knobs(group, priors[gpu], fine)
-        for source in sorted({r.source for r in group}):
-            keep = np.array([r.source != source for r in group])
-            held = fit_knobs([r for r, k in zip(group, keep) if k], priors[gpu], fine[keep]) if keep.any() else priors[gpu]
-            for i, r, k in zip(idx, group, keep):
-                if not k:
-                    out[i] = {"in_sample": predict_at(r, everything), "out_of_source": predict_at(r, held),
-                                 "knobs_in_sample": everything, "knobs_out_of_source": held}
+    fine = _interpolated(runs) if runs else np.empty((0,))
+    family = np.array([FAMILIES.get(r.gpu, r.gpu) for r in runs])
+    gpu = np.array([r.gpu for r in runs])
+    source = np.array([r.source for r in runs])
+    for g in sorted(set(gpu)):
+        mine = gpu == g
+        everything = _fit_pool(runs, fine, mine, _fit_pool(runs, fine, family == FAMILIES.get(g, g), NEUTRAL))
+        for held in sorted(set(source[mine])):
+            others = source != held
+            fallback = _fit_pool(runs, fine, (family == FAMILIES.get(g, g)) & others, NEUTRAL)
+            knobs = _fit_pool(runs, fine, mine & others, fallback)
+            for i in np.flatnonzero(mine & ~others):
+                out[i] = {"in_sample": predict_at(runs[i], everything), "out_of_source": predict_at(runs[i], knobs),
+                          "knobs_in_sample": everything, "knobs_out_of_source": knobs}
     return out
 
 
