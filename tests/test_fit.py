@@ -115,7 +115,7 @@ def test_source_key_is_the_publication():
     assert source_key("Korthikanti et al. 2022 (arXiv 2205.05198) Table 5") == "Korthikanti et al. 2022"
 
 
-def test_out_of_source_never_uses_the_held_out_source(tmp_path):
+def test_out_of_source_never_uses_the_held_out_source(tmp_path, monkeypatch):
     # H100 runs only in lab-a (made at share 0.6), H200 runs only in lab-b (made at 0.8): holding
     # out lab-a leaves no H100 run, so its runs are predicted with the Hopper family's share
     # fitted on lab-b (0.8), not with anything lab-a measured
@@ -132,9 +132,32 @@ def test_out_of_source_never_uses_the_held_out_source(tmp_path):
         row["value"] = repr(predict_on(row, setup, replace(cluster, gpu=gpu))[0])
         h200.append(row)
     runs, _ = tabulate([str(write_csv(tmp_path, TRAINING_HEADER, rows + h200))])
+    import paraplan.validate.fit as fit
+    monkeypatch.setattr(fit, "MIN_RUNS", 1)  # each GPU's 3 runs fit its own knobs
     cv = cross_validate_sources(runs)
     for run_, c in zip(runs, cv):
         if run_.gpu == H100:
             assert c["knobs_in_sample"]["sustained_compute_ratio"] == pytest.approx(0.6, abs=0.02)
             assert c["knobs_out_of_source"]["sustained_compute_ratio"] == pytest.approx(0.8, abs=0.02)
             assert c["out_of_source"] == pytest.approx(predict_at(run_, c["knobs_out_of_source"]))
+
+
+def test_a_gpu_with_few_runs_is_fitted_with_its_family(tmp_path):
+    # 3 H100 runs at 0.6 and 3 H200 runs at 0.8 (fewer than MIN_RUNS each): one Hopper fit on all
+    # six in sample, lying between them
+    from paraplan.validate.fit import MIN_RUNS, cross_validate_sources, tabulate
+    rows = [r for r in _runs(0.6, 1.0) if r["precision"] == "bf16"]
+    h200 = []
+    for r in _runs(0.8, 1.0):
+        if r["precision"] == "bf16":
+            row = {**r, "gpu": "H200", "id": r["id"] + "-h200"}
+            setup = row_setup(row, "rows.csv", 2)
+            cluster = row_cluster(setup)
+            row["value"] = repr(predict_on(row, setup, replace(cluster, gpu=replace(cluster.gpu,
+                                                                                    sustained_compute_ratio=0.8)))[0])
+            h200.append(row)
+    assert len(rows) < MIN_RUNS
+    runs, _ = tabulate([str(write_csv(tmp_path, TRAINING_HEADER, rows + h200))])
+    shares = {c["knobs_in_sample"]["sustained_compute_ratio"] for c in cross_validate_sources(runs)}
+    (share,) = shares
+    assert 0.6 <= share <= 0.8

@@ -35,7 +35,9 @@ def add_fit_parser(sub) -> None:
     f = sub.add_parser("fit", help="fit a GPU type's physical knobs (sustained compute share, FP8 GEMM efficiency) "
                                    "to measured runs and write a hardware profile for --hardware")
     f.add_argument("files", nargs="+", metavar="RUNS.csv", help="measured training runs in the validation-file format")
-    f.add_argument("--gpu", required=True, help="the GPU preset whose runs are fitted (e.g. h100, gb200)")
+    f.add_argument("--gpu", required=True, help="the GPU preset whose runs are fitted (e.g. h100, gb200); a "
+                   "comma-separated list fits one set of knobs on all their runs (a family with few runs each), "
+                   "and the profile is the first one's")
     f.add_argument("-o", "--output", default=None, help="write the fitted hardware profile (a cluster TOML) here")
     f.add_argument("--json", action="store_true")
     f.set_defaults(func=cmd_fit)
@@ -45,16 +47,22 @@ def cmd_fit(args) -> int:
     from ..outfile import check_output, write_output
     from ..specs.catalog import load_gpu
     from .training import GPU_CLUSTERS
-    gpu = load_gpu(args.gpu)
+    names = [n.strip() for n in args.gpu.split(",")]
+    gpus = [load_gpu(n) for n in names if n] if all(names) else []
+    if not gpus or len({g.name for g in gpus}) != len(gpus):
+        raise SpecError("fit", "--gpu", args.gpu, "GPU presets, each named once, separated by commas")
+    gpu = gpus[0]
     if gpu.name not in GPU_CLUSTERS:
         raise SpecError("fit", "--gpu", args.gpu, "a GPU with a reference cluster preset: " + ", ".join(GPU_CLUSTERS))
     if args.output:
         check_output(args.output, "fit", "--output")  # a bad path fails before the work
-    result = fit_gpu(args.files, gpu, progress=_progress(f"fitting {gpu.name}"))
-    command = "paraplan fit " + " ".join(shlex.quote(a) for a in args.files) + f" --gpu {gpu.name}"
+    result = fit_gpu(args.files, gpu, progress=_progress(f"fitting {gpu.name}"), pooled=tuple(gpus[1:]))
+    command = ("paraplan fit " + " ".join(shlex.quote(a) for a in args.files)
+               + f" --gpu {','.join(g.name for g in gpus)}")
     if args.output:
         write_output(args.output, profile_toml(result, GPU_CLUSTERS[gpu.name], command), "fit", "--output")
-    summary = {"gpu": gpu.name, "runs": len(result.runs), "skipped": len(result.skipped),
+    summary = {"gpu": gpu.name, "pooled": [g.name for g in gpus[1:]], "runs": len(result.runs),
+               "skipped": len(result.skipped),
                "knobs": {k.field: {"value": result.values[k.field], "preset": result.prior[k.field],
                                    "bounds": [k.low, k.high], "meaning": k.meaning} for k in KNOBS},
                "in_sample_mean_abs_pct_error": result.mean_abs_pct(result.in_sample),
@@ -70,7 +78,8 @@ def cmd_fit(args) -> int:
     print(grid(["knob", "fitted", "preset", "bounds", "meaning"],
                [[k.field, f"{result.values[k.field]:.2f}", f"{result.prior[k.field]:.2f}", f"{k.low}-{k.high}",
                  k.meaning] for k in KNOBS]))
-    print(f"\n{len(result.runs)} runs on {gpu.name} ({len(result.skipped)} rows skipped: `paraplan validate` says why); "
+    print(f"\n{len(result.runs)} runs on {', '.join(g.name for g in gpus)} ({len(result.skipped)} rows skipped: "
+          "`paraplan validate` says why); "
           f"mean |error|: preset {summary['preset_mean_abs_pct_error']:.2f}%, fitted in sample "
           f"{summary['in_sample_mean_abs_pct_error']:.2f}%, leave-one-out {summary['cv_mean_abs_pct_error']:.2f}%")
     if args.output:

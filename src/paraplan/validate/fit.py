@@ -76,16 +76,16 @@ def with_knobs(gpu: GPUSpec, values: dict[str, float]) -> GPUSpec:
     return replace(gpu, **values)
 
 
-def tabulate(paths: list[str], gpu: str | None = None, progress=None) -> tuple[list[Run], list[dict]]:
-    """Every predictable training row of `paths` (of GPU preset `gpu`, when given) predicted
-    on the knobs' coarse grid; and the rows skipped, each with its reason."""
+def tabulate(paths: list[str], gpus: tuple[str, ...] | None = None, progress=None) -> tuple[list[Run], list[dict]]:
+    """Every predictable training row of `paths` (measured on one of the GPU presets `gpus`,
+    when given) predicted on the knobs' coarse grid; and the rows skipped, with the reason."""
     runs, skipped, todo = [], [], []
     for path in paths:
         for line, row in read_training_rows(path):
             todo.append((path, line, row))
     for i, (path, line, row) in enumerate(todo):
         try:
-            run = _tabulate_row(path, line, row, gpu)
+            run = _tabulate_row(path, line, row, gpus)
         except ParaplanError as exc:
             skipped.append({"id": row.get("id"), "source": row.get("source"), "skipped": str(exc)})
             run = None
@@ -96,7 +96,7 @@ def tabulate(paths: list[str], gpu: str | None = None, progress=None) -> tuple[l
     return runs, skipped
 
 
-def _tabulate_row(path: str, line: int, row: dict, gpu: str | None) -> Run | None:
+def _tabulate_row(path: str, line: int, row: dict, gpus: tuple[str, ...] | None) -> Run | None:
     out = row_result(row, path, line, METRICS)
     row_cells(row, path, line)
     if out["skipped"]:
@@ -105,7 +105,7 @@ def _tabulate_row(path: str, line: int, row: dict, gpu: str | None) -> Run | Non
         return None  # memory rows say nothing about compute knobs
     setup = row_setup(row, path, line)
     cluster = row_cluster(setup)
-    if gpu is not None and cluster.gpu.name != gpu:
+    if gpus is not None and cluster.gpu.name not in gpus:
         return None
     precision = setup.workload.precision
     grid = np.empty((len(KNOBS[0].coarse), len(KNOBS[1].coarse)))
@@ -203,13 +203,15 @@ class FitResult:
         return float(np.mean([abs(100.0 * (p - r.measured) / r.measured) for p, r in zip(predictions, self.runs)]))
 
 
-def fit_gpu(paths: list[str], gpu: GPUSpec, progress=None) -> FitResult:
-    """Fit `gpu`'s knobs to the runs of `paths` measured on it."""
-    runs, skipped = tabulate(paths, gpu.name, progress)
+def fit_gpu(paths: list[str], gpu: GPUSpec, progress=None, pooled: tuple[GPUSpec, ...] = ()) -> FitResult:
+    """Fit `gpu`'s knobs to the runs of `paths` measured on it (and on the `pooled` GPUs: one
+    set of knobs for a family whose GPUs have few runs each)."""
+    names = (gpu.name,) + tuple(g.name for g in pooled)
+    runs, skipped = tabulate(paths, names, progress)
     prior = prior_knobs(gpu)
     if not runs:
-        raise SpecError("fit", "--gpu", gpu.name, f"a GPU some predictable row of {', '.join(paths)} was measured "
-                        "on (no row names it)")
+        raise SpecError("fit", "--gpu", ",".join(names), f"a GPU some predictable row of {', '.join(paths)} was "
+                        "measured on (no row names it)")
     fine = _interpolated(runs)
     values = fit_knobs(runs, prior, fine)
     keep = np.ones(len(runs), bool)
@@ -239,24 +241,33 @@ def _fit_pool(group: list[Run], fine: np.ndarray, keep: np.ndarray, fallback: di
     return fit_knobs(chosen, fallback, fine[keep]) if chosen else dict(fallback)
 
 
+# fewer runs than this of one GPU type fit its family's knobs instead of their own: two runs
+# of one source (the H200's, the B300's) say more about that source than about the GPU
+MIN_RUNS = 5
+
+
 def cross_validate_sources(runs: list[Run]) -> list[dict]:
     """Per run, in order: the prediction of knobs fitted on every run of its GPU (in sample)
-    and of knobs fitted on its GPU's runs from every other source (out of source). A knob the
-    other sources' runs of that GPU do not inform comes from its family's runs on the other
-    sources (FAMILIES), else from NEUTRAL: no value fitted on the held-out source is used."""
+    and of knobs fitted on its GPU's runs from every other source (out of source). A GPU with
+    fewer than MIN_RUNS such runs is fitted on its family's (FAMILIES); a knob none of them
+    informs is the microbenchmark's (NEUTRAL). No value fitted on the held-out source is used."""
     out: list[dict] = [{} for _ in runs]
     fine = _interpolated(runs) if runs else np.empty((0,))
     family = np.array([FAMILIES.get(r.gpu, r.gpu) for r in runs])
     gpu = np.array([r.gpu for r in runs])
     source = np.array([r.source for r in runs])
+
+    def pooled(g: str, allowed: np.ndarray) -> dict[str, float]:
+        kin = (family == FAMILIES.get(g, g)) & allowed
+        knobs = _fit_pool(runs, fine, kin, NEUTRAL)
+        mine = (gpu == g) & allowed
+        return _fit_pool(runs, fine, mine, knobs) if mine.sum() >= MIN_RUNS else knobs
+
     for g in sorted(set(gpu)):
-        mine = gpu == g
-        everything = _fit_pool(runs, fine, mine, _fit_pool(runs, fine, family == FAMILIES.get(g, g), NEUTRAL))
-        for held in sorted(set(source[mine])):
-            others = source != held
-            fallback = _fit_pool(runs, fine, (family == FAMILIES.get(g, g)) & others, NEUTRAL)
-            knobs = _fit_pool(runs, fine, mine & others, fallback)
-            for i in np.flatnonzero(mine & ~others):
+        everything = pooled(g, np.ones(len(runs), bool))
+        for held in sorted(set(source[gpu == g])):
+            knobs = pooled(g, source != held)
+            for i in np.flatnonzero((gpu == g) & (source == held)):
                 out[i] = {"in_sample": predict_at(runs[i], everything), "out_of_source": predict_at(runs[i], knobs),
                           "knobs_in_sample": everything, "knobs_out_of_source": knobs}
     return out
