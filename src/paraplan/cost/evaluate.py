@@ -27,7 +27,7 @@ import numpy as np
 
 from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..sim.schedules import SPLIT_BACKWARD, fsdp2_gathers_per_step
-from ..specs.hardware import ClusterSpec
+from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
 from . import memory as mem
@@ -36,6 +36,8 @@ from .comm import Collective, collective_time_s, p2p_time_s, pipeline_hops_s
 from .flops import (CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, flash2_padding, layer_forward_flops, lm_head_forward_flops,
                     mtp_forward_flops,
                     moe_down_proj_flops, moe_forward_flops)
+from .low_precision import (LOW_PRECISIONS, attention_precision, bf16_end_layers, head_precision,
+                            quantize_bytes_per_element)
 from .moe import moe_activation_bytes, moe_layer_costs, moe_layers_on_stage
 from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s, rows_aligned,
                        up_projection_time_s)
@@ -504,6 +506,16 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
                   + inflight * residual_bytes * T * h / sp_div)
     # (under ZB-V the last rank holds no loss: its recomputed layer's working set is whole)
     acts_last = inflight_last * L_last * per_layer_stored + np.where(lay.vshape, recompute_working, working_past_loss)
+    n_first, n_last = bf16_layers_on_end_stages(model, lay)
+    if np.any(n_first + n_last):
+        # NVFP4's BF16 layers save 16-bit GEMM inputs (under first-k recomputation priced as
+        # kept: conservative)
+        moe16 = moe_activation_bytes(model, workload, plan, T, t, Precision.BF16) if model.is_moe else (0.0, 0.0)
+        stored16 = mem.layer_activation_bytes(
+            model, plan, s, recompute_code=rc, mlp_weight=w_dense, extra_bytes=w_moe * moe16[0],
+            modules_extra_saving=w_moe * moe16[1], precision=Precision.BF16)[0]
+        acts_first = acts_first + inflight * n_first * (stored16 - stored)
+        acts_last = acts_last + inflight_last * n_last * (stored16 - stored)
     # multi-token prediction, on the head's rank: per module its block's activations (priced as
     # the stage's average layer, recomputed under full, selective and module recomputation as
     # Megatron-Core's uniform method does, kept whole under first-k, whose block method leaves
@@ -695,16 +707,61 @@ def eager_host_wait(gpu, plan, layers, layer_fwd_s, layer_bwd_s, extra_s, num_mi
     return avg(f1, f2), avg(b1, b2) + w, w
 
 
+def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused):
+    """(QKV, MLP up, out-projection, MLP down) GEMM times of one layer's forward (vectorized).
+
+    QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
+    and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
+    separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
+    torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size."""
+    h, f, qd, kvd = model.hidden_size, model.ffn_hidden_size, model.q_dim, model.kv_dim
+    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
+    g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
+    if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
+        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
+    g_out = gemm_time_s(gpu, T, h, qd / t, prec)
+    g_down = gemm_time_s(gpu, T, h, f / t, prec)
+    return g_qkv, g_up, g_out, g_down
+
+
+def bf16_layers_on_end_stages(model: ModelSpec, lay: Layout):
+    """Layers kept in BF16 (NVFP4's first and last, low_precision.bf16_end_layers) on the first
+    and on the last stage (vectorized): the first rank of a V holds both, and one stage both."""
+    n_start, n_end = bf16_end_layers(lay.precision, model.num_layers)
+    if not n_start + n_end:
+        return 0.0, 0.0
+    first = n_start + np.where(lay.ends, n_end, 0.0)
+    return first, np.where(lay.vshape, 0.0, np.where(lay.only, n_start, 0.0) + n_end)
+
+
+def bf16_layer_extra_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout,
+                       gemms_fwd, cast, mc):
+    """(forward, backward) time one layer kept in BF16 takes beyond a layer of the workload's
+    low precision (NVFP4's first and last layers, low_precision.bf16_end_layers): its GEMMs (and
+    an MoE layer's experts) at the BF16 rate, its inputs not quantized; recomputed at that rate
+    under full recomputation. `gemms_fwd`, `cast`, `mc`: the low-precision layer's."""
+    gpu, bf16 = cluster.gpu, Precision.BF16
+    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, lay.T, lay.t, bf16,
+                                               np.asarray(plan.fused_kernels, dtype=bool))
+    gemms = g_qkv + g_out + lay.w_dense * (g_up + g_down) - gemms_fwd
+    fwd, bwd = gemms - cast, 2.0 * (gemms - cast)
+    if mc:
+        mc16 = moe_layer_costs(model, cluster, workload, plan, lay.T, lay.t, bf16)
+        fwd = fwd + lay.w_moe * (mc16.fwd_compute_s - mc.fwd_compute_s)
+        bwd = bwd + lay.w_moe * (mc16.bwd_compute_s - mc.bwd_compute_s)
+    return fwd, bwd + np.where(lay.rc == Recompute.FULL.code, fwd, 0.0)
+
+
 def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *, memory=None) -> PlanCosts:
     """Time, memory and the rest for a plan or a batch; `memory`: its (MemoryBreakdown, host
     bytes) from plan_memory when the caller has them already (the search)."""
     gpu = cluster.gpu
     lay = layout(model, workload, plan)
     prec, ab = lay.precision, lay.act_bytes
-    act_prec = Precision.BF16 if prec is Precision.FP8 else prec
+    act_prec = attention_precision(prec)
     s = workload.seq_len
     h, f, V = model.hidden_size, model.ffn_hidden_size, model.vocab_size
-    qd, kvd = model.q_dim, model.kv_dim
+    qd = model.q_dim
     t, p, d, c, v, m, T = lay.t, lay.p, lay.d, lay.c, lay.v, lay.m, lay.T
     sp, sp_div = lay.sp, lay.sp_div
     akc = np.asarray(plan.attention_code)
@@ -723,20 +780,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
 
     # ---------------- compute per layer, per micro-batch ----------------
     lf = layer_forward_flops(model, T, s, causal=True)
-    # QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
-    # and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
-    # separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
-    # torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size
+    # fused QKV and gate/up GEMMs, or separate ones (plan.fused_kernels; layer_gemms_s)
     fused = np.asarray(plan.fused_kernels, dtype=bool)
     # a layer's weight matrices as the eager engines keep them: wq, wk, wv, wo and the MLP's
     # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
     layer_matrices = 4.0 + model.num_mlp_matrices
-    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
-    g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
-    if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
-        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
-    g_out = gemm_time_s(gpu, T, h, qd / t, prec)
-    g_down = gemm_time_s(gpu, T, h, f / t, prec)
+    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
     # FlashAttention-2 runs a head of 80 or 112 in its 96- or 128-wide kernel (flops.py)
     attn_flops_flash = lf.attn_core / t * np.where(akc == AttentionKernel.FLASH2.code, flash2_padding(model), 1.0)
@@ -752,8 +801,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc) - gpu.kernel_launch_overhead_s,
                         2.0 * attn_unfused_fwd)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
-    # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B): streaming kernels
-    cast_bytes = 3.0 * T * (2.0 * h / sp_div + qd / t + w_dense * f / t) if prec is Precision.FP8 else 0.0
+    # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B) or NVFP4
+    # (low_precision.quantize_bytes_per_element): streaming kernels
+    cast_bytes = (quantize_bytes_per_element(prec) * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
+                  if prec in LOW_PRECISIONS else 0.0)
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
     # an eager block under torch.compile (plan.compiled): inductor's fused element-wise kernels
     # take the GPU's measured compiled_elementwise_ratio of the eager ones' time
@@ -997,7 +1048,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     # (--make-vocab-size-divisible-by); an eager model keeps the tokenizer's, and a 16-bit
     # vocabulary of 50,257 misaligns every pass of the head (roofline.rows_aligned)
     lm_aligned = fused | rows_aligned(V / t, ab)
-    lm_gemm = gemm_time_s(gpu, T, V / t, h, prec, aligned=lm_aligned)
+    lm_gemm = gemm_time_s(gpu, T, V / t, h, head_precision(prec), aligned=lm_aligned)
     logits_el = T * V / t
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(prec)
     loss_fwd = memory_bound_time_s(gpu, logits_el * loss_fwd_b, LOSS_FWD_KERNELS, gpu.loss_bw_efficiency)
@@ -1078,6 +1129,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
                    (L_s, 0.0, 0.0),
                    (L_last, np.where(vshape, 0.0, np.where(only, emb_fwd + emb_tp, 0.0) + lm_fwd),
                     np.where(vshape, 0.0, lm_bwd + np.where(only, emb_bwd_total, 0.0))))
+    n_first, n_last = bf16_layers_on_end_stages(model, lay)
+    if np.any(n_first + n_last):
+        # NVFP4's BF16 first and last layers, on the stages that hold them
+        extra_fwd, extra_bwd = bf16_layer_extra_s(model, cluster, workload, plan, lay, gemms_fwd, cast, mc)
+        stage_parts = tuple((layers, fwd + n * extra_fwd, bwd + n * extra_bwd)
+                            for (layers, fwd, bwd), n in zip(stage_parts, (n_first, 0.0, n_last)))
     stage_waits = [host_wait(*parts) for parts in stage_parts]
     first, middle, last = (stage(*parts, wait) for parts, wait in zip(stage_parts, stage_waits))
     # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head

@@ -16,7 +16,8 @@ Selective recomputation drops the scores; full recomputation keeps only the laye
 FP8 (Transformer Engine): a linear layer saves its input already cast to FP8 for the
 weight-gradient GEMM, 1 byte instead of 2, where that input is not kept in 16 bits by
 another op anyway: the QKV and MLP inputs (norm outputs) and the down-projection input; the
-attention output stays 16-bit (FlashAttention keeps it).
+attention output stays 16-bit (FlashAttention keeps it). NVFP4 saves the column-wise FP4 copy
+(0.5625 bytes) in the same places; its BF16 first and last layers save 16 bits (evaluate.py).
 An eager PyTorch layer (plan.fused_kernels off: torchtitan, Hugging Face, paraplan run) also
 keeps SiLU's output (+2f, gated MLPs) and its loss holds 12 bytes per logit; under
 torch.autocast (plan.autocast) the two norm inputs are fp32 (+4h) and each separate linear
@@ -33,6 +34,7 @@ import numpy as np
 from ..plan.axes import AttentionKernel, Recompute, Schedule
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
+from .low_precision import LOW_PRECISIONS, gemm_operand_bytes
 
 # Mixed-precision Adam bytes per parameter (Rajbhandari et al. 2020, Sec. 3.1): 2 (16-bit
 # weights) + 12 (fp32 master weights, momentum, variance). Gradients are accumulated in
@@ -107,8 +109,9 @@ class ActivationTerms:
 
 
 def saved_gemm_input_bytes(precision) -> float:
-    """Bytes per element of a GEMM input saved for backward (FP8: the cast copy, 1 byte)."""
-    return 1.0 if precision is Precision.FP8 else _width(precision)
+    """Bytes per element of a GEMM input saved for backward (FP8: the cast copy, 1 byte;
+    NVFP4: the column-wise copy the weight-gradient GEMM reads, 0.5625 bytes)."""
+    return gemm_operand_bytes(precision) if precision in LOW_PRECISIONS else _width(precision)
 
 
 def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) -> ActivationTerms:

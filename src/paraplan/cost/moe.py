@@ -38,6 +38,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from .comm import Collective, collective_time_s
+from .low_precision import LOW_PRECISIONS, quantize_bytes_per_element
 from .memory import saved_gemm_input_bytes
 from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s, up_projection_time_s
 
@@ -161,9 +162,9 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     else:
         sh_up = sh_down = sh_ew = 0.0
     # Transformer Engine casts each expert and shared-expert GEMM input to FP8 (read 2 B,
-    # write 1 B), as for dense layers (evaluate.py)
-    cast = (memory_bound_time_s(gpu, 3.0 * (act_rows * (h + fe / etp) + _f(tokens) * fsh / t), 0)
-            if prec is Precision.FP8 else 0.0)
+    # write 1 B) or NVFP4, as for dense layers (evaluate.py; low_precision.py)
+    quantized = quantize_bytes_per_element(prec) * (act_rows * (h + fe / etp) + _f(tokens) * fsh / t)
+    cast = memory_bound_time_s(gpu, quantized, 0) if prec in LOW_PRECISIONS else 0.0
 
     fwd = router_gemm + router_ew + permute + experts + act_ew + sh_up + sh_down + sh_ew + cast
     gemms_bwd = 2.0 * (experts + sh_up + sh_down + router_gemm)
@@ -199,7 +200,7 @@ def moe_activation_bytes(model: ModelSpec, workload: Workload, plan, tokens, tp,
     and micro-batch on the busiest rank: router probabilities (fp32), the experts' permuted
     input, activation input and output, and the expert outputs the weighted combine needs;
     shared experts like a dense MLP of f_sh (the layer's input after its norm is counted with
-    the dense terms, memory.py). GEMM inputs are saved in FP8 under FP8 training."""
+    the dense terms, memory.py). GEMM inputs are saved quantized under FP8 and NVFP4 training."""
     h, E, fe = model.hidden_size, model.num_experts, model.moe_ffn_hidden_size
     fsh = model.shared_expert_ffn_hidden_size
     n_up = model.num_mlp_matrices - 1

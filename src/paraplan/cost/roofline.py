@@ -13,24 +13,27 @@ import numpy as np
 
 from ..specs.hardware import AttentionKernel, GPUSpec
 from ..specs.workload import Precision
+from .low_precision import LOW_PRECISIONS, attention_precision, gemm_operand_bytes
 
 
 def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: float | None = None,
                 aligned=True):
-    """Time of one GEMM (vectorized); FP8 runs at the FP8 peak × fp8_gemm_efficiency_ratio.
-    Operands are `bytes_per_element` wide (default: the precision's activation width; FP8: 1).
-    Where not `aligned` (vectorized; rows_aligned), at misaligned_gemm_efficiency_ratio."""
+    """Time of one GEMM (vectorized); FP8 and NVFP4 run at their peak × fp8_gemm_efficiency_ratio.
+    Operands are `bytes_per_element` wide (default: the precision's activation width; FP8: 1,
+    NVFP4: 0.5625). Where not `aligned` (vectorized; rows_aligned), at misaligned_gemm_efficiency_ratio."""
     if bytes_per_element is None:
         bytes_per_element = Precision(precision).activation_bytes
     m = np.asarray(m, dtype=float)
     flops = 2.0 * m * n * k
     eff = gpu.gemm_efficiency.at(flops)
-    if precision is Precision.FP8:
-        # the curve is by BF16 FLOPs; an FP8 GEMM finishes its FLOPs in the time of a BF16
-        # GEMM of peak_bf16/peak_fp8 as many, and its fixed costs weigh like that one's
-        eff = gpu.gemm_efficiency.at(flops * gpu.peak(Precision.BF16) / gpu.peak(Precision.FP8))
-        rate = gpu.peak(Precision.FP8) * eff * gpu.fp8_gemm_efficiency_ratio
-        bytes_per_element = 1.0
+    if precision in LOW_PRECISIONS:
+        # the curve is by BF16 FLOPs; a low-precision GEMM finishes its FLOPs in the time of a
+        # BF16 GEMM of peak_bf16/peak_low as many, and its fixed costs weigh like that one's.
+        # NVFP4 reaches the same share of its peak as FP8 of its own: an ASSUMPTION (no NVFP4
+        # GEMM measured here), priced with the GPU's fp8_gemm_efficiency_ratio
+        eff = gpu.gemm_efficiency.at(flops * gpu.peak(Precision.BF16) / gpu.peak(precision))
+        rate = gpu.peak(precision) * eff * gpu.fp8_gemm_efficiency_ratio
+        bytes_per_element = gemm_operand_bytes(precision)
     else:
         rate = gpu.peak(precision) * eff
     rate = rate * gpu.sustained_compute_ratio * np.where(aligned, 1.0, gpu.misaligned_gemm_efficiency_ratio)
@@ -65,7 +68,7 @@ def attention_time_s(gpu: GPUSpec, flops, precision: Precision, kernel_code):
     `kernel_code` is an AttentionKernel code (array or int); UNFUSED entries get FLASH2's
     curve here and are costed separately by the caller.
     """
-    p = Precision.BF16 if precision in (Precision.FP8, Precision.BF16) else precision
+    p = attention_precision(precision)
     flops = np.asarray(flops, dtype=float)
     code = np.asarray(kernel_code)
     eff = gpu.attention_curve(AttentionKernel.FLASH2).at(flops)

@@ -57,7 +57,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="global batch in sequences (default: dp × mb × max(pp, 1) × 2)")
     g.add_argument("--precision", default="bf16",
                    help="bf16 (default; GPU runs compute in bf16, CPU runs in fp32 and are predicted as fp32), "
-                        "fp16, fp8 (prediction only)")
+                        "fp16, fp8 or nvfp4 (prediction only)")
     g = p.add_argument_group(f"plan (as in `paraplan estimate`; world size = tp × pp × dp, at most {MAX_LOCAL_RANKS})")
     for name, hlp in (("tp", "tensor parallel"), ("pp", "pipeline parallel"), ("dp", "data parallel (default 1)"),
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):

@@ -33,9 +33,9 @@ RUN_OPTIMIZER = Optimizer.ADAM_UNFUSED
 
 
 def computes_in_bf16(device_type: str, precision) -> bool:
-    """Whether a run computes in bf16: on a GPU for a bf16 workload (fp8 is predicted as
-    such, run in bf16); a CPU run computes in fp32."""
-    return device_type == "cuda" and str(precision) in ("bf16", "fp8")
+    """Whether a run computes in bf16: on a GPU for a bf16 workload (fp8 and nvfp4 are
+    predicted as such, run in bf16); a CPU run computes in fp32."""
+    return device_type == "cuda" and str(precision) in ("bf16", "fp8", "nvfp4")
 
 
 def runs_under_autocast(plan, device_type: str, precision) -> bool:

@@ -11,15 +11,17 @@ from .files import MAX_COUNT, without_note
 
 
 class Precision(StrEnum):
-    """What the GEMMs compute in; activations are 16-bit under BF16, FP16 and FP8 (FP8
-    training casts GEMM inputs and keeps 16-bit activations) and 32-bit under TF32 (fp32
-    storage, TF32 tensor-core math) and FP32 (no tensor cores: what a CPU computes)."""
+    """What the GEMMs compute in; activations are 16-bit under BF16, FP16, FP8 and NVFP4 (FP8
+    and NVFP4 training quantize GEMM inputs and keep 16-bit activations; NVFP4 keeps its first
+    and last layers and the attention core in BF16: cost/low_precision.py) and 32-bit under
+    TF32 (fp32 storage, TF32 tensor-core math) and FP32 (no tensor cores: what a CPU computes)."""
 
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
     TF32 = "tf32"
     FP32 = "fp32"
+    NVFP4 = "nvfp4"  # 4-bit E2M1 in blocks of 16 with E4M3 scales (arXiv 2509.25149); Blackwell
 
     @property
     def activation_bytes(self) -> float:
@@ -122,5 +124,5 @@ def parse_precision(text: str, field: str = "precision") -> Precision:
         return Precision(t)
     except ValueError:
         raise SpecError("workload", field, text,
-                        "allowed: bf16, fp16, fp8, tf32, fp32 (or " + ", ".join(_PRECISION_ALIASES)
+                        "allowed: " + ", ".join(Precision) + " (or " + ", ".join(_PRECISION_ALIASES)
                         + "; a note in parentheses may follow)") from None

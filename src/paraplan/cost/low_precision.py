@@ -1,0 +1,81 @@
+"""Low-precision training (FP8, NVFP4): which GEMMs run at the low-precision peak, how wide
+their operands are, what quantizing their inputs moves, and which layers stay in BF16.
+
+FP8 (Transformer Engine, per-tensor or MXFP8): every linear layer's three GEMMs (forward,
+data gradient, weight gradient) at the FP8 peak on 1-byte operands; each GEMM input cast from
+16 bits (read 2 B, write 1 B); attention, norms, embeddings and communication in 16 bits.
+
+NVFP4 (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv 2509.25149; Transformer
+Engine `NVFP4BlockScaling`; Megatron-Core low-precision guide, `--fp4-format e2m1`):
+- values are 4-bit E2M1 in blocks of 16 with one E4M3 scale per block (and an FP32 scale per
+  tensor): 0.5 + 1/16 bytes per element;
+- all three GEMMs of a linear layer take NVFP4 inputs, at the FP4 peak;
+- in BF16: the attention core (QKᵀ, softmax, SV), embeddings and output head, norms and
+  non-linearities, tensor-parallel reductions, and the first and last transformer layers
+  (Megatron `--first-last-layers-bf16`, `--num-layers-at-start/end-in-bf16`, default 1 each;
+  the paper's 12B run kept 2 and 8);
+- extra work: each GEMM input is quantized twice, row-wise for its own GEMM and column-wise
+  after a 16×16 random Hadamard transform for the weight-gradient GEMM (stochastic rounding on
+  gradients): a memory-bound pass that reads 16 bits and writes two 4-bit copies. The
+  transform's 32 FLOPs per element run on the tensor cores inside that pass (Transformer
+  Engine's fused Hadamard-cast kernel) and are not priced apart; the weights' quantization
+  (16×16 blocks, so that forward and backward see the same values) is not priced, as FP8's
+  casts of them are not.
+"""
+
+from __future__ import annotations
+
+from ..specs.workload import Precision
+
+LOW_PRECISIONS = (Precision.FP8, Precision.NVFP4)
+
+# E2M1 (half a byte) plus one E4M3 scale byte per 16-element block (arXiv 2509.25149)
+NVFP4_BYTES_PER_ELEMENT = 0.5 + 1.0 / 16.0
+FP8_BYTES_PER_ELEMENT = 1.0
+SOURCE_BYTES_PER_ELEMENT = 2.0  # a GEMM input is quantized from 16 bits
+
+# Megatron-Core's default `--num-layers-at-start-in-bf16` / `--num-layers-at-end-in-bf16`
+NVFP4_BF16_LAYERS_AT_START = 1
+NVFP4_BF16_LAYERS_AT_END = 1
+
+
+def gemm_operand_bytes(precision: Precision) -> float:
+    """Bytes per element of a GEMM operand: 1 under FP8, 0.5625 under NVFP4, else the
+    activation width."""
+    if precision is Precision.FP8:
+        return FP8_BYTES_PER_ELEMENT
+    if precision is Precision.NVFP4:
+        return NVFP4_BYTES_PER_ELEMENT
+    return Precision(precision).activation_bytes
+
+
+def quantize_bytes_per_element(precision: Precision) -> float:
+    """HBM bytes moved per element of a GEMM input to quantize it in the forward pass (the
+    backward moves twice as many, as cost/evaluate.py counts FP8's): FP8 reads 2 B and writes
+    1 B; NVFP4 reads 2 B and writes its row-wise and its Hadamard-transformed column-wise
+    copies. 0 for a precision that does not quantize."""
+    if precision is Precision.FP8:
+        return SOURCE_BYTES_PER_ELEMENT + FP8_BYTES_PER_ELEMENT
+    if precision is Precision.NVFP4:
+        return SOURCE_BYTES_PER_ELEMENT + 2.0 * NVFP4_BYTES_PER_ELEMENT
+    return 0.0
+
+
+def attention_precision(precision: Precision) -> Precision:
+    """What the attention core computes in: 16 bits under FP8 and NVFP4."""
+    return Precision.BF16 if precision in LOW_PRECISIONS else precision
+
+
+def head_precision(precision: Precision) -> Precision:
+    """What the output head's GEMM computes in: BF16 under NVFP4 (FP8 keeps the workload's
+    precision here, as its validated estimates have it)."""
+    return Precision.BF16 if precision is Precision.NVFP4 else precision
+
+
+def bf16_end_layers(precision: Precision, num_layers: int) -> tuple[int, int]:
+    """(first, last) transformer layers kept in BF16: Megatron-Core's one and one under NVFP4
+    (fewer for a model of fewer layers), none otherwise."""
+    if precision is not Precision.NVFP4:
+        return 0, 0
+    first = min(NVFP4_BF16_LAYERS_AT_START, num_layers)
+    return first, min(NVFP4_BF16_LAYERS_AT_END, num_layers - first)
