@@ -56,8 +56,8 @@ def _add_specs(p: argparse.ArgumentParser) -> None:
                    help=f"global batch in tokens, a multiple of --seq (default: about {DEFAULT_BATCH_TOKENS} "
                         "tokens, in whole sequences, rounded so that powers of two up to an eighth of them "
                         "divide it)")
-    g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, tf32 or fp32 (default bf16; tf32/fp32: "
-                   "4-byte activations, weights and gradients)")
+    g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, nvfp4 (Blackwell), tf32 or fp32 (default "
+                   "bf16; tf32/fp32: 4-byte activations, weights and gradients)")
     g.add_argument("--optimizer", default="adam",
                    help="adam (one fused kernel: Megatron, DeepSpeed, torchtitan) or adam-unfused "
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
@@ -800,9 +800,11 @@ def cmd_presets(args) -> int:
                  f"{m.num_heads}/{m.num_kv_heads}" + (" MLA" if m.is_mla else ""),
                  ffn(m), str(m.vocab_size)] for m in models]))
     print()
-    print(grid(["gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"],
+    print(grid(["gpu", "bf16 TFLOP/s", "fp8 TFLOP/s", "nvfp4 TFLOP/s", "HBM GB", "HBM TB/s", "TDP W"],
                [[g.name, f"{g.peak_flops_per_s.get(Precision.BF16, 0) / TERA:.0f}",
-                 f"{g.peak_flops_per_s.get(Precision.FP8, 0) / TERA:.0f}", f"{g.hbm_bytes / GIGA:.0f}",
+                 f"{g.peak_flops_per_s.get(Precision.FP8, 0) / TERA:.0f}",
+                 f"{g.peak_flops_per_s[Precision.NVFP4] / TERA:.0f}" if Precision.NVFP4 in g.peak_flops_per_s else "-",
+                 f"{g.hbm_bytes / GIGA:.0f}",
                  f"{g.hbm_bw_bytes_per_s / TERA:.2f}", f"{g.tdp_watts:.0f}"] for g in gpus]))
     print()
     def islands(c):  # the tier above the scale-out network: island (pod) size, per-GPU rate
