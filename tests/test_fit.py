@@ -113,6 +113,8 @@ def test_fit_bad_input_is_one_line(capsys, tmp_path, argv, says):
 def test_source_key_is_the_publication():
     assert source_key("NVIDIA/dgxc-benchmarking@35a9aec:nemo/README.md (table)") == "NVIDIA/dgxc-benchmarking"
     assert source_key("Korthikanti et al. 2022 (arXiv 2205.05198) Table 5") == "Korthikanti et al. 2022"
+    assert source_key("pages corpus: https://docs.nvidia.com/nemo-framework/user-guide/latest/x.html (copy)") \
+        == "docs.nvidia.com/nemo-framework"
 
 
 def test_out_of_source_never_uses_the_held_out_source(tmp_path, monkeypatch):

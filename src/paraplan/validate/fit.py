@@ -68,7 +68,11 @@ class Run:
 
 def source_key(source: str) -> str:
     """The publication a row comes from: a repository or a paper, without commit, file and
-    table ("NVIDIA/dgxc-benchmarking@35a9aec:..." -> "NVIDIA/dgxc-benchmarking")."""
+    table ("NVIDIA/dgxc-benchmarking@35a9aec:..." -> "NVIDIA/dgxc-benchmarking"); a web page
+    by its site and first path segment ("docs.nvidia.com/nemo-framework")."""
+    url = re.search(r"https?://([^/\s]+)/([^/\s]*)", source)
+    if url:
+        return f"{url.group(1)}/{url.group(2)}".rstrip("/")
     return re.split(r"[@:(;]", source, maxsplit=1)[0].strip() or source.strip()
 
 
