@@ -32,12 +32,15 @@ from ..specs.workload import Precision
 from .deploy import AttentionSharding, EngineLimits, ServePlan
 
 LOGIT_BYTES = 4.0   # fp32 logits for sampling
-# Kernels per transformer layer in a fused serving engine: 2 norms, QKV, rope/KV write,
-# attention, output projection, MLP in (gate+up), activation, MLP out, 2 residual adds.
-KERNELS_PER_LAYER = 11
+# Kernels per transformer layer in a fused serving engine besides its GEMMs (each GEMM's
+# launch is in its own price, _gemm_s): 2 norms, rope/KV write, attention, activation, 2
+# residual adds.
+KERNELS_PER_LAYER = 7
 # Element-wise traffic per layer: norms, residual adds, activation, rope — about eight
 # reads or writes of the T×h activations (plus the T×f activation, counted apart).
 ELEMENTWISE_PASSES = 8
+# Launches of a fused MoE layer's routed experts: the grouped up (gate+up) and down GEMMs.
+FUSED_MOE_GEMMS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -263,14 +266,18 @@ class IterationModel:
 
     # ---- pieces -------------------------------------------------------------------------
     def _gemm_s(self, m: float, n: float, k: float, weight_bytes: float | None = None) -> float:
-        gpu = self.gpu
+        """One GEMM kernel: its roofline time and its launch."""
+        return self._gemm_work_s(m, n, k, weight_bytes) + self.gpu.kernel_launch_overhead_s
+
+    def _gemm_work_s(self, m: float, n: float, k: float, weight_bytes: float | None = None) -> float:
+        """A GEMM's roofline time without its launch (also one expert's share of a fused MoE kernel)."""
         flops = 2.0 * m * n * k
         # FP8: an FP8 GEMM finishes its FLOPs like a BF16 GEMM of peak16/peak8 as many
         # (cost/roofline.gemm_time_s)
-        rate = self.gemm_rate_scale * gpu.gemm_efficiency.at(flops * self.curve_flops_scale)
+        rate = self.gemm_rate_scale * self.gpu.gemm_efficiency.at(flops * self.curve_flops_scale)
         wbytes = n * k * self.wbytes if weight_bytes is None else weight_bytes
         moved = wbytes + (m * k + m * n) * ACT_BYTES
-        return max(flops / rate, moved / self.mem_bw) + gpu.kernel_launch_overhead_s
+        return max(flops / rate, moved / self.mem_bw)
 
     def _moe_s(self, T: int) -> float:
         """Routed experts of one MoE layer over T tokens (each GPU: E/ep experts, 1/(t/ep) of each)."""
@@ -283,7 +290,12 @@ class IterationModel:
         h = m.hidden_size
         s = 0.0
         if active > 0:
-            s += active * (self._gemm_s(tokens_per_expert, in_n, h) + self._gemm_s(tokens_per_expert, h, out_k))
+            # One fused kernel per projection runs every active local expert (TensorRT-LLM's
+            # MoE plugin and CutlassFusedMoE, vLLM's fused_moe): FUSED_MOE_GEMMS launches per
+            # layer, not one per expert; each expert's share keeps the efficiency of its own
+            # GEMM size (docs/model.md, Serving: wave packing is not modelled).
+            work = self._gemm_work_s(tokens_per_expert, in_n, h) + self._gemm_work_s(tokens_per_expert, h, out_k)
+            s += active * work + FUSED_MOE_GEMMS * self.gpu.kernel_launch_overhead_s
             miss = 1.0 - self.plan.hit_rate
             if miss > 0:  # routed-to experts not in HBM come over the host link (Huang et al. 2023)
                 expert_bytes = m.num_mlp_matrices * h * fe / split * self.wbytes
