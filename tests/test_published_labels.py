@@ -23,7 +23,7 @@ VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
     ("BF16 + Float8 linear (float8 rowwise)", Precision.FP8),
     ("BF16 + MXFP8 linear (mxfp8_cublas)", Precision.FP8),
     ("FP8 (page caption: per-tensor FP8, current-step scaling)", Precision.FP8),
-    ("FP8-MX", Precision.FP8), ("BF16", Precision.BF16),
+    ("FP8-MX", Precision.FP8), ("BF16", Precision.BF16), ("NVFP4", Precision.NVFP4),
 ])
 def test_published_precision_labels(label, precision):
     assert published_precision(label) is precision
@@ -100,6 +100,4 @@ def test_every_published_training_label_is_read(name):
         pytest.skip("published validation data not present")
     with path.open(encoding="utf-8") as fh:
         for line, row in enumerate(csv.DictReader(fh), start=2):
-            if Precision.__members__.get("NVFP4") is None and "fp4" in row["precision"].lower():
-                continue  # NVFP4 arrives with its precision
             row_cells(row, name, line)
