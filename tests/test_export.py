@@ -256,6 +256,7 @@ TE_CP_COMM_TYPES = {"p2p", "all_gather", "a2a", "a2a+p2p"}
 MEGATRON_FLAGS = {
     "--num-layers": int, "--hidden-size": int, "--ffn-hidden-size": int, "--num-attention-heads": int,
     "--seq-length": int, "--max-position-embeddings": int, "--position-embedding-type": str,
+    "--rotary-base": int, "--use-rope-scaling": bool, "--rope-scaling-factor": float, "--ckpt-format": str,
     "--normalization": str, "--disable-bias-linear": bool, "--attention-dropout": float, "--hidden-dropout": float,
     "--tokenizer-type": str, "--vocab-size": int, "--kv-channels": int, "--group-query-attention": bool,
     "--num-query-groups": int, "--swiglu": bool, "--untie-embeddings-and-output-weights": bool,

@@ -210,3 +210,22 @@ def test_deepspeed_refuses_the_unfused_kernel_it_cannot_name():
     with pytest.raises(SpecError, match="attention='unfused'"):
         deepspeed.check(p, LLAMA, WL)
     deepspeed.check(make_plan(tp=1, pp=1, dp=16, micro_batch_size=1), LLAMA, WL)
+
+
+def test_torchtitan_refuses_an_moe_model_it_has_no_model_for(capsys):
+    """Mixtral is no torchtitan model (its llama3 code is dense): one line, before a search."""
+    from support import run
+    with pytest.raises(SpecError, match="model='mixtral-8x7b'.*deepseek-v3"):
+        torchtitan.export(plan(dp=64, ep=8, zero=ZeroStage.GRADIENTS), MIXTRAL, load_cluster("dgx-h100", num_gpus=64),
+                          WL_MOE)
+    code, out, err = run(capsys, "export", "--format", "torchtitan", "--model", "mixtral-8x7b", "--gpus", "64")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "torchtitan allows MoE models" in err
+
+
+def test_deepspeed_says_why_it_cannot_run_an_moe_model_on_more_gpus_than_its_batch(capsys):
+    """Its pins (PP = CP = 1) are the engine's, not the user's: the error names the engine."""
+    from support import run
+    code, out, err = run(capsys, "export", "--format", "deepspeed", "--model", "deepseek-v3", "--mtp-layers", "0",
+                         "--gpus", "1024", "--batch", "512")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("paraplan: error: engine deepspeed:") and "--pp" not in err and "data-parallel only" in err

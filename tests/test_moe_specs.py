@@ -114,7 +114,7 @@ def test_every_moe_csv_model_resolves_with_its_shapes():
 _QWEN3_MOE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu",
                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, num_experts_per_tok=8,
                   num_experts=128, head_dim=128, num_key_value_heads=4, vocab_size=151936,
-                  max_position_embeddings=40960, tie_word_embeddings=False)
+                  max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=False)
 _DEEPSEEK_V3 = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", hidden_act="silu",
                     hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048,
                     num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128,
@@ -139,7 +139,7 @@ HF_CONFIGS = {
                           hidden_size=6144, intermediate_size=16384, num_hidden_layers=56,
                           num_attention_heads=48, num_key_value_heads=8, num_local_experts=8,
                           num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=65536,
-                          tie_word_embeddings=False),
+                          rope_theta=1000000.0, tie_word_embeddings=False),
     "qwen3-30b-a3b": dict(_QWEN3_MOE, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
                           num_hidden_layers=48, num_attention_heads=32),
     "qwen3-235b-a22b": dict(_QWEN3_MOE, hidden_size=4096, intermediate_size=12288, moe_intermediate_size=1536,

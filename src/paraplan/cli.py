@@ -6,9 +6,11 @@ User mistakes print one line on stderr and exit 2; nothing is written on failure
 from __future__ import annotations
 
 import argparse
-import json
+import difflib
+import errno
 import math
 import os
+import signal
 import sys
 from dataclasses import replace
 
@@ -21,12 +23,13 @@ from .argtypes import non_empty as _non_empty
 from .argtypes import positive_int as _positive_int
 from .argtypes import number_within, percent_below_100 as _percent
 from .argtypes import MAX_BATCH_TOKENS, MAX_DEGREE, count as _count, degree as _degree, int_up_to as _int_up_to
-from .errors import ParaplanError, SpecError, Terminated
+from .errors import ParaplanError, SpecError, Terminated, shorten_words, shown
 from .specs.files import MAX_COUNT
 from .specs.model import MAX_LAYERS, MAX_MTP_LAYERS
 from .specs.workload import (ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S,
                              MAX_STORAGE_BYTES_PER_S, MAX_TOKEN_BUDGET, MAX_USD_PER_GPU_HOUR, MIN_STORAGE_BYTES_PER_S)
 from .units import GIGA as _GIGA
+from .report.strict_json import json_text
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
@@ -39,7 +42,7 @@ MAX_TOP = 1000  # search --top
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2
-        sys.stderr.write(f"paraplan: error: {message} (see `{self.prog} --help`)\n")
+        sys.stderr.write(f"paraplan: error: {shorten_words(message)} (see `{self.prog} --help`)\n")
         raise SystemExit(2)
 
 
@@ -439,7 +442,7 @@ def cmd_search(args) -> int:
     wi = None if args.whatif is None else what_if(model, cluster, wl, pool[:WHATIF_CANDIDATES], args.whatif / 100.0,
                                                   search_again=fastest_on)
     if args.json:
-        print(json.dumps({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
+        print(json_text({"model": model.name, "cluster": cluster.name, "num_gpus": cluster.num_gpus,
                           "engine": args.engine, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
                           "notes": _seq_notes(model, wl),
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
@@ -577,7 +580,7 @@ def cmd_scale(args) -> int:
         from .report.plots import plot_scaling
         plot_scaling(result, args.plot, title)
     if args.json:
-        print(json.dumps({"model": model.name, "cluster": cluster.name if len(names) == 1 else None,
+        print(json_text({"model": model.name, "cluster": cluster.name if len(names) == 1 else None,
                           "unchecked_gpus": unchecked_gpus([c.gpu for c in clusters]),
                           "global_batch_size": wl.global_batch_size,
                           "seq_len": wl.seq_len, "precision": str(wl.precision), "optimizer": str(wl.optimizer),
@@ -618,7 +621,7 @@ def cmd_estimate(args) -> int:
     if args.json:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
-        print(json.dumps({**estimate_dict(est), "plan_source": source, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+        print(json_text({**estimate_dict(est), "plan_source": source, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
                           "notes": _seq_notes(model, wl),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
@@ -708,7 +711,7 @@ def cmd_trace(args) -> int:
     trace = chrome_trace(sim, task_detail=detail, layers=labels, after=after,
                          metadata={"plan": plan.describe(), "model": model.name, "cluster": cluster.name,
                                    "step_time_s": est.step_time_s, "microbatches": m, "microbatches_shown": shown})
-    text = json.dumps(trace)
+    text = json_text(trace)
     if args.output == "-":
         print(text)
         if not est.fits:  # (stdout is the trace)
@@ -724,7 +727,7 @@ def cmd_trace(args) -> int:
             if advice:
                 print(f"the plan {advice}")
         else:
-            print(json.dumps({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
+            print(json_text({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
                               "plan": plan.describe(), "plan_source": source,
                               "microbatches": m, "microbatches_shown": shown, **({"misfit": advice} if advice else {})}))
     return 0
@@ -750,7 +753,7 @@ def cmd_validate(args) -> int:
     rows = [r for res in results for r in res["rows"]]
     result = results[0] if len(results) == 1 else {"rows": rows, "summary": summarize(rows)}
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json_text(result, indent=1))
     else:
         print(render_validation(result, verbose=args.verbose))
     summary = result["summary"]
@@ -771,7 +774,7 @@ def _cross_validate(args) -> int:
     if args.hardware:
         raise SpecError("validate", "--hardware", args.hardware, "not with --cv (which fits the presets' knobs)")
     result = cross_validation(args.files)
-    print(json.dumps(result, indent=1) if args.json else render_cross_validation(result))
+    print(json_text(result, indent=1) if args.json else render_cross_validation(result))
     return 0 if result["rows"] else 1
 
 
@@ -784,7 +787,7 @@ def cmd_presets(args) -> int:
     gpus = [load_gpu(n) for n in list_gpus()]
     clusters = [load_cluster(n) for n in list_clusters()]
     if args.json:
-        print(json.dumps({"models": [m.name for m in models], "gpus": [g.name for g in gpus],
+        print(json_text({"models": [m.name for m in models], "gpus": [g.name for g in gpus],
                           "clusters": [c.name for c in clusters]}, indent=1))
         return 0
     def ffn(m):  # MoE: routed experts E / top-k × expert width (+ shared), dense layers aside
@@ -862,9 +865,9 @@ def cmd_embeddings(args) -> int:
                                         "torchrec_max_rank_s": tr_rating.max_rank_s}}
     exported = export_document(plan, wl)
     if args.export_torchrec is not None:
-        write_output(args.export_torchrec, json.dumps(exported, indent=1) + "\n", "embeddings", "--export-torchrec")
+        write_output(args.export_torchrec, json_text(exported, indent=1) + "\n", "embeddings", "--export-torchrec")
     if args.json:
-        print(json.dumps({
+        print(json_text({
             "workload": wl.name, "cluster": cluster.name, "world_size": plan.world_size,
             "batch_size_per_rank": wl.batch_size_per_rank, "hot_rows": args.hot_rows, "dedup": args.dedup,
             "step_time_s": cost.step_time_s, "phases_s": cost.phase_s, "all_to_all_bytes": cost.a2a_bytes,
@@ -1005,37 +1008,106 @@ def _version() -> str:
         return __version__
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str]):
+def _commands(parser: argparse.ArgumentParser) -> dict:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str], implied_search: bool = False):
     """parse_args, except that an option the subcommand does not take is the subcommand's
-    error (`see paraplan serve --help`), not the top-level parser's."""
+    error (`see paraplan serve --help`), not the top-level parser's; with `implied_search`
+    (options before any command, which are search's), the top-level one, naming the commands."""
     args, extra = parser.parse_known_args(argv)
+    if extra and implied_search:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}; options before any command are `paraplan "
+                     f"search`'s, else write a command first: {', '.join(_commands(parser))}")
     if extra:
-        subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        sub = subparsers.choices.get(getattr(args, "command", None) or "", parser)
+        sub = _commands(parser).get(getattr(args, "command", None) or "", parser)
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 
+# Exit codes (documented in the README): 0 done; 1 validate predicted no row; 2 a user's
+# mistake (one line on stderr); 74 the output could not be written (sysexits' EX_IOERR: a full
+# disk, a closed terminal); 130 Ctrl-C; 143 SIGTERM (the shells' 128 + signal number).
+EXIT_OUTPUT_FAILED = 74
+# errors of writing stdout itself (a full disk, a vanished terminal), not of a file we read
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF, errno.ENXIO, errno.EROFS}
+
+
+def _command_error(parser: argparse.ArgumentParser, first: str) -> str | None:
+    """The one-line error for a first argument that is not a command, or None when it is one."""
+    commands = list(_commands(parser))
+    if first in commands or first.startswith("-"):  # options before any command are search's
+        return None
+    listed = ", ".join(commands)
+    close = difflib.get_close_matches(first, commands, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown command {shown(first)}; {hint}commands: {listed}"
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated  # a KeyboardInterrupt: temporary files are removed on the way out
+
+
+def _quiet_stdout() -> None:
+    """Point the process's stdout at /dev/null after it failed, so that the interpreter's last
+    flush of what is still buffered does not print a second error."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):  # not a real descriptor (a test's capture)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    for stream in (sys.stdout, sys.stderr):  # a character the terminal cannot show becomes '?'
+        try:
+            stream.reconfigure(errors="replace")
+        except (AttributeError, ValueError, OSError):
+            pass
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
-        argv = ["search"] + argv  # options before any subcommand are search's (the default command)
-    args = _parse(parser, argv)
-    if not getattr(args, "command", None):
-        args = _parse(parser, ["search"] + argv)
+    previous = None
     try:
-        return args.func(args)
+        if not argv:
+            parser.print_help()
+            sys.stdout.flush()
+            return 0
+        bad = _command_error(parser, argv[0])
+        if bad:
+            parser.error(bad)
+        implied_search = argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")
+        if implied_search:
+            argv = ["search"] + argv  # options before any command are search's (the default command)
+        args = _parse(parser, argv, implied_search)
+        try:
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread (an embedding program keeps its own handler)
+            pass
+        code = args.func(args)
+        sys.stdout.flush()  # a full disk shows here, while it can still be said in one line
+        return code
     except ParaplanError as exc:
         sys.stderr.write(f"paraplan: error: {exc}\n")
         return 2
-    except BrokenPipeError:
+    except BrokenPipeError:  # the reader stopped (`| head`): not an error
+        _quiet_stdout()
         return 0
-    except KeyboardInterrupt as exc:  # Ctrl-C (or SIGTERM in run): one line; files are written whole or not at all
+    except OSError as exc:
+        if exc.errno not in _OUTPUT_ERRNOS:
+            raise
+        _quiet_stdout()
+        sys.stderr.write(f"paraplan: error: writing the output failed: {exc.strerror or exc}\n")
+        return EXIT_OUTPUT_FAILED
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: one line; files are written whole or not at all
         # on a terminal the progress bar may hold the line: start a fresh one
         sys.stderr.write(f"{chr(10) if sys.stderr.isatty() else ''}paraplan: "
                          f"{'terminated' if isinstance(exc, Terminated) else 'interrupted'}\n")
         return 143 if isinstance(exc, Terminated) else 130  # the shells' 128 + signal number
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,44 @@
 from __future__ import annotations
 
 import difflib
+import re
+
+MAX_SHOWN_CHARS = 80  # a value longer than this is cut in an error line, which says how long it was
+MAX_SHOWN_PATH_CHARS = 4096  # PATH_MAX: a path the system could open is shown whole
+
+
+def shown(value: object) -> str:
+    """repr(value) for an error line: at most about MAX_SHOWN_CHARS characters, a longer one cut
+    with "..." and its length (a 100 KB argument must not become a 100 KB error line)."""
+    text = value if isinstance(value, str) else None
+    # a path is the user's handle on a file: whole up to what the system could open
+    limit = MAX_SHOWN_PATH_CHARS if text is not None and "/" in text else MAX_SHOWN_CHARS
+    r = repr(value)
+    if len(r) <= limit:
+        return r
+    size = f"{len(text):,} characters" if text is not None else f"{len(r):,} characters as written"
+    return f"{r[:limit - 3]}... ({size})"
+
+
+def shorten_words(message: str) -> str:
+    """`message` with each run of more than MAX_SHOWN_CHARS non-blank characters (a value that
+    argparse quotes in its own message) cut as `shown` cuts a value."""
+    def cut(m: re.Match) -> str:
+        word = m.group()
+        body = word.rstrip(",;:)")
+        if len(body) > 1 and body[0] in "'\"" and body[-1] == body[0]:  # argparse's repr of a value
+            return shown(body[1:-1]) + word[len(body):]
+        if "/" in word and len(word) <= MAX_SHOWN_PATH_CHARS:  # a path, shown whole as `shown` does
+            return word
+        return f"{word[:MAX_SHOWN_CHARS - 3]}... ({len(word):,} characters)"
+    return re.sub(r"\S{%d,}" % (MAX_SHOWN_CHARS + 1), cut, message)
+
+
+def shown_path(path: object) -> str:
+    """A file path for an error line: whole up to PATH_MAX (the user's handle on the file),
+    a longer one cut as `shown` cuts a value."""
+    text = str(path)
+    return text if len(text) <= MAX_SHOWN_PATH_CHARS else shown(text)
 
 
 class ParaplanError(Exception):
@@ -14,7 +52,7 @@ class SpecError(ParaplanError):
 
     def __init__(self, where: str, field: str, value: object, allowed: str):
         self.where, self.field, self.value, self.allowed = where, field, value, allowed
-        super().__init__(f"{where}: {field}={value!r} is not allowed; {allowed}")
+        super().__init__(f"{where}: {field}={shown(value)} is not allowed; {allowed}")
 
 
 class UnknownPresetError(ParaplanError):
@@ -34,13 +72,13 @@ class UnknownPresetError(ParaplanError):
         picked = list(dict.fromkeys(holding + close))[: self.SHOWN]
         hint = (f"closest: {', '.join(by_lower[c] for c in picked)}" if picked
                 else "no preset name is close to it")
-        super().__init__(f"unknown {kind} {name!r}; {hint} (see `paraplan presets`)")
+        super().__init__(f"unknown {kind} {shown(name)}; {hint} (see `paraplan presets`)")
 
 
 class FileFormatError(ParaplanError):
     def __init__(self, path: str, detail: str, line: int | None = None):
-        shown = str(path) or "'' (an empty path)"
-        loc = f"{shown}:{line}" if line is not None else shown
+        where = shown_path(path) or "'' (an empty path)"
+        loc = f"{where}:{line}" if line is not None else where
         super().__init__(f"{loc}: {detail}")
 
 
@@ -52,7 +90,7 @@ class RowError(ParaplanError):
 
     def __init__(self, path: str, line: int, column: str, detail: str):
         self.column = column
-        super().__init__(f"{path}:{line}: column {column!r}: {detail}")
+        super().__init__(f"{shown_path(path)}:{line}: column {column!r}: {detail}")
 
 
 class Terminated(KeyboardInterrupt):

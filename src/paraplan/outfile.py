@@ -11,6 +11,7 @@ names the command, the option and the path.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 import sys
@@ -21,6 +22,10 @@ from .errors import SpecError
 # redirection), which a rename would take away from under the shell.
 _DESCRIPTOR_NAMES = ("/dev/stdin", "/dev/stdout", "/dev/stderr")
 _DESCRIPTOR_DIRS = ("/dev/fd/", "/proc/")
+# A process's descriptors under /proc (what /dev/stdout resolves to); anything else under the
+# kernel's pseudo file systems (/proc/self/comm, /sys/...) is no file to write a result into.
+_PROC_DESCRIPTOR = re.compile(r"^/proc/(self|thread-self|\d+)/fd/[^/]+$")
+_KERNEL_DIRS = ("/proc", "/sys")
 
 
 def _is_special(path: str, st: os.stat_result | None) -> bool:
@@ -42,6 +47,20 @@ def _stat(path: str, where: str, option: str) -> os.stat_result | None:
         raise SpecError(where, option, path, f"cannot use path: {e.strerror or e}") from None
 
 
+def _is_kernel_file(path: str) -> bool:
+    """True when `path` names (or leads by links to) something under /proc or /sys other than a
+    process's descriptor: the kernel's settings and state, which a write would change or refuse."""
+    name = os.path.abspath(path)
+    if name in _DESCRIPTOR_NAMES or name.startswith("/dev/fd/") or _PROC_DESCRIPTOR.match(name):
+        return False
+    for candidate in (name, os.path.realpath(path)):
+        if _PROC_DESCRIPTOR.match(candidate):
+            return False
+        if any(candidate == d or candidate.startswith(d + "/") for d in _KERNEL_DIRS):
+            return True
+    return False
+
+
 def check_output(path: str, where: str, option: str) -> None:
     """Raise a one-line SpecError unless `path` can be written as a file; writes nothing."""
     def bad(allowed: str):
@@ -50,6 +69,8 @@ def check_output(path: str, where: str, option: str) -> None:
         raise bad("a file path is required")
     if "\0" in path:
         raise bad("a file path without NUL characters is required")
+    if _is_kernel_file(path):
+        raise bad("a path under /proc or /sys is the kernel's, not a file; name a regular file or /dev/stdout")
     st = _stat(path, where, option)
     if (st is not None and stat.S_ISDIR(st.st_mode)) or path.endswith(os.sep):
         raise bad("a file path is required, not a directory")

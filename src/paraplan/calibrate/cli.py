@@ -5,12 +5,12 @@ compared with the GPU presets. torch is imported only when benchmarks run.
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from ..argtypes import integer, non_empty
+from ..report.strict_json import json_text
 
 
 def add_parser(subparsers) -> None:
@@ -52,7 +52,7 @@ def cmd_calibrate(args) -> int:
     if args.vidur is not None:
         from .vidur import compare_with_presets, render_comparison
         result = compare_with_presets(args.vidur)
-        print(json.dumps(result, indent=1) if args.json else render_comparison(result))
+        print(json_text(result, indent=1) if args.json else render_comparison(result))
         return 0
     from ..run.config import MAX_LOCAL_RANKS
     if not 1 <= args.ranks <= MAX_LOCAL_RANKS:  # local processes, as paraplan run launches them
@@ -110,7 +110,7 @@ def cmd_calibrate(args) -> int:
                "tp_collective_overhead_s": prof.tp_collective_overhead_s,
                "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary, indent=1))
     elif args.output:
         print(render_summary(summary))
         print(f"wrote {args.output} (use it as --hardware {args.output})")

@@ -29,7 +29,7 @@ def cmd_export(args) -> int:
     from ..cli import _engine_default_zero, _plan_flags_given, _plan_from_args, _specs
     from ..cost.estimate import estimate
     from ..outfile import check_not_input, check_output, write_output
-    from .common import best_exportable, check_model, check_optimizer, engine_module, engine_support
+    from .common import best_exportable, check_model, check_optimizer, engine_module, engine_support, refuse_model
     if args.output is not None:  # a path that cannot be written fails before the search
         check_output(args.output, "export", "--output")
         check_not_input(args.output, args, "export", "--output")
@@ -38,6 +38,7 @@ def cmd_export(args) -> int:
     model, cluster, wl = _specs(args)
     check_optimizer(engine, wl)  # the configs written here step the engine's fused Adam
     support = engine_support(mod, args.no_compile)
+    refuse_model(support, model)  # a model the engine has no code for
     check_model(support, model)  # before a search the exporter would refuse plan by plan
     from_flags = _plan_flags_given(args)
     if from_flags:

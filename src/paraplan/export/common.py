@@ -45,10 +45,13 @@ class EngineSupport:
     # (Plan.autocast; torchtitan's maybe_enable_amp), per plan (plan/space.py without_fsdp_autocast)
     autocast_without_fsdp: bool = False
     pinned: dict = field(default_factory=dict)  # axes the search holds fixed (e.g. {"pp": 1})
+    pin_reason: str = ""  # why, for the error when the pins leave no valid plan
     trains_mtp: bool = False    # builds multi-token-prediction modules (Megatron-Core --mtp-num-layers)
     # the ZeRO stage a plan from flags gets when --zero is not given and the plan has data or
     # context parallelism to shard over (torchtitan: FSDP over them all by default)
     default_zero: Callable[[Plan], ZeroStage] = lambda plan: ZeroStage.NONE
+    # a model the engine cannot build at all: the one-line error, or None (checked before a search)
+    model_refusal: Callable[[ModelSpec], SpecError | None] = lambda model: None
 
     def adapt(self, plan: Plan) -> Plan:
         """The plan with this framework's fixed policy knobs (the CLI never sets them)."""
@@ -116,6 +119,14 @@ def check_model(support: EngineSupport, model: ModelSpec) -> None:
                           f"0: its {model.name} trains no multi-token-prediction module (--mtp-layers 0)")
 
 
+def refuse_model(support: EngineSupport, model: ModelSpec) -> None:
+    """A model the engine cannot build at all (its exporter refuses it too): before a search.
+    The plan checks (`check`) judge only the mesh, for any model."""
+    refusal = support.model_refusal(model)
+    if refusal is not None:
+        raise refusal
+
+
 def check_optimizer(engine: Engine, workload: Workload) -> None:
     """The engines here step their fused Adam (Megatron/DeepSpeed FusedAdam, torchtitan's
     default fused implementation): a prediction for another optimizer would not match."""
@@ -172,9 +183,19 @@ def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                     check: Callable[[Plan, ModelSpec, Workload], None]):
     """The fastest plan that fits and that the engine can express: search inside the engine's
     bounds, then the first ranked plan that passes the exporter's own check."""
-    from ..search.planner import search
-    res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned,
-                 top_k=ENGINE_CANDIDATES)
+    from ..search.planner import PIN_FLAGS, search
+    try:
+        res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned,
+                     top_k=ENGINE_CANDIDATES)
+    except SpecError as e:
+        # the search explains a pin that leaves no plan as the user's flag; here the engine pinned it
+        pinned = {PIN_FLAGS.get(k, k): k for k in support.pinned}
+        if e.where != "search" or e.field not in pinned:
+            raise
+        raise SpecError(f"engine {support.engine}", "model", model.name,
+                        f"{support.engine} runs {pinned[e.field]}={e.value} only ({support.pin_reason}): no plan of "
+                        f"{model.name} on {cluster.num_gpus} GPUs with global batch {workload.global_batch_size} "
+                        f"is valid there") from None
     return expressible(res.ranked, model, workload, support, check)[0]
 
 

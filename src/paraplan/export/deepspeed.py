@@ -40,7 +40,9 @@ SUPPORT = EngineSupport(
     checkpoint_early_stop=False,  # deepspeed.checkpointing re-runs the whole block
     tp_async_backward=False,
     fused_kernels=False,      # Hugging Face models (AutoTP): q_proj, k_proj, v_proj, gate_proj, up_proj apart
-    pinned={"pp": 1, "cp": 1})
+    pinned={"pp": 1, "cp": 1},
+    pin_reason="its JSON sets no pipeline stages, context or expert parallelism, and an MoE model takes AutoTP "
+               "only with sequence parallelism, which AutoTP lacks: an MoE model runs data-parallel only")
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:

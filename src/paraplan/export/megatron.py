@@ -62,6 +62,14 @@ def _tp_pp_dp_mapping_refused(plan) -> object:
             & (np.asarray(plan.cp) * np.asarray(plan.ep) > 1))
 
 
+def _ep_overlap_mtp_refused(plan, model: ModelSpec) -> object:
+    """Megatron-Core's TransformerConfig with --overlap-moe-expert-parallel-comm: "MTP layernum
+    only supports 1" and, with it, "Pipeline model parallel size must be larger than 1"
+    (core 0.16.1 transformer_config.py). Vectorized."""
+    overlap = np.asarray(plan.ep_overlap, dtype=bool)
+    return overlap & ((model.mtp_layers > 1) | ((model.mtp_layers == 1) & (np.asarray(plan.pp) == 1)))
+
+
 def _offload_refused(plan) -> object:
     """--optimizer-cpu-offload runs on the distributed optimizer (ZeRO-1) only (check). Vectorized."""
     return np.asarray(plan.offload_optimizer, dtype=bool) & (np.asarray(plan.zero_code) != ZeroStage.OPTIMIZER.code)
@@ -72,7 +80,9 @@ SUPPORT = EngineSupport(
     # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
     limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B),
                        hierarchical_a2a=False,
-                       engine_rule=lambda batch, model, workload: _tp_pp_dp_mapping_refused(batch) | _offload_refused(batch)),
+                       engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
+                                                                   | _offload_refused(batch)
+                                                                   | _ep_overlap_mtp_refused(batch, model))),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
     tp_async_backward=True,       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
@@ -89,6 +99,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if bool(_offload_refused(plan)):
         raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with zero=1 "
                           "(--optimizer-cpu-offload needs the distributed optimizer)")
+    if bool(_ep_overlap_mtp_refused(plan, model)):
+        raise unsupported(ENGINE, "ep_overlap", True, f"EP overlap with {model.mtp_layers} MTP layer(s) only for "
+                          "1 MTP layer and PP > 1 (Megatron-Core's --overlap-moe-expert-parallel-comm)")
     if plan.a2a_hierarchical:
         raise unsupported(ENGINE, "a2a_hierarchical", True, "the alltoall dispatcher's flat all-to-all")
     if bool(_tp_pp_dp_mapping_refused(plan)):
@@ -145,11 +158,25 @@ def pipeline_args(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     return ["--pipeline-model-parallel-layout", layout_string(counts, model.mtp_layers)] + mtp
 
 
+def _rope_args(model: ModelSpec) -> list:
+    """The model's RoPE base (--rotary-base takes an integer; Megatron's default is 10,000) and
+    Llama 3.1's frequency scaling (--use-rope-scaling fixes its low/high factors 1 and 4 and
+    8,192 original positions, as the model's config.json has them)."""
+    a = []
+    if model.rope_theta:
+        if model.rope_theta != int(model.rope_theta):
+            raise unsupported(ENGINE, "rope_theta", model.rope_theta, "an integer RoPE base (--rotary-base)")
+        a += ["--rotary-base", int(model.rope_theta)]
+    if model.rope_llama3_scaling_factor:
+        a += ["--use-rope-scaling", "--rope-scaling-factor", model.rope_llama3_scaling_factor]
+    return a
+
+
 def _model_args(model: ModelSpec, workload: Workload) -> list[str]:
     a = ["--num-layers", model.num_layers, "--hidden-size", model.hidden_size,
          "--ffn-hidden-size", model.ffn_hidden_size, "--num-attention-heads", model.num_heads,
          "--seq-length", workload.seq_len, "--max-position-embeddings", max(workload.seq_len, model.max_seq_len),
-         "--position-embedding-type", "rope", "--normalization", "RMSNorm", "--disable-bias-linear",
+         "--position-embedding-type", "rope", *_rope_args(model), "--normalization", "RMSNorm", "--disable-bias-linear",
          "--attention-dropout", 0.0, "--hidden-dropout", 0.0,
          "--tokenizer-type", "NullTokenizer", "--vocab-size", model.vocab_size]
     if model.head_dim * model.num_heads != model.hidden_size:
@@ -218,8 +245,10 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     elif plan.zero in FSDP_STRATEGY:
         # Megatron-FSDP reduce-scatters gradients only with the distributed optimizer (its
         # DistributedDataParallelConfig.use_distributed_optimizer; all-reduce otherwise)
+        # and checkpoints only in its own format (validate_args: "Megatron FSDP only supports
+        # fsdp_dtensor checkpoint format")
         a += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_STRATEGY[plan.zero],
-              "--use-distributed-optimizer"]
+              "--use-distributed-optimizer", "--ckpt-format", "fsdp_dtensor"]
     if plan.zero is not ZeroStage.NONE and plan.dp_shard != plan.dp:
         a += ["--num-distributed-optimizer-instances", plan.dp // plan.dp_shard]
     if plan.dp_overlap:
@@ -244,12 +273,27 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     return [str(x) for x in a]
 
 
+def environment(plan: Plan) -> list[str]:
+    """The shell lines that set what Megatron-LM's validate_args requires of the environment:
+    before Blackwell, TP or CP asks CUDA_DEVICE_MAX_CONNECTIONS=1 (one hardware queue, so
+    that each TP/CP collective is scheduled ahead of the GEMM it overlaps), except beside
+    Megatron-FSDP, which asserts it is not 1, or the expert all-to-all overlap, which wants
+    more queues and only warns."""
+    if plan.zero in FSDP_STRATEGY:
+        return ["unset CUDA_DEVICE_MAX_CONNECTIONS  # Megatron-FSDP asserts it is not 1"]
+    if (plan.tp > 1 or plan.cp > 1) and not plan.ep_overlap:
+        return ["export CUDA_DEVICE_MAX_CONNECTIONS=1  # TP/CP on Hopper and earlier (validate_args)"]
+    return []
+
+
 def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
     args = arguments(plan, model, workload)
     nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
     lines = ["#!/usr/bin/env bash"] + [f"# {x}" for x in header_lines(model, cluster, workload, plan, est)] + [
+        "# A throughput benchmark: mock data (--mock-data) and a fixed learning rate for TRAIN_ITERS steps.",
+        "# To train, replace --mock-data with --data-path and a tokenizer, and set the learning-rate schedule.",
         "# Run from a Megatron-LM checkout; set MASTER_ADDR and NODE_RANK on every node.",
-        "set -euo pipefail",
+        "set -euo pipefail", *environment(plan),
         f"GPUS_PER_NODE={per_node}", f"NNODES={nodes}",
         "DISTRIBUTED_ARGS=(--nproc-per-node $GPUS_PER_NODE --nnodes $NNODES --node-rank ${NODE_RANK:-0} "
         "--master-addr ${MASTER_ADDR:-localhost} --master-port 6000)",

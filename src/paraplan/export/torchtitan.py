@@ -49,8 +49,9 @@ from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
+from ..errors import SpecError
 from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, check_model,
-                     slot_counted_split, unsupported)
+                     refuse_model, slot_counted_split, unsupported)
 from .toml import toml_text
 
 ENGINE = Engine.TORCHTITAN
@@ -159,6 +160,16 @@ def default_zero(plan: Plan) -> ZeroStage:
     return ZeroStage.PARAMETERS if plan.pp == 1 else ZeroStage.GRADIENTS
 
 
+def model_refusal(model: ModelSpec) -> SpecError | None:
+    """torchtitan builds a dense model of any size under its llama3 code (a flavor the user
+    registers), but an MoE model only under its own name: one without one is refused."""
+    if model.is_moe and model.name not in MODELS:
+        moe = sorted(name for name, (_, _, _) in MODELS.items() if name.startswith("deepseek"))
+        return unsupported(ENGINE, "model", model.name, f"MoE models it has a model for ({', '.join(moe)}; "
+                           "its llama3 code is dense)")
+    return None
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
@@ -171,6 +182,7 @@ SUPPORT = EngineSupport(
     tp_async_backward=False,      # DTensor TP does not overlap the backward reductions
     fsdp2_copies=True,            # data parallelism is FSDP2 fully_shard
     default_zero=default_zero,   # FSDP2 by default (see default_zero)
+    model_refusal=model_refusal,
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
     compiled=True,                # each block under torch.compile (compile.enable): async TP and float8 need it
     autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)
@@ -311,6 +323,7 @@ def cli_overrides_v03(cfg: dict, model: ModelSpec) -> list[str] | None:
 
 
 def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
+    refuse_model(SUPPORT, model)  # (check and job_config judge the mesh, for any model)
     cfg = job_config(plan, model, workload)
     nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
     run = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "

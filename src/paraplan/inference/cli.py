@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from ..argtypes import percent_below_100, positive_float, positive_int
 from ..search.whatif import DEFAULT_CHANGE
+from ..report.strict_json import json_text
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
@@ -158,7 +158,7 @@ def cmd_serve(args) -> int:
         wi = serve_what_if(model, cluster, res.ranked[0], traffic, limits, args.whatif / 100.0)
     if args.json:
         from ..report.whatif import serve_whatif_dict
-        print(json.dumps({**_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
+        print(json_text({**_json(res, args.top, traffic.ttft_target_s, traffic.tpot_target_s,
                                   has_tpot(traffic.output_tokens)),
                           "engine_limits": {"max_batch": limits.max_batch, "max_num_tokens": limits.max_num_tokens,
                                             "chunked_prefill": limits.chunked_prefill},

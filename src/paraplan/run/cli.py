@@ -32,6 +32,7 @@ from ..specs.files import MAX_COUNT
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import MAX_LAYERS
 from .config import MAX_LOCAL_RANKS
+from ..report.strict_json import json_text
 
 if TYPE_CHECKING:
     from .config import RunConfig
@@ -239,7 +240,7 @@ def cmd_run(args) -> int:
     write_report(cfg.output, report)
     if rc != 0:  # torch 2.13 + gloo: a rank can abort at exit after a correct, complete run
         sys.stderr.write(f"paraplan: warning: torchrun exited with {rc} after the run completed and wrote its report\n")
-    print(json.dumps(report, indent=1) if args.json else _summary(report) + f"\nwrote {cfg.output}")
+    print(json_text(report, indent=1) if args.json else _summary(report) + f"\nwrote {cfg.output}")
     return 0
 
 
@@ -253,7 +254,7 @@ def cmd_compare(args) -> int:
     if args.plot is not None:  # --plot '' is a bad path, not "no plot"
         plot_comparison(result, args.plot)
     if args.json:
-        print(json.dumps(result, indent=1))
+        print(json_text(result, indent=1))
     else:
         print(render_comparison(result))
         if args.plot:

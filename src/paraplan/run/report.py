@@ -24,6 +24,7 @@ from ..errors import ParaplanError
 from ..report.compare import REPORT_KIND, REPORT_VERSION
 from ..specs.workload import Precision
 from .config import RUN_OPTIMIZER, RunConfig, runs_under_autocast
+from ..report.strict_json import json_text
 
 # The parts of the predicted memory that a measured peak (measure.py, by its kind) leaves
 # out: torch.cuda.max_memory_allocated counts live tensors only -- not the runtime (CUDA
@@ -174,4 +175,4 @@ def build_report(cfg: RunConfig, records: list[dict], *, device: str, backend: s
 def write_report(path: str, report: dict) -> None:
     """The report as JSON at `path` (`run -o`), whole or not at all (outfile.py)."""
     from ..outfile import write_output
-    write_output(path, json.dumps(report, indent=1) + "\n", "run", "--output")
+    write_output(path, json_text(report, indent=1) + "\n", "run", "--output")

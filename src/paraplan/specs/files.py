@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import re
+import stat
 import sys
 import tomllib
 from pathlib import Path
@@ -16,19 +18,39 @@ from ..errors import FileFormatError
 MAX_COUNT = 2**31 - 1
 
 
+# The largest file paraplan reads (a model, cluster, hardware, tables or profile file, a
+# measurements CSV, a run report): the largest real one is some hundred KB, and a larger
+# limit only lets a mistaken path (/dev/zero, a dataset, a log) fill the memory first.
+MAX_INPUT_BYTES = 16 * 2**20
+MAX_INPUT_TEXT = "16 MiB"
+
+
 def read_text(path: Path, shown: str) -> str:
-    """The file's UTF-8 text (a leading byte-order mark dropped, as Windows editors write one),
-    or a one-line FileFormatError naming it (and the line of the first byte that is not UTF-8)."""
+    """The UTF-8 text of a regular file of at most MAX_INPUT_BYTES (a leading byte-order mark
+    dropped, as Windows editors write one), or a one-line FileFormatError naming it (and the
+    line of the first byte that is not UTF-8). A pipe or a device is refused before it is
+    opened: one may never end (/dev/zero) or never start (a FIFO nobody writes)."""
     if not str(shown):  # Path("") is the working directory
         raise FileFormatError(shown, "no such file")
     try:
-        data = Path(path).read_bytes()
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(st.st_mode):
+            raise FileFormatError(shown, "is not a regular file (a pipe or a device); a file is required")
+        if st.st_size > MAX_INPUT_BYTES:
+            raise FileFormatError(shown, f"is {st.st_size:,} bytes; at most {MAX_INPUT_TEXT} "
+                                         f"({MAX_INPUT_BYTES:,} bytes) is read")
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_INPUT_BYTES + 1)  # a file that grows meanwhile stops here
     except FileNotFoundError:
         raise FileFormatError(shown, "no such file") from None
     except IsADirectoryError:
         raise FileFormatError(shown, "is a directory, not a file") from None
     except OSError as e:
         raise FileFormatError(shown, f"cannot read: {e.strerror or e}") from None
+    if len(data) > MAX_INPUT_BYTES:
+        raise FileFormatError(shown, f"is over {MAX_INPUT_TEXT} ({MAX_INPUT_BYTES:,} bytes), the most that is read")
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8):]
     try:

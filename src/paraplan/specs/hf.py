@@ -224,6 +224,25 @@ def _sliding_window_fields(c: _Config, num_layers: int) -> dict:
     return {"sliding_window": c.int_(("sliding_window",)), "num_sliding_window_layers": n}
 
 
+def _rope_fields(c: _Config) -> dict:
+    """rope_theta, and Llama 3.1's frequency scaling (rope_scaling.rope_type "llama3"); other
+    scalings (YaRN, linear, dynamic) are not modelled and left out."""
+    out = {}
+    theta = c.data.get("rope_theta")
+    if theta is not None:
+        if not isinstance(theta, (int, float)) or isinstance(theta, bool) or not 0 < theta < float("inf"):
+            c.fail("rope_theta", f"field 'rope_theta' = {theta!r} is not allowed; a positive number is required")
+        out["rope_theta"] = float(theta)
+    scaling = c.data.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) == "llama3":
+        factor = scaling.get("factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor < float("inf"):
+            c.fail("rope_scaling", f"field 'rope_scaling.factor' = {factor!r} is not allowed; a positive number "
+                                   "is required")
+        out["rope_llama3_scaling_factor"] = float(factor)
+    return out
+
+
 def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     """ModelSpec from a Hugging Face config.json (or a model directory that holds one)."""
     path = Path(path).expanduser()
@@ -291,7 +310,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
 
     extra = {"head_dim": c.int_(("head_dim",), required=False), **_sliding_window_fields(c, num_layers),
              # multi-token-prediction modules (DeepSeek-V3 report Sec. 2.2; also GLM-4.5, MiMo)
-             "mtp_layers": c.count("num_nextn_predict_layers")}
+             "mtp_layers": c.count("num_nextn_predict_layers"), **_rope_fields(c)}
     if moe:
         # MLA configs may carry head_dim = qk_rope_head_dim (for RoPE); the MLA fields win.
         extra.update(_moe_mla_fields(c, model_type, num_layers))

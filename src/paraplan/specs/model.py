@@ -59,6 +59,13 @@ class ModelSpec:
     # ---- sliding-window (banded) attention (0: every layer attends to the whole prefix) ----
     sliding_window: int = 0         # w: a windowed layer's query attends to the last w tokens
     num_sliding_window_layers: int = 0  # how many layers use it (GPT-OSS: every other one)
+    # ---- rotary position embedding (Su et al. 2021); no cost depends on them, the exports do ----
+    rope_theta: float = 0.0         # base of the rotary frequencies, config.json's rope_theta (0: not
+                                    # stated; the engines then use 10,000)
+    # Llama 3.1's frequency scaling (config.json rope_scaling, rope_type "llama3": this factor, low/high
+    # frequency factors 1 and 4, 8,192 original positions, the values Megatron-LM's --use-rope-scaling
+    # fixes); 0: none
+    rope_llama3_scaling_factor: float = 0.0
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -79,6 +86,10 @@ class ModelSpec:
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise SpecError(where, f, v, "a non-negative integer is required (0: not used)")
+        for f in ("rope_theta", "rope_llama3_scaling_factor"):
+            v = getattr(self, f)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < float("inf"):
+                raise SpecError(where, f, v, "a non-negative number is required (0: not stated)")
         if self.mtp_layers > MAX_MTP_LAYERS:
             raise SpecError(where, "mtp_layers", self.mtp_layers,
                             f"at most {MAX_MTP_LAYERS} multi-token-prediction modules (DeepSeek-V3 trains 1)")

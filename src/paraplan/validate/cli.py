@@ -3,7 +3,6 @@ measured runs, and how well fitted knobs predict runs they were not fitted on.""
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 import textwrap
@@ -11,6 +10,7 @@ import textwrap
 import numpy as np
 
 from ..errors import SpecError
+from ..report.strict_json import json_text
 from ..report.table import grid
 from .fit import KNOBS, Run, cross_validate_sources, fit_gpu, prior_knobs, profile_toml, tabulate
 
@@ -73,7 +73,7 @@ def cmd_fit(args) -> int:
                         for r, p, q in zip(result.runs, result.in_sample, result.leave_one_out)],
                "output": args.output}
     if args.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary, indent=1))
         return 0
     print(grid(["knob", "fitted", "preset", "bounds", "meaning"],
                [[k.field, f"{result.values[k.field]:.2f}", f"{result.prior[k.field]:.2f}", f"{k.low}-{k.high}",

@@ -35,6 +35,7 @@ MAX_LOAD_REQUESTS = {(128, 128): 30000, (128, 2048): 3000, (128, 4096): 1500, (1
                      (500, 2000): 3000, (20000, 2000): 1000}
 DEFAULT_MAX_LOAD_REQUESTS = 1000
 ONLINE_REQUESTS = 500  # the online-serving block's notes: 500 requests per measurement
+HEADER_BYTES = 1 << 16  # a header longer than this is no measurements file (read_rows says why)
 
 
 def is_inference_file(path: str) -> bool:
@@ -44,11 +45,13 @@ def is_inference_file(path: str) -> bool:
         if not p.is_file():
             return False
         with p.open("rb") as fh:
-            first = fh.readline()
+            first = fh.readline(HEADER_BYTES)
     except OSError:
         return False  # read_rows says why
-    # a file that is not UTF-8 is refused by read_rows, with the line of the bad byte
-    cols = next(csv.reader([first.decode("utf-8-sig", errors="replace")]), [])
+    # a file that is not UTF-8 is refused by read_rows, with the line of the bad byte; a line
+    # may end in CR (old Mac, some exporters), CRLF or LF
+    header = re.split(rb"\r\n?|\n", first, maxsplit=1)[0]
+    cols = next(csv.reader([header.decode("utf-8-sig", errors="replace")]), [])
     return "input_len" in cols and "output_len" in cols
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ... import units
-from ...errors import FileFormatError, SpecError, UnknownPresetError
+from ...errors import FileFormatError, SpecError, UnknownPresetError, shown
 from ..curves import EfficiencyCurve
 from ..files import MAX_COUNT, parse_toml, read_toml
 from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
@@ -42,7 +42,8 @@ _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_
                   "num_dense_layers", "moe_layer_interval", "q_lora_rank", "kv_lora_rank",
                   "qk_rope_head_dim", "v_head_dim",
                   "sliding_window", "num_sliding_window_layers", "mtp_layers")
-_MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + ("source", "aliases")
+_MODEL_ROPE = ("rope_theta", "rope_llama3_scaling_factor")  # positive numbers, 0 (not stated) when absent
+_MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + _MODEL_ROPE + ("source", "aliases")
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
 _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "eager_layer_host_us",
@@ -64,6 +65,18 @@ _GB_PER_S = (1e-3, 1e6)
 _GBIT_PER_S = tuple(8.0 * x for x in _GB_PER_S)  # 8 bits per byte
 _TB_PER_S = tuple(x / 1e3 for x in _GB_PER_S)
 _LATENCY_US = (1e-3, 1e6)
+# The physical range of every other number of a GPU or cluster file, in the file's units
+# (docs/model.md, 'Hardware parameters'): wide enough for a CPU measured by paraplan calibrate
+# and for GPUs a generation or two ahead, narrow enough that no step time, energy or cost
+# overflows to inf or nan (1e308 TFLOP/s, 1e308 W and 1e-300 efficiencies did).
+_PEAK_TFLOPS = (1e-4, 1e5)  # 0.1 GFLOP/s (one CPU core) to 100 PFLOP/s (B300's FP4 is 15)
+_HBM_GB = (1e-3, 1e5)  # 1 MB to 100 TB (B300: 288 GB)
+_TDP_WATTS = (1.0, 1e5)  # 1 W to 100 kW (GB200 superchip: 2.7 kW)
+_HOST_US = (0.0, 1e6)  # a host overhead: none to 1 s per kernel, collective or layer
+_EFFICIENCY = (1e-4, 1.0)  # an achieved share of a peak (or a ratio of two): a 10,000x slowdown at most
+_ADAM_PARAMS_PER_S = (1e3, 1e15)  # a host optimizer's parameter updates per second
+_USD_PER_GPU_HOUR = (1e-6, 1e6)
+_HOST_MEMORY_GB = (1e-3, 1e6)  # per host: 1 MB to 1 PB
 _TIER_REQUIRED = ("latency_us", "efficiency")
 _TIER_OPTIONAL = ("gb_per_s", "gbit_per_s", "efficiency_bytes", "all_gather", "reduce_scatter")
 
@@ -121,7 +134,7 @@ class TomlTable:
                                                   f"(required: {', '.join(required)})")
 
     def _bad(self, key: str, value: object, expected: str) -> NoReturn:
-        self.fail(key, f"field '{self.prefix}{key}' = {value!r} is not allowed; {expected} is required")
+        self.fail(key, f"field '{self.prefix}{key}' = {shown(value)} is not allowed; {expected} is required")
 
     def int_(self, key: str, default: int | None = None) -> int | None:
         if key not in self.data:
@@ -140,26 +153,35 @@ class TomlTable:
 
     def num(self, key: str, default: float | None = None, *, at_most_one: bool = False,
             within: tuple[float, float] | None = None) -> float | None:
-        """A positive number; at most 1 with `at_most_one`; in [low, high] with `within`."""
+        """A positive number; an efficiency in [_EFFICIENCY] with `at_most_one`; in [low, high]
+        with `within`."""
         if key not in self.data:
             return default
+        if at_most_one:
+            within = _EFFICIENCY
         v = self.data[key]
         if (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < math.inf
-                or (at_most_one and v > 1) or (within is not None and not within[0] <= v <= within[1])):
-            self._bad(key, v, "a number in (0, 1]" if at_most_one else
-                      f"a number from {within[0]:g} to {within[1]:g}" if within is not None else "a positive number")
+                or (within is not None and not within[0] <= v <= within[1])):
+            self._bad(key, v, f"a number from {within[0]:g} to {within[1]:g}" if within is not None
+                      else "a positive number")
         return float(v)
 
-    def non_negative(self, key: str) -> float | None:
-        """A number >= 0 (an overhead that may be none), or None when absent."""
-        return self._in_range(key, math.inf, "a number >= 0")
+    def host_us(self, key: str) -> float | None:
+        """A host overhead in microseconds, from 0 (none) to _HOST_US's bound, or None when absent."""
+        if key not in self.data:
+            return None
+        v = self.data[key]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not _HOST_US[0] <= v <= _HOST_US[1]:
+            self._bad(key, v, f"a number >= 0 and at most {_HOST_US[1]:g} (1 s)")
+        return float(v)
 
-    def non_negative_list(self, key: str, n: int) -> tuple[float, ...]:
-        """A list of `n` numbers >= 0 (the caller checks the key is present)."""
+    def host_us_list(self, key: str, n: int) -> tuple[float, ...]:
+        """A list of `n` host overheads in microseconds (the caller checks the key is present)."""
         v = self.data[key]
         if (not isinstance(v, list) or len(v) != n
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < math.inf for x in v)):
-            self._bad(key, v, f"a list of {n} numbers >= 0")
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                           and _HOST_US[0] <= x <= _HOST_US[1] for x in v)):
+            self._bad(key, v, f"a list of {n} numbers >= 0 and at most {_HOST_US[1]:g} (1 s)")
         return tuple(float(x) for x in v)
 
     def fraction(self, key: str) -> float | None:
@@ -215,6 +237,9 @@ class TomlTable:
             if not isinstance(v, list) or not v or not all(
                     isinstance(e, (int, float)) and not isinstance(e, bool) for e in v):
                 t._bad(k, v, "a non-empty list of numbers")
+        low = next((e for e in y if 0 < e < _EFFICIENCY[0]), None)
+        if low is not None:
+            t._bad("efficiency", y, f"a list of numbers from {_EFFICIENCY[0]:g} to {_EFFICIENCY[1]:g} ({low:g} is below)")
         try:
             return EfficiencyCurve(x=tuple(float(e) for e in x), y=tuple(float(e) for e in y))
         except ValueError as e:
@@ -230,6 +255,7 @@ def _model_from_table(t: TomlTable) -> ModelSpec:
     t.str_list("aliases")
     moe_mla = {k: t.int_(k) if k == "moe_layer_interval" else t.count(k)
                for k in _MODEL_MOE_MLA if k in t.data}
+    moe_mla.update({k: t.num(k) for k in _MODEL_ROPE if k in t.data})
     try:
         return make_model(
             name=t.str_("name"), num_layers=t.int_("num_layers"), hidden_size=t.int_("hidden_size"),
@@ -258,18 +284,18 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     peaks_t.check_keys((), allowed)
     if not peaks_t.data:
         t._bad("peak_tflops", {}, f"at least one of {', '.join(allowed)}")
-    peak_flops_per_s = {Precision(k): units.tflops(peaks_t.num(k)) for k in peaks_t.data}
-    launch_us = t.num("kernel_launch_overhead_us")
+    peak_flops_per_s = {Precision(k): units.tflops(peaks_t.num(k, within=_PEAK_TFLOPS)) for k in peaks_t.data}
+    launch_us = t.num("kernel_launch_overhead_us", within=_LATENCY_US)
     extra = {}
     if launch_us is not None:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
     if "tp_collective_overhead_us" in t.data:
-        extra["tp_collective_overhead_s"] = units.us(t.non_negative("tp_collective_overhead_us"))
+        extra["tp_collective_overhead_s"] = units.us(t.host_us("tp_collective_overhead_us"))
     if "eager_layer_host_us" in t.data:
-        extra["eager_layer_host_s"] = units.us(t.non_negative("eager_layer_host_us"))
+        extra["eager_layer_host_s"] = units.us(t.host_us("eager_layer_host_us"))
     for key in ("zb_input_host_us", "zb_weight_host_us"):
         if key in t.data:
-            extra[key.removesuffix("_us") + "_s"] = tuple(units.us(c) for c in t.non_negative_list(key, 3))
+            extra[key.removesuffix("_us") + "_s"] = tuple(units.us(c) for c in t.host_us_list(key, 3))
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "loss_efficiency",
                 "scatter_add_efficiency",
                 "fp8_gemm_efficiency_ratio", "compiled_elementwise_ratio",
@@ -279,7 +305,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     for key in ("allocator_fragmentation", "overlap_slowdown"):
         if key in t.data:
             extra[key] = t.fraction(key)
-    hbm_gb = t.num("hbm_gb")
+    hbm_gb = t.num("hbm_gb", within=_HBM_GB)
     hbm_bytes = units.gbytes(hbm_gb)
     if "hbm_usable_mib" in t.data:
         # the driver's memory.total: the datasheet's "80GB" is up to 80 GiB (A100), and never
@@ -292,13 +318,13 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
             t._bad("reserved_gb", reserved_gb, f"less than hbm_gb={hbm_gb}")
         extra["reserved_bytes"] = units.gbytes(reserved_gb)
     if "host_adam_params_per_s" in t.data:
-        extra["host_adam_params_per_s"] = t.num("host_adam_params_per_s")
+        extra["host_adam_params_per_s"] = t.num("host_adam_params_per_s", within=_ADAM_PARAMS_PER_S)
     return GPUSpec(
         name=t.str_("name"), peak_flops_per_s=peak_flops_per_s,
         # the driver's memory.total when known (the datasheet's "80GB" is 80 GiB on A100)
         hbm_bytes=hbm_bytes,
         hbm_bw_bytes_per_s=t.num("hbm_tb_per_s", within=_TB_PER_S) * units.TERA,  # TB/s (decimal) -> bytes/s
-        tdp_watts=t.num("tdp_watts"),
+        tdp_watts=t.num("tdp_watts", within=_TDP_WATTS),
         host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s", within=_GB_PER_S)),
         gemm_efficiency=t.curve("gemm_efficiency", "flops"),
         attention_efficiency=_attention_curves(t),
@@ -344,9 +370,9 @@ def _cluster_from_table(t: TomlTable, base_dir: Path | None) -> ClusterSpec:
     dcn = _tier_from_table(t, "dcn") if "dcn" in t.data else None
     extra = {}
     if "usd_per_gpu_hour" in t.data:
-        extra["usd_per_gpu_hour"] = t.num("usd_per_gpu_hour")
+        extra["usd_per_gpu_hour"] = t.num("usd_per_gpu_hour", within=_USD_PER_GPU_HOUR)
     if "host_memory_gb_per_host" in t.data:
-        extra["host_memory_bytes_per_host"] = units.gbytes(t.num("host_memory_gb_per_host"))
+        extra["host_memory_bytes_per_host"] = units.gbytes(t.num("host_memory_gb_per_host", within=_HOST_MEMORY_GB))
     if "gpus_per_host" in t.data:
         extra["gpus_per_host"] = t.int_("gpus_per_host")
     try:
