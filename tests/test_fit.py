@@ -163,3 +163,15 @@ def test_a_gpu_with_few_runs_is_fitted_with_its_family(tmp_path):
     shares = {c["knobs_in_sample"]["sustained_compute_ratio"] for c in cross_validate_sources(runs)}
     (share,) = shares
     assert 0.6 <= share <= 0.8
+
+
+def test_nvfp4_runs_are_tabulated_along_the_ratio_that_prices_them(tmp_path):
+    # NVFP4 GEMMs run at fp8_gemm_efficiency_ratio of their peak (cost/roofline.py): an NVFP4
+    # run's prediction must move with that knob, and the fit must let it inform the knob
+    from paraplan.validate.fit import tabulate
+    row = {**BASE, **SHAPES[0], "gpu": "GB200", "precision": "nvfp4", "id": "fp4", "metric_id": "iteration_time_s",
+           "value": "1.0", "source": "lab@x:t.md"}
+    (run_,), _ = tabulate([str(write_csv(tmp_path, TRAINING_HEADER, [row]))])
+    slow, fast = run_.grid[-1, 0], run_.grid[-1, -1]  # at the ratio's low and high bounds
+    assert slow > fast * 1.05
+    assert KNOBS[1].informed_by(run_.precision)

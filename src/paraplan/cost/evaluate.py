@@ -508,14 +508,9 @@ def _memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, la
     acts_last = inflight_last * L_last * per_layer_stored + np.where(lay.vshape, recompute_working, working_past_loss)
     n_first, n_last = bf16_layers_on_end_stages(model, lay)
     if np.any(n_first + n_last):
-        # NVFP4's BF16 layers save 16-bit GEMM inputs (under first-k recomputation priced as
-        # kept: conservative)
-        moe16 = moe_activation_bytes(model, workload, plan, T, t, Precision.BF16) if model.is_moe else (0.0, 0.0)
-        stored16 = mem.layer_activation_bytes(
-            model, plan, s, recompute_code=rc, mlp_weight=w_dense, extra_bytes=w_moe * moe16[0],
-            modules_extra_saving=w_moe * moe16[1], precision=Precision.BF16)[0]
-        acts_first = acts_first + inflight * n_first * (stored16 - stored)
-        acts_last = acts_last + inflight_last * n_last * (stored16 - stored)
+        extra = bf16_layer_extra_bytes(model, workload, plan, lay, stored)
+        acts_first = acts_first + inflight * n_first * extra
+        acts_last = acts_last + inflight_last * n_last * extra
     # multi-token prediction, on the head's rank: per module its block's activations (priced as
     # the stage's average layer, recomputed under full, selective and module recomputation as
     # Megatron-Core's uniform method does, kept whole under first-k, whose block method leaves
@@ -732,6 +727,18 @@ def bf16_layers_on_end_stages(model: ModelSpec, lay: Layout):
         return 0.0, 0.0
     first = n_start + np.where(lay.ends, n_end, 0.0)
     return first, np.where(lay.vshape, 0.0, np.where(lay.only, n_start, 0.0) + n_end)
+
+
+def bf16_layer_extra_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout, stored):
+    """Activation bytes one layer kept in BF16 (NVFP4's first and last) saves beyond a layer of
+    the workload's low precision, whose saved bytes are `stored`: 16-bit GEMM inputs (under
+    first-k recomputation priced as kept: conservative)."""
+    moe16 = (moe_activation_bytes(model, workload, plan, lay.T, lay.t, Precision.BF16) if model.is_moe
+             else (0.0, 0.0))
+    stored16 = mem.layer_activation_bytes(
+        model, plan, workload.seq_len, recompute_code=lay.rc, mlp_weight=lay.w_dense, extra_bytes=lay.w_moe * moe16[0],
+        modules_extra_saving=lay.w_moe * moe16[1], precision=Precision.BF16)[0]
+    return stored16 - stored
 
 
 def bf16_layer_extra_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout,

@@ -63,7 +63,11 @@ class EngineSupport:
                                                            plan.zero.code, plan.dp_shard, plan.cp)))
 
     def search_limits(self) -> SpaceLimits:
-        return replace(self.limits, grad_reduce_fp32=self.grad_reduce_fp32,
+        return self.with_policy(self.limits)
+
+    def with_policy(self, limits: SpaceLimits) -> SpaceLimits:
+        """`limits` with this framework's fixed policy knobs (what `adapt` sets on a plan)."""
+        return replace(limits, grad_reduce_fp32=self.grad_reduce_fp32,
                        checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels, compiled=self.compiled,
                        autocast_without_fsdp=self.autocast_without_fsdp, fp32_params=False)

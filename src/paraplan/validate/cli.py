@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import SpecError
 from ..report.strict_json import json_text
 from ..report.table import grid
-from .fit import KNOBS, Run, cross_validate_sources, fit_gpu, prior_knobs, profile_toml, tabulate
+from .fit import KNOBS, cross_validate_sources, fit_gpu, predict_at, prior_knobs, profile_toml, tabulate
 
 # GPU preset -> the generation the accuracy table groups it under
 GENERATIONS = {"a100-sxm-80gb": "A100", "a100-sxm-40gb": "A100", "h100-sxm-80gb": "H100/H200",
@@ -68,7 +68,7 @@ def cmd_fit(args) -> int:
                "in_sample_mean_abs_pct_error": result.mean_abs_pct(result.in_sample),
                "cv_mean_abs_pct_error": result.mean_abs_pct(result.leave_one_out),
                "preset_mean_abs_pct_error": result.mean_abs_pct(
-                   [_at_prior(r, result.prior) for r in result.runs]),
+                   [predict_at(r, result.prior) for r in result.runs]),
                "rows": [{"id": r.id, "source": r.source, "measured": r.measured, "in_sample": p, "leave_one_out": q}
                         for r, p, q in zip(result.runs, result.in_sample, result.leave_one_out)],
                "output": args.output}
@@ -87,11 +87,6 @@ def cmd_fit(args) -> int:
     return 0
 
 
-def _at_prior(run: Run, prior: dict) -> float:
-    from .fit import predict_at
-    return predict_at(run, prior)
-
-
 def _mean_abs(pairs: list[tuple[float, float]]) -> float | None:
     return float(np.mean([abs(100.0 * (p - m) / m) for p, m in pairs])) if pairs else None
 
@@ -105,7 +100,7 @@ def cross_validation(files: list[str]) -> dict:
     priors = {g: prior_knobs(load_gpu(g)) for g in {r.gpu for r in runs}}
     cv = cross_validate_sources(runs)
     rows = [{"id": r.id, "source": r.source, "gpu": r.gpu, "moe": r.moe, "measured": r.measured,
-             "preset": _at_prior(r, priors[r.gpu]), "in_sample": c["in_sample"], "out_of_source": c["out_of_source"]}
+             "preset": predict_at(r, priors[r.gpu]), "in_sample": c["in_sample"], "out_of_source": c["out_of_source"]}
             for r, c in zip(runs, cv)]
 
     def group(select) -> dict:

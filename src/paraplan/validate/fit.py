@@ -8,13 +8,14 @@ The knobs (docs/model.md, "Fitted knobs") are physical, one value per GPU type, 
   attention throughput a training step sustains (power-capped clocks under a whole step's
   load, contention); 1.0 is the microbenchmark itself; 16- and 32-bit runs inform it.
 - fp8_gemm_efficiency_ratio in [0.5, 1.0]: an FP8 GEMM's efficiency relative to the same
-  BF16 GEMM's (scaling-factor work, casts, FP8 tile shapes); only FP8 runs inform it.
+  BF16 GEMM's (scaling-factor work, casts, FP8 tile shapes); NVFP4 GEMMs are priced with it
+  too, so FP8 and NVFP4 runs inform it.
 
 Each run is predicted as `validate` predicts it (the best plan for its blank knobs) at every
 point of a coarse grid of the knobs; between grid points the prediction is interpolated
 (bilinearly). The sustained share is fitted on the 16/32-bit runs, then the FP8 ratio on the
-FP8 runs at that share, each to the value of a 0.01 grid with the least mean |error|. A knob
-no run informs keeps the preset's value. Nothing is fitted per run or per source.
+FP8 and NVFP4 runs at that share, each to the value of a 0.01 grid with the least mean
+|error|. A knob no run informs keeps the preset's value. Nothing is fitted per run or source.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..cost.low_precision import LOW_PRECISIONS
 from ..errors import ParaplanError, SpecError
 from ..specs.hardware import GPUSpec
 from ..specs.workload import Precision
@@ -46,9 +48,10 @@ KNOBS = (
     Knob(field="sustained_compute_ratio", low=0.5, high=1.0, coarse=(0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
          meaning="share of the microbenchmarked GEMM and attention throughput a training step sustains",
          informed_by=lambda precision: precision in (Precision.BF16, Precision.FP16, Precision.TF32, Precision.FP32)),
+    # NVFP4 GEMMs are priced with the same ratio (cost/roofline.py gemm_time_s): NVFP4 runs inform it too
     Knob(field="fp8_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(0.5, 0.75, 1.0),
-         meaning="an FP8 GEMM's efficiency relative to the same BF16 GEMM's",
-         informed_by=lambda precision: precision is Precision.FP8),
+         meaning="an FP8 (and NVFP4) GEMM's efficiency relative to the same BF16 GEMM's",
+         informed_by=lambda precision: precision in LOW_PRECISIONS),
 )
 FINE_STEP = 0.01  # the resolution the fitted knobs are reported at
 
@@ -74,10 +77,6 @@ def source_key(source: str) -> str:
     if url:
         return f"{url.group(1)}/{url.group(2)}".rstrip("/")
     return re.split(r"[@:(;]", source, maxsplit=1)[0].strip() or source.strip()
-
-
-def with_knobs(gpu: GPUSpec, values: dict[str, float]) -> GPUSpec:
-    return replace(gpu, **values)
 
 
 def tabulate(paths: list[str], gpus: tuple[str, ...] | None = None, progress=None) -> tuple[list[Run], list[dict]]:
@@ -113,13 +112,13 @@ def _tabulate_row(path: str, line: int, row: dict, gpus: tuple[str, ...] | None)
         return None
     precision = setup.workload.precision
     grid = np.empty((len(KNOBS[0].coarse), len(KNOBS[1].coarse)))
-    informs_fp8 = KNOBS[1].informed_by(precision)
+    informs_ratio = KNOBS[1].informed_by(precision)
     for i, s in enumerate(KNOBS[0].coarse):
         for j, f in enumerate(KNOBS[1].coarse):
-            if j and not informs_fp8:
+            if j and not informs_ratio:
                 grid[i, j] = grid[i, 0]  # the knob does not touch this run
                 continue
-            c = replace(cluster, gpu=with_knobs(cluster.gpu, {KNOBS[0].field: s, KNOBS[1].field: f}))
+            c = replace(cluster, gpu=replace(cluster.gpu, **{KNOBS[0].field: s, KNOBS[1].field: f}))
             grid[i, j] = predict_on(row, setup, c)[0]
     return Run(id=row["id"], source=source_key(row.get("source") or ""), gpu=cluster.gpu.name,
                moe=setup.model.is_moe, precision=precision, measured=out["measured"], grid=grid)
@@ -150,10 +149,10 @@ def _abs_pct(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 def fit_knobs(runs: list[Run], prior: dict[str, float], fine: np.ndarray | None = None) -> dict[str, float]:
     """The knob values (on the fine grid) with the least mean |error|, one knob at a time: the
-    sustained compute share on the 16- and 32-bit runs, then the FP8 ratio on the FP8 runs at
-    that share. Both knobs scale an FP8 run's GEMMs alike, so FP8 runs alone cannot tell them
-    apart: without a 16/32-bit run the share is fitted on the FP8 runs at the prior's ratio,
-    which stays. A knob no run informs keeps its `prior` value; ties go to the value nearest
+    sustained compute share on the 16- and 32-bit runs, then the FP8 ratio on the FP8 and
+    NVFP4 runs at that share. Both knobs scale an FP8 run's GEMMs alike, so FP8 runs alone
+    cannot tell them apart: without a 16/32-bit run the share is fitted on the FP8 runs at the
+    prior's ratio, which stays. A knob no run informs keeps its `prior` value; ties go to the value nearest
     the prior."""
     fine = _interpolated(runs) if fine is None and runs else fine
     values = dict(prior)
@@ -161,14 +160,14 @@ def fit_knobs(runs: list[Run], prior: dict[str, float], fine: np.ndarray | None 
     f_prior = int(np.argmin(np.abs(f_fine - np.clip(prior[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))))
     measured = np.array([r.measured for r in runs])
     wide = np.array([KNOBS[0].informed_by(r.precision) for r in runs], bool)
-    fp8 = np.array([KNOBS[1].informed_by(r.precision) for r in runs], bool)
-    share_runs = wide if wide.any() else fp8
+    low = np.array([KNOBS[1].informed_by(r.precision) for r in runs], bool)
+    share_runs = wide if wide.any() else low
     if share_runs.any():
         err = _abs_pct(fine[share_runs, :, f_prior], measured[share_runs, None]).mean(axis=0)
         values[KNOBS[0].field] = float(s_fine[_argmin_near(err, s_fine, prior[KNOBS[0].field])])
-    if wide.any() and fp8.any():
+    if wide.any() and low.any():
         s_index = int(np.argmin(np.abs(s_fine - np.clip(values[KNOBS[0].field], KNOBS[0].low, KNOBS[0].high))))
-        err = _abs_pct(fine[fp8, s_index, :], measured[fp8, None]).mean(axis=0)
+        err = _abs_pct(fine[low, s_index, :], measured[low, None]).mean(axis=0)
         values[KNOBS[1].field] = float(f_fine[_argmin_near(err, f_fine, prior[KNOBS[1].field])])
     return values
 

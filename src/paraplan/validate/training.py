@@ -299,10 +299,8 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     legacy = _is_legacy_megatron(row)
     model = replace(model, dropout=legacy)
     titan = _is_torchtitan(row)
-    if c["global_batch"] is None and titan and c["micro_batch"] and c["dp"]:
-        # torchtitan's training.global_batch_size defaults to -1: local_batch_size × the
-        # data-parallel degree (no gradient accumulation), and its tables give the local batch
-        c["global_batch"] = c["micro_batch"] * c["dp"]
+    if titan:
+        c["global_batch"] = _torchtitan_global_batch(c)
     for col in ("global_batch", "seq_len", "num_gpus"):
         if c[col] is None:  # lacks what a prediction needs: skipped with the reason
             raise SpecError("row", col, "", "a training row needs it (a whole number >= 1)")
@@ -371,6 +369,15 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                     workload=wl, fixed=fixed, limits=limits)
 
 
+def _torchtitan_global_batch(cells: dict) -> int | None:
+    """A torchtitan row's global batch: as stated, else torchtitan's default (its
+    training.global_batch_size = -1: local_batch_size × the data-parallel degree, no gradient
+    accumulation; its tables give the local batch)."""
+    if cells["global_batch"] is None and cells["micro_batch"] and cells["dp"]:
+        return cells["micro_batch"] * cells["dp"]
+    return cells["global_batch"]
+
+
 def _published_schedules(row: dict) -> tuple[Schedule, ...]:
     """The pipeline schedule the row names ("PP schedule Interleaved 1F1B", "4D, 1F1B" in its
     framework or notes), else those Megatron-LM, NeMo, llm-foundry and torchtitan run."""
@@ -387,13 +394,11 @@ def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
     the framework cell says torch.compile, and with async TP only where it says so."""
     framework = _label(row.get("framework"))
-    policy = replace(TORCHTITAN.search_limits(), compiled="compile" in framework)
-    return replace(limits, grad_reduce_fp32=policy.grad_reduce_fp32, checkpoint_early_stop=policy.checkpoint_early_stop,
-                   tp_async_backward=policy.tp_async_backward, fsdp2_copies=policy.fsdp2_copies,
-                   fused_kernels=policy.fused_kernels, compiled=policy.compiled,
-                   autocast_without_fsdp=policy.autocast_without_fsdp, engine_rule=policy.engine_rule,
+    engine = TORCHTITAN.limits
+    return replace(TORCHTITAN.with_policy(limits), compiled="compile" in framework, engine_rule=engine.engine_rule,
                    tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
-                   cp_comm_types=policy.cp_comm_types, hierarchical_a2a=False, ep_overlap=False)
+                   cp_comm_types=engine.cp_comm_types, hierarchical_a2a=engine.hierarchical_a2a,
+                   ep_overlap=engine.ep_overlap)
 
 
 def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
@@ -425,7 +430,8 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
 
 def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float, str, str | None]:
     """(the row's metric predicted on `cluster`, the plan chosen for its blank knobs, a note)."""
-    memory_metric = setup_metric(row).endswith("_gib")
+    metric = row["metric_id"].strip()
+    memory_metric = metric.endswith("_gib")
     kw = dict(limits=setup.limits, fixed=setup.fixed, top_k=1, resimulate=4)
     note = None
     try:
@@ -436,11 +442,7 @@ def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float,
         res = search(setup.model, cluster, setup.workload, require_fit=False, **kw)
         note = f"paraplan's memory model says this does not fit ({exc})"
     est = res.ranked[0]
-    return predicted_metric(setup_metric(row), row, setup, est), est.plan.describe(), note
-
-
-def setup_metric(row: dict) -> str:
-    return row["metric_id"].strip()
+    return predicted_metric(metric, row, setup, est), est.plan.describe(), note
 
 
 def row_cluster(setup: RowSetup) -> ClusterSpec:

@@ -168,12 +168,7 @@ class TomlTable:
 
     def host_us(self, key: str) -> float | None:
         """A host overhead in microseconds, from 0 (none) to _HOST_US's bound, or None when absent."""
-        if key not in self.data:
-            return None
-        v = self.data[key]
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not _HOST_US[0] <= v <= _HOST_US[1]:
-            self._bad(key, v, f"a number >= 0 and at most {_HOST_US[1]:g} (1 s)")
-        return float(v)
+        return self._in_range(key, _HOST_US[1], f"a number >= 0 and below {_HOST_US[1]:g} (1 s)")
 
     def host_us_list(self, key: str, n: int) -> tuple[float, ...]:
         """A list of `n` host overheads in microseconds (the caller checks the key is present)."""
