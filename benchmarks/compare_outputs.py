@@ -141,10 +141,14 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="paraplan-compare.")
     base_tree = os.path.join(work, "base")
     try:
-        if os.path.exists(cache):
-            print(f"base {args.base} ({sha[:10]}): from {cache}", file=sys.stderr)
-            with open(cache, "rb") as f:
+        full_cache = os.path.join(CACHE, f"{sha}.pickle")  # the full set holds the quick one
+        if os.path.exists(cache) or os.path.exists(full_cache):
+            found = cache if os.path.exists(cache) else full_cache
+            print(f"base {args.base} ({sha[:10]}): from {found}", file=sys.stderr)
+            with open(found, "rb") as f:
                 base = pickle.load(f)
+            names = {name for name, _, _ in cases(args.quick)}
+            base = {name: result for name, result in base.items() if name in names}
         else:
             subprocess.run(["git", "-C", REPO, "worktree", "add", "--detach", base_tree, sha], check=True,
                            capture_output=True)
