@@ -10,7 +10,7 @@ The base commit is checked out in a temporary git worktree; both trees run the s
 commands with the same interpreter (`python -m paraplan`, PYTHONPATH pointing at each tree's
 `src/`). JSON outputs are compared after dropping wall-clock fields (`elapsed_s`, `search_s`),
 with the output folder's path replaced by `{out}`; files are compared byte for byte. A base
-commit's results are kept in $TMPDIR/paraplan-compare-cache/ by commit hash, so a second
+commit's results are kept in $TMPDIR/paraplan-compare-cache/ by the hash of its src/ tree, so a second
 comparison runs only this tree. Exit 0 when everything matches, 1 with the differing cases named.
 Refactors (issue 32: "outputs must not change") are checked with this script.
 """
@@ -18,6 +18,7 @@ Refactors (issue 32: "outputs must not change") are checked with this script.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import pickle
@@ -137,11 +138,15 @@ def main() -> int:
     args = parser.parse_args()
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", args.base], check=True, capture_output=True,
                          text=True).stdout.strip()
-    cache = os.path.join(CACHE, f"{sha}{'-quick' if args.quick else ''}.pickle")
+    # Keyed by the base's src/ tree and the cases run: commits that touch only tests or docs share it.
+    src_tree = subprocess.run(["git", "-C", REPO, "rev-parse", f"{sha}:src"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+    cases_key = hashlib.sha1(repr(cases(False)).encode()).hexdigest()[:10]
+    cache = os.path.join(CACHE, f"{src_tree}-{cases_key}{'-quick' if args.quick else ''}.pickle")
     work = tempfile.mkdtemp(prefix="paraplan-compare.")
     base_tree = os.path.join(work, "base")
     try:
-        full_cache = os.path.join(CACHE, f"{sha}.pickle")  # the full set holds the quick one
+        full_cache = os.path.join(CACHE, f"{src_tree}-{cases_key}.pickle")  # the full set holds the quick one
         if os.path.exists(cache) or os.path.exists(full_cache):
             found = cache if os.path.exists(cache) else full_cache
             print(f"base {args.base} ({sha[:10]}): from {found}", file=sys.stderr)
