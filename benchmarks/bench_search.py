@@ -57,8 +57,8 @@ def run_case(label, model_name, cluster_name, num_gpus, seq, batch, precision, e
     workload = Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision))
     kw = {}
     if engine:  # the engine's bounds and policy knobs, as `paraplan search --engine` searches
-        from paraplan.export.common import Engine, engine_module
-        kw["limits"] = engine_module(Engine(engine)).SUPPORT.search_limits()
+        from paraplan.export.registry import exporter
+        kw["limits"] = exporter(engine).SUPPORT.search_limits()
     best = None
     times = []
     for _ in range(repeat):

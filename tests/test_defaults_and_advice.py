@@ -18,8 +18,15 @@ from paraplan.specs.catalog import load_cluster
 from support import assert_user_error, run, write
 
 
+def _every_command_imported() -> None:
+    """Build the parser first, so that no module imported by it binds a stand-in search."""
+    from paraplan.cli import build_parser
+    build_parser()
+
+
 def test_ctrl_c_prints_one_line_and_exits_130(capsys, monkeypatch):
     import paraplan.search.planner as planner
+    _every_command_imported()
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
@@ -33,6 +40,7 @@ def test_sigterm_in_run_exits_143(capsys, monkeypatch):
     # paraplan run turns SIGTERM into Terminated to stop torchrun (run/cli.py _launch)
     import paraplan.search.planner as planner
     from paraplan.errors import Terminated
+    _every_command_imported()
 
     def terminated(*a, **k):
         raise Terminated
@@ -88,7 +96,7 @@ def test_default_batch_is_about_4m_tokens_with_a_power_of_two_factor(capsys, seq
 
 
 def test_default_batch_values():
-    from paraplan.cli import default_batch
+    from paraplan.cli.args import default_batch
     assert [default_batch(s) for s in (8192, 8191, 3000, 4096, 2**22, 2**24)] == [512, 512, 1408, 1024, 1, 1]
 
 

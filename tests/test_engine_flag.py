@@ -1,5 +1,5 @@
 """`--engine torchtitan|megatron|deepspeed` on search, estimate and trace: predictions with
-the engine's policy knobs (export/common.py EngineSupport) and, in search, only the plans the
+the engine's policy knobs (specs/engine.py EngineSupport) and, in search, only the plans the
 engine's exporter accepts, as `paraplan export --format` picks them."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import json
 import pytest
 
 from paraplan.cli import main
-from paraplan.export.common import Engine, engine_module
+from paraplan.export.registry import exporter
+from paraplan.specs.engine import Engine
 
 SMALL = ["--model", "llama3-8b", "--gpus", "8", "--seq", "4096", "--batch", "16"]
 
@@ -32,7 +33,7 @@ def test_estimate_takes_the_engines_policy(capsys):
 @pytest.mark.parametrize("engine", [e.value for e in Engine])
 def test_search_ranks_only_plans_the_engine_runs(capsys, engine):
     out = _json(capsys, ["search"] + SMALL + ["--engine", engine, "--top", "5"])
-    mod = engine_module(Engine(engine))
+    mod = exporter(Engine(engine))
     limits = mod.SUPPORT.limits
     assert out["engine"] == engine and 1 <= len(out["ranked"]) <= 5
     steps = [r["step_time_s"] for r in out["ranked"]]

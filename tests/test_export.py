@@ -27,7 +27,7 @@ from support import run
 from paraplan.cost.estimate import chunk_layers
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
-from paraplan.export.common import Engine
+from paraplan.specs.engine import Engine
 from paraplan.plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model

@@ -21,7 +21,7 @@ import pytest
 
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
-from paraplan.export.common import best_exportable
+from paraplan.search.policy import best_exportable
 from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import enumerate_space

@@ -133,9 +133,9 @@ def test_llama_3_3_70b_is_the_llama_3_1_70b_architecture():
                                          ("NVIDIA GH200 Grace Hopper", "gh200-quad"), ("NVIDIA L40S PCIe", "l40s-pcie-8")])
 def test_validation_rows_find_the_2026_clusters(gpu, cluster):
     # (a whole-word family: 'gb300' is matched before 'b300')
-    from paraplan.validate.training import _cluster_for
+    from paraplan.validate.training import gpu_cluster_for
     from support import TRAINING_ROW
-    assert _cluster_for({**TRAINING_ROW, "gpu": gpu}, "rows.csv", 2) == cluster
+    assert gpu_cluster_for({**TRAINING_ROW, "gpu": gpu}, "rows.csv", 2) == cluster
 
 
 def test_presets_lists_the_2026_hardware(capsys):

@@ -6,8 +6,11 @@
   matplotlib may be imported at module level only inside export/, run/, calibrate/ and
   report/plots.py (elsewhere, a function may import them lazily).
 * Layers never import the layers after them, not even lazily inside a function: specs/
-  knows nothing of plan/, cost/, sim/, search/; plan/ nothing of cost/, sim/, search/;
-  cost/ nothing of search/ or the CLI.
+  knows nothing of plan/, cost/, sim/, search/ (but specs/engine.py states an engine's bounds
+  in plan/'s axes and space limits); plan/ nothing of cost/, sim/, search/; cost/ nothing of
+  search/ or the CLI.
+* No import circle among paraplan's modules, and no module imports another module's
+  private (`_name`) helpers: module-level and function-level imports alike.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ HEAVY_ALLOWED = ("paraplan.export", "paraplan.run", "paraplan.calibrate", "parap
 
 # package -> packages (or modules) it must never import
 FORBIDDEN = {
+    # an engine (specs/engine.py) is an input like a cluster, whose bounds are a part of the plan space
+    "paraplan.specs.engine": ("paraplan.cost", "paraplan.sim", "paraplan.search"),
     "paraplan.specs": ("paraplan.plan", "paraplan.cost", "paraplan.sim", "paraplan.search"),
     "paraplan.plan": ("paraplan.cost", "paraplan.sim", "paraplan.search"),
     "paraplan.cost": ("paraplan.search", "paraplan.cli"),
@@ -112,6 +117,7 @@ def test_no_heavy_framework_at_module_level(module, path):
 
 @pytest.mark.parametrize("module,path", MODULES, ids=[m for m, _ in MODULES])
 def test_layers_import_only_earlier_layers(module, path):
+    # the most specific layer's rule (FORBIDDEN lists a module before its package)
     rules = [forbidden for layer, forbidden in FORBIDDEN.items() if _within(module, layer)]
     if not rules:
         pytest.skip("no layer rule for this module")
@@ -130,3 +136,94 @@ def test_the_checker_catches_a_violation(tmp_path):
     assert "torch" in names and "paraplan.plan.space" in names and "matplotlib" not in names
     lazy = [n for n, _ in _imports("paraplan.specs.bad", fake, module_level_only=False)]
     assert "matplotlib" in lazy
+
+
+# --- circles and private names ---------------------------------------------------------------
+
+def _import_graph(modules: list[tuple[str, Path]]) -> tuple[dict[str, set[str]], list[str]]:
+    """(module -> the paraplan modules it imports, the private imports as "importer <- name").
+
+    `from X import a` reads X (its __init__ runs) and, where X.a is a module, X.a; a name
+    starting with one underscore imported from another module is private. Imports inside
+    functions count: they run when the function does."""
+    names = {m for m, _ in modules}
+    edges: dict[str, set[str]] = {m: set() for m in names}
+    private = []
+    for module, path in modules:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                edges[module].update(a.name for a in node.names if a.name in names and a.name != module)
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, path, node)
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+                edges[module].update(t for t in targets if t in names and t != module)
+                if base in names and base != module:
+                    private += [f"{module} <- {base}.{a.name}" for a in node.names
+                                if a.name.startswith("_") and not a.name.startswith("__")]
+    return edges, private
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def test_no_import_circle():
+    edges, _ = _import_graph(MODULES)
+    circles = _circles(edges)
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_private_name_imported_from_another_module():
+    _, private = _import_graph(MODULES)
+    assert not private, "private names imported across modules (make them public where they are shared): " + \
+        ", ".join(private)
+
+
+def test_the_circle_and_private_checks_can_fail(tmp_path):
+    # a fake package: a imports b at module level, b imports a inside a function (a circle),
+    # and b reads a's private helper
+    pkg = tmp_path / "paraplan"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from . import b\ndef _helper():\n    pass\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .a import _helper\n    return _helper\n")
+    (pkg / "c.py").write_text("from .sub.a import _helper as helper\nfrom .sub import b\n")
+    modules = [("paraplan", pkg / "__init__.py"), ("paraplan.sub", pkg / "sub" / "__init__.py"),
+               ("paraplan.sub.a", pkg / "sub" / "a.py"), ("paraplan.sub.b", pkg / "sub" / "b.py"),
+               ("paraplan.c", pkg / "c.py")]
+    edges, private = _import_graph(modules)
+    assert _circles(edges) == [["paraplan.sub.a", "paraplan.sub.b"]]
+    assert sorted(private) == ["paraplan.c <- paraplan.sub.a._helper", "paraplan.sub.b <- paraplan.sub.a._helper"]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.export import megatron
-from paraplan.export.common import best_exportable
+from paraplan.search.policy import best_exportable
 from paraplan.plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model

@@ -151,8 +151,8 @@ def test_unknown_gpu_skips_its_row_with_the_closest_names(capsys, tmp_path, gpu)
                                          ("a100 40gb", "dgx-a100-40gb"), ("H200", "dgx-h200"),
                                          ("dgx-h100", "dgx-h100")])
 def test_gpu_names_and_aliases_pick_their_cluster(gpu, cluster):
-    from paraplan.validate.training import _cluster_for
-    assert _cluster_for({**TRAINING_ROW, "gpu": gpu}, "rows.csv", 2) == cluster
+    from paraplan.validate.training import gpu_cluster_for
+    assert gpu_cluster_for({**TRAINING_ROW, "gpu": gpu}, "rows.csv", 2) == cluster
 
 
 def test_gpus_not_a_multiple_of_the_replica_skips_the_row(capsys, tmp_path):

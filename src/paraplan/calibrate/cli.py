@@ -72,7 +72,7 @@ def cmd_calibrate(args) -> int:
     from ..specs.catalog import load_cluster
     load_cluster(args.base_cluster)
     from .measurements import Measurements
-    from .profile import build_profile, misaligned_ratio
+    from .profile import build_profile
     from ..specs.files import read_text
     if args.from_raw is not None:
         m = Measurements.from_json(read_text(Path(args.from_raw), args.from_raw), args.from_raw)
@@ -90,7 +90,21 @@ def cmd_calibrate(args) -> int:
     write_outputs([(path, data, option) for path, data, option in (
         (args.raw, m.to_json(), "--raw"), (args.output, prof.toml + "\n", "--output")) if path is not None],
         "calibrate")
-    summary = {"name": name, "device": m.device_name, "ranks": m.ranks, "threads_per_rank": m.threads_per_rank,
+    summary = _summary(name, m, prof, args.output)
+    if args.json:
+        print(json_text(summary, indent=1))
+    elif args.output:
+        print(render_summary(summary))
+        print(f"wrote {args.output} (use it as --hardware {args.output})")
+    else:
+        print(prof.toml)
+    return 0
+
+
+def _summary(name: str, m, prof, output: str | None) -> dict:
+    """What a calibration measured and fitted (--json; the table of render_summary)."""
+    from .profile import misaligned_ratio
+    return {"name": name, "device": m.device_name, "ranks": m.ranks, "threads_per_rank": m.threads_per_rank,
                "compute_dtype": m.compute_dtype, "peak_flops_per_s": prof.peak_flops_per_s,
                "gemm_efficiency": prof.gemm_curve, "attention_efficiency": prof.attention_curves,
                "memory_bw_bytes_per_s": prof.memory_bw_bytes_per_s, "launch_overhead_s": prof.launch_overhead_s,
@@ -108,15 +122,7 @@ def cmd_calibrate(args) -> int:
                "overlap_slowdown": m.overlap.slowdown if m.overlap else None,
                "misaligned_gemm_efficiency_ratio": misaligned_ratio(m),
                "tp_collective_overhead_s": prof.tp_collective_overhead_s,
-               "load_average": m.load_average, "cpu_count": m.cpu_count, "output": args.output}
-    if args.json:
-        print(json_text(summary, indent=1))
-    elif args.output:
-        print(render_summary(summary))
-        print(f"wrote {args.output} (use it as --hardware {args.output})")
-    else:
-        print(prof.toml)
-    return 0
+               "load_average": m.load_average, "cpu_count": m.cpu_count, "output": output}
 
 
 def check_name(name: str) -> None:

@@ -2,7 +2,7 @@
 
 Plan flags as in `paraplan estimate` pick the plan; with no plan flag at all, the plan is
 the fastest that fits among those the engine can run (the search is bounded by the
-engine's schedules, recomputation policies, ZeRO stages, ...; see export/common.py).
+engine's schedules, recomputation policies, ZeRO stages, ...; see specs/engine.py).
 The config goes to stdout (the launch line to stderr), or to the file given with -o.
 """
 
@@ -11,38 +11,39 @@ from __future__ import annotations
 import json
 import sys
 
-from .common import Engine
+from ..cli.args import add_plan, add_specs, engine_default_zero, plan_flags_given, plan_from_args, specs_from_args
+from ..cost.estimate import estimate
+from ..outfile import check_not_input, check_output, write_output
+from ..search.policy import best_exportable
+from ..specs.engine import Engine, check_model, check_optimizer, refuse_model
+from .registry import engine_support, exporter
+
 
 def add_parser(subparsers) -> None:
-    from ..cli import _add_plan, _add_specs
     p = subparsers.add_parser("export", help="write a torchtitan, Megatron-LM or DeepSpeed config for a plan")
     p.add_argument("--format", required=True, choices=[e.value for e in Engine], help="target engine")
     p.add_argument("--no-compile", action="store_true",
                    help="torchtitan: blocks eager, compile.enable = false (and no async TP)")
     p.add_argument("-o", "--output", default=None, help="write the config to this file (default: stdout)")
-    _add_specs(p)
-    _add_plan(p, required=True)
+    add_specs(p)
+    add_plan(p, required=True)
     p.set_defaults(func=cmd_export)
 
 
 def cmd_export(args) -> int:
-    from ..cli import _engine_default_zero, _plan_flags_given, _plan_from_args, _specs
-    from ..cost.estimate import estimate
-    from ..outfile import check_not_input, check_output, write_output
-    from .common import best_exportable, check_model, check_optimizer, engine_module, engine_support, refuse_model
     if args.output is not None:  # a path that cannot be written fails before the search
         check_output(args.output, "export", "--output")
         check_not_input(args.output, args, "export", "--output")
     engine = Engine(args.format)
-    mod = engine_module(engine)
-    model, cluster, wl = _specs(args)
+    mod = exporter(engine)
+    model, cluster, wl = specs_from_args(args)
     check_optimizer(engine, wl)  # the configs written here step the engine's fused Adam
-    support = engine_support(mod, args.no_compile)
+    support = engine_support(engine, args.no_compile)
     refuse_model(support, model)  # a model the engine has no code for
     check_model(support, model)  # before a search the exporter would refuse plan by plan
-    from_flags = _plan_flags_given(args)
+    from_flags = plan_flags_given(args)
     if from_flags:
-        plan = support.adapt(_engine_default_zero(args, _plan_from_args(args, cluster), support))
+        plan = support.adapt(engine_default_zero(args, plan_from_args(args, cluster), support))
         mod.check(plan, model, wl)
         est = estimate(model, cluster, wl, plan)
     else:

@@ -26,8 +26,8 @@ from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, check_model,
-                     unsupported)
+from ..specs.engine import Engine, EngineSupport, check_model, unsupported
+from .common import ExportResult, header_lines, nodes_and_gpus_per_node
 
 ENGINE = Engine.DEEPSPEED
 

@@ -44,8 +44,8 @@ from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split,
-                     unsupported)
+from ..specs.engine import Engine, EngineSupport, unsupported
+from .common import ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split
 
 ENGINE = Engine.MEGATRON
 # Megatron's --attention-backend: TE's flash-attn path, TE's cuDNN fused attention, unfused.

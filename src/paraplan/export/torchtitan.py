@@ -50,8 +50,8 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from ..errors import SpecError
-from .common import (Engine, EngineSupport, ExportResult, header_lines, nodes_and_gpus_per_node, check_model,
-                     refuse_model, slot_counted_split, unsupported)
+from ..specs.engine import Engine, EngineSupport, check_model, refuse_model, unsupported
+from .common import ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split
 from .toml import toml_text
 
 ENGINE = Engine.TORCHTITAN

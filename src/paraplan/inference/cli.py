@@ -119,12 +119,10 @@ def _ms(x: float) -> str:
 
 
 def cmd_serve(args) -> int:
-    from ..report.table import grid
     from ..specs.catalog import load_cluster, load_model
-    from ..units import GIB, fmt_count
     from .batching import has_tpot
     from .deploy import EngineLimits, Traffic
-    from .planner import max_sequences, missed_targets_advice, plan_serving
+    from .planner import missed_targets_advice, plan_serving
     from ..errors import SpecError
     if args.requests > MAX_REQUESTS:
         raise SpecError("serve", "--requests", args.requests, f"at most {MAX_REQUESTS:,} requests are simulated")
@@ -148,9 +146,9 @@ def cmd_serve(args) -> int:
     limits = EngineLimits(max_batch=args.max_batch, max_num_tokens=max_num_tokens,
                           chunked_prefill=args.chunked_prefill, sliding_window_kv=args.sliding_window_kv)
     plans = _plans(args, model, cluster)
-    from ..cli import _progress
+    from ..cli.args import show_progress
     show = not args.json and sys.stderr.isatty()
-    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=_progress if show else None,
+    res = plan_serving(model, cluster, traffic, limits, plans=plans, progress=show_progress if show else None,
                        replica_pinned=bool(args.tp or args.pp))
     wi = None
     if args.whatif is not None:
@@ -166,6 +164,16 @@ def cmd_serve(args) -> int:
                           **({"whatif": serve_whatif_dict(wi, has_tpot(traffic.output_tokens))} if wi else {})},
                          indent=1))
         return 0
+    _print_serving(args, model, cluster, traffic, limits, res, wi)
+    return 0
+
+def _print_serving(args, model, cluster, traffic, limits, res, wi) -> None:
+    """The text output of `paraplan serve`: the ranked deployments, the best at the rate, the
+    Pareto frontier."""
+    from ..report.table import grid
+    from ..units import GIB, fmt_count
+    from .batching import has_tpot
+    from .planner import max_sequences, missed_targets_advice
     load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
     print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
           f"{traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens at {load}; targets: "
@@ -191,7 +199,24 @@ def cmd_serve(args) -> int:
                 "max out tok/s/GPU", "req/s in SLO", "GPUs for rate", "$/M out tok"], rows, align="lrrrrrrrrrr"))
     print("max seqs: requests whose whole context fits the KV cache at once (capped by --max-batch). "
           "TTFT₁/TPOT₁: a lone request.\nreq/s in SLO: highest Poisson rate one replica serves within the targets.")
-    best = res.ranked[0]
+    _print_best(res.ranked[0], traffic, cluster)
+    missed = missed_targets_advice(res, traffic, cluster)
+    if missed:
+        print("\n" + missed)
+    print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
+    print(grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
+               [[e.plan.describe(), tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],
+               align="lrr"))
+    if res.rejected:
+        print(f"\n{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}")
+    if wi:
+        from ..report.whatif import serve_whatif_table
+        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens)))
+
+
+def _print_best(best, traffic, cluster) -> None:
+    """The best deployment's latencies and goodput at the offered rate (none at maximum load)."""
+    from ..report.table import grid
     if best.at_rate is not None:
         r = best.at_rate
         gpus = f"{best.gpus_needed} GPU" + ("s" if best.gpus_needed != 1 else "")
@@ -210,19 +235,6 @@ def cmd_serve(args) -> int:
               f"completion; offered {traffic.rate_rps:g} req/s)")
         if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
             print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
-    missed = missed_targets_advice(res, traffic, cluster)
-    if missed:
-        print("\n" + missed)
-    print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
-    print(grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
-               [[e.plan.describe(), tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],
-               align="lrr"))
-    if res.rejected:
-        print(f"\n{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}")
-    if wi:
-        from ..report.whatif import serve_whatif_table
-        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens)))
-    return 0
 
 
 def _json(res, top: int, tt: float | None, tp: float | None, has_tpot: bool = True) -> dict:

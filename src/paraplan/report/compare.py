@@ -14,11 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FileFormatError, ParaplanError
+from ..run.report_format import REPORT_KIND, REPORT_VERSION, predicted_as_measured_bytes
 from ..specs.files import parse_json, read_text
-
-# what run/report.py writes in every report, and the only version this paraplan reads
-REPORT_KIND = "paraplan-run"
-REPORT_VERSION = 1
 # metric -> (key under "measured", key under "predicted", label)
 METRICS = {"step_time": ("step_time_s", "step_time_s", "step time"),
            "memory": ("peak_memory_bytes", "memory_bytes", "peak memory")}
@@ -115,8 +112,7 @@ def compare_reports(reports: list[tuple[str, dict]], metric: str = "step_time") 
         meas, pred = r["measured"].get(mkey), r["predicted"].get(pkey)
         _check_value(path, f"measured.{mkey}", meas)
         _check_value(path, f"predicted.{pkey}", pred)
-        if metric == "memory":  # what the measurement counts (run/report.py MEMORY_KIND_EXCLUDES)
-            from ..run.report import predicted_as_measured_bytes
+        if metric == "memory":  # what the measurement counts (run/report_format.py MEMORY_KIND_EXCLUDES)
             try:
                 pred = predicted_as_measured_bytes(r["predicted"], r["measured"].get("memory_kind"))
             except TypeError:

@@ -155,8 +155,8 @@ def config_from_argv(argv: list[str]) -> "RunConfig":
                 return RunConfig.from_json(fh.read(), argv[1])
         except OSError as e:
             raise FileFormatError(argv[1], f"cannot read: {e}") from None
-    from ..cli import _Parser
-    p = _Parser(prog="python -m paraplan.run")
+    from ..cli.args import Parser
+    p = Parser(prog="python -m paraplan.run")
     add_run_arguments(p)
     return config_from_args(p.parse_args(argv))
 
@@ -170,7 +170,7 @@ def _summary(report: dict) -> str:
              f"{m['tokens_per_s']:,.0f} tokens/s, peak memory {fmt_bytes(m['peak_memory_bytes'])} ({m['memory_kind']})",
              f"loss       {' '.join(f'{x:.4f}' for x in m['losses'])}"]
     if pr:
-        from .report import predicted_as_measured_bytes
+        from .report_format import predicted_as_measured_bytes
         err = 100 * (pr["step_time_s"] - m["step_time_s"]) / m["step_time_s"]
         as_measured = predicted_as_measured_bytes(pr, m["memory_kind"])
         mem_err = 100 * (as_measured - m["peak_memory_bytes"]) / m["peak_memory_bytes"]

@@ -16,8 +16,7 @@ from ..specs.catalog import load_cluster
 from ..specs.files import without_note
 from ..units import MILLI
 from .rows import MAX_COUNT, int_cell, read_rows, row_result, validate_rows, with_prediction
-from .training import _cluster_for as _gpu_cluster_for
-from .training import _preset
+from .training import gpu_cluster_for, model_preset
 
 REQUIRED_COLUMNS = ("id", "source", "model", "gpu", "num_gpus", "tp", "pp", "precision",
                     "batch_or_concurrency", "input_len", "output_len", "metric_id", "value")
@@ -58,7 +57,7 @@ def is_inference_file(path: str) -> bool:
 def _cluster_for(row: dict, path: str, line: int) -> str:
     if row["gpu"].lower().startswith("tpu"):
         return "tpu-v4-pod"
-    return _gpu_cluster_for(row, path, line)
+    return gpu_cluster_for(row, path, line)
 
 
 def _dtypes(precision: str, path: str, line: int):
@@ -113,7 +112,7 @@ def _scenario(row: dict, path: str, line: int):
     from ..inference.batching import simulate
     from ..inference.deploy import EngineLimits, ServePlan, Traffic
     from ..inference.step import IterationModel, serve_memory
-    model = _preset(row["model"])
+    model = model_preset(row["model"])
     if model is None:
         raise SpecError("row", "model", row["model"], "no preset matches; add one to the catalog")
     tp = int_cell(row, "tp", path, line) or 1

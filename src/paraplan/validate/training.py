@@ -89,7 +89,7 @@ _GPU_FAMILIES = (("gb300", "gb300"), ("gb200", "gb200"), ("b300", "b300"), ("b20
                  ("l40s", "l40s"))
 
 
-def _cluster_for(row: dict, path: str, line: int) -> str:
+def gpu_cluster_for(row: dict, path: str, line: int) -> str:
     """The cluster preset of the row's GPU: a GPU preset or alias, a GPU family named as a
     whole word in the cell, or a cluster preset. A GPU paraplan has no preset for skips the
     row (it lacks what a prediction needs), naming the line, the column and the closest presets."""
@@ -170,7 +170,7 @@ def _yes_no(row: dict, key: str, path: str, line: int) -> bool | None:
     return text.lower() == "yes"
 
 
-def _preset(name: str) -> ModelSpec | None:
+def model_preset(name: str) -> ModelSpec | None:
     """The named preset; a parenthesized variant ("Qwen3_30B_a3B (tokendrop)") is the model."""
     for candidate in (name, without_note(name)):
         try:
@@ -264,7 +264,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     c = row_cells(row, path, line)
     name = row["model"].strip()
     shape = {col: c[col] for col in SHAPE_COLUMNS.values()}
-    preset = _preset(name)
+    preset = model_preset(name)
     moe_row = (c["num_experts"] or 0) > 0
     if moe_row and preset is None:
         raise RowError(path, line, "model", f"{name!r}: an MoE row needs a preset with the model's published "
@@ -365,7 +365,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")
-    return RowSetup(model=model, cluster_name=hardware or named or _cluster_for(row, path, line), num_gpus=c["num_gpus"],
+    return RowSetup(model=model, cluster_name=hardware or named or gpu_cluster_for(row, path, line), num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits)
 
 

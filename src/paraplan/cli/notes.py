@@ -1,0 +1,34 @@
+"""Lines the training commands print beside their results: the header naming the model,
+cluster and workload, notes on the sequence length, and advice for a plan that does not fit."""
+
+from __future__ import annotations
+
+from ..report.table import unchecked_note
+from ..search.advice import misfit_advice
+from ..units import fmt_count
+from .args import exporter_from_args, support_from_args
+
+
+def seq_notes(model, wl) -> list[str]:
+    """What the user may not know about the sequence length asked for (also under --json)."""
+    if model.max_seq_len and wl.seq_len > model.max_seq_len:
+        return [f"note: --seq {wl.seq_len:,} is longer than {model.name}'s max_seq_len of {model.max_seq_len:,}: "
+                "predicted as asked; training at it needs the positions extended (e.g. RoPE scaling)"]
+    return []
+
+
+def header(model, cluster, wl, suffix: str = "") -> str:
+    notes = [n for n in [unchecked_note([cluster.gpu])] + seq_notes(model, wl) if n]
+    return "\n".join([f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
+                      f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"]
+                     + notes)
+
+
+def misfit_advice_for(args, model, cluster, wl, est):
+    """('', []) for a plan that fits; else the line saying why not and which single change of
+    its flags would fit (search/advice.py), under --engine's rules, with the changes."""
+    if est.fits:
+        return "", []
+    mod = exporter_from_args(args, wl, model)
+    check = None if mod is None else (lambda p: mod.check(support_from_args(mod, args).adapt(p), model, wl))
+    return misfit_advice(model, cluster, wl, est, check)
