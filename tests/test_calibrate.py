@@ -94,7 +94,7 @@ def test_memory_bandwidth_is_the_largest_copy_not_a_cached_one(tmp_path):
 def test_measured_elementwise_kernels_are_priced_as_measured(tmp_path):
     # a layer's element-wise kernels measured at 20 ms: the profile's efficiency makes the
     # cost model's element-wise time for the same layer and tokens exactly that
-    from paraplan.cost.evaluate import EW_FWD_KERNELS, elementwise_bytes_per_token
+    from paraplan.cost.layer_compute import EW_FWD_KERNELS, elementwise_bytes_per_token
     from paraplan.cost.roofline import elementwise_time_s, memory_bound_time_s
     from paraplan.specs.model import ModelSpec
     sample = ElementwiseSample(tokens=1024, hidden=1024, ffn=3584, q_dim=1024, kv_dim=256, time_s=20e-3)
@@ -149,7 +149,7 @@ def test_measured_optimizer_step_is_priced_as_measured(tmp_path):
     # an AdamW step over 8 × 1M fp32 parameters measured at 200 ms: the profile's efficiency
     # makes the model's Adam traffic (72 B per parameter) take that long, launches included;
     # copies and element-wise kernels keep their own rates
-    from paraplan.cost.evaluate import ADAM_STEP
+    from paraplan.cost.optimizer import ADAM_STEP
     from paraplan.cost.roofline import memory_bound_time_s
     from paraplan.specs.workload import Optimizer
     n, step_s = 8 << 20, 200e-3

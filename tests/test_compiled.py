@@ -142,7 +142,7 @@ HOST_PROFILE = DIR / "host" / "h100.toml"
 def test_host_idle_closed_form_matches_the_queue_issued_one_by_one():
     """host_idle_s against a FIFO stream simulated group by group: the host issues each
     after `h`, the GPU starts it when both it is issued and the GPU is free."""
-    from paraplan.cost.evaluate import host_idle_s
+    from paraplan.cost.host import host_idle_s
     rng = np.random.default_rng(0)
     for _ in range(500):
         n = int(rng.integers(0, 40))
@@ -188,7 +188,7 @@ def test_full_recomputation_reissues_the_forward_from_the_host():
     wl = Workload(global_batch_size=64, seq_len=1024)
     step = {rc: float(np.ravel(evaluate(spec, cluster, wl, make_plan(fused_kernels=False, recompute=rc))
                                .critical_stage_s)[0]) for rc in (Recompute.NONE, Recompute.FULL)}
-    from paraplan.cost.evaluate import HOST_FORWARD_SHARE
+    from paraplan.cost.host import HOST_FORWARD_SHARE
     reissue = 64 * 8 * HOST_FORWARD_SHARE * cluster.gpu.eager_layer_host_s
     assert step[Recompute.FULL] - step[Recompute.NONE] >= 0.95 * reissue
 

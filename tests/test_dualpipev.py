@@ -14,7 +14,7 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.cost.estimate import estimate
-from paraplan.cost.evaluate import dualpipev_bubble_s
+from paraplan.cost.bubbles import dualpipev_bubble_s
 from paraplan.plan.axes import AttentionKernel, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import SpaceLimits, check_plan, enumerate_space

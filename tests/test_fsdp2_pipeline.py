@@ -15,7 +15,8 @@ import pytest
 from paraplan.cost import memory as mem
 from paraplan.cost.comm import Collective, collective_time_s
 from paraplan.cost.estimate import estimate
-from paraplan.cost.evaluate import fsdp2_pp_gathers_per_pass, fsdp2_reduce_copy_s, layout
+from paraplan.cost.layout import layout
+from paraplan.cost.zero import fsdp2_pp_gathers_per_pass, fsdp2_reduce_copy_s
 from paraplan.plan.axes import Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.sim.schedules import Phase, _replay_fsdp2_gathers, build_schedule, fsdp2_gathers_per_step
@@ -145,7 +146,7 @@ def test_zero3_gathers_once_more_than_the_micro_batches_and_reduces_once_per_ste
     lay = layout(MODEL, Workload(global_batch_size=64, seq_len=4096), plan)
     ag = float(collective_time_s(CLUSTER, Collective.ALL_GATHER, mem.WEIGHT_BYTES * float(lay.layer_params), 8, 1))
     rs = float(collective_time_s(CLUSTER, Collective.REDUCE_SCATTER, mem.GRAD_BYTES * float(lay.layer_params), 8, 1))
-    L = float(lay.L_s)
+    L = float(lay.stage_layers)
     # eight more micro-batches: eight more gathers of every layer (and of the first one a
     # pass cannot prefetch), no reduction
     grow = _zero_traffic_s(plan, 16) - _zero_traffic_s(plan, 8)

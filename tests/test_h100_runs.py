@@ -19,7 +19,7 @@ from paraplan.calibrate.measurements import LossSample
 from paraplan.calibrate.profile import build_profile, loss_efficiency, misaligned_ratio
 from paraplan.cost import memory as mem
 from paraplan.cost.estimate import estimate
-from paraplan.cost.evaluate import loss_bytes_per_logit
+from paraplan.cost.stage_ends import loss_bytes_per_logit
 from paraplan.cost.roofline import gemm_time_s, memory_bound_time_s, rows_aligned
 from paraplan.errors import FileFormatError
 from paraplan.plan.axes import AttentionKernel, Recompute
@@ -329,13 +329,13 @@ def test_the_run_report_keeps_the_workers_config(monkeypatch, tmp_path):
 
 
 def test_a_tied_table_is_held_on_the_last_stage_too_under_pp():
-    from paraplan.cost.evaluate import layout
+    from paraplan.cost.layout import layout
     gpt = load_model("gpt3-175b")  # tied embeddings
     wl = Workload(global_batch_size=64, seq_len=2048)
     one, two = layout(gpt, wl, make_plan()), layout(gpt, wl, make_plan(pp=2))
-    assert float(one.params_stage_last) == pytest.approx(gpt.num_params)  # one copy when one stage has both
+    assert float(one.params_last_stage) == pytest.approx(gpt.num_params)  # one copy when one stage has both
     per_layer = float(two.dense_layer_params)
-    assert float(two.params_stage_last) == pytest.approx(float(two.L_last) * per_layer + gpt.embedding_params
+    assert float(two.params_last_stage) == pytest.approx(float(two.last_stage_layers) * per_layer + gpt.embedding_params
                                                          + gpt.hidden_size)
 
 

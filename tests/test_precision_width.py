@@ -9,7 +9,8 @@ import pytest
 
 from paraplan.cost import memory as mem
 from paraplan.cost.estimate import estimate
-from paraplan.cost.evaluate import elementwise_bytes_per_token, loss_bytes_per_logit
+from paraplan.cost.layer_compute import elementwise_bytes_per_token
+from paraplan.cost.stage_ends import loss_bytes_per_logit
 from paraplan.errors import SpecError
 from paraplan.plan.axes import AttentionKernel, Recompute
 from paraplan.plan.plan import Plan

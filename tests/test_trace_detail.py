@@ -12,7 +12,7 @@ import pytest
 from support import run
 
 from paraplan.cost.estimate import chunk_layers, estimate
-from paraplan.cost.evaluate import layout
+from paraplan.cost.layout import layout
 from paraplan.plan.axes import Schedule
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import PlanBatch
@@ -71,7 +71,7 @@ def test_chunk_layers_count_what_the_cost_model_times(l, p, v):
     lay = layout(model, wl, PlanBatch.from_plans([plan]))
     per_rank = [sum(len(spans[c * p + r]) for c in range(v)) for r in range(p)]
     assert [x for s in spans for x in s] == list(range(l))  # every layer once, in order
-    L_s, L_first, L_last = (float(np.ravel(x)[0]) for x in (lay.L_s, lay.L_first, lay.L_last))
+    L_s, L_first, L_last = (float(np.ravel(x)[0]) for x in (lay.stage_layers, lay.first_stage_layers, lay.last_stage_layers))
     timed = [L_first] + [L_s] * (p - 2) + [L_last] if p > 1 else [L_s]
     # no stage holds more layers than the cost model times it with; the spare slots beyond the
     # embedding's and the loss's come off the middle stages while they have chunks to give

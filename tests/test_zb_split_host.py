@@ -24,7 +24,8 @@ from paraplan.calibrate.measurements import Measurements
 from paraplan.calibrate.profile import build_profile, split_host_fit
 from paraplan.cli import main
 from paraplan.errors import FileFormatError
-from paraplan.cost.evaluate import evaluate, split_host_s
+from paraplan.cost.evaluate import evaluate
+from paraplan.cost.host import split_host_s
 from paraplan.plan.axes import Schedule
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import cluster_from_text, load_cluster, load_model

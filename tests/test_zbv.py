@@ -13,7 +13,8 @@ import pytest
 from paraplan.cli import main
 from paraplan.cost import memory as mem
 from paraplan.cost.estimate import estimate
-from paraplan.cost.evaluate import evaluate, zbv_bubble_s
+from paraplan.cost.bubbles import zbv_bubble_s
+from paraplan.cost.evaluate import evaluate
 from paraplan.errors import SpecError
 from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan

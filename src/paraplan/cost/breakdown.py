@@ -46,7 +46,7 @@ class TimeBreakdown(_Parts):
     dp_comm_s: float       # exposed data-parallel / ZeRO / FSDP collectives
     bubble_s: float        # pipeline bubble (idle time of the critical stage)
     optimizer_s: float     # optimizer step (and host offload traffic)
-    host_wait_s: float = 0.0  # the GPU idle while an eager engine's host issues kernels (evaluate.eager_host_wait)
+    host_wait_s: float = 0.0  # the GPU idle while an eager engine's host issues kernels (host.eager_host_wait)
 
 
 @dataclass(frozen=True, kw_only=True)

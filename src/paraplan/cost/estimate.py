@@ -17,7 +17,8 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .evaluate import PlanCosts, end_chunk_slots, evaluate, layout
+from .evaluate import PlanCosts, evaluate
+from .layout import end_chunk_slots, layout
 from .flops import model_flops_per_token
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES, fits
 from .reliability import Reliability, reliability
@@ -84,7 +85,7 @@ def _batch_index(costs_field, i=0):
 
 def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the rank
-    of the last virtual stage: the last rank, or rank 0 in ZB-V's V; evaluate.layout)."""
+    of the last virtual stage: the last rank, or rank 0 in ZB-V's V; layout.layout)."""
     p, v = plan.pp, plan.vp
     zb = plan.schedule in SPLIT_BACKWARD
 
@@ -106,15 +107,15 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
 
 def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[range, ...]:
     """The layers of each virtual stage j (looped: rank j % p, chunk j // p; ZB-V's V: sim/
-    schedules.py Placement), laid out as the cost model counts them (evaluate.layout):
+    schedules.py Placement), laid out as the cost model counts them (layout.layout):
     ceil(l/(p·v)) per chunk, fewer on the last chunk where slots are left for the loss and the
     multi-token-prediction modules, and on the first where another is left for the embedding
-    (evaluate.end_chunk_slots). Spare slots beyond those two come off
+    (layout.end_chunk_slots). Spare slots beyond those two come off
     the middle ranks' chunks (the cost model times the middle stages full: conservative), last
     chunks first; with no middle rank, off the other chunks."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     p, v, l = plan.pp, plan.vp, model.num_layers
-    L_s, slack = (int(round(_batch_index(x))) for x in (lay.L_s, lay.slack))
+    L_s, slack = (int(round(_batch_index(x))) for x in (lay.stage_layers, lay.spare_chunk_slots))
     # the loss's (and the MTP modules') slots off the last virtual stage, the embedding's off
     # the first (under ZB-V both on the first rank)
     counts = [L_s // v] * (p * v)
@@ -146,12 +147,12 @@ def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, m
     optimizer shards over R (ZeRO-0: the whole DP×CP, or EDP for experts)."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     zero3, zero0 = plan.zero is ZeroStage.PARAMETERS, plan.zero is ZeroStage.NONE
-    r, edp = _batch_index(lay.R), _batch_index(lay.edp)
-    dense, experts = _batch_index(lay.params_stage), _batch_index(lay.expert_head)
+    r, edp = _batch_index(lay.hsdp_replicas), _batch_index(lay.edp)
+    dense, experts = _batch_index(lay.params_stage), _batch_index(lay.head_stage_expert_params)
     # this GPU's dense and expert parameters as its weights and optimizer hold them
-    w_dense = dense / (_batch_index(lay.S) if zero3 else 1.0)
-    w_exp = experts / (_batch_index(lay.S_e) if zero3 else 1.0)
-    o_dense, o_exp = dense / _batch_index(lay.shard), experts / _batch_index(lay.shard_e)
+    w_dense = dense / (_batch_index(lay.zero_shard_group) if zero3 else 1.0)
+    w_exp = experts / (_batch_index(lay.expert_shard_group) if zero3 else 1.0)
+    o_dense, o_exp = dense / _batch_index(lay.optimizer_shard), experts / _batch_index(lay.expert_optimizer_shard)
     w_rep_dense, w_rep_exp = (r, r) if zero3 else (plan.dp * plan.cp, edp)
     o_rep_dense, o_rep_exp = (plan.dp * plan.cp, edp) if zero0 else (r, r)
 

@@ -51,7 +51,7 @@ def gemm_operand_bytes(precision: Precision) -> float:
 
 def quantize_bytes_per_element(precision: Precision) -> float:
     """HBM bytes moved per element of a GEMM input to quantize it in the forward pass (the
-    backward moves twice as many, as cost/evaluate.py counts FP8's): FP8 reads 2 B and writes
+    backward moves twice as many, as cost/layer_compute.py counts FP8's): FP8 reads 2 B and writes
     1 B; NVFP4 reads 2 B and writes its row-wise and its Hadamard-transformed column-wise
     copies. 0 for a precision that does not quantize."""
     if precision is Precision.FP8:

@@ -17,7 +17,7 @@ FP8 (Transformer Engine): a linear layer saves its input already cast to FP8 for
 weight-gradient GEMM, 1 byte instead of 2, where that input is not kept in 16 bits by
 another op anyway: the QKV and MLP inputs (norm outputs) and the down-projection input; the
 attention output stays 16-bit (FlashAttention keeps it). NVFP4 saves the column-wise FP4 copy
-(0.5625 bytes) in the same places; its BF16 first and last layers save 16 bits (evaluate.py).
+(0.5625 bytes) in the same places; its BF16 first and last layers save 16 bits (bf16_layers.py).
 An eager PyTorch layer (plan.fused_kernels off: torchtitan, Hugging Face, paraplan run) also
 keeps SiLU's output (+2f, gated MLPs) and its loss holds 12 bytes per logit; under
 torch.autocast (plan.autocast) the two norm inputs are fp32 (+4h) and each separate linear

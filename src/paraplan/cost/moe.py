@@ -25,7 +25,7 @@ The dispatch/combine all-to-all is exposed, except behind the shared experts' GE
 the other micro-batch's compute: Megatron-Core's --overlap-moe-expert-parallel-comm merges
 the forward of one micro-batch with the backward of another so that each one's all-to-all
 runs under the other's compute (DeepSeek-V3 report Sec. 3.2.1, DualPipe's overlap), each
-all-to-all under one partner block (evaluate.py pairs them).
+all-to-all under one partner block (ep.py pairs them).
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     else:
         sh_up = sh_down = sh_ew = 0.0
     # Transformer Engine casts each expert and shared-expert GEMM input to FP8 (read 2 B,
-    # write 1 B) or NVFP4, as for dense layers (evaluate.py; low_precision.py)
+    # write 1 B) or NVFP4, as for dense layers (layer_compute.py; low_precision.py)
     quantized = quantize_bytes_per_element(prec) * (act_rows * (h + fe / etp) + _f(tokens) * fsh / t)
     cast = memory_bound_time_s(gpu, quantized, 0) if prec in LOW_PRECISIONS else 0.0
 

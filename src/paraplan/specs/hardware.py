@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..enums import CodedEnum
 from ..errors import SpecError
@@ -51,7 +52,7 @@ class GPUSpec:
     # (paraplan calibrate measures a layer's mix).
     elementwise_efficiency: float | None = None
     # The same for torch.optim.AdamW's unfused passes over parameters, gradients and states, on
-    # the bytes the cost model counts (cost/evaluate.py ADAM_STEP, `adam-unfused`; the fused
+    # the bytes the cost model counts (cost/optimizer.py ADAM_STEP, `adam-unfused`; the fused
     # kernel keeps memory_bw_efficiency); None: memory_bw_efficiency. paraplan calibrate
     # measures it with every rank stepping at once, as a run's ranks do.
     optimizer_efficiency: float | None = None
@@ -80,7 +81,7 @@ class GPUSpec:
     tp_collective_overhead_s: float = 0.0
     # Host time eager PyTorch spends issuing one transformer layer's forward + backward
     # kernels (Python, dispatcher, autograd, autocast): the host runs ahead of the GPU, so a
-    # layer whose GPU work takes less waits for its host (cost/evaluate.py eager_host_wait).
+    # layer whose GPU work takes less waits for its host (cost/host.py eager_host_wait).
     # paraplan calibrate measures it on a GPU (paraplan run's layer at negligible size); 0 in
     # the presets (host unknown: not modelled), and for fused or compiled layers.
     eager_layer_host_s: float = 0.0
@@ -130,7 +131,7 @@ class GPUSpec:
         """Kernels this GPU runs, slowest first (enum order): the last is the default."""
         return (AttentionKernel.UNFUSED,) + tuple(k for k in AttentionKernel if k in self.attention_efficiency)
 
-    def _lookup(self, table: dict, key, field_name: str, what: str, allowed) -> object:
+    def _lookup(self, table: dict, key, field_name: str, what: str, allowed) -> Any:
         if key in table:
             return table[key]
         raise SpecError(f"gpu {self.name!r}", field_name, str(key),

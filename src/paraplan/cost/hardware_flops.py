@@ -1,0 +1,42 @@
+"""Hardware FLOPs per GPU per step, recomputation included (for HFU).
+
+Legend: m micro-batches per step, L_s layers of the critical stage, t tensor-parallel
+degree, p pipeline stages, T tokens per micro-batch on one CP rank, s sequence length,
+D multi-token-prediction modules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..plan.axes import Recompute
+from ..specs.model import ModelSpec
+from .flops import LayerFlops, lm_head_forward_flops, moe_down_proj_flops, moe_forward_flops, mtp_forward_flops
+from .layout import Layout
+
+
+def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_len, flash, early_stop):
+    """FLOPs one GPU runs per step: three passes of its layers and its share of the head and
+    MTP modules, plus what recomputation re-runs (`flash`: a fused attention kernel;
+    `early_stop`: checkpointing stops before the down-projections)."""
+    m, L_s, t, p, T = lay.num_microbatches, lay.stage_layers, lay.tp, lay.pp, lay.tokens_per_microbatch
+    rc, rc_layers, w_moe, w_dense = lay.recompute_code, lay.recomputed_layers, lay.moe_layer_share, lay.dense_layer_share
+    # per-rank FLOPs of an average layer: expert FLOPs split over the EP group like the tokens
+    layer_flops = lf.total - (1.0 - w_dense) * lf.mlp + w_moe * moe_forward_flops(model, T)
+    hw_layer = 3.0 * layer_flops / t
+    # early stop: no down-projections (dense MLP; routed and shared experts of MoE layers)
+    down_flops = w_dense * lf.mlp / model.num_mlp_matrices + w_moe * moe_down_proj_flops(model, T)
+    rc_layer_flops = layer_flops - np.where(early_stop, down_flops, 0.0)
+    rc_sel = np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
+    rc_mod = np.where(rc == Recompute.MODULES.code,
+                      L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
+    # (the head, and each MTP block recomputed as a layer of its stage but under first-k, on one
+    # stage of p: per GPU, a p-th)
+    hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t + rc_sel + rc_mod
+              + 3.0 * lm_head_forward_flops(model, T) / t / p)
+    D = model.mtp_layers
+    if D:
+        mtp_rc_hw = D * np.where(rc == Recompute.FIRST_K.code, 0.0,
+                                 (rc_layers * rc_layer_flops / t + rc_sel + rc_mod) / L_s)
+        hw = hw + m * (3.0 * mtp_forward_flops(model, T, seq_len) / t + mtp_rc_hw) / p
+    return hw

@@ -1,0 +1,182 @@
+"""One layer's compute per micro-batch on one GPU: GEMMs, attention, element-wise kernels.
+
+Legend (floats, or numpy arrays over a batch of plans):
+    T  tokens per micro-batch on one CP rank    t  tensor-parallel degree
+    h  hidden size                              f  MLP hidden size
+    s  sequence length                          m  micro-batches per step
+    qd, kvd  widths of the query and key/value projections
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..num import Num
+from ..plan.axes import AttentionKernel
+from ..specs.hardware import GPUSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Precision, Workload
+from . import memory as mem
+from .flops import CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, LayerFlops, flash2_padding, layer_forward_flops
+from .layout import Layout
+from .low_precision import LOW_PRECISIONS, attention_precision, quantize_bytes_per_element
+from .moe import MoELayerCosts
+from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s,
+                       up_projection_time_s)
+
+EW_FWD_KERNELS = 10  # a layer's forward element-wise launches (2 norms, RoPE, 2 residual adds, activation, ...)
+EW_BWD_KERNELS = 14  # and backward's (each forward kernel's gradient, plus the residual-gradient adds)
+
+
+def elementwise_bytes_per_token(model: ModelSpec, *, act_bytes: float, sp_div=1.0, t=1.0, w_dense=1.0):
+    """A layer's forward element-wise bytes per token: norms r+w 4h, residual adds 6h,
+    dropout 5h, RoPE on q and k 2(qd+kvd), activation 3f (gated) or 2f of a dense MLP;
+    elements of `act_bytes` bytes. The h terms split over SP, the rest over TP."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    ew_h = (10.0 + (5.0 if model.dropout else 0.0)) * h / sp_div
+    ew_t = (2.0 * (model.q_dim + model.kv_dim) + w_dense * (3.0 if model.gated_mlp else 2.0) * f) / t
+    return act_bytes * (ew_h + ew_t)
+
+
+def autocast_weight_cast_s(gpu, params, tensors):
+    """torch.autocast with fp32 parameters: each weight cast to 16 bits at its first use in a
+    micro-batch's forward (read 4 B, write 2 B; the cache lives for one autocast region, and a
+    recomputed forward casts again), one kernel per tensor: streaming at the copy rate (a
+    weight's cast is one long contiguous pass, not a layer's mix of element-wise kernels)."""
+    return memory_bound_time_s(gpu, 6.0 * np.asarray(params, dtype=float), tensors)
+
+
+def autocast_grad_s(gpu, params, tensors, m, cast=True):
+    """... and in the backward: the 16-bit weight gradient cast back to fp32 (read 2 B, write
+    4 B; not for a weight autocast does not cast, the input embedding's) and, after the step's
+    first micro-batch, added into the fp32 .grad (read 4 + 4 B, write 4 B); averaged over the
+    m micro-batches, one kernel per tensor each."""
+    m = np.asarray(m, dtype=float)
+    params = np.asarray(params, dtype=float)
+    add = memory_bound_time_s(gpu, 12.0 * params, tensors) * (m - 1.0) / np.maximum(m, 1.0)
+    return (memory_bound_time_s(gpu, 6.0 * params, tensors) if cast else 0.0) + add
+
+
+def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused):
+    """(QKV, MLP up, out-projection, MLP down) GEMM times of one layer's forward (vectorized).
+
+    QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
+    and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
+    separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
+    torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size."""
+    h, f, qd, kvd = model.hidden_size, model.ffn_hidden_size, model.q_dim, model.kv_dim
+    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
+    g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
+    if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
+        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
+    g_out = gemm_time_s(gpu, T, h, qd / t, prec)
+    g_down = gemm_time_s(gpu, T, h, f / t, prec)
+    return g_qkv, g_up, g_out, g_down
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerCompute:
+    """One (average) layer's compute per micro-batch, seconds; MoE layers' share included."""
+
+    flops: LayerFlops
+    qkv_gemm_s: Num
+    up_gemm_s: Num
+    out_gemm_s: Num
+    down_gemm_s: Num
+    gemms_forward_s: Num    # the four GEMMs of the forward (dense MLP by its share)
+    attention_forward_s: Num
+    attention_backward_s: Num
+    elementwise_forward_s: Num
+    elementwise_backward_s: Num
+    quantize_cast_s: Num    # FP8/NVFP4 casts of the GEMM inputs, per forward
+    grad_casts_s: Num       # autocast's gradient casts and fp32 accumulation (backward)
+    moe_forward_s: Num
+    moe_backward_s: Num
+    moe_wgrad_s: Num
+    forward_s: Num
+    backward_s: Num
+    weight_grad_s: Num      # the weight-gradient GEMMs and what lies on their side (a split backward's W)
+    casts_per_microbatch: Num  # autocast: weight casts per micro-batch
+    layer_matrices: float   # a layer's weight matrices as the eager engines keep them
+    flash: Num              # a fused attention kernel
+    fused: Num              # fused QKV and gate/up GEMMs (plan.fused_kernels)
+
+
+def _attention_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, plan, lf: LayerFlops, s):
+    """(forward, backward) of the attention core: a fused kernel or unfused GEMMs and softmax."""
+    T, t, ab = lay.tokens_per_microbatch, lay.tp, lay.act_bytes_per_element
+    act_prec = attention_precision(lay.precision)
+    akc = np.asarray(plan.attention_code)
+    flash = akc != AttentionKernel.UNFUSED.code
+    # FlashAttention-2 runs a head of 80 or 112 in its 96- or 128-wide kernel (flops.py)
+    attn_flops_flash = lf.attn_core / t * np.where(akc == AttentionKernel.FLASH2.code, flash2_padding(model), 1.0)
+    attn_flash_fwd = attention_time_s(gpu, attn_flops_flash, act_prec, akc)
+    # Unfused attention (2021–22 Megatron): batched GEMMs over the full s×s, then scale,
+    # mask, softmax and dropout over the a·s score elements per token: four passes of the
+    # activation width and a 1-byte dropout mask (9 bytes per element at 16 bits).
+    attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
+    attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.sustained_compute_ratio
+                                           * gpu.gemm_efficiency.at(attn_flops_full))
+                        + elementwise_time_s(gpu, T * model.num_heads / t * s * (4.0 * ab + 1.0), 4))
+    attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)
+    attn_bwd = np.where(flash, attention_time_s(gpu, attn_flops_flash * FLASH_BWD_OVER_FWD, act_prec, akc)
+                        - gpu.kernel_launch_overhead_s, 2.0 * attn_unfused_fwd)
+    return attn_fwd, attn_bwd, flash
+
+
+def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay: Layout,
+                  mc: MoELayerCosts | None) -> LayerCompute:
+    """A layer's compute per micro-batch (`mc`: an MoE layer's costs, None for a dense model)."""
+    prec, ab = lay.precision, lay.act_bytes_per_element
+    h, f, qd = model.hidden_size, model.ffn_hidden_size, model.q_dim
+    t, p, m, T, sp_div = lay.tp, lay.pp, lay.num_microbatches, lay.tokens_per_microbatch, lay.sp_divisor
+    w_moe, w_dense = lay.moe_layer_share, lay.dense_layer_share
+    zeros = 0.0 * lay.stage_layers
+    moe_fwd, moe_bwd, moe_wgrad = (w_moe * mc.fwd_compute_s, w_moe * mc.bwd_compute_s, w_moe * mc.wgrad_s) \
+        if mc else (zeros, zeros, zeros)
+    lf = layer_forward_flops(model, T, workload.seq_len, causal=True)
+    # fused QKV and gate/up GEMMs, or separate ones (plan.fused_kernels; layer_gemms_s)
+    fused = np.asarray(plan.fused_kernels, dtype=bool)
+    # a layer's weight matrices as the eager engines keep them: wq, wk, wv, wo and the MLP's
+    # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
+    layer_matrices = 4.0 + model.num_mlp_matrices
+    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused)
+    gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
+    attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
+    ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
+    # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B) or NVFP4
+    # (low_precision.quantize_bytes_per_element): streaming kernels
+    cast_bytes = (quantize_bytes_per_element(prec) * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
+                  if prec in LOW_PRECISIONS else 0.0)
+    cast = memory_bound_time_s(gpu, cast_bytes, 0)
+    # an eager block under torch.compile (plan.compiled): inductor's fused element-wise kernels
+    # take the GPU's measured compiled_elementwise_ratio of the eager ones' time
+    ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
+    ew_fwd = ew_scale * elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
+    ew_bwd = ew_scale * elementwise_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS) + 2.0 * cast
+    # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
+    # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
+    # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)
+    autocast = lay.autocast_casts
+    grad_casts = 0.0
+    casts_per_mb = 1.0
+    if np.any(autocast):
+        # (paraplan run holds one autocast region over a pipelined step: each weight cast once a step)
+        casts_per_mb = np.where(p > 1, 1.0 / np.maximum(m, 1.0), 1.0)
+        ew_fwd = ew_fwd + np.where(autocast, casts_per_mb * autocast_weight_cast_s(gpu, lay.layer_params,
+                                                                                   layer_matrices), 0.0)
+        grad_casts = np.where(autocast, autocast_grad_s(gpu, lay.layer_params, layer_matrices, m), 0.0)
+        ew_bwd = ew_bwd + grad_casts
+    return LayerCompute(
+        flops=lf, qkv_gemm_s=g_qkv, up_gemm_s=g_up, out_gemm_s=g_out, down_gemm_s=g_down, gemms_forward_s=gemms_fwd,
+        attention_forward_s=attn_fwd, attention_backward_s=attn_bwd, elementwise_forward_s=ew_fwd,
+        elementwise_backward_s=ew_bwd, quantize_cast_s=cast, grad_casts_s=grad_casts,
+        moe_forward_s=moe_fwd, moe_backward_s=moe_bwd, moe_wgrad_s=moe_wgrad,
+        forward_s=gemms_fwd + attn_fwd + ew_fwd + moe_fwd,
+        backward_s=2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd,
+        # the weight-gradient GEMMs = one forward's worth, and what lies on the weights' side of
+        # them (autocast's gradient casts and fp32 accumulation: a split backward's W pass runs them)
+        weight_grad_s=gemms_fwd + moe_wgrad + grad_casts,
+        casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused)

@@ -1,0 +1,209 @@
+"""Memory on the worst pipeline stage of a plan: model states, activations, logits, buffers.
+
+Legend: T tokens per micro-batch on one CP rank, h hidden size, t tensor-parallel degree,
+p pipeline stages, m micro-batches per step, L_s / L_first / L_last layers of the critical,
+first and last stage, S / S_e the dense and expert ZeRO shard groups, D multi-token-prediction
+modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..num import Num
+from ..plan.axes import Recompute, ZeroStage
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from . import memory as mem
+from .bf16_layers import bf16_layer_extra_bytes, bf16_layers_on_end_stages
+from .breakdown import MemoryBreakdown
+from .layout import Layout, layout
+from .moe import moe_activation_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageActivations:
+    """Activation and loss-state bytes of the first, the (fullest) middle and the last stage."""
+
+    first_bytes: Num
+    middle_bytes: Num
+    last_bytes: Num
+    logits_bytes: Num       # one micro-batch's loss state (the head's logits, and each MTP module's)
+
+
+def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """(MemoryBreakdown, host bytes) of a plan or batch, without its time: what the search
+    checks before it times only the plans that fit. evaluate() reports the same."""
+    lay = layout(model, workload, plan)
+    moe = (moe_activation_bytes(model, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
+           if model.is_moe else (0.0, 0.0))
+    return stage_memory(model, cluster, workload, plan, lay, moe)
+
+
+def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> StageActivations:
+    """Activations each stage holds at its peak; `moe_activations`: an MoE layer's stored
+    bytes and the part of them its activation function's outputs are (moe.py)."""
+    h, T, t, p, m = model.hidden_size, lay.tokens_per_microbatch, lay.tp, lay.pp, lay.num_microbatches
+    prec, ab, rc, sp_div, L_s, k_rc = (lay.precision, lay.act_bytes_per_element, lay.recompute_code, lay.sp_divisor,
+                                       lay.stage_layers, lay.first_k_layers)
+    moe_act, moe_act_fn_out = moe_activations
+    stored, none_act, sel_act = mem.layer_activation_bytes(
+        model, plan, workload.seq_len, recompute_code=rc, mlp_weight=lay.dense_layer_share,
+        extra_bytes=lay.moe_layer_share * moe_act, modules_extra_saving=lay.moe_layer_share * moe_act_fn_out,
+        precision=prec)
+    # micro-batches in flight at each stage's peak, as the schedule simulator counts them
+    # (SimResult.peak_inflight): the first stage, the second (the fullest middle one) and the last
+    inflight = mem.inflight_microbatches(plan, m)
+    inflight_mid = mem.inflight_microbatches(plan, m, 1.0)
+    inflight_last = mem.inflight_microbatches(plan, m, p - 1.0)
+    # a layer's input as kept: the residual stream, fp32 under autocast
+    residual_bytes = mem.residual_bytes_per_element(ab, plan.autocast)
+    per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
+                                (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
+                                stored)
+    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels) * (T * model.vocab_size / t)
+    # a recomputed layer's working set: on the stage with the loss, only what exceeds the
+    # logits, which the backward has freed before it re-runs the last layer
+    recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act, 0.0)
+    working_past_loss = np.maximum(recompute_working - logits, 0.0)
+    acts_first = (inflight * lay.first_stage_layers * per_layer_stored
+                  + np.where(lay.first_holds_ends, working_past_loss, recompute_working)
+                  + inflight * residual_bytes * T * h / sp_div)
+    # (under ZB-V the last rank holds no loss: its recomputed layer's working set is whole)
+    acts_last = (inflight_last * lay.last_stage_layers * per_layer_stored
+                 + np.where(lay.v_shape, recompute_working, working_past_loss))
+    n_first, n_last = bf16_layers_on_end_stages(model, lay)
+    if np.any(n_first + n_last):
+        extra = bf16_layer_extra_bytes(model, workload, plan, lay, stored)
+        acts_first = acts_first + inflight * n_first * extra
+        acts_last = acts_last + inflight_last * n_last * extra
+    # multi-token prediction, on the head's rank: per module its block's activations (priced as
+    # the stage's average layer, recomputed under full, selective and module recomputation as
+    # Megatron-Core's uniform method does, kept whole under first-k, whose block method leaves
+    # it out) and what its projection keeps, the normed hidden state and next-token embedding
+    # (2h, for M_k's weight gradient) and the two norms' inputs (2h)
+    D = model.mtp_layers
+    if D:
+        mtp_acts = D * (np.where(rc == Recompute.FIRST_K.code, none_act, stored) + 4.0 * ab * T * h / sp_div)
+        acts_first = acts_first + inflight * np.where(lay.first_holds_ends, mtp_acts, 0.0)
+        acts_last = acts_last + inflight_last * np.where(lay.v_shape, 0.0, mtp_acts)
+        logits = logits * (1.0 + D)  # each MTP module's logits beside the head's
+    return StageActivations(first_bytes=acts_first, middle_bytes=inflight_mid * L_s * per_layer_stored
+                            + recompute_working, last_bytes=acts_last, logits_bytes=logits)
+
+
+def _uncast_params(model: ModelSpec, lay: Layout):
+    """(first stage's, last stage's) parameters autocast does not keep a 16-bit cast of.
+
+    Under autocast the 16-bit weights are the cached casts (lay.autocast_casts), not of the
+    input embedding (F.embedding runs in fp32; a tied table is cast for the head on the
+    stage that has both). The cache lives as long as the autocast region, which holds the
+    loss: at the end of the forward every layer's cast is alive beside the logits (about
+    10 B each: 16-bit, upcast, log-softmax); the backward then frees the casts of layers a
+    full or first-k recomputation re-runs (re-cast one at a time) while the loss's backward
+    holds 12 B per logit. Without PP the peak is the larger of the two: the casts of those
+    layers count only beyond 2 B per logit. paraplan run keeps one region for a pipelined
+    step (torch's schedule runs every micro-batch inside it): there they all stay."""
+    cast_cache, t, only = lay.autocast_casts, lay.tp, lay.single_stage
+    if not np.any(cast_cache):
+        return 0.0, 0.0  # (the search's batches never run under autocast)
+    logits_el = lay.tokens_per_microbatch * model.vocab_size / t
+    table = model.embedding_params / t * np.where(model.tied_embeddings & only, 0.0, 1.0)
+    recast = np.maximum(np.minimum(lay.recomputed_layers, lay.first_stage_layers) - 1.0, 0.0) * lay.dense_layer_params / t
+    freed = np.where(only, np.minimum(recast, (mem.EAGER_LOSS_BYTES - mem.EAGER_LOSS_FWD_BYTES)
+                                      / mem.WEIGHT_BYTES * logits_el), 0.0)
+    return np.where(cast_cache, table + freed, 0.0), np.where(cast_cache & only, table + freed, 0.0)
+
+
+def _model_states(lay: Layout, params, embedding, experts):
+    """(weights, gradients, optimizer, host) bytes of a stage's `params` and `experts`, of which
+    `embedding` parameters autocast keeps no cast of."""
+    zc, S, S_e = lay.zero_code, lay.zero_shard_group, lay.expert_shard_group
+    # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
+    # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
+    # so the optimizer keeps only the two moments: 16 bytes/param, not 18
+    w_bytes = lay.gather_bytes_per_param
+    o_bytes = np.where(lay.fp32_params, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
+    # FSDP2 under torch's pipeline schedules (lay.fsdp2_pp) keeps each backward's gathered
+    # parameters and accumulates unsharded gradients in the reduce dtype until the step's
+    # reduction: the stage's whole gathered weights and gradients, whatever the ZeRO stage says
+    z3_sharded = lay.zero3 & ~lay.fsdp2_pp
+    g_sharded = (zc >= ZeroStage.GRADIENTS.code) & ~lay.fsdp2_pp
+    shard, shard_e, offload = lay.optimizer_shard, lay.expert_optimizer_shard, lay.offload_optimizer
+    w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
+                   + experts / np.where(z3_sharded, S_e, 1.0))
+    g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes_per_param, mem.GRAD_BYTES) * (
+        params / np.where(g_sharded, S, 1.0) + experts / np.where(g_sharded, S_e, 1.0))
+    o = np.where(offload, 0.0, o_bytes * (params / shard + experts / shard_e))
+    # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM
+    host = np.where(offload, (o_bytes + mem.GRAD_BYTES) * (params / shard + experts / shard_e), 0.0)
+    return w, g, o, host
+
+
+def _lazy_gradient_peak(model: ModelSpec, lay: Layout, g, acts, lo):
+    """(gradients, activations, loss state) at the peak where the backward allocates the
+    gradients itself (eager torch without DDP's or Megatron's preallocated buffers: paraplan
+    run and torchtitan on one GPU, under autocast), in a step of one micro-batch: at the
+    loss's backward only the head's gradient exists; by the end of the backward all do and
+    the activations are gone. The peak is the larger (an H100 run of one micro-batch measured
+    35.9 GiB where the static sum said 40.4). (The one stage seen as first and as last alike.)"""
+    lazy = lay.autocast_casts & (lay.dp * lay.cp == 1) & (lay.num_microbatches <= 1.0) & lay.single_stage
+    if not np.any(lazy):
+        return g, acts, lo
+    head_grad = mem.GRAD_BYTES * (model.output_weight_params / lay.tp + model.hidden_size)
+    at_end = g > acts + lo + head_grad
+    return (np.where(lazy & ~at_end, head_grad, g), np.where(lazy & at_end, 0.0, acts),
+            np.where(lazy & at_end, 0.0, lo))
+
+
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
+    """(MemoryBreakdown on the worst pipeline stage, host bytes); `moe_activations`: an MoE
+    layer's stored bytes and the part of them its activation function's outputs are (moe.py)."""
+    gpu, m, zc = cluster.gpu, lay.num_microbatches, lay.zero_code
+    layer_params, expert_params, gather_bytes = lay.layer_params, lay.expert_params, lay.gather_bytes_per_param
+    acts = stage_activations(model, workload, plan, lay, moe_activations)
+    uncast_first, uncast_last = _uncast_params(model, lay)
+    w1, g1, o1, host1 = _model_states(lay, lay.params_first_stage, uncast_first,
+                                      np.where(lay.first_holds_ends, lay.head_stage_expert_params,
+                                               lay.expert_params_stage))
+    wl, gl, ol, hostl = _model_states(lay, lay.params_last_stage, uncast_last,
+                                      np.where(lay.v_shape, lay.expert_params_stage, lay.head_stage_expert_params))
+    # the second stage: all L_s layers and its own micro-batches in flight (as many as the
+    # first's under GPipe, breadth-first and ZB-H1, fewer under 1F1B); it outgrows the first
+    # when the embedding took one of the first stage's layer slots
+    wm, gm, om, hostm = _model_states(lay, lay.stage_layers * lay.dense_layer_params / lay.tp, 0.0,
+                                      lay.expert_params_stage)
+    has_mid = lay.pp > 2
+    host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
+    # the loss state: on the first rank where it holds the head (one stage, or ZB-V's V);
+    # the last stage keeps each micro-batch's loss state until that micro-batch's backward:
+    # several at once where the schedule runs every forward first (GPipe, breadth-first)
+    lo1 = np.where(lay.first_holds_ends, mem.inflight_logits(plan, m) * acts.logits_bytes, 0.0)
+    lol = np.where(lay.v_shape, 0.0, mem.inflight_logits(plan, m) * acts.logits_bytes)
+    g1, acts_first, lo1 = _lazy_gradient_peak(model, lay, g1, acts.first_bytes, lo1)
+    gl, acts_last, lol = _lazy_gradient_peak(model, lay, gl, acts.last_bytes, lol)
+    tot1 = w1 + g1 + o1 + acts_first + lo1
+    totl = wl + gl + ol + acts_last + lol
+    totm = np.where(has_mid, wm + gm + om + acts.middle_bytes, 0.0)
+    worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
+    buffers = np.where(lay.zero3, 2.0 * (layer_params + expert_params)
+                       * (gather_bytes + mem.WEIGHT_BYTES * lay.casts_gathered + mem.GRAD_BYTES), 0.0)
+    # FSDP2 under pipeline schedules: the gathered weights and the accumulated gradients are
+    # the stage's own (counted above); in flight only one layer's gradient before it is added in
+    buffers = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), (layer_params + expert_params) * gather_bytes,
+                       buffers)
+    pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
+    alloc_parts = (pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om),
+                   pick(acts_first, acts_last, acts.middle_bytes), pick(lo1, lol, 0.0))
+    weights, grads, opt, act, lg = alloc_parts
+    alloc = weights + grads + opt + act + lg + buffers
+    memory = MemoryBreakdown(
+        weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
+        logits_bytes=lg, comm_buffers_bytes=buffers,
+        fragmentation_bytes=gpu.allocator_fragmentation * alloc,
+        reserved_bytes=np.full(np.shape(alloc), gpu.reserved_bytes) if np.ndim(alloc) else gpu.reserved_bytes,
+    )
+    return memory, host_bytes

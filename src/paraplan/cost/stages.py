@@ -1,0 +1,110 @@
+"""Per micro-batch times of the first, a middle and the last pipeline stage.
+
+A stage runs its layers (each forward and backward with its exposed communication), the
+ends it holds (embedding; head, loss and MTP modules), its recomputation, the first
+ZeRO-3 gather of each pass, and waits for an eager host.
+
+Legend: L_s layers of the critical (fullest) stage; L a stage's layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..num import Num
+from ..plan.axes import Recompute
+from ..specs.hardware import ClusterSpec, GPUSpec
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from .bf16_layers import bf16_layer_extra_s, bf16_layers_on_end_stages
+from .host import eager_host_wait
+from .layer_compute import LayerCompute
+from .layout import Layout
+from .moe import MoELayerCosts
+from .overlap import LayerTimes
+from .recompute import Recomputation
+from .stage_ends import StageEnds
+from .zero import ZeroTraffic
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageTimes:
+    """Per micro-batch times of one pipeline stage (one model chunk = L_s/v layers × v)."""
+
+    forward_s: Num       # compute + exposed per-micro-batch comm, whole stage
+    backward_s: Num      # incl. recomputation and exposed comm
+    weight_grad_s: Num   # part of backward that is weight-gradient GEMMs (for ZB-H1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stages:
+    """The first, a middle and the last stage, and their waits for an eager host."""
+
+    first: StageTimes
+    middle: StageTimes
+    last: StageTimes
+    host_waits: tuple     # (forward, backward, W pass) wait per micro-batch of each of the three
+    host_wait_per_layer: tuple  # (forward, backward, W pass): the stage that waits most per layer
+
+
+def _stage_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout,
+                 ends: StageEnds, bf16_args):
+    """(layers, forward extra, backward extra) of the first, a middle and the last stage
+    (under ZB-V the first rank holds the embedding and the head, the last rank neither)."""
+    L_first, L_s, L_last = lay.first_stage_layers, lay.stage_layers, lay.last_stage_layers
+    v_shape, only, holds_ends = lay.v_shape, lay.single_stage, lay.first_holds_ends
+    emb_fwd, emb_bwd = ends.embedding_forward_s, ends.embedding_backward_s
+    lm_fwd, lm_bwd = ends.head_forward_s, ends.head_backward_s
+    parts: tuple = ((L_first, emb_fwd + np.where(holds_ends, lm_fwd, 0.0), emb_bwd + np.where(holds_ends, lm_bwd, 0.0)),
+                    (L_s, 0.0, 0.0),
+                    (L_last, np.where(v_shape, 0.0, np.where(only, emb_fwd, 0.0) + lm_fwd),
+                     np.where(v_shape, 0.0, lm_bwd + np.where(only, emb_bwd, 0.0))))
+    n_first, n_last = bf16_layers_on_end_stages(model, lay)
+    if np.any(n_first + n_last):
+        # NVFP4's BF16 first and last layers, on the stages that hold them
+        extra_fwd, extra_bwd = bf16_layer_extra_s(model, cluster, workload, plan, lay, *bf16_args)
+        parts = tuple((layers, fwd + n * extra_fwd, bwd + n * extra_bwd)
+                      for (layers, fwd, bwd), n in zip(parts, (n_first, 0.0, n_last)))
+    return parts
+
+
+def _host_wait(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, rc_stage, wgrad, layers, extra_fwd, extra_bwd):
+    """An eager engine's GPU waiting for its host, (forward, backward, W pass) per micro-batch
+    (gpu.eager_layer_host_s; 0 in the presets: nothing computed in the search's batches)."""
+    if gpu.eager_layer_host_s <= 0.0:
+        return 0.0, 0.0, 0.0
+    share = _recompute_share(lay, layers)
+    per_layer = 1.0 / np.maximum(layers, 1.0)
+    return eager_host_wait(gpu, plan, layers, layer.forward_s,
+                           layer.backward_s + share * rc_stage * per_layer,
+                           extra_fwd + extra_bwd, lay.num_microbatches,
+                           recomputed=np.minimum(share * lay.recomputed_layers * per_layer, 1.0),
+                           layer_wgrad_s=wgrad)
+
+
+def _recompute_share(lay: Layout, layers):
+    """Recomputation scales with the stage's layers, except first-k's fixed k per stage."""
+    return np.where(lay.recompute_code == Recompute.FIRST_K.code, 1.0, layers / lay.stage_layers)
+
+
+def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, lc: LayerCompute,
+                layer: LayerTimes, rc: Recomputation, z: ZeroTraffic, ends: StageEnds,
+                mc: MoELayerCosts | None) -> Stages:
+    """The three stages' per micro-batch times."""
+    rc_stage, wgrad = rc.total_s, lc.weight_grad_s
+    # (NVFP4's BF16 layers are priced against the layer's GEMMs and the gathered weights' cast)
+    parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc.gemms_forward_s, z.gathered_cast_s, mc))
+    waits = [_host_wait(cluster.gpu, plan, lay, layer, rc_stage, wgrad, *p) for p in parts]
+
+    def stage(layers, extra_fwd, extra_bwd, wait):
+        fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s
+        bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s
+        return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
+    first, middle, last = (stage(layers, fwd, bwd, w) for (layers, fwd, bwd), w in zip(parts, waits))
+    # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head
+    # lets its host catch up; a middle stage has nothing to hide its host behind)
+    per_layer = tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) / np.maximum(p[0], 1.0)
+                                         for p, w in zip(parts, waits)]) for i in (0, 1, 2))
+    return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), host_wait_per_layer=per_layer)

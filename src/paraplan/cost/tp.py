@@ -1,0 +1,114 @@
+"""Tensor-parallel communication of one layer per micro-batch, and the SP norm-gradient all-reduce.
+
+TP collectives are exposed, unless TP overlap (TE userbuffers) hides them behind the layer's
+GEMMs; the first of t chunks is never hidden.
+
+Legend: t tensor-parallel degree, T tokens per micro-batch on one CP rank, h hidden size,
+L_s layers of the critical stage, m micro-batches per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..num import Num
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from .comm import Collective, collective_time_s
+from .layer_compute import LayerCompute
+from .layout import Layout
+from .moe import MoELayerCosts
+
+
+def tp_collectives_per_pass(sp, blocks):
+    """TP collectives a layer issues per pass (forward, or backward) for `blocks` attention
+    and MLP blocks: an all-gather and a reduce-scatter around each with sequence parallelism,
+    one all-reduce without (Korthikanti et al. 2022 Sec. 4.2.2, Fig. 5)."""
+    return np.where(sp, 2.0, 1.0) * blocks
+
+
+@dataclass(frozen=True, kw_only=True)
+class TPComm:
+    """A layer's TP collectives per micro-batch (seconds): full and exposed, forward and backward."""
+
+    all_gather_s: Num       # one [T, h] activation over the TP group
+    reduce_scatter_s: Num
+    all_reduce_s: Num
+    host_s: Num             # the engine's host time at every TP collective
+    blocks: Num             # attention and MLP blocks that gather and scatter
+    forward_s: Num
+    backward_s: Num
+    forward_exposed_s: Num
+    backward_exposed_s: Num
+    async_backward: Num     # plan.tp_async_backward
+
+
+def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCompute,
+            mc: MoELayerCosts | None) -> TPComm:
+    """A layer's TP collectives, with what TP overlap and async backward reductions hide."""
+    gpu = cluster.gpu
+    t, T, sp = lay.tp, lay.tokens_per_microbatch, lay.sequence_parallel
+    w_moe, w_dense = lay.moe_layer_share, lay.dense_layer_share
+    gemms_fwd, fused = lc.gemms_forward_s, lc.fused
+    has_shared = 1.0 if model.shared_expert_ffn_hidden_size else 0.0
+    act_bytes_full = lay.act_bytes_per_element * T * model.hidden_size  # one [T, h] activation, the TP buffer
+    ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
+    rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, act_bytes_full, t, 1)
+    ar = collective_time_s(cluster, Collective.ALL_REDUCE, act_bytes_full, t, 1)
+    # one gather/reduce pair around attention and one around a dense MLP (or an MoE layer's
+    # shared experts; its routed experts exchange tokens by all-to-all instead)
+    n_blk = 1.0 + w_dense + w_moe * has_shared
+    tp_fwd = np.where(sp, n_blk * (ag + rs), n_blk * ar)
+    # without SP each separate column-parallel projection all-reduces its own input gradient
+    # (DTensor ColwiseParallel with a replicated input): wq, wk, wv and w1, w3 where Megatron's
+    # fused QKV and gate/up reduce once each (7 all-reduces per layer against 4, counted in
+    # paraplan run with torch's CommDebugMode); with SP one reduce-scatter per block either way
+    n_mlp_blk = w_dense + w_moe * has_shared
+    extra_col = np.where(~fused & ~sp, np.where(model.is_mla, 0.0, 2.0) + n_mlp_blk * (model.num_mlp_matrices - 2.0),
+                         0.0)
+    tp_bwd = tp_fwd + extra_col * ar
+    tpov = np.asarray(plan.tp_overlap, dtype=bool)
+    tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
+    # Backward without TP overlap: Megatron runs the input-gradient reduction of each
+    # column-parallel layer (QKV, MLP up) asynchronously beside its weight-gradient GEMM
+    # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
+    # Sec. 4.2.2 for the SP reduce-scatter). With SP the all-gather of the output gradient
+    # before each row-parallel layer stays exposed.
+    sh_up = mc.shared_up_s if mc else 0.0 * lay.stage_layers
+    col_wgrad = ((1.0, lc.qkv_gemm_s), (w_dense, lc.up_gemm_s), (w_moe * has_shared, sh_up))
+    async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w in col_wgrad)
+    async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
+    tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
+    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
+                          np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
+    # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
+    # the presets): spent on the issuing host, hidden by nothing
+    tp_host = np.where(t > 1, gpu.tp_collective_overhead_s, 0.0)
+    tp_host_fwd = tp_collectives_per_pass(sp, n_blk) * tp_host
+    tp_host_bwd = tp_host_fwd + extra_col * tp_host
+    return TPComm(all_gather_s=ag, reduce_scatter_s=rs, all_reduce_s=ar, host_s=tp_host, blocks=n_blk,
+                  forward_s=tp_fwd + tp_host_fwd, backward_s=tp_bwd + tp_host_bwd,
+                  forward_exposed_s=tp_fwd_exp + tp_host_fwd, backward_exposed_s=tp_bwd_exp + tp_host_bwd,
+                  async_backward=tp_async)
+
+
+def sp_norm_grad_all_reduce_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, tp: TPComm, mb_reduce):
+    """Per step, the all-reduce of the gradients sequence parallelism leaves partial.
+
+    Sequence parallelism leaves each TP rank a partial gradient of the weights it keeps
+    replicated (norms, the MoE router): Megatron-Core all-reduces them over TP in one flat
+    buffer once per step (finalize_model_grads, _allreduce_layernorm_grads; paraplan run
+    without DP the same). FSDP2 reduces each such tensor on its own at every gradient
+    reduction (torch 2.13 _fsdp_param.py _get_grad_inner_tensor): per micro-batch under
+    ZeRO-2/3 (`mb_reduce`), per step below it or under pipeline schedules."""
+    t, L_s, w_moe, sp = lay.tp, lay.stage_layers, lay.moe_layer_share, lay.sequence_parallel
+    reduce_bytes, tp_host = lay.reduce_bytes_per_param, tp.host_s
+    sp_tensors = L_s * (model.norm_params_per_layer / model.hidden_size + w_moe) + 1.0  # w_moe: 0 when dense
+    sp_params = L_s * (model.norm_params_per_layer + w_moe * model.hidden_size * model.num_experts) + model.hidden_size
+    flat = collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params, t, 1) + tp_host
+    one_each = sp_tensors * (collective_time_s(cluster, Collective.ALL_REDUCE, reduce_bytes * sp_params / sp_tensors, t, 1)
+                             + tp_host)
+    return np.where(sp & (t > 1), np.where(lay.fsdp2, np.where(mb_reduce, lay.num_microbatches, 1.0) * one_each,
+                                           flat), 0.0)
