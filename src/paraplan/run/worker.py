@@ -189,7 +189,8 @@ def run(cfg: RunConfig, *, from_cli: bool = True) -> int:
         peak, kind = peak_memory_bytes(device, baseline_rss)
         mine = {"rank": rank, "pp_rank": runner.pp_rank, "dp_rank": runner.dp_rank, "tp_rank": runner.tp_rank,
                 "has_last_stage": runner.has_last, "steps": records, "peak_memory_bytes": peak,
-                "memory_kind": kind, "peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline_rss,
+                "memory_kind": kind, **torch_peak_memory(device),
+                "peak_rss_bytes": peak_rss_bytes(), "baseline_rss_bytes": baseline_rss,
                 "compute_dtype": str(runner.compute_dtype).removeprefix("torch."),
                 "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
         gathered: list = [None] * world
@@ -201,6 +202,16 @@ def run(cfg: RunConfig, *, from_cli: bool = True) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def torch_peak_memory(device: torch.device) -> dict:
+    """torch's two peak counters since the process started: live tensors
+    (max_memory_allocated) and the caching allocator's segments (max_memory_reserved, what
+    torchtitan logs), which cost/allocator.py predicts; on a CPU neither is measured (None)."""
+    if device.type != "cuda":
+        return {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
+    return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device))}
 
 
 def _available_bytes(device: torch.device) -> tuple[float, str]:

@@ -34,4 +34,28 @@ def render_validation(result: dict, verbose: bool = False) -> str:
                    f"max {s['max_abs_pct_error']:.2f}%")
     else:
         out.append(f"rows {s['n']}, none predicted")
+    if "peak_memory" in s:
+        out += ["", render_peak_memory(s["peak_memory"])]
     return "\n".join(out)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1f}%"
+
+
+def render_peak_memory(m: dict) -> str:
+    """The peak-memory section: error by torch counter, and the [OOM-RUN] lower bounds."""
+    table = [["all peak-memory rows", str(m["n"]), _pct(m["mean_abs_pct_error"]), _pct(m["max_abs_pct_error"])]]
+    table += [[f"torch max {stat}", str(v["n"]), _pct(v["mean_abs_pct_error"]), _pct(v["max_abs_pct_error"])]
+              for stat, v in m["by_stat"].items() if v["n"]]
+    lines = ["peak memory per GPU (predicted: live tensors at the step's worst moment; reserved adds the "
+             "caching allocator's slack)",
+             grid(["rows", "n", "mean |error|", "max |error|"], table, align="lrrr"),
+             f"{m['n_rows']} peak-memory rows, {m['n_skipped']} skipped; nothing fitted to them "
+             "(in sample = out of source)"]
+    b = m["lower_bounds"]
+    if b["n"]:
+        below = f"; below: {', '.join(b['below'])}" if b["below"] else ""
+        lines.append(f"[OOM-RUN] rows (lower bounds, not in the error): {len(b['at_or_above'])} of {b['n']} "
+                     f"predicted at or above their value{below}")
+    return "\n".join(lines)

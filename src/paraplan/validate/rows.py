@@ -25,6 +25,7 @@ from ..errors import FileFormatError, ParaplanError, RowError, SpecError
 # Counts (GPUs, tokens, sequences, layers, degrees) above int32 are not a run anyone measured,
 # and the planner's integer arithmetic is not meant for them: the catalog's bound.
 from ..specs.files import MAX_COUNT, read_text
+from .memory import memory_summary
 
 
 def _text(path: str) -> str:
@@ -193,10 +194,14 @@ def summarize(rows: list[dict]) -> dict:
         i = min(len(errs) - 1, max(0, math.ceil(q * len(errs)) - 1))
         return errs[i]
 
-    return {
+    out = {
         "n": len(rows), "n_predicted": len(done), "n_skipped": len(rows) - len(done),
         "mean_abs_pct_error": sum(errs) / len(errs) if errs else None,
         "p90_abs_pct_error": pct(0.9),
         "max_abs_pct_error": errs[-1] if errs else None,
         "by_source": {k: {"n": len(v), "mean_abs_pct_error": sum(v) / len(v)} for k, v in by_source.items()},
     }
+    peak = memory_summary(rows, source_group)  # its own section beside the time metrics
+    if peak is not None:
+        out["peak_memory"] = peak
+    return out

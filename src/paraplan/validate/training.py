@@ -23,6 +23,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload, parse_precision
 from ..units import GIB, TERA
+from .memory import METRIC as PEAK_METRIC, check_complete, predicted_peak
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
@@ -34,7 +35,7 @@ KNOWN_COLUMNS = ("params_b", "layers", "hidden", "ffn_hidden", "heads", "kv_head
                  "ep", "dp", "sp", "recompute", "zero", "framework", "metric_text", "notes", "cp_comm_type",
                  "rank_order", "cluster")
 METRICS = ("iteration_time_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu_pct", "samples_per_s",
-           "activation_memory_gib", "weights_grads_optimizer_memory_gib", "total_memory_gib")
+           "activation_memory_gib", "weights_grads_optimizer_memory_gib", "total_memory_gib", PEAK_METRIC)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -425,13 +426,14 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
         return est.memory.model_states_bytes / GIB
     if metric == "total_memory_gib":
         return est.memory.total / GIB
+    if metric == PEAK_METRIC:  # the counter the row's source reports (validate/memory.py)
+        return predicted_peak(row, est.memory, load_cluster(setup.cluster_name).gpu)["predicted"]
     raise AssertionError(metric)
 
 
-def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float, str, str | None]:
-    """(the row's metric predicted on `cluster`, the plan chosen for its blank knobs, a note)."""
-    metric = row["metric_id"].strip()
-    memory_metric = metric.endswith("_gib")
+def best_estimate(row: dict, setup: RowSetup, cluster: ClusterSpec):
+    """(the Estimate of the plan chosen for the row's blank knobs on `cluster`, a note)."""
+    memory_metric = row["metric_id"].strip().endswith("_gib")
     kw = dict(limits=setup.limits, fixed=setup.fixed, top_k=1, resimulate=4)
     note = None
     try:
@@ -441,8 +443,13 @@ def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float,
         # disagrees (a finding about the memory model, not a reason to skip the row).
         res = search(setup.model, cluster, setup.workload, require_fit=False, **kw)
         note = f"paraplan's memory model says this does not fit ({exc})"
-    est = res.ranked[0]
-    return predicted_metric(metric, row, setup, est), est.plan.describe(), note
+    return res.ranked[0], note
+
+
+def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float, str, str | None]:
+    """(the row's metric predicted on `cluster`, the plan chosen for its blank knobs, a note)."""
+    est, note = best_estimate(row, setup, cluster)
+    return predicted_metric(row["metric_id"].strip(), row, setup, est), est.plan.describe(), note
 
 
 def row_cluster(setup: RowSetup) -> ClusterSpec:
@@ -454,12 +461,22 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
     """One row's prediction; `hardware` (a profile TOML or cluster preset) replaces the
     cluster chosen from the row's GPU (e.g. a `paraplan calibrate` profile)."""
     out = row_result(row, path, line, METRICS)
+    peak = out["metric_id"] == PEAK_METRIC
+    if peak:  # a row whose configuration is not public is skipped with its tag, whatever its cells
+        check_complete(row, path, line)
     row_cells(row, path, line)  # a malformed cell skips the row with its reason, before an unknown metric would
     if out["skipped"]:
         return out
     setup = row_setup(row, path, line, hardware)
-    pred, plan, note = predict_on(row, setup, row_cluster(setup))
-    return with_prediction(out, pred, plan, note)
+    if not peak:
+        pred, plan, note = predict_on(row, setup, row_cluster(setup))
+        return with_prediction(out, pred, plan, note)
+    cluster = row_cluster(setup)
+    est, note = best_estimate(row, setup, cluster)
+    details = predicted_peak(row, est.memory, cluster.gpu)
+    out = with_prediction(out, details.pop("predicted"), est.plan.describe(), note)
+    out.update(details)
+    return out
 
 
 def read_training_rows(path: str) -> list[tuple[int, dict]]:
