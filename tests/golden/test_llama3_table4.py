@@ -1,6 +1,6 @@
 """Held-out check against Dubey et al. 2024 (The Llama 3 Herd of Models, Table 4): Llama 3.1
 405B on 8,192 and 16,384 H100 at 8k sequence. No parameter was fitted to these rows
-(validation/llama3_herd_table4.csv; README "Accuracy"). The 126 layers run as 16 × 8
+(validation/llama3_herd_table4.csv; docs/accuracy.md, "Held out"). The 126 layers run as 16 × 8
 one-layer chunks with the embedding and the loss in chunks of their own (Sec. 3.3.2), a split
 the plan space allows (PP×VP ≤ layers + 2). At 131k the context-parallel ranks all-gather K/V
 (Sec. 3.3.2), as the row's cp_comm_type column says."""
