@@ -1,12 +1,15 @@
 """How the embedding planner's time grows with the tables and the GPUs.
 
-    python benchmarks/bench_embeddings_scale.py                  # 100, 200, 400 tables on 64 GPUs; Criteo at 16,384
+    python benchmarks/bench_embeddings_scale.py                  # 100, 500, 1,000, 2,000 tables on 64 GPUs; Criteo at 16,384
     python benchmarks/bench_embeddings_scale.py --tables 100,200 --gpus 16
 
 Synthetic workloads: N tables with a fixed seed, rows log-uniform from 1,000 to 40M, widths
 64/128/128/256, pooling factors 1/1/2/5/20 (the spread of a production DLRM: a few huge
 tables, many small). Each case is one `plan_embeddings` call, wall time, with the plans it
-priced and its step. Timings belong here, never in unit tests.
+priced, its step and the process's peak resident memory so far (cases run smallest first, so
+it is the peak of the largest case yet). Up to 128 tables every candidate is packed afresh
+(search.REPACK_MAX_TABLES); beyond, one table moves at a time, so the time grows about
+linearly with the tables. Timings belong here, never in unit tests.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import sys
 import time
 
@@ -38,13 +42,15 @@ def run_case(label: str, wl: EmbeddingWorkload, gpus: int) -> dict:
     cluster = load_cluster("dgx-h100", num_gpus=gpus)
     t0 = time.perf_counter()
     res = plan_embeddings(wl, cluster)
-    return {"case": label, "tables": len(wl.tables), "gpus": gpus, "seconds": time.perf_counter() - t0,
-            "plans_priced": res.candidates, "step_ms": res.cost.step_time_s * 1e3}
+    seconds = time.perf_counter() - t0
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return {"case": label, "tables": len(wl.tables), "gpus": gpus, "seconds": seconds,
+            "plans_priced": res.candidates, "step_ms": res.cost.step_time_s * 1e3, "peak_rss_mib": peak_mib}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tables", default="100,200,400")
+    ap.add_argument("--tables", default="100,500,1000,2000")
     ap.add_argument("--gpus", type=int, default=64)
     ap.add_argument("--criteo-gpus", default="16384", help="Criteo-1TB at these GPU counts ('' for none)")
     ap.add_argument("--json", action="store_true")
@@ -56,10 +62,11 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     print(environment_line(environment()))
-    print(f"{'case':<26} {'GPUs':>7} {'seconds':>8} {'plans priced':>13} {'step ms':>9}")
-    print("-" * 67)
+    print(f"{'case':<26} {'GPUs':>7} {'seconds':>8} {'plans priced':>13} {'step ms':>9} {'peak MiB':>9}")
+    print("-" * 77)
     for r in rows:
-        print(f"{r['case']:<26} {r['gpus']:>7,} {r['seconds']:>8.2f} {r['plans_priced']:>13,} {r['step_ms']:>9.3f}")
+        print(f"{r['case']:<26} {r['gpus']:>7,} {r['seconds']:>8.2f} {r['plans_priced']:>13,} {r['step_ms']:>9.3f} "
+              f"{r['peak_rss_mib']:>9,.0f}")
 
 
 if __name__ == "__main__":

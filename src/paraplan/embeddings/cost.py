@@ -175,7 +175,7 @@ def _shards(t: EmbeddingTable, sharding: ShardingType, k: int, W: int, G: float)
     return [(_Shard(t.num_rows, t.dim, n / W, G / W), every)]
 
 
-_FIELDS = ("fwd", "bwd", "hbm", "host", "ids_in", "out_a2a", "rs", "ar", "a2a_total")
+FIELDS = ("fwd", "bwd", "hbm", "host", "ids_in", "out_a2a", "rs", "ar", "a2a_total")
 
 
 def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: int, kernel: ComputeKernel,
@@ -198,7 +198,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
     id_scale = cold * (u if dedup else 1.0)
     # samples with at least one cold id still need a partial sum from the owner
     out_scale = 1.0 - (1.0 - cold) ** max(t.pooling_factor, 1.0) if hot else 1.0
-    per = {k: np.zeros(num_shards) for k in _FIELDS}
+    per = {k: np.zeros(num_shards) for k in FIELDS}
     comm: dict = {}  # row-wise shards are alike: one collective time per distinct message
 
     def coll(kind, num_bytes, group):
@@ -254,8 +254,21 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
         every["fwd"] = (local * t.dim * t.weight_bytes + (G / W) * t.dim * POOLED_OUTPUT_BYTES) / hbm_bw
         every["bwd"] = (local * i * 2.0 + hot * 2.0 * row_state) / hbm_bw
         every["ar"] = float(collective_time_s(cluster, Collective.ALL_REDUCE, hot * t.dim * t.weight_bytes, W, 1))
-    # the fields as rows of one array, in _FIELDS order: evaluate adds every table's at once
-    return {"per_shard": per, "every_rank": every, "stacked": np.stack([per[k] for k in _FIELDS])}
+    # the fields as rows of one array, in FIELDS order: evaluate adds every table's at once
+    return {"per_shard": per, "every_rank": every, "stacked": np.stack([per[k] for k in FIELDS]),
+            "every_stacked": np.array([every.get(k, 0.0) for k in FIELDS])}
+
+
+def remembered_contribution(memo: dict, t: EmbeddingTable, sharding: ShardingType, num_shards: int,
+                            kernel: ComputeKernel, cache_ratio: float, hot_row_fraction: float, dedup: bool,
+                            wl: EmbeddingWorkload, cluster: ClusterSpec, W: int) -> dict:
+    """`table_contribution`, computed once per table and option in `memo` (one workload and cluster)."""
+    wl_key = (wl.batch_size_per_rank, wl.id_bytes, wl.output_comm_bytes, wl.optimizer)
+    key = (t.name, sharding, num_shards, kernel, cache_ratio, hot_row_fraction, dedup, wl_key, W)
+    if key not in memo:
+        memo[key] = table_contribution(t, sharding, num_shards, kernel, cache_ratio, hot_row_fraction, dedup, wl_key,
+                                       cluster, W)
+    return memo[key]
 
 
 def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *, hbm_reserve_fraction: float = 0.15,
@@ -267,19 +280,15 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
     compares steps, leaves it out until its best plan)."""
     memo = {} if memo is None else memo
     W = plan.world_size
-    tables = {t.name: t for t in wl.tables}
-    wl_key = (wl.batch_size_per_rank, wl.id_bytes, wl.output_comm_bytes, wl.optimizer)
+    tables = wl.table_named
     table_rank = {}
     # every table's shards side by side: one bincount per field adds them to their ranks
     # (a rank holding two shards of one table, as an imported plan may, gets both)
     rank_parts, shard_parts = [], []
-    every = {k: 0.0 for k in _FIELDS}
+    every = {k: 0.0 for k in FIELDS}
     for p in plan.placements:
-        key = (p.table, p.sharding, len(p.ranks), p.kernel, p.cache_ratio, p.hot_row_fraction, plan.dedup, wl_key, W)
-        contrib = memo.get(key)
-        if contrib is None:
-            contrib = memo[key] = table_contribution(tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
-                                                     p.hot_row_fraction, plan.dedup, wl_key, cluster, W)
+        contrib = remembered_contribution(memo, tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
+                                          p.hot_row_fraction, plan.dedup, wl, cluster, W)
         ranks = np.asarray(p.ranks)
         rank_parts.append(ranks)
         shard_parts.append(contrib["stacked"])
@@ -292,18 +301,26 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
         table_rank[p.table] = float((per_rank + on_every["fwd"] + on_every["bwd"]).max())
     if rank_parts:
         all_ranks, shards = np.concatenate(rank_parts), np.concatenate(shard_parts, axis=1)
-        acc = {k: np.bincount(all_ranks, weights=shards[i], minlength=W) + every[k] for i, k in enumerate(_FIELDS)}
+        acc = {k: np.bincount(all_ranks, weights=shards[i], minlength=W) + every[k] for i, k in enumerate(FIELDS)}
     else:
-        acc = {k: np.zeros(W) + every[k] for k in _FIELDS}
+        acc = {k: np.zeros(W) + every[k] for k in FIELDS}
+    return cost_from_sums(acc, cluster, W, hbm_reserve_fraction, table_rank)
 
-    def a2a(buf):
-        return np.asarray(collective_time_s(cluster, Collective.ALL_TO_ALL, buf, W, 1), dtype=float) * (buf > 0)
-    # an all-to-all is as slow as its busiest rank: the owner sending (or receiving) the most
+
+def cost_from_sums(acc: dict, cluster: ClusterSpec, W: int, hbm_reserve_fraction: float,
+                   table_rank: dict | None = None) -> EmbeddingCost:
+    """The step and memory from each rank's sums of its shards' quantities (`acc`: field ->
+    array over ranks, every-rank terms included): what `evaluate` adds up, and what the
+    search keeps up to date as it moves one table at a time."""
+    # an all-to-all is as slow as its busiest rank: the owner sending (or receiving) the most;
+    # the ids' and the outputs' buffers priced in one call (element by element)
+    buffers = np.concatenate([acc["ids_in"], acc["out_a2a"]])
+    a2a = np.asarray(collective_time_s(cluster, Collective.ALL_TO_ALL, buffers, W, 1), dtype=float) * (buffers > 0)
     comm = {
-        "input all-to-all": a2a(acc["ids_in"]),
-        "output all-to-all": a2a(acc["out_a2a"]),
+        "input all-to-all": a2a[:W],
+        "output all-to-all": a2a[W:],
         "output reduce-scatter": acc["rs"],
-        "gradient all-to-all": a2a(acc["out_a2a"]),
+        "gradient all-to-all": a2a[W:].copy(),
         "gradient all-gather": acc["rs"].copy(),  # all-gather mirrors the reduce-scatter
         "data-parallel all-reduce": acc["ar"],
     }
@@ -316,4 +333,4 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
                          host_bytes=acc["host"], capacity_bytes=capacity, host_bytes_per_host=host_node,
                          host_capacity_bytes=cluster.host_memory_bytes_per_host,
                          a2a_bytes=float(acc["a2a_total"].sum()),
-                         table_s=table_rank)
+                         table_s=table_rank or {})

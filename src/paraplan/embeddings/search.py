@@ -23,7 +23,8 @@ import numpy as np
 from ..errors import ParaplanError
 from ..specs.hardware import ClusterSpec
 from ..units import fmt_bytes
-from .cost import ComputeKernel, EmbeddingCost, EmbeddingPlan, ShardingType, TablePlacement, evaluate
+from .cost import (FIELDS, ComputeKernel, EmbeddingCost, EmbeddingPlan, ShardingType, TablePlacement, cost_from_sums,
+                   evaluate, remembered_contribution)
 from .tables import EmbeddingTable, EmbeddingWorkload
 
 MIN_COLUMN_SHARD_DIM = 32   # 128 B rows: one warp of FBGEMM's TBE reads 32 × 4-element vectors
@@ -36,6 +37,10 @@ MAX_SHARD_SHARE = 0.5
 # HBM cache shares the local search tries for a table kept in host memory (TorchRec's
 # default UVM_CACHING_RATIO, 0.2, among them)
 UVM_CACHE_RATIOS = (0.05, 0.2, 0.5)
+# Up to this many tables every candidate plan is packed afresh (all tables, largest first);
+# beyond, the search moves one table at a time onto the packing of the others (the re-pack
+# costs grow with tables², a move with its shards): a search bound, not a model parameter.
+REPACK_MAX_TABLES = 128
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +55,7 @@ class _Planner:
         self.wl, self.cluster, self.W, self.reserve, self.dedup = wl, cluster, W, reserve, dedup
         self.g = min(cluster.gpus_per_node, W)
         self.capacity = cluster.gpu.hbm_bytes * (1.0 - reserve)
-        self.tables = {t.name: t for t in wl.tables}
+        self.tables = wl.table_named
         self.evaluated = 0
         self._load_cache: dict = {}
         self._unit_cache: dict = {}
@@ -121,45 +126,176 @@ class _Planner:
         units.sort(key=lambda u: -u[0])
         mem_max = float(mem.max())  # kept as shards are added: whether any rank can run out
         for _, name, sh, k, kern, cache, hot, tv, mv in units:
-            if sh is ShardingType.TABLE_ROW_WISE:
-                # a whole node: the node whose busiest rank is least loaded, among those with
-                # room (else among all); ties to the lowest node
-                node_load = load.reshape(-1, self.g).max(axis=1)
-                room = (mem.reshape(-1, self.g) + mv).max(axis=1) <= self.capacity
-                n = int(np.argmin(np.where(room, node_load, np.inf))) if room.any() else int(np.argmin(node_load))
-                ranks = tuple(range(n * self.g, (n + 1) * self.g))
-                load[list(ranks)] += tv
-                mem[list(ranks)] += mv
-                mem_max = max(mem_max, float(mem[list(ranks)].max()))
-            else:
-                # each shard to the least-loaded rank with room (else the least loaded), not one
-                # of the table's own; ties to the lowest rank (argmin's first minimum)
-                ranks = []
-                roomy = mem_max + float(mv.max()) <= self.capacity  # no rank can run out
-                for j in range(k):
-                    key = load.copy() if roomy else load + (mem + mv[j] > self.capacity) * 1e9
-                    key[ranks] = np.inf
-                    r = int(key.argmin())
-                    ranks.append(r)
-                    load[r] += tv[j]
-                    mem[r] += mv[j]
-                    mem_max = max(mem_max, float(mem[r]))
-                ranks = tuple(ranks)
+            ranks, mem_max = self.put(load, mem, mem_max, sh, tv, mv)
             placements.append(TablePlacement(table=name, sharding=sh, ranks=ranks, kernel=kern, cache_ratio=cache,
                                              hot_row_fraction=hot))
         order = {t.name: i for i, t in enumerate(self.wl.tables)}
         placements.sort(key=lambda p: order[p.table])
         return EmbeddingPlan(placements=tuple(placements), world_size=W, dedup=self.dedup)
 
+    def put(self, load: np.ndarray, mem: np.ndarray, mem_max: float, sh: ShardingType, tv: np.ndarray,
+            mv: np.ndarray) -> tuple[tuple[int, ...], float]:
+        """Ranks for one table's shards (seconds `tv`, bytes `mv` each), added to `load` and
+        `mem` in place; `mem_max` is mem's maximum before and (returned) after."""
+        if sh is ShardingType.TABLE_ROW_WISE:
+            # a whole node: the node whose busiest rank is least loaded, among those with
+            # room (else among all); ties to the lowest node
+            node_load = load.reshape(-1, self.g).max(axis=1)
+            room = (mem.reshape(-1, self.g) + mv).max(axis=1) <= self.capacity
+            n = int(np.argmin(np.where(room, node_load, np.inf))) if room.any() else int(np.argmin(node_load))
+            ranks = tuple(range(n * self.g, (n + 1) * self.g))
+            load[list(ranks)] += tv
+            mem[list(ranks)] += mv
+            return ranks, max(mem_max, float(mem[list(ranks)].max()))
+        # each shard to the least-loaded rank with room (else the least loaded), not one of
+        # the table's own; ties to the lowest rank (argmin's first minimum)
+        chosen: list[int] = []
+        roomy = mem_max + float(mv.max()) <= self.capacity  # no rank can run out
+        for j in range(len(tv)):
+            key = load.copy() if roomy else load + (mem + mv[j] > self.capacity) * 1e9
+            key[chosen] = np.inf
+            r = int(key.argmin())
+            chosen.append(r)
+            load[r] += tv[j]
+            mem[r] += mv[j]
+            mem_max = max(mem_max, float(mem[r]))
+        return tuple(chosen), mem_max
+
+    def penalized(self, cost: EmbeddingCost) -> float:
+        """The step, plus a penalty growing with how far the plan is over HBM or host memory."""
+        penalty = 0.0 if cost.fits_hbm else 1e6 * float(cost.hbm_bytes.max() - cost.capacity_bytes) / self.capacity
+        if not cost.fits_host:
+            penalty += 1e6 * float(cost.host_bytes_per_host.max() / cost.host_capacity_bytes - 1.0)
+        return cost.step_time_s + penalty
+
     def price(self, choice: dict) -> tuple[float, EmbeddingPlan, EmbeddingCost]:
         plan = self.place(choice)
         cost = evaluate(plan, self.wl, self.cluster, hbm_reserve_fraction=self.reserve, memo=self.memo,
                         per_table=False)
         self.evaluated += 1
-        penalty = 0.0 if cost.fits_hbm else 1e6 * float(cost.hbm_bytes.max() - cost.capacity_bytes) / self.capacity
-        if not cost.fits_host:
-            penalty += 1e6 * float(cost.host_bytes_per_host.max() / cost.host_capacity_bytes - 1.0)
-        return cost.step_time_s + penalty, plan, cost
+        return self.penalized(cost), plan, cost
+
+
+class _Repacking:
+    """The search's working plan when every candidate is packed afresh, largest first (LPT
+    over all tables): exact, at a cost that grows with the square of the tables."""
+
+    def __init__(self, P: _Planner):
+        self.P, self.choice = P, {}
+
+    def start(self, choice: dict) -> tuple:
+        self.choice = dict(choice)
+        return self.P.price(self.choice)
+
+    def priced(self) -> tuple:
+        return self.P.price(self.choice)
+
+    def trial(self, name: str, option: tuple) -> tuple:
+        return self.P.price({**self.choice, name: option})
+
+    def move(self, name: str, option: tuple) -> None:
+        self.choice = {**self.choice, name: option}
+
+    def snapshot(self):
+        return dict(self.choice)
+
+    def restore(self, snapshot) -> None:
+        self.choice = dict(snapshot)
+
+    def settle(self, best: tuple) -> tuple:
+        return best
+
+    def plan(self) -> EmbeddingPlan:
+        return self.P.place(self.choice)
+
+
+class _Packing:
+    """The search's working plan when one table moves at a time: its shards come off and its
+    new ones are placed onto the packing of the others, and the per-rank sums the cost model
+    adds up follow (a move costs the table's shards and one pass over the ranks, where a
+    re-pack costs every table): what keeps the search near-linear in the number of tables."""
+
+    def __init__(self, P: _Planner):
+        self.P, self.choice = P, {}
+        self.ranks: dict[str, np.ndarray] = {}
+
+    def start(self, choice: dict) -> tuple:
+        return self._packed(self.P.place(choice), choice)
+
+    def _packed(self, plan: EmbeddingPlan, choice: dict) -> tuple:
+        P = self.P
+        self.choice, self.ranks = dict(choice), {}
+        self.sums = np.zeros((len(FIELDS), P.W))          # the cost model's per-rank sums
+        self.load, self.mem = np.zeros(P.W), np.zeros(P.W)  # table-alone loads the packing balances
+        for p in plan.placements:
+            ranks = np.asarray(p.ranks)
+            self._add(p.table, self.choice[p.table], ranks, 1.0)
+            self.ranks[p.table] = ranks
+        return self.priced()
+
+    def _add(self, name: str, option: tuple, ranks: np.ndarray, sign: float) -> None:
+        """Add (sign 1) or remove (sign -1) one table's shards on `ranks`."""
+        P, (sh, k, kern, cache, hot) = self.P, option
+        t = P.tables[name]
+        c = remembered_contribution(P.memo, t, sh, len(ranks), kern, cache, hot, P.dedup, P.wl, P.cluster, P.W)
+        self.sums[:, ranks] += sign * c["stacked"]
+        if c["every_stacked"].any():  # hot-row replicas: a share on every rank
+            self.sums += sign * c["every_stacked"][:, None]
+        time_v, mem_v = P.load(t, sh, k, kern, cache, hot)
+        if sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
+            self.load += sign * time_v
+            self.mem += sign * mem_v
+        else:
+            self.load[ranks] += sign * time_v[:k]
+            self.mem[ranks] += sign * mem_v[:k]
+
+    def move(self, name: str, option: tuple) -> None:
+        P, (sh, k, kern, cache, hot) = self.P, option
+        self._add(name, self.choice[name], self.ranks[name], -1.0)
+        if sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
+            ranks = np.arange(P.W)
+        else:
+            time_v, mem_v = P.load(P.tables[name], sh, k, kern, cache, hot)
+            load, mem = self.load.copy(), self.mem.copy()  # _add below adds the table's loads
+            ranks = np.asarray(P.put(load, mem, float(mem.max()), sh, time_v[:k], mem_v[:k])[0])
+        self._add(name, option, ranks, 1.0)
+        self.choice[name], self.ranks[name] = option, ranks
+
+    def priced(self) -> tuple:
+        """(penalized step, None, cost): the shape `_better` compares."""
+        cost = cost_from_sums(dict(zip(FIELDS, self.sums)), self.P.cluster, self.P.W, self.P.reserve)
+        self.P.evaluated += 1
+        return self.P.penalized(cost), None, cost
+
+    def trial(self, name: str, option: tuple) -> tuple:
+        kept = self.choice[name], self.ranks[name], self.sums.copy(), self.load.copy(), self.mem.copy()
+        self.move(name, option)
+        out = self.priced()
+        self.choice[name], self.ranks[name], self.sums, self.load, self.mem = kept
+        return out
+
+    def snapshot(self):
+        return dict(self.choice), dict(self.ranks), self.sums.copy(), self.load.copy(), self.mem.copy()
+
+    def restore(self, snapshot) -> None:
+        choice, ranks, sums, load, mem = snapshot
+        self.choice, self.ranks, self.sums, self.load, self.mem = dict(choice), dict(ranks), sums.copy(), load.copy(), \
+            mem.copy()
+
+    def settle(self, best: tuple) -> tuple:
+        """The moves leave holes where tables left: the chosen options packed afresh, kept when better."""
+        repacked = self.P.price(self.choice)
+        if _better(repacked, best):
+            self._packed(repacked[1], self.choice)
+            return repacked
+        return best
+
+    def plan(self) -> EmbeddingPlan:
+        c = self.choice
+        placements = tuple(TablePlacement(table=t.name, sharding=c[t.name][0], ranks=tuple(int(r) for r in self.ranks[t.name]),
+                                          kernel=c[t.name][2], cache_ratio=c[t.name][3], hot_row_fraction=c[t.name][4])
+                           for t in self.P.wl.tables)
+        return EmbeddingPlan(placements=placements, world_size=self.P.W, dedup=self.P.dedup)
 
 
 def _movable(v) -> bool:
@@ -205,65 +341,97 @@ def _better(a, b) -> bool:
     return at_max(a[2]) < at_max(b[2])
 
 
+def _starts(S, P: _Planner, wl: EmbeddingWorkload) -> tuple:
+    """Steps 2 and 3: every sharded table re-split one way (TorchRec's uniform proposer), and
+    for each, data parallel for the k tables whose replicated cost is lowest relative to their
+    sharded cost, k swept (one table at a time gains nothing while another rank ties). Leaves
+    S at the best plan seen and returns its price."""
+    W = P.W
+    dp_option = (ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE, 0.0, 0.0)
+    # choices: table -> (sharding, shards, kernel, cache ratio, hot-row share); hot rows come last (step 5)
+    base = {t.name: (*P.shape(t), 0.0) for t in wl.tables}
+    best = S.start(base)
+    kept = S.snapshot()
+    starts = [base] + [{n: (o if _movable(v) and _valid(P.tables[n], o, W, P.g) else v) for n, v in base.items()}
+                       for o in _options(P, None)]
+    for start in starts:
+        priced = S.start(start)
+        if _better(priced, best):
+            best, kept = priced, S.snapshot()
+        def dp_ratio(t):
+            dp_v, _ = P.load(t, *dp_option[:4])
+            sh_v, _ = P.load(t, *start[t.name][:4], start[t.name][4])
+            return float(dp_v.max()) / max(float(sh_v.sum()) / W, 1e-30)
+        for k, t in enumerate(sorted((t for t in wl.tables if P.replicable(t) and W > 1), key=dp_ratio), start=1):
+            S.move(t.name, dp_option)
+            if k > REPACK_MAX_TABLES and k % max(1, k // REPACK_MAX_TABLES) and k != len(wl.tables):
+                continue  # past the first tables, k swept in steps of k/128 (under 1%)
+            priced = S.priced()
+            if _better(priced, best):
+                best, kept = priced, S.snapshot()
+    S.restore(kept)
+    return S.settle(best)
+
+
+def _costliest_first(S, P: _Planner) -> list[str]:
+    """The tables by their busiest rank's seconds, the costliest first (at most the first
+    REPACK_MAX_TABLES: the rest are small beside the ranks' loads)."""
+    order = sorted(S.choice, key=lambda n: -float(P.load(P.tables[n], *S.choice[n][:4], S.choice[n][4])[0].max()))
+    return order[:REPACK_MAX_TABLES]
+
+
+def _local_search(S, P: _Planner, best: tuple) -> tuple:
+    """Step 4, costliest tables first: the best option for one table at a time (NeuroShard's
+    beam over column splits, widened to every sharding type), two rounds at most."""
+    for _ in range(2):
+        improved = False
+        for name in _costliest_first(S, P):
+            pick = None
+            for option in _options(P, P.tables[name]):
+                if option[:4] == (pick or S.choice[name])[:4]:
+                    continue
+                priced = S.trial(name, option)
+                if _better(priced, best):
+                    best, pick = priced, option
+            if pick is not None:
+                S.move(name, pick)
+                improved = True
+        settled = S.settle(best)
+        improved, best = improved or settled is not best, settled
+        if not improved:
+            break
+    return best
+
+
+def _hot_rows(S, P: _Planner, best: tuple) -> tuple:
+    """Step 5, hot-row replication (FlexShard): per table, costliest first, the replicated
+    share of its hottest rows that lowers the whole step (every rank pays each table's
+    all-reduce)."""
+    for name in _costliest_first(S, P):
+        if P.tables[name].access is None or S.choice[name][0] is ShardingType.DATA_PARALLEL:
+            continue
+        pick = None
+        for f in HOT_ROW_FRACTIONS[1:]:
+            priced = S.trial(name, (*S.choice[name][:4], f))
+            if _better(priced, best):
+                best, pick = priced, (*S.choice[name][:4], f)
+        if pick is not None:
+            S.move(name, pick)
+    return S.settle(best)
+
+
 def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: int | None = None,
                     hot_rows: bool = False, dedup: bool = False,
                     hbm_reserve_fraction: float = 0.15) -> EmbeddingSearchResult:
     """The fastest plan found for `wl` on `world_size` ranks of `cluster`."""
     W = world_size or cluster.num_gpus
     P = _Planner(wl, cluster, W, hbm_reserve_fraction, dedup)
-    # choices: table -> (sharding, shards, kernel, cache ratio, hot-row share); hot rows come last (step 5)
-    base = {t.name: (*P.shape(t), 0.0) for t in wl.tables}
-    best = P.price(base)
-    choice = dict(base)
-    # 2. every sharded table re-split one way (TorchRec's uniform proposer), and for each,
-    # 3. data parallel for the k tables whose replicated cost is lowest relative to their
-    #    sharded cost, k swept (one table at a time gains nothing while another rank ties)
-    starts = [base] + [{n: (o if _movable(v) and _valid(P.tables[n], o, W, P.g) else v) for n, v in base.items()}
-                       for o in _options(P, None)]
-    for start in starts:
-        trial = dict(start)
-        priced = P.price(trial)
-        if _better(priced, best):
-            best, choice = priced, trial
-        def dp_ratio(t):
-            dp_v, _ = P.load(t, ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE)
-            sh_v, _ = P.load(t, *start[t.name][:4], start[t.name][4])
-            return float(dp_v.max()) / max(float(sh_v.sum()) / W, 1e-30)
-        small = sorted((t for t in wl.tables if P.replicable(t) and W > 1), key=dp_ratio)
-        for t in small:
-            trial = dict(trial)
-            trial[t.name] = (ShardingType.DATA_PARALLEL, W, ComputeKernel.DENSE, 0.0, 0.0)
-            priced = P.price(trial)
-            if _better(priced, best):
-                best, choice = priced, trial
-    # 4. local search, costliest tables first: the best option for one table at a time
-    #    (NeuroShard's beam over column splits, widened to every sharding type)
-    for _ in range(2):
-        improved = False
-        for name in sorted(choice, key=lambda n: -float(P.load(P.tables[n], *choice[n][:4], choice[n][4])[0].max())):
-            for option in _options(P, P.tables[name]):
-                if option[:4] == choice[name][:4]:
-                    continue
-                trial = dict(choice)
-                trial[name] = option
-                priced = P.price(trial)
-                if _better(priced, best):
-                    best, choice, improved = priced, trial, True
-        if not improved:
-            break
-    # 5. hot-row replication (FlexShard): per table, costliest first, the replicated share of
-    #    its hottest rows that lowers the whole step (every rank pays each table's all-reduce)
+    # exact re-packing while tables² stays small; one table moved at a time beyond
+    S = _Repacking(P) if len(wl.tables) <= REPACK_MAX_TABLES else _Packing(P)
+    best = _local_search(S, P, _starts(S, P, wl))
     if hot_rows:
-        for name in sorted(choice, key=lambda n: -float(P.load(P.tables[n], *choice[n][:4], choice[n][4])[0].max())):
-            if P.tables[name].access is None or choice[name][0] is ShardingType.DATA_PARALLEL:
-                continue
-            for f in HOT_ROW_FRACTIONS[1:]:
-                trial = dict(choice)
-                trial[name] = (*choice[name][:4], f)
-                priced = P.price(trial)
-                if _better(priced, best):
-                    best, choice = priced, trial
-    _, plan, _ = best
+        _hot_rows(S, P, best)
+    plan = S.plan()
     cost = evaluate(plan, wl, cluster, hbm_reserve_fraction=hbm_reserve_fraction, memo=P.memo)  # with table_s
     if cost.fits_hbm and not cost.fits_host:
         raise ParaplanError(

@@ -16,8 +16,10 @@ from __future__ import annotations
 import csv
 import io
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -115,8 +117,7 @@ class EmbeddingWorkload:
         where = f"embedding workload {self.name!r}"
         if not self.tables:
             raise SpecError(where, "tables", 0, "at least one table is required")
-        names = [t.name for t in self.tables]
-        dup = sorted({n for n in names if names.count(n) > 1})
+        dup = sorted(n for n, count in Counter(t.name for t in self.tables).items() if count > 1)
         if dup:
             raise SpecError(where, "tables", dup[0], "table names must be unique")
         if self.batch_size_per_rank < 1:
@@ -127,6 +128,11 @@ class EmbeddingWorkload:
 
     def with_access(self, profile: AccessProfile | None) -> "EmbeddingWorkload":
         return replace(self, tables=tuple(replace(t, access=profile) for t in self.tables))
+
+    @cached_property
+    def table_named(self) -> dict[str, EmbeddingTable]:
+        """Each table by its name (built once: a plan's pricing looks tables up by name)."""
+        return {t.name: t for t in self.tables}
 
     @property
     def total_weight_bytes(self) -> float:

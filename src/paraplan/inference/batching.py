@@ -107,181 +107,217 @@ def arrival_times_s(traffic: Traffic, seed: int = 0) -> np.ndarray:
     return np.sort(rng.uniform(0.0, n / traffic.rate_rps, size=n))
 
 
-def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_capacity_tokens: int,
-             seed: int = 0, *, decode_runs: bool = True) -> ServingResult:
-    """Serve `traffic` on one replica; returns per-request latencies and throughput.
-    `decode_runs`: time a run of decode-only iterations at once (the same result, one
-    iteration at a time with False: tests/test_serving_speed.py compares the two)."""
-    n = traffic.num_requests
-    isl, osl = traffic.prompt_tokens, traffic.output_tokens
-    window = AttentionWindow.of(step.model, limits.sliding_window_kv)
-    need = window.held_paged(isl + osl, KV_PAGE_TOKENS)
-    if need > kv_capacity_tokens:
-        raise ParaplanError(
-            f"one request needs {math.ceil(need)} tokens of KV cache but a replica holds {kv_capacity_tokens}; "
-            "use more GPUs per replica (tp/pp), an fp8/int8 KV cache or shorter requests")
-    closed = traffic.concurrency is not None
-    if closed:
-        arrivals = np.zeros(n)
-        released = min(traffic.concurrency, n)
-    else:
-        arrivals = arrival_times_s(traffic, seed)
-        released = n
-    first = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
+class _Replica:
+    """One replica's state as the simulation steps it: who waits, prefills and decodes, the
+    KV cache reserved, and the KV the decoding sequences read."""
 
-    waiting: deque[int] = deque()
-    next_arrival = 0             # next request index not yet queued
-    prefilling: list[list[int]] = []   # [request, prompt tokens done]
-    decoding_finish: list[tuple[int, int]] = []   # heap of (iteration it finishes at, request)
-    decode_start_ctx: dict[int, int] = {}
-    num_decoding = 0
-    ctx_sum = 0                  # KV tokens the decoding sequences read this iteration
-    kv_reserved = 0.0
-    # sliding-window layers read min(context, w) of a decoding sequence's tokens: their sum,
-    # how many sequences are still below the window, and when each reaches it (every
-    # sequence starts decoding at isl + 1 and lives osl − 1 iterations, so either all of
-    # them reach the window before finishing or none does, in the order they started)
-    w = window.window or (isl + osl + 1)
-    win_sum = 0
-    growing = 0
-    iterations_to_window = w - isl - 1
-    caps_while_decoding = 0 < iterations_to_window < osl - 1
-    reaching: deque[int] = deque()   # iteration at which a growing sequence reaches w
-    it = 0
-    now = 0.0
-    max_conc = 0
-    budget_cap = limits.max_num_tokens
+    def __init__(self, step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_capacity_tokens: int,
+                 seed: int):
+        self.step, self.limits, self.kv_capacity_tokens = step, limits, kv_capacity_tokens
+        self.n = n = traffic.num_requests
+        self.isl, self.osl = isl, osl = traffic.prompt_tokens, traffic.output_tokens
+        self.window = window = AttentionWindow.of(step.model, limits.sliding_window_kv)
+        self.need = window.held_paged(isl + osl, KV_PAGE_TOKENS)
+        if self.need > kv_capacity_tokens:
+            raise ParaplanError(
+                f"one request needs {math.ceil(self.need)} tokens of KV cache but a replica holds {kv_capacity_tokens}; "
+                "use more GPUs per replica (tp/pp), an fp8/int8 KV cache or shorter requests")
+        self.closed = traffic.concurrency is not None
+        if self.closed:
+            self.arrivals = np.zeros(n)
+            self.released = min(traffic.concurrency, n)
+        else:
+            self.arrivals = arrival_times_s(traffic, seed)
+            self.released = n
+        self.first = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.waiting: deque[int] = deque()
+        self.next_arrival = 0             # next request index not yet queued
+        self.prefilling: list[list[int]] = []   # [request, prompt tokens done]
+        self.decoding_finish: list[tuple[int, int]] = []   # heap of (iteration it finishes at, request)
+        self.decode_start_ctx: dict[int, int] = {}
+        self.num_decoding = 0
+        self.ctx_sum = 0                  # KV tokens the decoding sequences read this iteration
+        self.kv_reserved = 0.0
+        # sliding-window layers read min(context, w) of a decoding sequence's tokens: their sum,
+        # how many sequences are still below the window, and when each reaches it (every
+        # sequence starts decoding at isl + 1 and lives osl − 1 iterations, so either all of
+        # them reach the window before finishing or none does, in the order they started)
+        self.w = window.window or (isl + osl + 1)
+        self.win_sum = 0
+        self.growing = 0
+        self.iterations_to_window = self.w - isl - 1
+        self.caps_while_decoding = 0 < self.iterations_to_window < osl - 1
+        self.reaching: deque[int] = deque()   # iteration at which a growing sequence reaches w
+        self.it = 0
+        self.now = 0.0
+        self.max_conc = 0
+        self.done = 0
 
-    def release_upto(t: float) -> None:
-        nonlocal next_arrival
-        while next_arrival < released and arrivals[next_arrival] <= t:
-            waiting.append(next_arrival)
-            next_arrival += 1
+    def release_upto(self, t: float) -> None:
+        while self.next_arrival < self.released and self.arrivals[self.next_arrival] <= t:
+            self.waiting.append(self.next_arrival)
+            self.next_arrival += 1
 
-    done = 0
-    while done < n:
-        release_upto(now)
-        active = len(prefilling) + num_decoding
-        if active == 0 and not waiting:
-            if next_arrival >= released:  # closed loop waiting on nothing: cannot happen
-                break
-            now = max(now, float(arrivals[next_arrival]))
-            continue
-        # admission, FCFS
-        budget = budget_cap - num_decoding
-        pending = sum(isl - d for _, d in prefilling)
-        while waiting and active < limits.max_batch and kv_reserved + need <= kv_capacity_tokens:
-            if limits.chunked_prefill:
+    def admit(self, active: int) -> int:
+        """Admission, FCFS, within the batch, the KV cache and the token budget; returns the
+        requests active after it."""
+        isl, budget_cap = self.isl, self.limits.max_num_tokens
+        budget = budget_cap - self.num_decoding
+        pending = sum(isl - d for _, d in self.prefilling)
+        while (self.waiting and active < self.limits.max_batch
+               and self.kv_reserved + self.need <= self.kv_capacity_tokens):
+            if self.limits.chunked_prefill:
                 if pending >= budget:
                     break
             elif isl <= budget_cap:
                 # a whole prompt in one iteration: it waits until the decode tokens leave it room
                 if pending + isl > budget:
                     break
-            elif prefilling:  # longer than any iteration: chunked, one prompt at a time
+            elif self.prefilling:  # longer than any iteration: chunked, one prompt at a time
                 break
-            prefilling.append([waiting.popleft(), 0])
+            self.prefilling.append([self.waiting.popleft(), 0])
             pending += isl
-            kv_reserved += need
+            self.kv_reserved += self.need
             active += 1
-        run = _decode_run(decoding_finish, reaching, it) if decode_runs and not prefilling and num_decoding else 0
-        if run > 1:
-            # Only decoding until the next event (a sequence finishing or reaching the window,
-            # an arrival while admission is open): the iterations differ only in the KV they
-            # read, so they are timed at once, each exactly as the loop below would time it.
-            # Admission cannot change before the event: the batch, the KV reserved and the
-            # token budget stay as they are.
-            D = num_decoding
-            k = np.arange(run)
-            read = ((1.0 - window.share) * (ctx_sum + k * D + D)
-                    + window.share * (win_sum + k * growing + growing))
-            dts = step.time_s(0, 0.0, D, read, D, prefill_chunks=0, largest_chunk=0)
-            starts = np.cumsum(np.concatenate(([now], dts)))  # sequential, as now += dt is
-            runs = run
-            if not waiting and next_arrival < released:  # the loop would admit it at once
-                runs = max(1, int(np.searchsorted(starts[:runs], arrivals[next_arrival], side="left")))
-            max_conc = max(max_conc, D)
-            now = float(starts[runs])
-            it += runs
-            ctx_sum += D * runs
-            win_sum += growing * runs
-            continue
-        # this iteration's prefill chunks
-        P = 0
-        pairs = 0.0
-        chunks = largest = 0
+        return active
+
+    def decode_run(self, run: int) -> None:
+        """Only decoding until the next event (a sequence finishing or reaching the window, an
+        arrival while admission is open): the iterations differ only in the KV they read, so
+        they are timed at once, each exactly as `iterate` would time it. Admission cannot
+        change before the event: the batch, the KV reserved and the token budget stay."""
+        D, window = self.num_decoding, self.window
+        k = np.arange(run)
+        read = ((1.0 - window.share) * (self.ctx_sum + k * D + D)
+                + window.share * (self.win_sum + k * self.growing + self.growing))
+        dts = self.step.time_s(0, 0.0, D, read, D, prefill_chunks=0, largest_chunk=0)
+        starts = np.cumsum(np.concatenate(([self.now], dts)))  # sequential, as now += dt is
+        runs = run
+        if not self.waiting and self.next_arrival < self.released:  # the loop would admit it at once
+            runs = max(1, int(np.searchsorted(starts[:runs], self.arrivals[self.next_arrival], side="left")))
+        self.max_conc = max(self.max_conc, D)
+        self.now = float(starts[runs])
+        self.it += runs
+        self.ctx_sum += D * runs
+        self.win_sum += self.growing * runs
+
+    def prefill_chunks(self) -> tuple[int, float, int, int, list[int]]:
+        """This iteration's prefill chunks: (tokens, attention pairs, chunks, the largest,
+        requests whose prompt completes)."""
+        P, pairs, chunks, largest = 0, 0.0, 0, 0
         completing = []
-        left = max(budget, 0)
-        for entry in prefilling:
+        left = max(self.limits.max_num_tokens - self.num_decoding, 0)
+        for entry in self.prefilling:
             if left <= 0:
                 break
             r, d = entry
-            c = min(isl - d, left)
+            c = min(self.isl - d, left)
             if c <= 0:
                 continue
             P += c
             chunks += 1
             largest = max(largest, c)
-            pairs += window.prefill_pairs(d, c)
+            pairs += self.window.prefill_pairs(d, c)
             left -= c
             entry[1] = d + c
-            if entry[1] >= isl:
+            if entry[1] >= self.isl:
                 completing.append(r)
-        D = num_decoding
+        return P, pairs, chunks, largest, completing
+
+    def iterate(self) -> None:
+        """One iteration of prefill chunks and decode tokens."""
+        P, pairs, chunks, largest, completing = self.prefill_chunks()
+        D, window = self.num_decoding, self.window
         if P == 0 and D == 0:
             # nothing fits this iteration (cannot happen: with no decode tokens the whole
             # budget is free, and a prompt longer than it is chunked)
             raise AssertionError("serving simulation made no progress")
-        max_conc = max(max_conc, len(prefilling) + D)
-        read = (1.0 - window.share) * (ctx_sum + D) + window.share * (win_sum + growing)
-        dt = step.time_s(P, pairs, D, read, D + len(completing), prefill_chunks=chunks, largest_chunk=largest)
-        now += dt
-        it += 1
+        self.max_conc = max(self.max_conc, len(self.prefilling) + D)
+        read = (1.0 - window.share) * (self.ctx_sum + D) + window.share * (self.win_sum + self.growing)
+        dt = self.step.time_s(P, pairs, D, read, D + len(completing), prefill_chunks=chunks, largest_chunk=largest)
+        self.now += dt
+        self.it += 1
         # decoding sequences each produced a token
-        ctx_sum += D
-        win_sum += growing
-        while reaching and reaching[0] <= it:
-            reaching.popleft()
-            growing -= 1
-        while decoding_finish and decoding_finish[0][0] <= it:
-            _, r = heapq.heappop(decoding_finish)
-            finish[r] = now
-            num_decoding -= 1
-            ctx_sum -= decode_start_ctx.pop(r) + (osl - 1)
-            win_sum -= min(isl + osl, w)
-            if isl + 1 < w and not caps_while_decoding:
-                growing -= 1
-            kv_reserved -= need
-            done += 1
-            if closed and released < n:
-                arrivals[released] = now
-                released += 1
+        self.ctx_sum += D
+        self.win_sum += self.growing
+        while self.reaching and self.reaching[0] <= self.it:
+            self.reaching.popleft()
+            self.growing -= 1
+        self.retire_finished()
         if completing:
-            done_set = set(completing)
-            prefilling = [e for e in prefilling if e[0] not in done_set]
-            for r in completing:
-                first[r] = now
-                if osl == 1:
-                    finish[r] = now
-                    kv_reserved -= need
-                    done += 1
-                    if closed and released < n:
-                        arrivals[released] = now
-                        released += 1
-                else:
-                    heapq.heappush(decoding_finish, (it + osl - 1, r))
-                    decode_start_ctx[r] = isl + 1
-                    ctx_sum += isl + 1
-                    win_sum += min(isl + 1, w)
-                    if isl + 1 < w:
-                        growing += 1
-                        if caps_while_decoding:
-                            reaching.append(it + iterations_to_window)
-                    num_decoding += 1
-    start = float(arrivals.min())
-    ttft = first - arrivals
-    tpot = (finish - first) / (osl - 1) if has_tpot(osl) else np.zeros(0)
-    return ServingResult(ttft_s=ttft, tpot_s=tpot, e2e_s=finish - arrivals, makespan_s=float(np.nanmax(finish)) - start,
-                         num_iterations=it, output_tokens=n * osl, prompt_tokens=n * isl,
-                         max_concurrency=max_conc, kv_capacity_tokens=kv_capacity_tokens)
+            self.start_decoding(completing)
+
+    def _retire(self, r: int) -> None:
+        """Request r is done: its KV cache freed, the next closed-loop request released."""
+        self.finish[r] = self.now
+        self.kv_reserved -= self.need
+        self.done += 1
+        if self.closed and self.released < self.n:
+            self.arrivals[self.released] = self.now
+            self.released += 1
+
+    def retire_finished(self) -> None:
+        isl, osl = self.isl, self.osl
+        while self.decoding_finish and self.decoding_finish[0][0] <= self.it:
+            _, r = heapq.heappop(self.decoding_finish)
+            self.num_decoding -= 1
+            self.ctx_sum -= self.decode_start_ctx.pop(r) + (osl - 1)
+            self.win_sum -= min(isl + osl, self.w)
+            if isl + 1 < self.w and not self.caps_while_decoding:
+                self.growing -= 1
+            self._retire(r)
+
+    def start_decoding(self, completing: list[int]) -> None:
+        """Prompts done this iteration: their first token is out; they decode from the next."""
+        isl, osl = self.isl, self.osl
+        done_set = set(completing)
+        self.prefilling = [e for e in self.prefilling if e[0] not in done_set]
+        for r in completing:
+            self.first[r] = self.now
+            if osl == 1:
+                self._retire(r)
+                continue
+            heapq.heappush(self.decoding_finish, (self.it + osl - 1, r))
+            self.decode_start_ctx[r] = isl + 1
+            self.ctx_sum += isl + 1
+            self.win_sum += min(isl + 1, self.w)
+            if isl + 1 < self.w:
+                self.growing += 1
+                if self.caps_while_decoding:
+                    self.reaching.append(self.it + self.iterations_to_window)
+            self.num_decoding += 1
+
+    def result(self) -> ServingResult:
+        n, isl, osl = self.n, self.isl, self.osl
+        start = float(self.arrivals.min())
+        ttft = self.first - self.arrivals
+        tpot = (self.finish - self.first) / (osl - 1) if has_tpot(osl) else np.zeros(0)
+        return ServingResult(ttft_s=ttft, tpot_s=tpot, e2e_s=self.finish - self.arrivals,
+                             makespan_s=float(np.nanmax(self.finish)) - start, num_iterations=self.it,
+                             output_tokens=n * osl, prompt_tokens=n * isl, max_concurrency=self.max_conc,
+                             kv_capacity_tokens=self.kv_capacity_tokens)
+
+
+def simulate(step: IterationModel, traffic: Traffic, limits: EngineLimits, kv_capacity_tokens: int,
+             seed: int = 0, *, decode_runs: bool = True) -> ServingResult:
+    """Serve `traffic` on one replica; returns per-request latencies and throughput.
+    `decode_runs`: time a run of decode-only iterations at once (the same result, one
+    iteration at a time with False: tests/test_serving_speed.py compares the two)."""
+    R = _Replica(step, traffic, limits, kv_capacity_tokens, seed)
+    while R.done < R.n:
+        R.release_upto(R.now)
+        active = len(R.prefilling) + R.num_decoding
+        if active == 0 and not R.waiting:
+            if R.next_arrival >= R.released:  # closed loop waiting on nothing: cannot happen
+                break
+            R.now = max(R.now, float(R.arrivals[R.next_arrival]))
+            continue
+        R.admit(active)
+        run = (_decode_run(R.decoding_finish, R.reaching, R.it)
+               if decode_runs and not R.prefilling and R.num_decoding else 0)
+        if run > 1:
+            R.decode_run(run)
+        else:
+            R.iterate()
+    return R.result()

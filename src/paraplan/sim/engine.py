@@ -344,6 +344,15 @@ class _Graph:
 
     def __init__(self, tasks_per_rank: Sequence[Sequence[Task]], p: int, v: int, where: Placement):
         flat = [t for tasks in tasks_per_rank for t in tasks]
+        self._read(flat, tasks_per_rank, v)
+        key, num_stages = self._keys(flat, p, v, where)
+        self._check_complete(flat, p, v, where, num_stages)
+        self._dependencies(key, num_stages, p, where)
+        self._actions(flat, p)
+
+    def _read(self, flat: list, tasks_per_rank: Sequence[Sequence[Task]], v: int) -> None:
+        """Each task's phase code, micro-batch, chunk and rank, checked."""
+        p = len(tasks_per_rank)
         self.length = np.array([len(tasks) for tasks in tasks_per_rank], dtype=np.int64)
         self.first = np.concatenate(([0], np.cumsum(self.length)[:-1])).astype(np.int64)
         try:
@@ -361,13 +370,21 @@ class _Graph:
                 f"rank {self.rank[i]}: task {flat[i]} is not allowed; chunk must be in "
                 f"[0, {v}) and microbatch >= 0"
             )
+
+    def _keys(self, flat: list, p: int, v: int, where: Placement) -> tuple[np.ndarray, int]:
+        """Each task's virtual stage and (phase, virtual stage, micro-batch) key."""
         m = int(self.microbatch.max()) + 1 if flat else 1
         num_stages = v * p
         self.stage = virtual_stage(where, p, self.rank, self.chunk).astype(np.int64)
         key = self.stage * m + self.microbatch  # (virtual stage, micro-batch)
         self.num_keys = 3 * num_stages * m
         self.task_key = self.code * (num_stages * m) + key  # (phase, virtual stage, mb)
+        self.m = m
+        return key, num_stages
 
+    def _check_complete(self, flat: list, p: int, v: int, where: Placement, num_stages: int) -> None:
+        """Every (phase, virtual stage, micro-batch) once: F and B, and W in all or none."""
+        m = self.m
         count = np.bincount(self.task_key, minlength=self.num_keys)
         if (count > 1).any():
             i = int(np.flatnonzero(count[self.task_key] > 1)[0])
@@ -384,10 +401,12 @@ class _Graph:
                 f"every micro-batch needs F and B (and W in all or none) on every virtual stage"
             )
 
+    def _dependencies(self, key: np.ndarray, num_stages: int, p: int, where: Placement) -> None:
+        """What each task waits for and whom it may unblock."""
         # Dependencies as slots (see _run): F needs F(j-1) + p2p, B needs its own F
         # and B(j+1) + p2p, W needs its B; `notify` is the other rank a task may unblock.
         # A neighbouring stage on the task's own rank hands over without a send (slot 2k).
-        none = 2 * self.num_keys
+        m, none = self.m, 2 * self.num_keys
         block = num_stages * m  # task_key offset of one phase
         is_f, is_b = self.code == _FORWARD, self.code == _BACKWARD
         first_stage, last_stage = self.stage == 0, self.stage == num_stages - 1
@@ -398,8 +417,9 @@ class _Graph:
         self.dep_b = np.where(is_b & ~last_stage, 2 * (block + key + m) + (next_rank != self.rank), none)
         notify = np.where(is_f & ~last_stage, next_rank, np.where(is_b & ~first_stage, prev_rank, -1))
         self.notify = np.where(notify == self.rank, -1, notify)  # own rank: checked anyway
-        self.m = m
 
+    def _actions(self, flat: list, p: int) -> None:
+        """Tasks grouped into the actions a rank starts, with the inputs each waits for."""
         # Actions: a task starts one unless it is `joined` to the one before it. An action
         # waits for its tasks' dependencies from outside it (at most three: a pair's forward
         # input, its backward's forward and output gradient; a joined W waits on its own B).
@@ -413,6 +433,7 @@ class _Graph:
         self.unit_size = np.diff(np.append(self.unit_first, len(flat))).astype(np.int64)
         self.rank_units = np.bincount(self.rank[leader], minlength=p).astype(np.int64)
         self.rank_first_unit = np.concatenate(([0], np.cumsum(self.rank_units)[:-1])).astype(np.int64)
+        none = 2 * self.num_keys
         deps = [self.dep_a, self.dep_b, np.full(len(flat), none, dtype=np.int64)]
         self.unit_dep_a, self.unit_dep_b, self.unit_dep_c = (d[self.unit_first].copy() for d in deps)
         for u in np.flatnonzero(self.unit_size > 1).tolist():

@@ -243,18 +243,15 @@ def _rope_fields(c: _Config) -> dict:
     return out
 
 
-def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
-    """ModelSpec from a Hugging Face config.json (or a model directory that holds one)."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        path = path / "config.json"
+def _language_config(path: Path) -> tuple[_Config, _Config, str]:
+    """(the file's top-level config, the language model's config, its model_type): a Llama 4
+    multimodal config holds the language model in `text_config`."""
     shown = str(path)
     text = read_text(path, shown)
     data = parse_json(text, shown)
     if not isinstance(data, dict):
         raise FileFormatError(shown, "a Hugging Face config.json must hold one JSON object")
     top = _Config(data, shown, text)
-
     model_type = data.get("model_type", "")
     if not isinstance(model_type, str):
         top.fail("model_type", f"field 'model_type' = {model_type!r} is not allowed; a string is required")
@@ -267,7 +264,28 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
         model_type = "llama4_text"
         m = re.search(r'"text_config"\s*:', text)
         start = m.end() if m else 0
-    c = _Config(data, shown, text, start, model_type)
+    return top, _Config(data, shown, text, start, model_type), model_type
+
+
+def _num_kv_heads(c: _Config, family, num_heads: int) -> int:
+    if family is _FAMILIES["falcon"]:
+        # Falcon: new_decoder_architecture -> num_kv_heads groups; else multi_query (default) -> 1.
+        if c.data.get("new_decoder_architecture"):
+            return c.int_(("num_kv_heads", "n_head_kv"), required=False) or num_heads
+        if c.data.get("multi_query", True):
+            return 1
+        return num_heads
+    return c.int_(("num_key_value_heads",), required=False) or num_heads
+
+
+def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
+    """ModelSpec from a Hugging Face config.json (or a model directory that holds one)."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    shown = str(path)
+    top, c, model_type = _language_config(path)
+    text, data = c.text, c.data
     family = _FAMILIES.get(model_type, _GENERIC)
     moe = model_type in _MOE_FAMILIES or model_type == "llama4_text"
     if not moe:
@@ -284,17 +302,7 @@ def model_from_hf_config(path: str | os.PathLike) -> ModelSpec:
     if ffn is None:
         ffn = family.ffn_default_mult * hidden_size
     vocab_size = c.int_(("vocab_size",))
-
-    if family is _FAMILIES["falcon"]:
-        # Falcon: new_decoder_architecture -> num_kv_heads groups; else multi_query (default) -> 1.
-        if c.data.get("new_decoder_architecture"):
-            num_kv_heads = c.int_(("num_kv_heads", "n_head_kv"), required=False) or num_heads
-        elif c.data.get("multi_query", True):
-            num_kv_heads = 1
-        else:
-            num_kv_heads = num_heads
-    else:
-        num_kv_heads = c.int_(("num_key_value_heads",), required=False) or num_heads
+    num_kv_heads = _num_kv_heads(c, family, num_heads)
 
     gated = family.gated
     if gated is None:
