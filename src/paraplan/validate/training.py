@@ -259,10 +259,8 @@ def _moe_row_disagreements(cells: dict, model: ModelSpec) -> list[tuple[str, int
             if cells[col] is not None and cells[col] != getattr(model, f)]
 
 
-def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> RowSetup:
-    """The row's model, cluster (`hardware`, a profile or preset, replaces the row's GPU),
-    workload and search space."""
-    c = row_cells(row, path, line)
+def _row_model(row: dict, c: dict, path: str, line: int) -> ModelSpec:
+    """The row's model: its architecture columns, or the preset of its name (MoE rows always)."""
     name = row["model"].strip()
     shape = {col: c[col] for col in SHAPE_COLUMNS.values()}
     preset = model_preset(name)
@@ -297,15 +295,11 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
         except SpecError as e:  # the row states an architecture no model has: skipped, naming the cell
             col = SHAPE_COLUMNS.get(e.field, e.field)
             raise SpecError(f"{path}:{line}", col, (row.get(col) or "").strip(), e.allowed) from None
-    legacy = _is_legacy_megatron(row)
-    model = replace(model, dropout=legacy)
-    titan = _is_torchtitan(row)
-    if titan:
-        c["global_batch"] = _torchtitan_global_batch(c)
-    for col in ("global_batch", "seq_len", "num_gpus"):
-        if c[col] is None:  # lacks what a prediction needs: skipped with the reason
-            raise SpecError("row", col, "", "a training row needs it (a whole number >= 1)")
-    gbs, seq = c["global_batch"], c["seq_len"]
+    return model
+
+
+def _row_fixed(row: dict, c: dict, titan: bool, gbs: int) -> tuple[dict, int]:
+    """The plan axes the row pins, and the global batch rounded up to whole micro-batches."""
     fixed = {}
     for col, key in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("ep", "ep"),
                      ("micro_batch", "micro_batch_size")):
@@ -324,14 +318,11 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                             f"micro_batch × dp = {per} exceeds global_batch {gbs} (each data-parallel rank "
                             "runs at least one micro-batch)")
         gbs = -(-gbs // per) * per
-    # "force-balanced token distribution" (Megatron-Bridge MoE benchmarks): no imbalance
-    balanced = "force-balanced" in (row.get("notes") or "").lower()
-    if c["precision"] is None:
-        raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
-    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
-                  **({"moe_imbalance": 1.0} if balanced else {}))
-    if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
-        fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
+    return fixed, gbs
+
+
+def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
+    """The search space the row's engine and labels allow."""
     recomputes = (c["recompute"],) if c["recompute"] is not None else tuple(Recompute)
     if "megatron-bridge" not in (row.get("framework") or "").lower():
         # module recomputation (--recompute-modules) came with Megatron-Core 0.12 (2025):
@@ -363,6 +354,33 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                          rank_orders=orders)
     if titan:
         limits = torchtitan_limits(row, limits)
+    return limits
+
+
+def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> RowSetup:
+    """The row's model, cluster (`hardware`, a profile or preset, replaces the row's GPU),
+    workload and search space."""
+    c = row_cells(row, path, line)
+    model = _row_model(row, c, path, line)
+    legacy = _is_legacy_megatron(row)
+    model = replace(model, dropout=legacy)
+    titan = _is_torchtitan(row)
+    if titan:
+        c["global_batch"] = _torchtitan_global_batch(c)
+    for col in ("global_batch", "seq_len", "num_gpus"):
+        if c[col] is None:  # lacks what a prediction needs: skipped with the reason
+            raise SpecError("row", col, "", "a training row needs it (a whole number >= 1)")
+    fixed, gbs = _row_fixed(row, c, titan, c["global_batch"])
+    seq = c["seq_len"]
+    # "force-balanced token distribution" (Megatron-Bridge MoE benchmarks): no imbalance
+    balanced = "force-balanced" in (row.get("notes") or "").lower()
+    if c["precision"] is None:
+        raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
+    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
+                  **({"moe_imbalance": 1.0} if balanced else {}))
+    if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
+        fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
+    limits = _row_limits(row, c, fixed, legacy, titan)
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")
