@@ -2,67 +2,87 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Callable
 
+import numpy as np
+
+from ..enums import CodedEnum
 from ..specs.workload import Workload
 from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 
 
+def axis(default, *, flag: str | None = None, unit: str = "", bounds: tuple | None = None, help: str = "",
+         column: str | None = None):
+    """A Plan field with its metadata, declared once: the CLI flag that sets it, its unit, its
+    bounds (low, high; None: open), a help line, and the PlanBatch column that holds it (by
+    default the field's name, or `<name>_code` for an enum: see `Column`)."""
+    return field(default=default, metadata={"flag": flag, "unit": unit, "bounds": bounds, "help": help,
+                                            "column": column})
+
+
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    cp_comm_type: CPCommType = CPCommType.P2P  # with CP>1: how K/V cross the CP group
+    """A parallel plan: every field declared once, with its metadata (`axis`); PlanBatch holds
+    the same fields as columns (`COLUMNS`)."""
+
+    tp: int = axis(1, flag="--tp", unit="GPUs", bounds=(1, None), help="tensor-parallel degree")
+    pp: int = axis(1, flag="--pp", unit="stages", bounds=(1, None), help="pipeline-parallel degree")
+    dp: int = axis(1, flag="--dp", unit="replicas", bounds=(1, None), help="data-parallel degree")
+    cp: int = axis(1, flag="--cp", unit="GPUs", bounds=(1, None), help="context-parallel degree")
+    cp_comm_type: CPCommType = axis(CPCommType.P2P, flag="--cp-comm", help="with CP>1: how K/V cross the CP group")
     # Expert parallelism (MoE models; Megatron-Core "parallel folding"): the expert layers
     # re-slice the same TP×CP×DP ranks of a pipeline stage as ETP×EP×EDP, EDP = t·c·d/(ep·etp).
-    ep: int = 1
-    etp: int = 1
-    vp: int = 1  # virtual pipeline stages (model chunks) per pipeline rank
+    ep: int = axis(1, flag="--ep", unit="GPUs", bounds=(1, None), help="expert-parallel degree")
+    etp: int = axis(1, flag="--etp", unit="GPUs", bounds=(1, None), help="expert tensor-parallel degree")
+    vp: int = axis(1, flag="--vp", unit="chunks", bounds=(1, None),
+                   help="virtual pipeline stages (model chunks) per pipeline rank")
     # which dimension is outermost in rank space (plan/axes.py RankOrder): the pipeline
     # (Megatron's default) or data parallelism (Megatron --use-tp-pp-dp-mapping, Llama 3)
-    rank_order: RankOrder = RankOrder.TP_CP_DP_PP
-    micro_batch_size: int = 1
-    schedule: Schedule = Schedule.ONE_F_ONE_B
-    recompute: Recompute = Recompute.NONE
-    recompute_num_layers: int = 0  # only for Recompute.FIRST_K: layers per stage recomputed
-    sequence_parallel: bool = False
-    zero: ZeroStage = ZeroStage.NONE
-    dp_shard: int = 0  # shard group size for ZeRO; equals dp unless HSDP (set by `make_plan`)
-    offload_optimizer: bool = False
-    dp_overlap: bool = True
-    tp_overlap: bool = False
+    rank_order: RankOrder = axis(RankOrder.TP_CP_DP_PP, flag="--rank-order")
+    micro_batch_size: int = axis(1, flag="--mb", unit="sequences", bounds=(1, None))
+    schedule: Schedule = axis(Schedule.ONE_F_ONE_B, flag="--schedule")
+    recompute: Recompute = axis(Recompute.NONE, flag="--recompute")
+    recompute_num_layers: int = axis(0, flag="--recompute-layers", unit="layers", bounds=(0, None),
+                                     help="only for Recompute.FIRST_K: layers per stage recomputed")
+    sequence_parallel: bool = axis(False, flag="--sp")
+    zero: ZeroStage = axis(ZeroStage.NONE, flag="--zero")
+    dp_shard: int = axis(0, flag="--dp-shard", unit="replicas", bounds=(0, None),
+                         help="shard group size for ZeRO; equals dp unless HSDP (set by `make_plan`)")
+    offload_optimizer: bool = axis(False, flag="--offload")
+    dp_overlap: bool = axis(True, flag="--no-dp-overlap")
+    tp_overlap: bool = axis(False, flag="--tp-overlap")
     # MoE token dispatch: dropless (None; MegaBlocks) or token dropping with each expert padded
     # to capacity_factor × its mean load (GShard / Switch); and the all-to-all algorithm, flat
     # or two-dimensional hierarchical (Tutel: intra-node first, then across nodes).
-    capacity_factor: float | None = None
-    a2a_hierarchical: bool = False
+    capacity_factor: float | None = axis(None, flag="--capacity-factor", bounds=(1.0, None),
+                                         column="capacity_factor_value")
+    a2a_hierarchical: bool = axis(False, flag="--a2a-hierarchical")
     # EP all-to-all of one micro-batch under the compute of another (Megatron-Core
     # --overlap-moe-expert-parallel-comm; needs PP=1 or interleaved stages)
-    ep_overlap: bool = False
+    ep_overlap: bool = axis(False, flag="--ep-overlap")
     # Attention kernel: fused kernels (FlashAttention) never store the s×s scores; the
     # unfused path of 2021–22 Megatron did. FLASH3 needs a Hopper-or-later GPU.
-    attention: AttentionKernel = AttentionKernel.FLASH2
+    attention: AttentionKernel = axis(AttentionKernel.FLASH2, flag="--attention")
     # Mixed-precision policy of the framework (not searched; set to what you run):
     # reduce gradients in fp32 (2021 Megatron main_grad all-reduce) or in 16 bits (Megatron-Core
     # and FSDP defaults); ZeRO-3 shards hold fp32 parameters, gathered in fp32 and cast to 16
     # bits at every use by autocast (PyTorch FSDP with param_dtype=fp32, Composer "DEFAULT").
-    grad_reduce_fp32: bool = False
-    fp32_params: bool = False
+    grad_reduce_fp32: bool = axis(False)
+    fp32_params: bool = axis(False)
     # Activation checkpointing that stops recomputing once the backward has what it needs
     # (PyTorch non-reentrant `torch.utils.checkpoint`, used by FSDP stacks such as
     # llm-foundry and torchtitan) skips each block's last GEMM; Megatron's re-runs it all.
-    checkpoint_early_stop: bool = False
+    checkpoint_early_stop: bool = axis(False)
     # Backward input-gradient reduction of column-parallel layers overlapped with their
     # weight-gradient GEMM (Megatron-LM since late 2021 and Megatron-Core; off in April 2021).
-    tp_async_backward: bool = True
+    tp_async_backward: bool = axis(True)
     # The data-parallel engine is FSDP2 (`fully_shard`: torchtitan, paraplan run): every gather
     # copies the shards into one buffer and out to the unsharded parameters, every gradient
     # reduction copies the gradients into one buffer (torch/distributed/fsdp/_fully_shard/
     # _fsdp_collectives.py foreach_all_gather, foreach_reduce). Megatron's contiguous buffers,
     # DeepSpeed's flat partitions and FSDP1's flat parameters communicate in place.
-    fsdp2_copies: bool = False
+    fsdp2_copies: bool = axis(False)
     # The model as the engine builds it. Megatron-Core / Transformer Engine (True): Q, K and V
     # one column-parallel GEMM and the gated MLP's gate and up another, a fused SwiGLU that
     # keeps only its input, a fused cross-entropy keeping the logits and their fp32 softmax.
@@ -70,18 +90,18 @@ class Plan:
     # run): wq, wk, wv, w1, w3 apart (smaller GEMMs; without sequence parallelism each one's
     # input gradient is all-reduced on its own), SiLU's output kept beside its input for the
     # product's backward, and F.cross_entropy on upcast logits (cost/memory.py).
-    fused_kernels: bool = True
+    fused_kernels: bool = axis(True)
     # fp32 parameters trained under torch.autocast, no FSDP mixed-precision policy (paraplan
     # run and torchtitan without data-parallel sharding): the residual stream stays fp32,
     # every linear layer casts its own input, and the 16-bit copy of each weight is cached
     # for the micro-batch -- all but the input embedding's (F.embedding is not autocast).
-    autocast: bool = False
+    autocast: bool = axis(False)
     # Each transformer block under torch.compile (inductor; torchtitan's --compile.enable, paraplan
     # run --compile), on an eager engine (fused_kernels off): the block's element-wise kernels
     # fused (priced at the GPU's compiled_elementwise_ratio of their eager time) and SiLU's
     # output no longer kept beside its input -- what one H100 measured, calibration/h100_2026-11-23.
     # GEMMs stay separate (wq, wk, wv, w1, w3), the loss eager.
-    compiled: bool = False
+    compiled: bool = axis(False)
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property
@@ -166,6 +186,36 @@ class Plan:
             parts.append("epov")
         parts.append(f"attn:{self.attention}")
         return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Column:
+    """How a Plan field is held in a PlanBatch column: its name there, its numpy dtype, and
+    the codec between the field's value and the column's number (an enum by its `code`; no
+    capacity factor, dropless, as 0.0)."""
+
+    field: str
+    name: str
+    dtype: Any
+    encode: Callable
+    decode: Callable
+
+
+def _column(f) -> Column:
+    default = f.default
+    if isinstance(default, CodedEnum):
+        enum = type(default)
+        return Column(f.name, f.metadata["column"] or f"{f.name}_code", np.int64, lambda v: v.code, enum.from_code)
+    if isinstance(default, bool):
+        return Column(f.name, f.metadata["column"] or f.name, bool, bool, bool)
+    if isinstance(default, int):
+        return Column(f.name, f.metadata["column"] or f.name, np.int64, int, int)
+    # an optional float (the capacity factor): None held as 0.0
+    return Column(f.name, f.metadata["column"] or f.name, float, lambda v: 0.0 if v is None else float(v),
+                  lambda x: float(x) if x > 0 else None)
+
+
+COLUMNS: tuple[Column, ...] = tuple(_column(f) for f in fields(Plan))
 
 
 def make_plan(**kw) -> Plan:
