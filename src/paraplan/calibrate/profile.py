@@ -403,9 +403,30 @@ def _split_toml(m: Measurements) -> list[str]:
     return lines
 
 
-def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
-    """The profile of the measured device; link tiers from the collectives when 2+ ranks
-    were measured, else from `base_cluster` (said so in the file)."""
+@dataclass(frozen=True)
+class _Fitted:
+    """What build_profile derives from the measurements, before it writes them."""
+
+    peak: float
+    gemm_curve: list
+    att_curves: dict
+    largest: object        # the largest device-to-device copy
+    mem_bw: float
+    ew_eff: float | None
+    ew_compiled: float | None
+    opt_eff: float | None
+    loss_eff: float | None
+    scatter_eff: float | None
+    host_layer: float | None
+    host_bw: float
+    link: object
+    base: object           # the cluster whose tiers stand in when no link was measured
+    ranks: int
+    cpu: bool
+
+
+def _fitted(m: Measurements, base_cluster: str) -> _Fitted:
+    """Peak, curves, bandwidths and efficiencies from the measurements."""
     peak, gemm_curve, att_curves = fit_compute(m)
     _finite("peak_flops_per_s", peak)
     device = [c for c in m.copies if c.kind == "device"]
@@ -425,6 +446,14 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
     base = None if link is not None else load_cluster(base_cluster)
     ranks = m.ranks if link is not None else (base.gpus_per_node if base else 1)
     cpu = m.device_type == "cpu"
+    return _Fitted(peak=peak, gemm_curve=gemm_curve, att_curves=att_curves, largest=largest, mem_bw=mem_bw, ew_eff=ew_eff, ew_compiled=ew_compiled, opt_eff=opt_eff, loss_eff=loss_eff, scatter_eff=scatter_eff, host_layer=host_layer, host_bw=host_bw, link=link, base=base, ranks=ranks, cpu=cpu)
+
+
+def _profile_lines(m: Measurements, f: _Fitted, name: str, command: str) -> list[str]:
+    """The profile's TOML, line by line, each measured number with a comment saying how."""
+    (peak, gemm_curve, largest, mem_bw, ew_eff, ew_compiled, opt_eff, loss_eff, scatter_eff, host_layer, host_bw,
+     ranks, cpu) = (f.peak, f.gemm_curve, f.largest, f.mem_bw, f.ew_eff, f.ew_compiled, f.opt_eff, f.loss_eff,
+                    f.scatter_eff, f.host_layer, f.host_bw, f.ranks, f.cpu)
     lines = [
         printable(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
                  f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives"),
@@ -487,18 +516,27 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
         f"flops = {_arr(x for x, _ in gemm_curve)}", f"efficiency = {_arr(round(y, 4) for _, y in gemm_curve)}", "",
     ]
     measured = {a.kernel for a in m.attention if a.dtype == m.compute_dtype}
-    for kernel, curve in att_curves.items():
+    for kernel, curve in f.att_curves.items():
         lines += [f"[gpu.attention_efficiency.{kernel}]",
                   f"# torch scaled_dot_product_attention on the backend paraplan names {kernel} (run/attention.py), "
                   "causal, forward and backward (2.5x forward FLOPs)" if kernel in measured else
                   f"# not measured (no {kernel} backend ran here): the GEMM curve",
                   f"flops = {_arr(x for x, _ in curve)}", f"efficiency = {_arr(round(y, 4) for _, y in curve)}", ""]
-    if link is not None:
+    if f.link is not None:
         note = printable(f"{m.backend} all-reduce over {m.ranks} local ranks: alpha-beta fit, curve reproduces each time")
-        lines += _tier_toml("nvlink", link, note)
-        lines += _tier_toml("scaleout", link, "one machine measured: the same local transport")
+        lines += _tier_toml("nvlink", f.link, note)
+        lines += _tier_toml("scaleout", f.link, "one machine measured: the same local transport")
     else:
-        lines += _base_tier_toml("nvlink", base) + _base_tier_toml("scaleout", base)
+        lines += _base_tier_toml("nvlink", f.base) + _base_tier_toml("scaleout", f.base)
+    return lines
+
+
+def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster: str = "dgx-h100") -> Profile:
+    """The profile of the measured device; link tiers from the collectives when 2+ ranks
+    were measured, else from `base_cluster` (said so in the file)."""
+    f = _fitted(m, base_cluster)
+    lines = _profile_lines(m, f, name, command)
+    link = f.link
     measured_cluster = cluster_from_text("\n".join(lines), name)
     in_layer = layer_launch_overhead_s(m, measured_cluster)
     if in_layer is not None:
@@ -517,11 +555,11 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                         f"{s.tp_layer_s * 1e3:.2f} ms, its replica on one rank {s.plain_layer_s * 1e3:.2f} ms; "
                         "the rest beyond the priced transfers, per collective",
                         f"tp_collective_overhead_us = {_num(tp_host * 1e6)}"]
-    return Profile(peak_flops_per_s=peak, gemm_curve=gemm_curve, attention_curves=att_curves,
-                   memory_bw_bytes_per_s=mem_bw, host_link_bytes_per_s=host_bw,
+    return Profile(peak_flops_per_s=f.peak, gemm_curve=f.gemm_curve, attention_curves=f.att_curves,
+                   memory_bw_bytes_per_s=f.mem_bw, host_link_bytes_per_s=f.host_bw,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
-                   elementwise_efficiency=ew_eff, compiled_elementwise_ratio=ew_compiled,
-                   optimizer_efficiency=opt_eff, loss_efficiency=loss_eff, scatter_add_efficiency=scatter_eff,
+                   elementwise_efficiency=f.ew_eff, compiled_elementwise_ratio=f.ew_compiled,
+                   optimizer_efficiency=f.opt_eff, loss_efficiency=f.loss_eff, scatter_add_efficiency=f.scatter_eff,
                    tp_collective_overhead_s=tp_host,
                    layer_launch_overhead_s=in_layer[0] if in_layer is not None else None,
-                   eager_layer_host_s=host_layer)
+                   eager_layer_host_s=f.host_layer)

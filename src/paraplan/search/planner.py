@@ -8,6 +8,8 @@ import os
 import time as _time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import NoReturn
 
 import numpy as np
 
@@ -120,6 +122,70 @@ class SearchResult:
         return self.num_candidates / max(self.elapsed_s, 1e-9)
 
 
+def _check_capacity_factors(model: ModelSpec, limits: SpaceLimits) -> None:
+    """Capacity factors apply to MoE models only, and each must let a token reach an expert."""
+    if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
+        raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
+                        f"applies to mixture-of-experts models only; {model.name} is dense")
+    bad = [cf for cf in limits.capacity_factors if cf is not None and not capacity_factor_ok(model, cf)]
+    if bad:  # else every plan is rejected and the "no valid plan" message blames the batch
+        raise SpecError("search", "--capacity-factor", bad[0], capacity_factor_rule(model, bad[0]))
+
+
+def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
+                 parts) -> _Slice:
+    """Materialize a slice of the space; price the memory of its valid plans and the time of
+    those that fit; keep its `resimulate` fastest, ties in enumeration order (a stable sort,
+    so the kept plans do not depend on how the space is sliced)."""
+    batches, n_rej = [], 0
+    for part in parts:
+        batch, rej = part.materialize(model, cluster, workload)
+        n_rej += rej
+        if len(batch):
+            batches.append(batch)
+    out = _Slice(candidates=sum(p.num_candidates for p in parts), rejected=n_rej,
+                 valid=sum(len(b) for b in batches))
+    if not batches:
+        return out
+    batch = PlanBatch.concat(batches)
+    # memory first (a fraction of the cost): only the plans that fit are timed
+    memory, host_bytes = plan_memory(model, cluster, workload, batch)
+    mem_total = np.asarray(memory.total)
+    fits = plan_fits(cluster, mem_total, host_bytes)
+    out.fit = int(fits.sum())
+    out.device_fit = int((mem_total <= cluster.gpu.hbm_bytes).sum())
+    if not require_fit:
+        fits = np.ones_like(fits)
+    i_min = int(np.argmin(mem_total))
+    out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
+    if fits.any():
+        if fits.all():
+            sub, known = batch, (memory, host_bytes)
+        else:
+            sel = np.flatnonzero(fits)
+            sub, known = batch.take(sel), (memory.select(sel), np.asarray(host_bytes)[sel])
+        step = np.asarray(evaluate(model, cluster, workload, sub, memory=known).time.total)
+        idx = np.argsort(step, kind="stable")[:min(resimulate, len(step))]
+        out.kept, out.kept_times = sub.take(idx), step[idx]
+    return out
+
+
+def _raise_nothing_fits(model: ModelSpec, cluster: ClusterSpec, workload: Workload, limits: SpaceLimits,
+                        fixed: dict | None, n_valid: int, n_device_fit: int, best_mem) -> NoReturn:
+    """Why no plan is ranked: pins that rule every plan out, host DRAM for offload, or memory."""
+    if n_valid == 0 and fixed:
+        _explain_pins(model, cluster, workload, limits, fixed)
+    if n_valid and n_device_fit:
+        raise NoPlanFitsError(
+            f"every plan that fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU offloads more optimizer state "
+            f"than the GPU's {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of host DRAM; try more GPUs "
+            "(a smaller shard per GPU)"
+            + ("" if ZeroStage.PARAMETERS in limits.zero_stages and Recompute.FULL in limits.recomputes
+               else ", or allow ZeRO-3 and full recomputation instead of offload"))
+    raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits),
+                          smallest=best_mem if n_valid else None)
+
+
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits = SpaceLimits(),
            fixed: dict | None = None, top_k: int = 10, resimulate: int = SIMULATED_PLANS, progress=None,
            require_fit: bool = True) -> SearchResult:
@@ -130,12 +196,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     """
     t0 = _time.perf_counter()
     resimulate = max(resimulate, top_k)  # every plan shown is simulated
-    if not model.is_moe and any(cf is not None for cf in limits.capacity_factors):
-        raise SpecError("search", "--capacity-factor", next(cf for cf in limits.capacity_factors if cf is not None),
-                        f"applies to mixture-of-experts models only; {model.name} is dense")
-    bad = [cf for cf in limits.capacity_factors if cf is not None and not capacity_factor_ok(model, cf)]
-    if bad:  # else every plan is rejected and the "no valid plan" message blames the batch
-        raise SpecError("search", "--capacity-factor", bad[0], capacity_factor_rule(model, bad[0]))
+    _check_capacity_factors(model, limits)
     n_cand = n_valid = n_fit = n_device_fit = 0
     keep_batches, keep_times = [], []
     best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
@@ -145,42 +206,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     total = sum(b.num_candidates for b in blocks) or 1
     done = 0
 
-    def run(parts) -> _Slice:
-        """Materialize a slice of the space; price the memory of its valid plans and the time of
-        those that fit; keep its `resimulate` fastest, ties in enumeration order (a stable sort,
-        so the kept plans do not depend on how the space is sliced)."""
-        batches, n_rej = [], 0
-        for part in parts:
-            batch, rej = part.materialize(model, cluster, workload)
-            n_rej += rej
-            if len(batch):
-                batches.append(batch)
-        out = _Slice(candidates=sum(p.num_candidates for p in parts), rejected=n_rej,
-                     valid=sum(len(b) for b in batches))
-        if not batches:
-            return out
-        batch = PlanBatch.concat(batches)
-        # memory first (a fraction of the cost): only the plans that fit are timed
-        memory, host_bytes = plan_memory(model, cluster, workload, batch)
-        mem_total = np.asarray(memory.total)
-        fits = plan_fits(cluster, mem_total, host_bytes)
-        out.fit = int(fits.sum())
-        out.device_fit = int((mem_total <= cluster.gpu.hbm_bytes).sum())
-        if not require_fit:
-            fits = np.ones_like(fits)
-        i_min = int(np.argmin(mem_total))
-        out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
-        if fits.any():
-            if fits.all():
-                sub, known = batch, (memory, host_bytes)
-            else:
-                sel = np.flatnonzero(fits)
-                sub, known = batch.take(sel), (memory.select(sel), np.asarray(host_bytes)[sel])
-            step = np.asarray(evaluate(model, cluster, workload, sub, memory=known).time.total)
-            idx = np.argsort(step, kind="stable")[:min(resimulate, len(step))]
-            out.kept, out.kept_times = sub.take(idx), step[idx]
-        return out
-
+    run = partial(_price_slice, model, cluster, workload, resimulate, require_fit)
     # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
     # releases the GIL in its array operations) and merged in enumeration order
     for res in _map_in_order(run, _slices(blocks, CHUNK)):
@@ -197,17 +223,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         if progress:
             progress(done, total)
     if not keep_batches:
-        if n_valid == 0 and fixed:
-            _explain_pins(model, cluster, workload, limits, fixed)
-        if n_valid and n_device_fit:
-            raise NoPlanFitsError(
-                f"every plan that fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU offloads more optimizer state "
-                f"than the GPU's {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of host DRAM; try more GPUs "
-                "(a smaller shard per GPU)"
-                + ("" if ZeroStage.PARAMETERS in limits.zero_stages and Recompute.FULL in limits.recomputes
-                   else ", or allow ZeRO-3 and full recomputation instead of offload"))
-        raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits),
-                              smallest=best_mem if n_valid else None)
+        _raise_nothing_fits(model, cluster, workload, limits, fixed, n_valid, n_device_fit, best_mem)
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)
     order = np.argsort(times, kind="stable")[:resimulate]
