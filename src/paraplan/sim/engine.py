@@ -248,11 +248,7 @@ def _simulate(g: _Graph, tasks_per_rank, costs: StageCosts) -> SimResult:
 
 
 def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[float]:
-    """The event loop: start time of every task (flat index, rank by rank)."""
-    # A finished task k fills two slots: [2k] its end, read by a successor on its own rank,
-    # and [2k+1] end + p2p_s, read by one on the neighbouring virtual stage. A dependency
-    # is a slot; the last slot is "no dependency", finished at time 0. The loop runs
-    # actions (g.unit_*): an action's tasks fill their slots when the action ends.
+    """The event loop: start time of every task (flat index, rank by rank; slots: _Graph)."""
     avail = [_NOT_DONE] * (2 * g.num_keys) + [0.0]
     slot, dep_a, dep_b, dep_c, first_task, last_task, notify, stop = g.loop_lists
     next_unit = g.rank_first_unit.tolist()  # each rank's next action (advanced below)
@@ -340,7 +336,13 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 class _Graph:
     """The schedule as flat numpy arrays over all tasks (rank by rank, in list order),
-    checked to hold every (phase, micro-batch, virtual stage) exactly once."""
+    checked to hold every (phase, micro-batch, virtual stage) exactly once.
+
+    A finished task k fills two slots: [2k] its end, read by a successor on its own rank, and
+    [2k+1] end + p2p_s, read by one on the neighbouring virtual stage. A dependency is a
+    slot; the last slot is "no dependency", finished at time 0. The event loop (_run) runs
+    actions (unit_*): an action's tasks fill their slots when the action ends.
+    """
 
     def __init__(self, tasks_per_rank: Sequence[Sequence[Task]], p: int, v: int, where: Placement):
         flat = [t for tasks in tasks_per_rank for t in tasks]
