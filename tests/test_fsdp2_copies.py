@@ -119,3 +119,17 @@ def test_fsdp2_reduces_sp_norm_gradients_one_tensor_at_a_time_each_micro_batch_u
         b = estimate(MODEL, CLUSTER, wl, replace(plan, fsdp2_copies=True)).time.tp_comm_s
         extra[m] = b - a
     assert 0 < extra[2] < extra[4]
+
+
+def test_fsdp2_gradients_do_not_exist_yet_at_the_loss_peak_of_one_micro_batch():
+    """torchtitan's optimizer sets FSDP2's gradients to None each step: in a step of one
+    micro-batch the sharded gradients appear during the backward, as the activations go, so
+    the peak holds one or the other, not both (Megatron's and DeepSpeed's ZeRO-3 keep a
+    gradient buffer for the whole step). With two micro-batches the first one's gradients are
+    held while the second runs forward."""
+    def gib(fsdp2: bool, batch: int):
+        plan = replace(make_plan(dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS), fsdp2_copies=fsdp2)
+        m = estimate(MODEL, CLUSTER, Workload(global_batch_size=batch, seq_len=4096), plan).memory
+        return m.gradients_bytes + m.activations_bytes
+    assert gib(True, 8) < gib(False, 8)
+    assert gib(True, 16) == pytest.approx(gib(False, 16), rel=1e-9)

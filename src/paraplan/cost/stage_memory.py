@@ -146,11 +146,15 @@ def _model_states(lay: Layout, params, embedding, experts):
 def _lazy_gradient_peak(model: ModelSpec, lay: Layout, g, acts, lo):
     """(gradients, activations, loss state) at the peak where the backward allocates the
     gradients itself (eager torch without DDP's or Megatron's preallocated buffers: paraplan
-    run and torchtitan on one GPU, under autocast), in a step of one micro-batch: at the
-    loss's backward only the head's gradient exists; by the end of the backward all do and
-    the activations are gone. The peak is the larger (an H100 run of one micro-batch measured
-    35.9 GiB where the static sum said 40.4). (The one stage seen as first and as last alike.)"""
-    lazy = lay.autocast_casts & (lay.dp * lay.cp == 1) & (lay.num_microbatches <= 1.0) & lay.single_stage
+    run and torchtitan on one GPU, under autocast; FSDP2's sharded gradients, which
+    torchtitan's optimizer sets to None every step, torch.optim zero_grad(set_to_none=True)),
+    in a step of one micro-batch: at the loss's backward only the head's gradient exists; by
+    the end of the backward all do and the activations are gone. The peak is the larger (an
+    H100 run of one micro-batch measured 35.9 GiB where the static sum said 40.4). (The one
+    stage seen as first and as last alike; FSDP2 under a pipeline accumulates over its
+    micro-batches, so it keeps them.)"""
+    lazy = (((lay.autocast_casts & (lay.dp * lay.cp == 1)) | (lay.fsdp2 & ~lay.fsdp2_pp))
+            & (lay.num_microbatches <= 1.0) & lay.single_stage)
     if not np.any(lazy):
         return g, acts, lo
     head_grad = mem.GRAD_BYTES * (model.output_weight_params / lay.tp + model.hidden_size)
