@@ -125,3 +125,10 @@ def test_run_records_torch_peak_counters_only_on_a_gpu():
     torch = pytest.importorskip("torch")
     from paraplan.run.worker import torch_peak_memory
     assert torch_peak_memory(torch.device("cpu")) == {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
+
+
+def test_a_run_report_takes_the_largest_rank_or_none():
+    from paraplan.run.report import largest_measured
+    ranks = [{"peak_reserved_bytes": 5 << 30}, {"peak_reserved_bytes": 7 << 30}]
+    assert largest_measured(ranks, "peak_reserved_bytes") == 7 << 30
+    assert largest_measured([*ranks, {"peak_reserved_bytes": None}], "peak_reserved_bytes") is None

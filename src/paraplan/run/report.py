@@ -136,12 +136,20 @@ def build_report(cfg: RunConfig, records: list[dict], *, device: str, backend: s
             "step_time_s": step_time_s, "step_times_s": per_step,
             "tokens_per_s": cfg.workload.tokens_per_step / step_time_s,
             "peak_memory_bytes": max(mem), "peak_memory_bytes_per_rank": mem, "memory_kind": first["memory_kind"],
+            # torch's own counters on CUDA (None on a CPU): what validate's peak-memory rows compare
+            **{key: largest_measured(records, key) for key in ("peak_allocated_bytes", "peak_reserved_bytes")},
             "losses": losses, "grad_norms": [first["steps"][i]["grad_norm"] for i in range(warm + cfg.steps)],
             "warmup_steps": warm, "steps": cfg.steps,
         },
         "predicted": prediction, "prediction_note": note,
         "config": json.loads(cfg.to_json()),  # what `paraplan compare --hardware` re-predicts
     }
+
+
+def largest_measured(records: list[dict], key: str) -> int | None:
+    """The largest of the ranks' `key`, or None where a rank did not measure it (a CPU)."""
+    values = [r.get(key) for r in records]
+    return None if any(v is None for v in values) else max(values)
 
 
 def write_report(path: str, report: dict) -> None:
