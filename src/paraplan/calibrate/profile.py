@@ -407,18 +407,18 @@ def _split_toml(m: Measurements) -> list[str]:
 class _Fitted:
     """What build_profile derives from the measurements, before it writes them."""
 
-    peak: float
+    peak_flops_per_s: float
     gemm_curve: list
     att_curves: dict
     largest: object        # the largest device-to-device copy
-    mem_bw: float
+    memory_bw_bytes_per_s: float
     ew_eff: float | None
     ew_compiled: float | None
     opt_eff: float | None
     loss_eff: float | None
     scatter_eff: float | None
-    host_layer: float | None
-    host_bw: float
+    host_layer_s: float | None
+    host_link_bytes_per_s: float
     link: object
     base: object           # the cluster whose tiers stand in when no link was measured
     ranks: int
@@ -446,14 +446,14 @@ def _fitted(m: Measurements, base_cluster: str) -> _Fitted:
     base = None if link is not None else load_cluster(base_cluster)
     ranks = m.ranks if link is not None else (base.gpus_per_node if base else 1)
     cpu = m.device_type == "cpu"
-    return _Fitted(peak=peak, gemm_curve=gemm_curve, att_curves=att_curves, largest=largest, mem_bw=mem_bw, ew_eff=ew_eff, ew_compiled=ew_compiled, opt_eff=opt_eff, loss_eff=loss_eff, scatter_eff=scatter_eff, host_layer=host_layer, host_bw=host_bw, link=link, base=base, ranks=ranks, cpu=cpu)
+    return _Fitted(peak_flops_per_s=peak, gemm_curve=gemm_curve, att_curves=att_curves, largest=largest, memory_bw_bytes_per_s=mem_bw, ew_eff=ew_eff, ew_compiled=ew_compiled, opt_eff=opt_eff, loss_eff=loss_eff, scatter_eff=scatter_eff, host_layer_s=host_layer, host_link_bytes_per_s=host_bw, link=link, base=base, ranks=ranks, cpu=cpu)
 
 
 def _profile_lines(m: Measurements, f: _Fitted, name: str, command: str) -> list[str]:
     """The profile's TOML, line by line, each measured number with a comment saying how."""
     (peak, gemm_curve, largest, mem_bw, ew_eff, ew_compiled, opt_eff, loss_eff, scatter_eff, host_layer, host_bw,
-     ranks, cpu) = (f.peak, f.gemm_curve, f.largest, f.mem_bw, f.ew_eff, f.ew_compiled, f.opt_eff, f.loss_eff,
-                    f.scatter_eff, f.host_layer, f.host_bw, f.ranks, f.cpu)
+     ranks, cpu) = (f.peak_flops_per_s, f.gemm_curve, f.largest, f.memory_bw_bytes_per_s, f.ew_eff, f.ew_compiled, f.opt_eff, f.loss_eff,
+                    f.scatter_eff, f.host_layer_s, f.host_link_bytes_per_s, f.ranks, f.cpu)
     lines = [
         printable(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
                  f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives"),
@@ -555,11 +555,11 @@ def build_profile(m: Measurements, *, name: str, command: str = "", base_cluster
                         f"{s.tp_layer_s * 1e3:.2f} ms, its replica on one rank {s.plain_layer_s * 1e3:.2f} ms; "
                         "the rest beyond the priced transfers, per collective",
                         f"tp_collective_overhead_us = {_num(tp_host * 1e6)}"]
-    return Profile(peak_flops_per_s=f.peak, gemm_curve=f.gemm_curve, attention_curves=f.att_curves,
-                   memory_bw_bytes_per_s=f.mem_bw, host_link_bytes_per_s=f.host_bw,
+    return Profile(peak_flops_per_s=f.peak_flops_per_s, gemm_curve=f.gemm_curve, attention_curves=f.att_curves,
+                   memory_bw_bytes_per_s=f.memory_bw_bytes_per_s, host_link_bytes_per_s=f.host_link_bytes_per_s,
                    launch_overhead_s=m.launch_overhead_s, link=link, toml="\n".join(lines),
                    elementwise_efficiency=f.ew_eff, compiled_elementwise_ratio=f.ew_compiled,
                    optimizer_efficiency=f.opt_eff, loss_efficiency=f.loss_eff, scatter_add_efficiency=f.scatter_eff,
                    tp_collective_overhead_s=tp_host,
                    layer_launch_overhead_s=in_layer[0] if in_layer is not None else None,
-                   eager_layer_host_s=f.host_layer)
+                   eager_layer_host_s=f.host_layer_s)
