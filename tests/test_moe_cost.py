@@ -264,3 +264,49 @@ def test_shared_expert_overlap_needs_an_all_to_all():
     assert "--moe-shared-expert-overlap" not in " ".join(map(str, arguments(plan, shared, WL)))
     assert estimate(shared, c, WL, plan).time.ep_comm_s == pytest.approx(
         estimate(shared, c, WL, replace(plan, fused_kernels=False)).time.ep_comm_s, rel=0.02)
+
+
+def _with_dispatch_host(c, host_s):
+    return replace(c, gpu=replace(c.gpu, moe_dispatch_host_s=host_s))
+
+
+def test_dropless_dispatch_sync_bounds_a_moe_layer_by_its_host_time():
+    """Megatron-Core blocks its host on the token counts at every dropless dispatch: a MoE
+    layer lasts at least its host time, whatever the GPU; padding to capacity never syncs."""
+    c0 = _with_dispatch_host(_cluster(), 0.0)
+    base = estimate(MOE, c0, WL, _plan())
+    layer_fwd = base.layer_detail["fwd"]
+    assert sum(layer_fwd.values()) > 0
+    # a host faster than the GPU's layer: no wait
+    fast = estimate(MOE, _with_dispatch_host(_cluster(), 1e-6), WL, _plan())
+    assert fast.step_time_s == pytest.approx(base.step_time_s)
+    # a slow host: the step grows, by less than the host time of every MoE layer's passes
+    # (the GPU's own time is inside the bound), and the wait is reported as the host's
+    slow_c = _with_dispatch_host(_cluster(), 0.05)
+    slow = estimate(MOE, slow_c, WL, _plan())
+    m, layers = base.num_microbatches, MOE.num_layers
+    assert slow.step_time_s > base.step_time_s
+    assert slow.step_time_s - base.step_time_s < m * layers * 3 * 0.05
+    assert slow.step_time_s > m * layers * 3 * 0.05  # forward h + backward 2h per layer, at least
+    assert slow.time.host_wait_s > 0
+    # capacity-padded routing sizes every buffer ahead: no synchronization, no wait
+    padded0 = estimate(MOE, c0, WL, _plan(capacity_factor=1.0))
+    padded = estimate(MOE, slow_c, WL, _plan(capacity_factor=1.0))
+    assert padded.step_time_s == pytest.approx(padded0.step_time_s)
+    # an eager engine's MoE is priced by its own host queue (eager_layer_host_s), not this bound
+    eager0 = estimate(MOE, c0, WL, _plan(fused_kernels=False))
+    eager = estimate(MOE, slow_c, WL, _plan(fused_kernels=False))
+    assert eager.step_time_s == pytest.approx(eager0.step_time_s)
+
+
+def test_dispatch_host_bound_shrinks_with_the_micro_batch():
+    """The host time per layer is fixed, the GPU's grows with the tokens: per token, a larger
+    micro-batch waits less (why NVIDIA's small-expert recipes run several sequences)."""
+    c = _with_dispatch_host(_cluster(), 0.008)  # over the 5.8 ms GPU forward of one sequence's layer
+    c0 = _with_dispatch_host(_cluster(), 0.0)
+
+    def slowdown(mb):
+        plan = _plan(micro_batch_size=mb)
+        return estimate(MOE, c, WL, plan).step_time_s / estimate(MOE, c0, WL, plan).step_time_s
+    assert slowdown(1) > slowdown(4) >= 1.0
+    assert slowdown(1) > 1.0

@@ -78,6 +78,10 @@ def test_only_assumptions_that_can_move_the_plan_are_listed():
     assert Assumption.HOST not in assumptions(LLAMA8, host, WL, [plan])  # fused layers issue few kernels
     assert Assumption.HOST in assumptions(LLAMA8, host, WL, [replace(plan, fused_kernels=False)])
     assert Assumption.HOST not in assumptions(LLAMA8, host, WL, [replace(plan, fused_kernels=False, compiled=True)])
+    # Megatron's dropless MoE waits for its host at every dispatch; padded routing never syncs
+    assert Assumption.MOE_HOST in assumptions(MIXTRAL, node, WL, [make_plan(ep=8)])
+    assert Assumption.MOE_HOST not in assumptions(MIXTRAL, node, WL, [make_plan(ep=8, capacity_factor=1.25)])
+    assert Assumption.MOE_HOST not in assumptions(LLAMA8, node, WL, [plan])
     # offloaded optimizer states cross the host link every step
     assert Assumption.HOST_LINK not in assumptions(LLAMA8, node, WL, [plan])
     offload = make_plan(dp=8, zero=ZeroStage.OPTIMIZER, offload_optimizer=True)

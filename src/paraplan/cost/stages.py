@@ -84,6 +84,28 @@ def _host_wait(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, rc_stage, wgr
                            layer_wgrad_s=wgrad)
 
 
+def moe_dispatch_wait(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, mc: MoELayerCosts | None, layers):
+    """(forward, backward) wait per micro-batch of a stage's MoE layers for a host that blocks
+    at every dropless dispatch. Megatron-Core's token dispatchers copy the routed token counts
+    to the host and synchronize on them in each MoE layer's forward before the all-to-all
+    (token_dispatcher.py, MoEAlltoAllTokenDispatcher: cuda_sync_point "before_ep_alltoall", or
+    "before_finish" without EP; none when dropping and padding to capacity): the GPU's queue
+    is empty after it, so the host cannot run ahead across MoE layers, and a layer lasts at
+    least the host time that issues it, h = gpu.moe_dispatch_host_s for its forward and 2h
+    for its backward (HOST_FORWARD_SHARE: the backward issues about twice the kernels): each
+    pass lasts at least its host time. Under EP overlap a synchronization window holds one
+    micro-batch's forward layer beside another's backward layer; each pass keeps its own bound
+    (the window's is their sum), so that slower compute never shortens a pass and the
+    backward's data-parallel window holds only the backward's wait. Vectorized."""
+    h = gpu.moe_dispatch_host_s
+    if h <= 0.0 or mc is None:
+        return 0.0, 0.0
+    syncs = np.asarray(plan.fused_kernels, dtype=bool) & (np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0)
+    moe_layers = np.where(syncs, layers * lay.moe_layer_share, 0.0)
+    return (moe_layers * np.maximum(h - layer.forward_s, 0.0),
+            moe_layers * np.maximum(2.0 * h - layer.backward_s, 0.0))
+
+
 def _recompute_share(lay: Layout, layers):
     """Recomputation scales with the stage's layers, except first-k's fixed k per stage."""
     return np.where(lay.recompute_code == Recompute.FIRST_K.code, 1.0, layers / lay.stage_layers)
@@ -97,6 +119,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     # (NVFP4's BF16 layers are priced against the layer's GEMMs and the gathered weights' cast)
     parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc.gemms_forward_s, z.gathered_cast_s, mc))
     waits = [_host_wait(cluster.gpu, plan, lay, layer, rc_stage, wgrad, *p) for p in parts]
+    syncs = [moe_dispatch_wait(cluster.gpu, plan, lay, layer, mc, p[0]) for p in parts]
+    waits = [(w[0] + s[0], w[1] + s[1], w[2]) for w, s in zip(waits, syncs)]
 
     def stage(layers, extra_fwd, extra_bwd, wait):
         fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s

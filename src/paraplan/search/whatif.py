@@ -54,6 +54,7 @@ class Assumption(StrEnum):
     OVERLAP = "overlap slowdown"              # GPUSpec.overlap_slowdown
     LAUNCH = "kernel launch overhead"         # GPUSpec.kernel_launch_overhead_s
     HOST = "eager host time"                  # GPUSpec.eager_layer_host_s, zb_*_host_s (calibrated profiles)
+    MOE_HOST = "MoE dispatch host time"       # GPUSpec.moe_dispatch_host_s (Megatron's dropless MoE)
     HOST_LINK = "host link bandwidth"         # GPUSpec.host_link_bw_unidir_bytes_per_s (offload, host experts)
     IMBALANCE = "MoE load imbalance"          # Workload.moe_imbalance (dropless MoE)
 
@@ -71,7 +72,7 @@ class Unit(StrEnum):
 
 # higher is worse for these (a delay or a load); for the rest (rates) lower is worse
 _HIGHER_IS_WORSE = {Assumption.SCALEOUT_LATENCY, Assumption.OVERLAP, Assumption.LAUNCH, Assumption.HOST,
-                    Assumption.IMBALANCE}
+                    Assumption.MOE_HOST, Assumption.IMBALANCE}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +133,10 @@ def assumptions(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     # an eager engine's layers (not fused, not compiled) wait for their host
     if cluster.gpu.eager_layer_host_s > 0 and any(not p.fused_kernels and not p.compiled for p in plans):
         out.append(Assumption.HOST)
+    # Megatron's dropless MoE layers wait for the host that issues them (cost/stages.py)
+    if (model.is_moe and cluster.gpu.moe_dispatch_host_s > 0
+            and any(p.fused_kernels and p.capacity_factor is None for p in plans)):
+        out.append(Assumption.MOE_HOST)
     # optimizer states offloaded to the host cross its link every step
     if any(p.offload_optimizer for p in plans):
         out.append(Assumption.HOST_LINK)
@@ -166,6 +171,8 @@ def nominal(assumption: Assumption, cluster: ClusterSpec, workload: Workload, pl
             return gpu.kernel_launch_overhead_s, Unit.SECONDS
         case Assumption.HOST:
             return gpu.eager_layer_host_s, Unit.SECONDS
+        case Assumption.MOE_HOST:
+            return gpu.moe_dispatch_host_s, Unit.SECONDS
         case Assumption.HOST_LINK:
             return gpu.host_link_bw_unidir_bytes_per_s, Unit.BYTES_PER_S
         case Assumption.IMBALANCE:  # as the plan's routing reads it: at most its EP (cost/moe.py)
@@ -218,6 +225,8 @@ def scaled_cluster(assumption: Assumption, cluster: ClusterSpec, change: float, 
             return replace(cluster, gpu=replace(_scaled(gpu, eager_layer_host_s=f),
                                                 zb_input_host_s=tuple(c * f for c in gpu.zb_input_host_s),
                                                 zb_weight_host_s=tuple(c * f for c in gpu.zb_weight_host_s)))
+        case Assumption.MOE_HOST:
+            return replace(cluster, gpu=_scaled(gpu, moe_dispatch_host_s=f))
         case Assumption.HOST_LINK:
             return replace(cluster, gpu=_scaled(gpu, host_link_bw_unidir_bytes_per_s=f))
     raise AssertionError(f"{assumption} is not a hardware assumption")

@@ -85,6 +85,12 @@ class GPUSpec:
     # paraplan calibrate measures it on a GPU (paraplan run's layer at negligible size); 0 in
     # the presets (host unknown: not modelled), and for fused or compiled layers.
     eager_layer_host_s: float = 0.0
+    # Host time Megatron-Core spends issuing one MoE layer's forward between two dispatch
+    # synchronizations: its dropless all-to-all dispatcher copies the token counts to the
+    # host and blocks on them before each layer's EP all-to-all (token_dispatcher.py,
+    # cuda_sync_point "before_ep_alltoall"), so the GPU drains its queue at every MoE layer
+    # and a layer whose GPU work is shorter waits for its host (cost/stages.py). 0: not modelled.
+    moe_dispatch_host_s: float = 0.0
     # Host time of torch.distributed.pipelining's split backward, the zero-bubble schedules'
     # B pass (stage_backward_input) and W pass (stage_backward_weight), over a chunk of L
     # layers: c0 + c1·L + c2·L² seconds for (c0, c1, c2). W's is quadratic: it runs one

@@ -47,6 +47,7 @@ _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + _MODEL_ROPE + (
 _GPU_REQUIRED = ("name", "peak_tflops", "hbm_gb", "hbm_tb_per_s", "tdp_watts", "host_link_gb_per_s",
                  "gemm_efficiency", "attention_efficiency")
 _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_overhead_us", "eager_layer_host_us",
+                 "moe_dispatch_host_us",
                  "zb_input_host_us", "zb_weight_host_us",
                  "memory_bw_efficiency",
                  "elementwise_efficiency",
@@ -286,8 +287,9 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         extra["kernel_launch_overhead_s"] = units.us(launch_us)
     if "tp_collective_overhead_us" in t.data:
         extra["tp_collective_overhead_s"] = units.us(t.host_us("tp_collective_overhead_us"))
-    if "eager_layer_host_us" in t.data:
-        extra["eager_layer_host_s"] = units.us(t.host_us("eager_layer_host_us"))
+    for key in ("eager_layer_host_us", "moe_dispatch_host_us"):
+        if key in t.data:
+            extra[key.removesuffix("_us") + "_s"] = units.us(t.host_us(key))
     for key in ("zb_input_host_us", "zb_weight_host_us"):
         if key in t.data:
             extra[key.removesuffix("_us") + "_s"] = tuple(units.us(c) for c in t.host_us_list(key, 3))
