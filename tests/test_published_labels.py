@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.errors import RowError
-from paraplan.plan.axes import AttentionKernel, Schedule, ZeroStage
+from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.specs.workload import Precision
 from paraplan.validate.training import published_precision, row_cells, row_setup
 
@@ -56,7 +56,13 @@ def test_an_unknown_zero_label_names_the_row_and_column():
 
 
 def test_recompute_label_with_a_note():
-    assert row_cells({**TRAINING_ROW, "recompute": "selective (per-op SAC)"}, "rows.csv", 2)["recompute"].value == "selective"
+    # a note naming the per-op policy is torchtitan's per-op checkpointing; plain selective is
+    # Korthikanti's attention core, except in a torchtitan row (torchtitan has no such policy)
+    for label in ("selective (per-op SAC)", "selective (op-level SAC)", "selective (op)"):
+        assert row_cells({**TRAINING_ROW, "recompute": label}, "rows.csv", 2)["recompute"] is Recompute.OP_SAC
+    assert row_cells({**TRAINING_ROW, "recompute": "selective"}, "rows.csv", 2)["recompute"] is Recompute.SELECTIVE
+    titan = {**TRAINING_ROW, "recompute": "selective", "framework": "torchtitan (FSDP)"}
+    assert row_cells(titan, "rows.csv", 2)["recompute"] is Recompute.OP_SAC
 
 
 TITAN = {**TRAINING_ROW, "model": "llama3.1-8b", "layers": "", "hidden": "", "ffn_hidden": "", "heads": "",

@@ -84,10 +84,15 @@ def test_interleaved_warmup_length(p, m, v):
         assert all(t.phase is F for t in tasks[: warmup + 1]) and tasks[warmup + 1].phase is B
 
 
-def test_interleaved_with_m_equal_p_runs_forwards_first():
-    # Megatron-LM runs every forward first when m == p.
-    for tasks in build_schedule(Schedule.INTERLEAVED_1F1B, 3, 3, 2):
-        assert all(t.phase is F for t in tasks[:6]) and all(t.phase is B for t in tasks[6:])
+def test_interleaved_with_m_equal_p_runs_forwards_first_only_where_the_warm_up_covers_them():
+    # Megatron-Core 0.16.1 (get_pp_rank_microbatches): a rank runs every forward first when its
+    # warm-up, 2(p-r-1) + (v-1)p chunk-forwards, covers all m*v; at p = m = 3, v = 2: ranks 0
+    # (warm-up 7 >= 6) and 1 (5 < 6: not) and 2 (3: not)
+    ranks = build_schedule(Schedule.INTERLEAVED_1F1B, 3, 3, 2)
+    assert all(t.phase is F for t in ranks[0][:6]) and all(t.phase is B for t in ranks[0][6:])
+    for rank in (1, 2):
+        warmup = 2 * (3 - rank - 1) + 3
+        assert all(t.phase is F for t in ranks[rank][: warmup + 1]) and ranks[rank][warmup + 1].phase is B
 
 
 def test_breadth_first_loops_chunk_by_chunk():

@@ -100,7 +100,7 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
     if required:
         g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb (ZB-H1), zbv (ZB-V, --vp 2), dualpipev (DualPipeV, --vp 2) (default 1f1b / interleaved if --vp>1)")
         g.add_argument("--recompute", default=None,
-                       help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules) (default none)")
+                       help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules), op-sac (torchtitan per-op SAC; eager engines) (default none)")
         g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
         g.add_argument("--zero", default=None, help="ZeRO stage 0-3 (3 = FSDP) (default 0; for torchtitan, "

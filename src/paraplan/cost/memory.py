@@ -149,6 +149,37 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
                            gemm_inputs=gi * h + w * gi * h)
 
 
+# torchtitan's per-op checkpointing (distributed/activation_checkpoint.py): the ops whose
+# outputs it saves are matmuls (every other one, counted in the order a layer runs them), the
+# attention kernel, the TP reduce-scatters and max; everything else is re-run in the backward
+OP_SAC_LSE_BYTES = 4.0  # the attention kernel's saved log-sum-exp, fp32 per head and token
+
+
+def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
+    """Bytes one layer keeps per token of the micro-batch under torchtitan's per-op
+    checkpointing (Recompute.OP_SAC), on one TP rank: the layer's input (the checkpoint's,
+    sequence-split under SP), the outputs of the odd-numbered matmuls of [wq, wk, wv, wo, w1,
+    (w3), w2] (column-parallel ones split over TP; a row-parallel one's partial sum whole:
+    the reduce-scatter after it is a separate op), the attention output with its log-sum-exp,
+    and under SP the two reduce-scatters' outputs. An MoE layer's matmuls are its attention's
+    (its routed experts are priced as before, moe.py). 16-bit outputs. Vectorized."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    t = np.asarray(plan.tp, dtype=float)
+    sp = np.asarray(plan.sequence_parallel, dtype=bool)
+    sp_div = np.where(sp, t, 1.0)
+    attn = [model.q_dim / t, model.kv_dim / t, (model.kv_pair_dim - model.kv_dim) / t, h + 0.0 * t]
+    mlp = [f / t] * (model.num_mlp_matrices - 1) + [h + 0.0 * t]
+
+    def saved(outputs):  # the 1st, 3rd, 5th, ... matmul's output
+        return sum(x for i, x in enumerate(outputs) if i % 2 == 0)
+    w = np.asarray(mlp_weight, dtype=float)
+    matmuls = w * saved(attn + mlp) + (1.0 - w) * saved(attn)
+    a = WEIGHT_BYTES
+    return (np.asarray(residual_bytes, dtype=float) * h / sp_div + a * matmuls
+            + a * model.v_dim / t + OP_SAC_LSE_BYTES * model.num_heads / t
+            + np.where(sp & (t > 1), 2.0 * a * h / t, 0.0))
+
+
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,
                            modules_extra_saving=0.0, precision=None):
     """Stored activation bytes of one layer for one micro-batch (vectorized over plans).
@@ -178,11 +209,14 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     selective = tokens * base + extra_bytes
     modules = (tokens * (base - terms.modules_replicated / sp_div - terms.modules_split / t)
                + extra_bytes - modules_extra_saving)
-    full = tokens * (residual_bytes_per_element(_width(precision), autocast) * model.hidden_size) / sp_div
+    residual = residual_bytes_per_element(_width(precision), autocast)
+    full = tokens * (residual * model.hidden_size) / sp_div
+    op_sac = tokens * op_sac_bytes_per_token(model, plan, mlp_weight, residual) + extra_bytes
     rc = np.asarray(recompute_code)
     stored = np.where(rc == Recompute.FULL.code, full,
                       np.where(rc == Recompute.SELECTIVE.code, selective,
-                               np.where(rc == Recompute.MODULES.code, modules, none)))
+                               np.where(rc == Recompute.MODULES.code, modules,
+                                        np.where(rc == Recompute.OP_SAC.code, op_sac, none))))
     return stored, none, selective
 
 
@@ -194,8 +228,11 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     1F1B: p − r (Narayanan et al. SC'21 Sec. 2.2.1); ZB-H1: p on every rank, the W passes
     holding what rank 0 frees in 1F1B (Qi et al. 2024 Sec. 3.1); interleaved 1F1B: a warm-up
     of 2(p−r−1) + (v−1)p + 1 chunks of 1/v stage each, p·(1 + (p−1)/(p·v)) on rank 0
-    (Korthikanti et al. Sec. 4.2.3), and every micro-batch when m ≤ p (Megatron-LM runs all
-    forwards first); ZB-V: (m + r + 1)/2 up to p, two half-stage chunks per micro-batch in its
+    (Korthikanti et al. Sec. 4.2.3), every micro-batch on a rank whose warm-up covers all
+    m·v chunk-forwards (Megatron-Core 0.16.1 pipeline_parallel/schedules.py
+    get_pp_rank_microbatches; torch.distributed.pipelining's Interleaved1F1B caps the same
+    count: per rank, so at m = p rank 0 runs every forward first and the last rank does not);
+    ZB-V: (m + r + 1)/2 up to p, two half-stage chunks per micro-batch in its
     V (torch's order; p on every rank once m ≥ 2p − 1, 1F1B's peak, as Qi et al. 2024 Sec. 6
     design it); DualPipeV: p + 1/2 on every rank, 2p + 1 half-stage chunks (DeepSeek-AI 2024
     Table 2: PP + 1 chunks; the pair holds the forward's and the backward's at once; m ≥ 2p);
@@ -212,27 +249,31 @@ def inflight_microbatches(plan, num_microbatches, rank=0):
     out = np.where(sc == Schedule.ZERO_BUBBLE.code, np.minimum(p, m), out)
     out = np.where(sc == Schedule.ZERO_BUBBLE_V.code, np.minimum(np.minimum(p, m), (m + r + 1.0) / 2.0), out)
     out = np.where(sc == Schedule.DUAL_PIPE_V.code, np.minimum(p + 0.5, m), out)
-    out = np.where(_forwards_first(plan, m), m, out)
+    out = np.where(_forwards_first(plan, m, r), m, out)
     return np.where(p > 1, out, 1.0)
 
 
-def _forwards_first(plan, m):
-    """Schedules that run every forward before any backward: GPipe and breadth-first, and
-    interleaved 1F1B when m ≤ p (Megatron-LM's warm-up then covers every micro-batch)."""
+def _forwards_first(plan, m, rank):
+    """Whether pipeline rank `rank` runs every forward before any backward: under GPipe and
+    breadth-first, and under interleaved 1F1B where its warm-up, 2(p−r−1) + (v−1)p
+    chunk-forwards, covers all m·v of them (Megatron-Core's are_all_microbatches_in_warmup)."""
     sc = np.asarray(plan.schedule_code)
+    p, v = np.asarray(plan.pp, dtype=float), np.asarray(plan.vp, dtype=float)
+    warmup = 2.0 * (p - np.asarray(rank, dtype=float) - 1.0) + (v - 1.0) * p
     return ((sc == Schedule.GPIPE.code) | (sc == Schedule.BREADTH_FIRST.code)
-            | ((sc == Schedule.INTERLEAVED_1F1B.code) & (np.asarray(plan.vp) > 1) & (m <= np.asarray(plan.pp))))
+            | ((sc == Schedule.INTERLEAVED_1F1B.code) & (v > 1) & (warmup >= m * v)))
 
 
 def inflight_logits(plan, num_microbatches):
     """Micro-batches whose loss state (logits and softmax) the last stage holds at once: the
     forwards its last model chunk has run and not yet back-propagated. GPipe and breadth-first
-    run every forward first (m), and so does interleaved 1F1B when m ≤ p; 1F1B, ZB-H1, ZB-V
-    and interleaved 1F1B otherwise start each last-chunk backward right after its forward (one).
-    Read off the schedules' task order (sim/schedules.py; tests/test_pipeline_schedule_costs.py)."""
+    run every forward first (m), and so does interleaved 1F1B where the last rank's warm-up,
+    (v−1)p chunk-forwards, covers all m·v; 1F1B, ZB-H1, ZB-V and interleaved 1F1B otherwise
+    start each last-chunk backward right after its forward (one). Read off the schedules'
+    task order (sim/schedules.py; tests/test_pipeline_schedule_costs.py)."""
     p = np.asarray(plan.pp, dtype=float)
     m = np.asarray(num_microbatches, dtype=float)
-    return np.where((p > 1) & _forwards_first(plan, m), m, np.minimum(m, 1.0))
+    return np.where((p > 1) & _forwards_first(plan, m, p - 1.0), m, np.minimum(m, 1.0))
 
 
 def fits(cluster, device_bytes, host_bytes):

@@ -1,4 +1,4 @@
-"""Recomputation per micro-batch on the critical stage: full, first-k, selective, modules.
+"""Recomputation per micro-batch on the critical stage: full, first-k, selective, modules, per-op.
 
 Legend: L_s layers of the critical stage, T tokens per micro-batch on one CP rank, t
 tensor-parallel degree, h hidden size, qd query width, d_nope a head's non-RoPE width.
@@ -57,6 +57,32 @@ def modules_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerComp
                                  norms_recomputed))
 
 
+def op_sac_unsaved_matmuls(model: ModelSpec, T, t):
+    """(rows, cols, inner) of the matmuls torchtitan's per-op checkpointing re-runs in one
+    dense layer's backward: the even-numbered of [wq, wk, wv, wo, w1, (w3), w2] (memory.py
+    op_sac_bytes_per_token keeps the odd ones), each on T tokens, split over TP as it runs;
+    the MLP's are a dense layer's (weight them by the dense share)."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    attn = [(T, model.q_dim / t, h), (T, model.kv_dim / t, h), (T, (model.kv_pair_dim - model.kv_dim) / t, h),
+            (T, h, model.v_dim / t)]
+    mlp = [(T, f / t, h)] * (model.num_mlp_matrices - 1) + [(T, h, f / t)]
+    order = attn + mlp
+    return [shape for i, shape in enumerate(order) if i % 2 == 1 and i < len(attn)], \
+        [shape for i, shape in enumerate(order) if i % 2 == 1 and i >= len(attn)]
+
+
+def op_sac_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerCompute):
+    """What torchtitan's per-op checkpointing re-runs of one layer's forward: the matmuls it
+    did not keep (op_sac_unsaved_matmuls; an MoE layer's attention ones) and every
+    element-wise kernel (norms, RoPE, activation, residual adds); the attention kernel's
+    output is kept."""
+    T, t, prec = lay.tokens_per_microbatch, lay.tp, lay.precision
+    attn, mlp = op_sac_unsaved_matmuls(model, T, t)
+    return (sum(gemm_time_s(gpu, *shape, prec) for shape in attn)
+            + lay.dense_layer_share * sum(gemm_time_s(gpu, *shape, prec) for shape in mlp)
+            + lc.elementwise_forward_s)
+
+
 def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCompute, layer_forward_s,
                   tp: TPComm, cp: CPComm, ep_forward_exposed_s, mc: MoELayerCosts | None) -> Recomputation:
     """Recomputation on the critical stage per micro-batch; `layer_forward_s` the layer's
@@ -72,8 +98,13 @@ def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCo
     last_gemm = w_dense * lc.down_gemm_s + (lay.moe_layer_share * mc.last_gemm_s if mc else 0.0 * L_s)
     rc_compute_stage = (rc_layers * (layer_forward_s - np.where(early, last_gemm, 0.0))
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * lc.attention_forward_s, 0.0)
-                        + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0))
-    rc_tp_stage = rc_layers * np.where(early, 0.5, 1.0) * tp.forward_exposed_s
+                        + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0)
+                        + np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, lay, lc), 0.0))
+    # per-op checkpointing keeps the reduce-scatters' outputs and re-runs the gathers that
+    # feed its re-run matmuls (without SP, the attention output's all-reduce): about half of
+    # the layer's forward TP traffic
+    rc_tp_stage = (rc_layers * np.where(early, 0.5, 1.0) * tp.forward_exposed_s
+                   + np.where(rc == Recompute.OP_SAC.code, 0.5 * L_s * tp.forward_exposed_s, 0.0))
     # the attention core recomputed alone still holds the CP exchange (Transformer Engine's
     # context-parallel attention does its K/V traffic inside the checkpointed kernel)
     rc_attn = np.where(rc == Recompute.SELECTIVE.code, 1.0,

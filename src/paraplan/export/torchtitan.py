@@ -31,9 +31,9 @@ Mapping (paraplan -> torchtitan):
 - CP: ring (p2p) -> `context_parallel_rotate_method = "alltoall"` (PyTorch passes each K/V
   shard on with an all-to-all per ring step); allgather -> `"allgather"`. torchtitan has no
   Ulysses (a2a). torchtitan 0.3 has no rotate knob: PyTorch's default, all-gather.
-- Recompute: `full` -> FullAC; `selective` -> torchtitan's per-op SAC (`"op"`: keeps matmul
-  and attention outputs, recomputes element-wise ops), the nearest torchtitan policy to
-  Korthikanti's attention-core recomputation.
+- Recompute: `full` -> FullAC; `op-sac` -> torchtitan's per-op SAC (`mode = "selective"`,
+  `selective_ac_option = "op"`: keeps every other matmul's and the attention kernel's outputs,
+  recomputes the rest). torchtitan has no attention-core-only policy: `selective` is refused.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ ENGINE = Engine.TORCHTITAN
 SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED_1F1B: "Interleaved1F1B", Schedule.BREADTH_FIRST: "LoopedBFS",
              Schedule.ZERO_BUBBLE_V: "ZBVZeroBubble", Schedule.DUAL_PIPE_V: "DualPipeV"}
-RECOMPUTE_MODES = {Recompute.NONE: "none", Recompute.SELECTIVE: "selective", Recompute.FULL: "full"}
+RECOMPUTE_MODES = {Recompute.NONE: "none", Recompute.OP_SAC: "selective", Recompute.FULL: "full"}
 # paraplan preset -> (torchtitan model name, flavor, torchtitan 0.3 config_registry function)
 MODELS = {
     "llama3-8b": ("llama3", "8B", "llama3_8b"), "llama3.1-8b": ("llama3", "8B", "llama3_8b"),
@@ -275,7 +275,7 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
         else:  # any other split: each virtual stage's modules by name, as the simulator lays them out
             par["module_fqns_per_model_part"] = module_fqns(model, workload, plan)
     ac: dict = {"mode": RECOMPUTE_MODES[plan.recompute]}
-    if plan.recompute is Recompute.SELECTIVE:
+    if plan.recompute is Recompute.OP_SAC:
         ac["selective_ac_option"] = "op"
     cfg = {
         "job": {"description": f"paraplan {plan.describe()}"},
@@ -344,8 +344,9 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
         notes.append(f"model {model.name!r} has no torchtitan flavor: register one with its dimensions "
                      f"(layers {model.num_layers}, dim {model.hidden_size}, heads {model.num_heads}/{model.num_kv_heads}, "
                      f"ffn {model.ffn_hidden_size}, vocab {model.vocab_size})")
-    if plan.recompute is Recompute.SELECTIVE:
-        notes.append("selective recomputation is torchtitan's per-op SAC (keeps matmul and attention outputs)")
+    if plan.recompute is Recompute.OP_SAC:
+        notes.append("op-sac is torchtitan's per-op SAC (keeps every other matmul's and the attention kernel's "
+                     "outputs)")
     notes.append("gradients are reduced in fp32 (FSDP2 mixed_precision_reduce); the prediction assumes the same")
     if plan.compiled:
         notes.append("each block under torch.compile, the loss eager (compile.components = [\"model\"]): the "

@@ -35,6 +35,12 @@ class Recompute(_Coded):
     # --recompute-modules core_attn layernorm moe_act mla_up_proj): the attention core, the
     # two norms' outputs, the routed experts' activation function and MLA's up-projections
     MODULES = "modules"
+    # torchtitan's per-op selective checkpointing (activation_checkpoint.mode "selective",
+    # selective_ac_option "op"; torchtitan distributed/activation_checkpoint.py _save_list):
+    # each layer keeps its input and the outputs of every other matmul, the attention kernel
+    # and the TP reduce-scatters, and re-runs the rest (norms, RoPE, activation, the other
+    # matmuls) in its backward. An eager engine's policy (torchtitan, paraplan run).
+    OP_SAC = "op-sac"
 
 
 class CPCommType(_Coded):

@@ -213,6 +213,10 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
              lambda B: (B.recompute_code == Recompute.MODULES.code)
          & np.full(np.shape(B.recompute_code), not (model.is_moe or model.is_mla)),
          lambda P: f"recompute=modules applies to MoE or MLA models; {model.name} is neither (use selective)"),
+        Rule("op_sac", ("recompute_code", "fused_kernels"), False,
+             lambda B: (B.recompute_code == Recompute.OP_SAC.code) & B.fused_kernels,
+         lambda P: "recompute=op-sac is torchtitan's per-op checkpointing, an eager engine's policy: "
+                   "Megatron's fused layers recompute by module (use selective, modules or full)"),
         Rule("first_k", ("recompute_code", "recompute_num_layers", "pp"), True,
              lambda B: (B.recompute_code == Recompute.FIRST_K.code)
          & ((B.recompute_num_layers < 1) | (B.recompute_num_layers >= L // np.maximum(B.pp, 1))),

@@ -443,7 +443,9 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         Axis("rank_order_code", (), lambda: orders),
         Axis("vp", (), lambda: vps),
         Axis("schedule_code", ("vp",), schedules),
-        Axis("recompute_code", (), lambda: [x.code for x in limits.recomputes]),
+        # per-op checkpointing is an eager engine's policy (the op_sac rule)
+        Axis("recompute_code", (), lambda: [x.code for x in limits.recomputes
+                                            if not (limits.fused_kernels and x is Recompute.OP_SAC)]),
         # first-k recomputation of a quarter, half or three quarters of the fullest stage
         Axis("recompute_num_layers", ("recompute_code",), lambda rc: ks if rc == Recompute.FIRST_K.code else (0,)),
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),

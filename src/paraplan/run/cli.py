@@ -64,8 +64,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
         g.add_argument(f"--{name}", type=_degree, default=1, help=hlp)
     g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb, zbv, dualpipev (default 1f1b / interleaved if --vp>1)")
-    g.add_argument("--recompute", default="none", help="none, selective, full, first_k "
-                   "(modules, Megatron-Core's module recomputation, is estimated, not run)")
+    g.add_argument("--recompute", default="none", help="none, selective, full, first_k, op-sac (torchtitan's "
+                   "per-op policy; modules, Megatron-Core's module recomputation, is estimated, not run)")
     g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
     g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
     g.add_argument("--zero", default="0", help="ZeRO stage 0-3 (3 = FSDP)")

@@ -176,10 +176,11 @@ def _interleaved(p: int, m: int, v: int, rank: int, t: _Tasks) -> list[Task]:
     # forward_backward_pipelining_with_interleaving: the k-th chunk-pass of a rank belongs
     # to chunk (k mod p*v) // p (reversed for backwards) and micro-batch
     # (k // p*v) * p + k mod p, i.e. micro-batches go through each chunk in groups of p.
-    # Warm-up is (p-rank-1)*2 + (v-1)*p chunk-forwards; Megatron-LM runs every forward
-    # first when m == p, and so do we.
+    # Warm-up is (p-rank-1)*2 + (v-1)*p chunk-forwards, capped at all m*v of them per rank
+    # (Megatron-Core 0.16.1 get_pp_rank_microbatches; torch.distributed.pipelining's
+    # Interleaved1F1B likewise): at m == p rank 0 runs every forward first, the last rank not.
     total = m * v
-    warmup = total if m == p else min((p - rank - 1) * 2 + (v - 1) * p, total)
+    warmup = min((p - rank - 1) * 2 + (v - 1) * p, total)
 
     def forward(k: int) -> Task:
         group, in_group = divmod(k, p * v)

@@ -211,6 +211,16 @@ def published_precision(text: str) -> Precision:
     return parse_precision(text)
 
 
+def published_recompute(text: str, torchtitan: bool) -> Recompute:
+    """A recomputation as sources publish it: a name (Recompute.parse), with a note that may
+    follow. torchtitan's "selective" is its per-op checkpointing ("selective (per-op SAC)",
+    "(op-level SAC)", "(op)"; its llama3 configs set selective_ac_option = "op"): OP_SAC, as is
+    any "selective" whose note names the per-op policy."""
+    rc = Recompute.parse(without_note(text), "recompute")
+    per_op = re.search(r"\(\s*op\b|per-op|op-level", text, re.IGNORECASE) is not None
+    return Recompute.OP_SAC if rc is Recompute.SELECTIVE and (torchtitan or per_op) else rc
+
+
 COUNT_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "top_k", "moe_ffn_hidden", "seq_len",
                  "num_gpus", "gpus_per_node", "global_batch", "micro_batch", "tp", "pp", "vp", "cp", "ep", "dp")
 
@@ -231,8 +241,8 @@ def row_cells(row: dict, path: str, line: int) -> dict:
     except SpecError as e:
         raise RowError(path, line, "precision", f"{prec!r} is not allowed; {e.allowed}") from None
     rc = (row.get("recompute") or "").strip()
-    try:  # a note may follow: "selective (per-op SAC)" is torchtitan's op-level selective AC
-        cells["recompute"] = Recompute.parse(without_note(rc), "recompute") if rc else None
+    try:
+        cells["recompute"] = published_recompute(rc, _is_torchtitan(row)) if rc else None
     except SpecError as e:
         raise RowError(path, line, "recompute", f"{rc!r} is not allowed; {e.allowed} or blank (not stated)") from None
     if (cells["vp"] or 1) > 1 and cells["pp"] == 1:
