@@ -32,12 +32,14 @@ def cmd_estimate(args) -> int:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
         print(json_text({**estimate_dict(est), "plan_source": source, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
-                          "notes": seq_notes(model, wl),
+                          "notes": seq_notes(model, wl) + ([est.pipeline_note] if est.pipeline_note else []),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
         print(header(model, cluster, wl) + ("\n" + SEARCHED_PLAN_NOTE if source == "search" else "") + "\n")
         print(estimate_report(est))
+        if est.pipeline_note:
+            print("note: " + est.pipeline_note)
         if advice:
             print("\n" + advice)
         if wi:

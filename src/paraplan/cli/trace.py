@@ -30,8 +30,20 @@ def add_parser(sub) -> None:
     t.set_defaults(func=cmd_trace)
 
 
+def _check_trace_size(plan, shown: int, num_layers: int, tasks: int, tasks_max: int) -> None:
+    """Refuse, in one line, a trace whose fewest micro-batches (2·PP) are more schedule tasks
+    than the simulator holds or more layer events than TRACE_MAX_LAYER_EVENTS."""
+    events = 10 * num_layers * shown
+    if tasks <= tasks_max and events <= TRACE_MAX_LAYER_EVENTS:
+        return
+    what = (f"{tasks:,} schedule tasks, over the simulator's {tasks_max:,}" if tasks > tasks_max
+            else f"about {events:,} layer events of {num_layers:,} layers, over {TRACE_MAX_LAYER_EVENTS:,} (2 GB)")
+    raise SpecError("trace", "--pp", plan.pp, f"a trace of {plan.pp:,} stages shows at least {shown:,} micro-batches, "
+                    f"{what}: trace fewer stages or layers (estimate prices this plan without a trace)")
+
+
 def cmd_trace(args) -> int:
-    from ..cost.estimate import chunk_layers, estimate, stage_costs
+    from ..cost.estimate import SIM_TASKS_MAX, chunk_layers, estimate, schedule_tasks, stage_costs
     from ..cost.evaluate import evaluate
     from ..outfile import check_not_input, check_output, write_output
     from ..plan.axes import Schedule
@@ -55,6 +67,7 @@ def cmd_trace(args) -> int:
     cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
     shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
     staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
+    _check_trace_size(staged, shown, model.num_layers, schedule_tasks(staged, shown), SIM_TASKS_MAX)
     if plan.pp > 1 and shown == m and est.sim is not None:
         sim = est.sim
     else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate

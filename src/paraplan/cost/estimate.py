@@ -65,6 +65,7 @@ class Estimate:
     layer_detail: dict
     step_detail: dict          # per-step work after the pipeline (DP/ZeRO, SP norm all-reduce, optimizer)
     sim: SimResult | None = None
+    pipeline_note: str = ""    # why the pipeline was not simulated ("" when it was, or has one stage)
 
     def misfit(self, gpu_name: str) -> str:
         """Why the plan does not fit, in one clause ("" when it fits)."""
@@ -138,6 +139,17 @@ def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[rang
 
 # micro-batches per step up to which the pipeline is simulated whole (beyond: extrapolated)
 SIM_MICROBATCHES = 256
+# schedule tasks (one per chunk, micro-batch and pass) the event simulator runs for one
+# estimate at most: about 40 us and 0.7 KB each (a 500-stage pipeline of 500 micro-batches,
+# 500k tasks, took 19 s and 0.35 GB); past it the closed-form bubble stands (cost/bubbles.py)
+SIM_TASKS_MAX = 400_000
+
+
+def schedule_tasks(plan: Plan, num_microbatches: int) -> int:
+    """Tasks the simulator runs for `num_microbatches` of a plan's schedule: a forward and a
+    backward (and a W pass where the schedule splits it) per chunk and micro-batch."""
+    passes = 3 if plan.schedule in SPLIT_BACKWARD else 2
+    return plan.pp * plan.vp * num_microbatches * passes
 
 
 def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, mem: MemoryBreakdown) -> float:
@@ -167,10 +179,14 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
     m = int(_batch_index(costs.num_microbatches))
     time = costs.time.scalar(0)
-    sim = None
-    if simulate_pipeline and plan.pp > 1:
+    sim, pipeline_note = None, ""
+    m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
+    tasks = schedule_tasks(plan, m if m <= 2 * m1 else 3 * m1)
+    if simulate_pipeline and plan.pp > 1 and tasks > SIM_TASKS_MAX:
+        pipeline_note = (f"pipeline not simulated: {plan.pp:,} stages × {m:,} micro-batches take {tasks:,} schedule "
+                         f"tasks, over the simulator's {SIM_TASKS_MAX:,}; the bubble is the closed form's")
+    elif simulate_pipeline and plan.pp > 1:
         sc = stage_costs(costs, plan)
-        m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
         if m <= 2 * m1:
             sim = simulate_schedule(plan.schedule, m, sc)
             makespan = sim.step_time_s
@@ -223,7 +239,7 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
                     host_bytes=host, host_capacity_bytes=cluster.host_memory_bytes_per_gpu,
                     tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=mfu, hfu=hfu,
                     model_tflops_per_gpu=mfu * peak / 1e12, budget=budget, comm_detail=comm,
-                    layer_detail=detail, step_detail=step_detail, sim=sim)
+                    layer_detail=detail, step_detail=step_detail, sim=sim, pipeline_note=pipeline_note)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,

@@ -78,9 +78,9 @@ def op_sac_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerCompu
     output is kept."""
     T, t, prec = lay.tokens_per_microbatch, lay.tp, lay.precision
     attn, mlp = op_sac_unsaved_matmuls(model, T, t)
-    return (sum(gemm_time_s(gpu, *shape, prec) for shape in attn)
-            + lay.dense_layer_share * sum(gemm_time_s(gpu, *shape, prec) for shape in mlp)
-            + lc.elementwise_forward_s)
+    def gemms_s(shapes):
+        return sum(gemm_time_s(gpu, rows, cols, inner, prec) for rows, cols, inner in shapes)
+    return gemms_s(attn) + lay.dense_layer_share * gemms_s(mlp) + lc.elementwise_forward_s
 
 
 def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCompute, layer_forward_s,
