@@ -12,7 +12,7 @@ from paraplan.cost.memory import op_sac_bytes_per_token
 from paraplan.plan.axes import Recompute, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import SpaceLimits, check_plan, enumerate_space
-from paraplan.run.checkpointing import _op_sac_saved_ops, op_sac_context
+from paraplan.run.checkpointing import op_sac_saved_ops, op_sac_context
 from paraplan.run.model import Block, rope_tables
 from paraplan.specs.catalog import load_cluster
 from paraplan.specs.model import ModelSpec
@@ -50,7 +50,7 @@ def test_op_sac_keeps_what_the_policy_saves_of_the_block_paraplan_runs(gated):
     rec = _Outputs()
     with rec:
         block(x, cos, sin)
-    saved_ops, mm, count = _op_sac_saved_ops(), torch.ops.aten.mm.default, 0
+    saved_ops, mm, count = op_sac_saved_ops(), torch.ops.aten.mm.default, 0
     kept = x.numel() * x.element_size()
     for func, nbytes in rec.ops:
         if func is mm:

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from ..plan.axes import Recompute
 
 
-def _op_sac_saved_ops() -> set:
+def op_sac_saved_ops() -> set:
     """The ops whose outputs per-op checkpointing keeps (torchtitan's _save_list, plus the CPU
     and cuDNN attention kernels, which paraplan run's SDPA may pick)."""
     aten = torch.ops.aten
@@ -37,7 +37,7 @@ def _op_sac_saved_ops() -> set:
 def op_sac_context():
     """A checkpoint's context: keep the saved ops' outputs except every second matmul (counted
     per block, apart in its forward and its recomputation), re-run the rest."""
-    saved, count = _op_sac_saved_ops(), defaultdict(int)
+    saved, count = op_sac_saved_ops(), defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
         key = "recompute" if ctx.is_recompute else "forward"
