@@ -70,3 +70,26 @@ def test_trace_of_a_plan_that_does_not_fit_says_so(capsys, tmp_path):
     assert code == 0 and "the plan does not fit" in out and "--zero 3" in out
     code, out, err = _run(capsys, ["trace", *BIG, "-o", "-"])
     assert code == 0 and json.loads(out)["traceEvents"] and "does not fit" in err
+
+
+def test_a_plan_that_fits_says_its_headroom_and_what_frees_most_typed_back_in(capsys):
+    """The change named as freeing the most memory, typed back in, frees what it says (the
+    plan's memory less the freed bytes), and no other single change frees more."""
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--dp", "8", "--seq", "4096", "--batch", "32", "--mb", "1", "--zero", "2"]
+    code, out, _ = _run(capsys, ["estimate", *argv, "--json"])
+    d = json.loads(out)
+    h = d["memory_headroom"]
+    assert d["fits"] and "misfit" not in d
+    total = d["memory_bytes"]["total_bytes"]
+    assert h["free_bytes"] == pytest.approx(d["hbm_bytes"] - total)
+    assert h["flags"] and h["freed_bytes"] > 0 and h["step_ratio"] > 0
+    code, out, _ = _run(capsys, ["estimate", *argv, *shlex.split(h["flags"]), "--json"])
+    changed = json.loads(out)["memory_bytes"]["total_bytes"]
+    assert changed == pytest.approx(total - h["freed_bytes"])
+    for flags in ("--recompute full", "--zero 3", "--offload"):
+        code, out, _ = _run(capsys, ["estimate", *argv, *shlex.split(flags), "--json"])
+        if code == 0:
+            assert json.loads(out)["memory_bytes"]["total_bytes"] >= changed * (1 - 1e-9)
+    # and in words, under the breakdown
+    code, out, _ = _run(capsys, ["estimate", *argv])
+    assert "memory headroom" in out and f"frees most alone: {h['flags']}" in out

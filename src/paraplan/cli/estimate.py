@@ -3,14 +3,17 @@ breakdown."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from ..cost.estimate import estimate
 from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import estimate_report, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
+from ..search.advice import headroom_line
 from ..search.whatif import what_if
 from .args import SEARCHED_PLAN_NOTE, add_engine, add_plan, add_specs, add_whatif, chosen_plan, specs_from_args
-from .notes import header, misfit_advice_for, seq_notes
+from .notes import header, headroom_for, misfit_advice_for, seq_notes
 
 
 def add_parser(sub) -> None:
@@ -28,16 +31,20 @@ def cmd_estimate(args) -> int:
     est = estimate(model, cluster, wl, plan)
     wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
     advice, changes = misfit_advice_for(args, model, cluster, wl, est)
+    headroom = headroom_for(args, model, cluster, wl, est)
     if args.json:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
         print(json_text({**estimate_dict(est), "plan_source": source, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
                           "notes": seq_notes(model, wl) + ([est.pipeline_note] if est.pipeline_note else []),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
+                          **({"memory_headroom": asdict(headroom)} if headroom else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
         print(header(model, cluster, wl) + ("\n" + SEARCHED_PLAN_NOTE if source == "search" else "") + "\n")
         print(estimate_report(est))
+        if headroom:
+            print(headroom_line(headroom))
         if est.pipeline_note:
             print("note: " + est.pipeline_note)
         if advice:

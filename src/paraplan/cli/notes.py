@@ -4,7 +4,7 @@ cluster and workload, notes on the sequence length, and advice for a plan that d
 from __future__ import annotations
 
 from ..report.table import unchecked_note
-from ..search.advice import misfit_advice
+from ..search.advice import memory_headroom, misfit_advice
 from ..units import fmt_count
 from .args import exporter_from_args, support_from_args
 
@@ -24,11 +24,21 @@ def header(model, cluster, wl, suffix: str = "") -> str:
                      + notes)
 
 
+def _engine_check(args, model, wl):
+    """--engine's rules as a function that raises for a plan the engine cannot run (or None)."""
+    mod = exporter_from_args(args, wl, model)
+    return None if mod is None else (lambda p: mod.check(support_from_args(mod, args).adapt(p), model, wl))
+
+
+def headroom_for(args, model, cluster, wl, est):
+    """The memory a plan that fits leaves, and the single change (under --engine's rules) that
+    frees most (search/advice.py); None for a plan that does not fit."""
+    return memory_headroom(model, cluster, wl, est, _engine_check(args, model, wl)) if est.fits else None
+
+
 def misfit_advice_for(args, model, cluster, wl, est):
     """('', []) for a plan that fits; else the line saying why not and which single change of
     its flags would fit (search/advice.py), under --engine's rules, with the changes."""
     if est.fits:
         return "", []
-    mod = exporter_from_args(args, wl, model)
-    check = None if mod is None else (lambda p: mod.check(support_from_args(mod, args).adapt(p), model, wl))
-    return misfit_advice(model, cluster, wl, est, check)
+    return misfit_advice(model, cluster, wl, est, _engine_check(args, model, wl))

@@ -1,9 +1,12 @@
-"""What would make a plan that does not fit fit: each memory lever changed alone, priced.
+"""What would make a plan that does not fit fit, and what frees most in one that does: each
+memory lever changed alone, priced.
 
 `paraplan estimate` and `paraplan trace` of a plan over the GPU's memory say which single
 change of its flags would fit (full recomputation, a smaller micro-batch, a higher ZeRO
 stage, optimizer offload, twice the TP, PP or CP on the same GPUs), each estimated with the
 cost model, fastest first; none of them is the answer "more GPUs" (the search says that).
+Of a plan that fits, `estimate` says how much of the GPU's memory it leaves and which one of
+those changes frees the most, at what step time (memory_headroom).
 """
 
 from __future__ import annotations
@@ -11,11 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import numpy as np
+
 from ..cost.estimate import Estimate, estimate
+from ..cost.evaluate import evaluate
 from ..errors import ParaplanError
 from ..plan.axes import Recompute, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import check_plan
+from ..plan.space import PlanBatch, check_plan
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -88,3 +94,46 @@ def misfit_advice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, es
     alts = ", ".join(f"{c.flags} ({fmt_bytes(c.estimate.memory.total)}, step {fmt_time(c.estimate.step_time_s)})"
                      for c in changes[:shown])
     return f"{why}; fits with one change: {alts}", changes
+
+
+@dataclass(frozen=True)
+class Headroom:
+    """How close a plan runs to the GPU's memory, and the single change that frees the most."""
+
+    free_bytes: float        # the GPU's memory the plan leaves (its worst stage)
+    hbm_bytes: float
+    flags: str               # the change that frees the most ("" when none is valid)
+    freed_bytes: float       # by that change
+    step_ratio: float        # its step time over the plan's, closed form both (cost/evaluate.py)
+
+
+def memory_headroom(model: ModelSpec, cluster: ClusterSpec, workload: Workload, est: Estimate,
+                    check: Callable[[Plan], None] | None = None) -> Headroom:
+    """The plan's free memory, and which valid single change (as `_changes` lists them; under
+    `check`, an engine's rules) lowers its memory most, priced in one batch of the cost model
+    with the plan itself (the step ratio compares closed-form steps, the pipeline unsimulated)."""
+    valid = []
+    for flags, p in _changes(est.plan):
+        try:
+            if check_plan(p, model, cluster, workload) is None and (check is None or check(p) is None):
+                valid.append((flags, p))
+        except ParaplanError:
+            continue
+    free = est.hbm_bytes - est.memory.total
+    if not valid:
+        return Headroom(free_bytes=free, hbm_bytes=est.hbm_bytes, flags="", freed_bytes=0.0, step_ratio=1.0)
+    costs = evaluate(model, cluster, workload, PlanBatch.from_plans([est.plan] + [p for _, p in valid]))
+    memory = np.asarray(costs.memory.total, dtype=float)
+    step = np.asarray(costs.step_time_s, dtype=float)
+    best = 1 + int(np.argmin(memory[1:]))
+    return Headroom(free_bytes=free, hbm_bytes=est.hbm_bytes, flags=valid[best - 1][0],
+                    freed_bytes=float(memory[0] - memory[best]), step_ratio=float(step[best] / step[0]))
+
+
+def headroom_line(h: Headroom) -> str:
+    """One line: the memory a plan leaves, and what frees most."""
+    line = f"memory headroom {fmt_bytes(h.free_bytes)} of {fmt_bytes(h.hbm_bytes)} ({100 * h.free_bytes / h.hbm_bytes:.0f}%)"
+    if h.flags and h.freed_bytes > 0:
+        line += (f"; frees most alone: {h.flags} (−{fmt_bytes(h.freed_bytes)}, step "
+                 f"{100 * (h.step_ratio - 1):+.0f}%)")
+    return line
