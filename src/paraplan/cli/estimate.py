@@ -3,18 +3,23 @@ breakdown."""
 
 from __future__ import annotations
 
+import argparse
+
 from ..cost.estimate import estimate
 from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import estimate_report, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
+from ..report.legend import legend_block
+from ..report.width import terminal_width, wrap
 from ..search.whatif import what_if
 from .args import SEARCHED_PLAN_NOTE, add_engine, add_plan, add_specs, add_whatif, chosen_plan, specs_from_args
 from .notes import header, misfit_advice_for, seq_notes
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("estimate", help="predict one plan with a full breakdown")
+    e = sub.add_parser("estimate", help="predict one plan with a full breakdown",
+                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_specs(e)
     add_plan(e, required=True)
     add_engine(e)
@@ -36,10 +41,12 @@ def cmd_estimate(args) -> int:
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
-        print(header(model, cluster, wl) + ("\n" + SEARCHED_PLAN_NOTE if source == "search" else "") + "\n")
-        print(estimate_report(est))
+        width = terminal_width()
+        print(header(model, cluster, wl, width=width)
+              + ("\n" + wrap(SEARCHED_PLAN_NOTE, width) if source == "search" else "") + "\n")
+        print(estimate_report(est, width, legend=True))
         if advice:
-            print("\n" + advice)
+            print("\n" + wrap(advice, width))
         if wi:
             print("\n" + whatif_table(wi))
     return 0
