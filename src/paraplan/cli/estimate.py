@@ -48,5 +48,5 @@ def cmd_estimate(args) -> int:
         if advice:
             print("\n" + wrap(advice, width))
         if wi:
-            print("\n" + whatif_table(wi))
+            print("\n" + whatif_table(wi, width=width))
     return 0

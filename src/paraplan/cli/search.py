@@ -71,7 +71,7 @@ def cmd_search(args) -> int:
     print("\nbest plan:\n")
     print(estimate_report(ranked[0], width))
     if wi:
-        print("\n" + whatif_table(wi, ranked))
+        print("\n" + whatif_table(wi, ranked, width))
     return 0
 
 

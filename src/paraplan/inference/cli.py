@@ -202,7 +202,7 @@ def _print_serving(args, model, cluster, traffic, limits, res, wi) -> None:
         print("\n" + wrap(f"{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}", width, indent=2))
     if wi:
         from ..report.whatif import serve_whatif_table
-        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens)))
+        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens), width))
 
 
 def _print_header(args, model, cluster, traffic, limits, width: int) -> None:

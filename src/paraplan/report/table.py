@@ -210,7 +210,7 @@ def scaling_table(result, width: int = DEFAULT_WIDTH) -> str:
                  rows, align=("l" if many else "") + "llrrrrrrr", width=width, wrap_col=2 if many else 1)
     lines = [with_plans(table, descriptions, shared_line, width), ""]
     lines += [labelled(f"note {i}: ", n, width) for i, n in enumerate(notes, 1)] + ([""] if notes else [])
-    return "\n".join(lines + [wrap(x, width) for x in _scaling_footer(result, many)])
+    return "\n".join(lines + [wrap(x, width, indent=2) for x in _scaling_footer(result, many)])
 
 
 def _where(pt, many: bool) -> str:
