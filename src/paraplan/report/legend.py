@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .width import labelled, wrap
+from .width import wrap
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +94,21 @@ def legend_line(descriptions, width: int, already=()) -> str:
     terms = [t for t in terms_used(descriptions) if t not in already]
     if not terms:
         return ""
-    return labelled("legend: ", "; ".join(f"{t.label}: {t.short}" for t in terms), width)
+    return _packed("legend: ", [f"{t.label}: {t.short}" for t in terms], width)
+
+
+def _packed(label: str, entries: list[str], width: int) -> str:
+    """`label` and the entries separated by "; ", wrapped at `width` between entries where
+    one fits on a line (an entry longer than a line wraps inside it)."""
+    indent = " " * len(label)
+    lines, line = [], label
+    for i, entry in enumerate(entries):
+        text = entry + (";" if i < len(entries) - 1 else "")
+        if line not in (label, indent) and len(line) + 1 + len(text) > width:
+            lines.append(line)
+            line = indent
+        line += text if line in (label, indent) else " " + text
+    return "\n".join(wrap(x, width, len(label)) for x in lines + [line])
 
 
 def legend_block(serving: bool = False, width: int = 100) -> str:
