@@ -85,17 +85,20 @@ def cmd_embeddings(args) -> int:
 def _print_plan(args, wl, cluster, res, compare) -> None:
     """The text output: the workload and step, the phases, the tables' shards, the ranks."""
     from ..report.table import grid
+    from ..report.width import terminal_width, wrap
     from ..units import fmt_bytes, fmt_count
     plan, cost = res.plan, res.cost
-    print(f"{wl.name}: {len(wl.tables)} tables, {fmt_bytes(wl.total_weight_bytes)} of weights, batch {wl.batch_size_per_rank:,}/rank "
+    width = terminal_width()
+    print(wrap(f"{wl.name}: {len(wl.tables)} tables, {fmt_bytes(wl.total_weight_bytes)} of weights, batch {wl.batch_size_per_rank:,}/rank "
           f"on {plan.world_size} x {cluster.gpu.name} ({cluster.name}); optimizer {wl.optimizer.value}"
-          + ("; hot-row replication" if args.hot_rows else "") + ("; in-batch dedup" if args.dedup else ""))
-    print(f"step (embeddings only) {cost.step_time_s * 1e3:.3f} ms; all-to-all {fmt_bytes(cost.a2a_bytes)}/step; "
+          + ("; hot-row replication" if args.hot_rows else "") + ("; in-batch dedup" if args.dedup else ""),
+               width, indent=2))
+    print(wrap(f"step (embeddings only) {cost.step_time_s * 1e3:.3f} ms; all-to-all {fmt_bytes(cost.a2a_bytes)}/step; "
           f"fullest rank {fmt_bytes(float(cost.hbm_bytes.max()))} of {fmt_bytes(cost.capacity_bytes)} usable HBM; "
           + (f"host memory (UVM) {fmt_bytes(float(cost.host_bytes_per_host.max()))} per host"
              + (f" of {fmt_bytes(cost.host_capacity_bytes)}; " if cost.host_capacity_bytes > 0 else "; ")
              if float(cost.host_bytes_per_host.max()) > 0 else "")
-          + f"{res.candidates} plans priced")
+          + f"{res.candidates} plans priced", width, indent=2))
     print()
     total = cost.step_time_s
     print(grid(["phase (slowest rank)", "ms", "share"],

@@ -3,6 +3,7 @@ breakdown."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict
 
 from ..cost.estimate import estimate
@@ -10,6 +11,8 @@ from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import estimate_report, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
+from ..report.legend import legend_block
+from ..report.width import terminal_width, wrap
 from ..search.advice import headroom_line
 from ..search.whatif import what_if
 from .args import SEARCHED_PLAN_NOTE, add_engine, add_plan, add_specs, add_whatif, chosen_plan, specs_from_args
@@ -17,7 +20,8 @@ from .notes import header, headroom_for, misfit_advice_for, seq_notes
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("estimate", help="predict one plan with a full breakdown")
+    e = sub.add_parser("estimate", help="predict one plan with a full breakdown",
+                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_specs(e)
     add_plan(e, required=True)
     add_engine(e)
@@ -41,14 +45,16 @@ def cmd_estimate(args) -> int:
                           **({"memory_headroom": asdict(headroom)} if headroom else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
-        print(header(model, cluster, wl) + ("\n" + SEARCHED_PLAN_NOTE if source == "search" else "") + "\n")
-        print(estimate_report(est))
+        width = terminal_width()
+        print(header(model, cluster, wl, width=width)
+              + ("\n" + wrap(SEARCHED_PLAN_NOTE, width) if source == "search" else "") + "\n")
+        print(estimate_report(est, width, legend=True))
         if headroom:
-            print(headroom_line(headroom))
+            print(wrap(headroom_line(headroom), width))
         if est.pipeline_note:
-            print("note: " + est.pipeline_note)
+            print(wrap("note: " + est.pipeline_note, width))
         if advice:
-            print("\n" + advice)
+            print("\n" + wrap(advice, width))
         if wi:
-            print("\n" + whatif_table(wi))
+            print("\n" + whatif_table(wi, width=width))
     return 0

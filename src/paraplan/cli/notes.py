@@ -4,6 +4,7 @@ cluster and workload, notes on the sequence length, and advice for a plan that d
 from __future__ import annotations
 
 from ..report.table import unchecked_note
+from ..report.width import DEFAULT_WIDTH, wrap
 from ..search.advice import memory_headroom, misfit_advice
 from ..units import fmt_count
 from .args import exporter_from_args, support_from_args
@@ -17,11 +18,12 @@ def seq_notes(model, wl) -> list[str]:
     return []
 
 
-def header(model, cluster, wl, suffix: str = "") -> str:
+def header(model, cluster, wl, suffix: str = "", width: int = DEFAULT_WIDTH) -> str:
+    """The model, cluster and workload in a line, and the notes on them, wrapped at `width`."""
     notes = [n for n in [unchecked_note([cluster.gpu])] + seq_notes(model, wl) if n]
-    return "\n".join([f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
-                      f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"]
-                     + notes)
+    return "\n".join(wrap(line, width, indent=2) for line in [
+        f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
+        f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"] + notes)
 
 
 def _engine_check(args, model, wl):

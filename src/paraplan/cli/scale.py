@@ -10,6 +10,8 @@ from ..errors import SpecError
 from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import scaling_table, unchecked_gpus, unchecked_note
+from ..report.legend import legend_block
+from ..report.width import terminal_width, wrap
 from ..search.policy import ENGINE_CANDIDATES, bounded_space, expressible
 from ..search.scaling import scale
 from ..specs.catalog import load_cluster
@@ -20,7 +22,8 @@ from .args import add_engine, add_plan, add_specs, engine_rules_from_args, searc
 def add_parser(sub) -> None:
     c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
                                      "time and cost to train the budget (fixed global batch); --cluster a,b "
-                                     "sweeps several clusters and names the soonest and the cheapest across them")
+                                     "sweeps several clusters and names the soonest and the cheapest across them",
+                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_specs(c)
     add_plan(c, required=False)
     add_engine(c)
@@ -113,11 +116,12 @@ def cmd_scale(args) -> int:
                           "cheapest_num_gpus": result.cheapest.num_gpus if result.cheapest else None,
                           "cheapest_cluster": result.cheapest.cluster_name if result.cheapest else None}, indent=1))
         return 0
-    print(title + f"; {fmt_count(wl.token_budget)} tokens to train\n")
-    print(scaling_table(result))
+    width = terminal_width()
+    print(wrap(title + f"; {fmt_count(wl.token_budget)} tokens to train", width, indent=2) + "\n")
+    print(scaling_table(result, width))
     note = unchecked_note([c.gpu for c in clusters])
     if note:
-        print(note)
+        print(wrap(note, width, indent=2))
     if args.plot:
         print(f"wrote {args.plot}")
     return 0

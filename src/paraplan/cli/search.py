@@ -3,6 +3,7 @@ engine's bounds; search/policy.py holds what happens when nothing fits)."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ..errors import NoPlanFitsError
@@ -10,6 +11,8 @@ from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import estimate_report, ranking_table, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
+from ..report.legend import legend_block
+from ..report.width import terminal_width, wrap
 from ..search.planner import PIN_FLAGS
 from ..search.policy import bounded_space, fastest_or_none, nothing_fits_with_pins, ranked_search
 from ..search.whatif import WHATIF_CANDIDATES, what_if
@@ -22,7 +25,8 @@ MAX_TOP = 1000  # search --top
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("search", help="rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)")
+    s = sub.add_parser("search", help="rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)",
+                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_specs(s)
     add_plan(s, required=False)
     add_engine(s)
@@ -58,14 +62,16 @@ def cmd_search(args) -> int:
                           "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked],
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
         return 0
-    print(header(model, cluster, wl, f"; plans {args.engine} runs, predicted with its policy" if engine else ""))
-    print(f"searched {res.num_candidates:,} candidate plans ({res.num_valid:,} valid, {res.num_fit:,} fit in memory) "
-          f"in {res.elapsed_s:.1f} s\n")
-    print(ranking_table(ranked))
+    width = terminal_width()
+    print(header(model, cluster, wl, f"; plans {args.engine} runs, predicted with its policy" if engine else "",
+                 width))
+    print(wrap(f"searched {res.num_candidates:,} candidate plans ({res.num_valid:,} valid, {res.num_fit:,} fit in "
+               f"memory) in {res.elapsed_s:.1f} s\n", width))
+    print(ranking_table(ranked, width))
     print("\nbest plan:\n")
-    print(estimate_report(ranked[0]))
+    print(estimate_report(ranked[0], width))
     if wi:
-        print("\n" + whatif_table(wi, ranked))
+        print("\n" + whatif_table(wi, ranked, width))
     return 0
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from ..argtypes import percent_below_100, positive_float, positive_int
 from ..search.whatif import DEFAULT_CHANGE
+from ..report.legend import legend_block
 from ..report.strict_json import json_text
 
 DEFAULT_MODEL = "llama3-70b"
@@ -18,7 +20,8 @@ MAX_RATE_RPS = 1e9
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("serve", help="plan a serving deployment (default: Llama 3 70B on 8 H100)")
+    s = sub.add_parser("serve", help="plan a serving deployment (default: Llama 3 70B on 8 H100)",
+                       epilog=legend_block(serving=True), formatter_class=argparse.RawDescriptionHelpFormatter)
     g = s.add_argument_group("model and hardware")
     g.add_argument("--model", default=DEFAULT_MODEL, help=f"preset, model TOML or HF config.json (default {DEFAULT_MODEL})")
     g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster preset or TOML (default {DEFAULT_CLUSTER})")
@@ -170,53 +173,86 @@ def cmd_serve(args) -> int:
 def _print_serving(args, model, cluster, traffic, limits, res, wi) -> None:
     """The text output of `paraplan serve`: the ranked deployments, the best at the rate, the
     Pareto frontier."""
-    from ..report.table import grid
-    from ..units import GIB, fmt_count
+    from ..report.legend import terms_used
+    from ..report.table import grid, with_plans
+    from ..report.width import terminal_width, wrap
     from .batching import has_tpot
-    from .planner import max_sequences, missed_targets_advice
-    load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
-    print(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
-          f"{traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens at {load}; targets: "
-          f"p90 TTFT ≤ {args.ttft_ms:g} ms, mean TPOT ≤ {args.tpot_ms:g} ms; engine: {limits.max_batch:,} sequences, "
-          f"{limits.max_num_tokens:,} tokens per iteration{', chunked prefill' if limits.chunked_prefill else ''}")
-    if model.sliding_window and model.num_sliding_window_layers:
-        print(f"{model.num_sliding_window_layers} of {model.num_layers} layers attend to a {model.sliding_window}-token "
-              + ("window, and the engine keeps only that in their KV cache (--sliding-window-kv)"
-                 if args.sliding_window_kv else
-                 "window; served as full attention, as TensorRT-LLM does by default (--sliding-window-kv: "
-                 "the engine keeps only the window)"))
-    def tpot(x: float) -> str:
-        return _ms(x) if has_tpot(traffic.output_tokens) else "-"
-    rows = []
-    for e in res.ranked[:args.top]:
-        rows.append([e.plan.describe(), str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
-                     fmt_count(e.memory.kv_capacity_tokens),
-                     str(max_sequences(model, e.memory, traffic, limits)),
-                     _ms(e.ttft_floor_s), tpot(e.tpot_floor_s),
-                     f"{e.max_tokens_per_s_per_gpu:,.0f}", f"{e.slo_rate_rps:.2f}" if e.slo_rate_rps else "misses",
-                     "-" if e.gpus_needed is None else str(e.gpus_needed), f"{e.usd_per_m_output_tokens:.2f}"])
-    print(grid(["deployment (one replica)", "GPUs", "weights GiB/GPU", "KV tokens", "max seqs", "TTFT₁ ms", "TPOT₁ ms",
-                "max out tok/s/GPU", "req/s in SLO", "GPUs for rate", "$/M out tok"], rows, align="lrrrrrrrrrr"))
-    print("max seqs: requests whose whole context fits the KV cache at once (capped by --max-batch). "
-          "TTFT₁/TPOT₁: a lone request.\nreq/s in SLO: highest Poisson rate one replica serves within the targets.")
-    _print_best(res.ranked[0], traffic, cluster)
+    from .planner import missed_targets_advice
+    width = terminal_width()
+    _print_header(args, model, cluster, traffic, limits, width)
+    ranked = res.ranked[:args.top]
+    print(_ranked_table(ranked, model, traffic, limits, width))
+    print(wrap("max seqs: requests whose whole context fits the KV cache at once (capped by --max-batch). "
+               "TTFT₁/TPOT₁: a lone request.\nreq/s in SLO: highest Poisson rate one replica serves within the "
+               "targets.", width))
+    _print_best(res.ranked[0], traffic, cluster, width)
     missed = missed_targets_advice(res, traffic, cluster)
     if missed:
-        print("\n" + missed)
-    print("\nlatency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at maximum load):")
-    print(grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
-               [[e.plan.describe(), tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for e in res.pareto],
-               align="lrr"))
+        print("\n" + wrap(missed, width))
+    print("\n" + wrap("latency–throughput Pareto frontier (TPOT of a lone request vs output tokens/s per GPU at "
+                      "maximum load):", width))
+    pareto = [e.plan.describe() for e in res.pareto]
+    tpot = _tpot_cell(traffic)
+    table = grid(["deployment", "TPOT₁ ms", "max out tok/s/GPU"],
+                 [[d, tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}"] for d, e in zip(pareto, res.pareto)],
+                 align="lrr", width=width, wrap_col=0)
+    # the legend under it names only what the ranked table's did not
+    print(with_plans(table, pareto, "", width, already=terms_used([e.plan.describe() for e in ranked])))
     if res.rejected:
-        print(f"\n{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}")
+        print("\n" + wrap(f"{len(res.rejected)} deployments do not fit, e.g. {res.rejected[0][1]}", width, indent=2))
     if wi:
         from ..report.whatif import serve_whatif_table
-        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens)))
+        print("\n" + serve_whatif_table(wi, has_tpot(traffic.output_tokens), width))
 
 
-def _print_best(best, traffic, cluster) -> None:
+def _print_header(args, model, cluster, traffic, limits, width: int) -> None:
+    """The model, hardware, traffic, targets and engine limits; the sliding-window note."""
+    from ..report.width import wrap
+    from ..units import fmt_count
+    load = "maximum load" if traffic.rate_rps is None else f"{traffic.rate_rps:g} req/s (Poisson)"
+    print(wrap(f"{model.name} ({fmt_count(model.num_params)} params) on up to {cluster.num_gpus} × {cluster.gpu.name}; "
+               f"{traffic.prompt_tokens} prompt + {traffic.output_tokens} output tokens at {load}; targets: "
+               f"p90 TTFT ≤ {args.ttft_ms:g} ms, mean TPOT ≤ {args.tpot_ms:g} ms; engine: {limits.max_batch:,} "
+               f"sequences, {limits.max_num_tokens:,} tokens per iteration"
+               f"{', chunked prefill' if limits.chunked_prefill else ''}", width, indent=2))
+    if model.sliding_window and model.num_sliding_window_layers:
+        print(wrap(f"{model.num_sliding_window_layers} of {model.num_layers} layers attend to a "
+                   f"{model.sliding_window}-token "
+                   + ("window, and the engine keeps only that in their KV cache (--sliding-window-kv)"
+                      if args.sliding_window_kv else
+                      "window; served as full attention, as TensorRT-LLM does by default (--sliding-window-kv: "
+                      "the engine keeps only the window)"), width, indent=2))
+
+
+def _tpot_cell(traffic):
+    """The TPOT cell of a table: ms, or "-" where a request has no second token."""
+    from .batching import has_tpot
+    return lambda x: _ms(x) if has_tpot(traffic.output_tokens) else "-"
+
+
+def _ranked_table(ranked, model, traffic, limits, width: int) -> str:
+    """The ranked deployments, one row each (two-line headers), the legend under them."""
+    from ..report.table import grid, with_plans
+    from ..units import GIB, fmt_count
+    from .planner import max_sequences
+    tpot = _tpot_cell(traffic)
+    plans = [e.plan.describe() for e in ranked]
+    rows = [[d, str(e.plan.gpus_per_replica), f"{e.memory.weights_bytes / GIB:.1f}",
+             fmt_count(e.memory.kv_capacity_tokens), str(max_sequences(model, e.memory, traffic, limits)),
+             _ms(e.ttft_floor_s), tpot(e.tpot_floor_s), f"{e.max_tokens_per_s_per_gpu:,.0f}",
+             f"{e.slo_rate_rps:.2f}" if e.slo_rate_rps else "misses",
+             "-" if e.gpus_needed is None else str(e.gpus_needed), f"{e.usd_per_m_output_tokens:.2f}"]
+            for d, e in zip(plans, ranked)]
+    table = grid(["deployment\n(one replica)", "GPUs", "weights\nGiB/GPU", "KV\ntokens", "max\nseqs", "TTFT₁\nms",
+                  "TPOT₁\nms", "max out\ntok/s/GPU", "req/s\nin SLO", "GPUs for\nrate", "$/M\nout tok"], rows,
+                 align="lrrrrrrrrrr", width=width, wrap_col=0)
+    return with_plans(table, plans, "", width)
+
+
+def _print_best(best, traffic, cluster, width: int) -> None:
     """The best deployment's latencies and goodput at the offered rate (none at maximum load)."""
     from ..report.table import grid
+    from ..report.width import wrap
     if best.at_rate is not None:
         r = best.at_rate
         gpus = f"{best.gpus_needed} GPU" + ("s" if best.gpus_needed != 1 else "")
@@ -230,9 +266,10 @@ def _print_best(best, traffic, cluster) -> None:
         print(grid(["", "p50", "p90", "p99", "mean"], [
             ["TTFT ms"] + stats("ttft_s"), ["TPOT ms"] + stats("tpot_s"), ["e2e ms"] + stats("e2e_s")], align="lrrrr"))
         reps = best.replicas_needed
-        print(f"goodput (requests within both targets): {reps * r.goodput_rps(traffic.ttft_target_s, traffic.tpot_target_s):.2f} "
-              f"req/s of {reps * r.requests_per_s:.2f} req/s completed (requests / first arrival to last "
-              f"completion; offered {traffic.rate_rps:g} req/s)")
+        print(wrap(f"goodput (requests within both targets): "
+                   f"{reps * r.goodput_rps(traffic.ttft_target_s, traffic.tpot_target_s):.2f} "
+                   f"req/s of {reps * r.requests_per_s:.2f} req/s completed (requests / first arrival to last "
+                   f"completion; offered {traffic.rate_rps:g} req/s)", width, indent=2))
         if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
             print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
 

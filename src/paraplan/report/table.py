@@ -2,23 +2,59 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from ..cost.estimate import Estimate
 from ..units import fmt_bytes, fmt_count, fmt_energy_j, fmt_time, fmt_usd
+from .legend import legend_line, split_shared
+from .width import DEFAULT_WIDTH, labelled, wrap
 
 
-def grid(headers: list[str], rows: list[list[str]], align: str | None = None) -> str:
-    """Fixed-width table; `align` is a string of 'l'/'r' per column (default: first l, rest r)."""
+def grid(headers: list[str], rows: list[list[str]], align: str | None = None, *, width: int | None = None,
+         wrap_col: int | None = None) -> str:
+    """Fixed-width table; `align` is a string of 'l'/'r' per column (default: first l, rest r).
+    A header with a newline takes two lines. With `width` and `wrap_col`, that column's cells
+    wrap onto continuation lines where the table would be wider than `width`."""
     align = align or ("l" + "r" * (len(headers) - 1))
-    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    head_rows = _header_rows(headers)
+    rows = [[str(c) for c in r] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(*head_rows, *rows)]
+    if width is not None and wrap_col is not None:
+        rows, widths = _wrapped(rows, widths, width, wrap_col, head_rows)
 
     def line(cells):
         out = []
         for c, w, a in zip(cells, widths, align):
-            out.append(str(c).ljust(w) if a == "l" else str(c).rjust(w))
+            out.append(c.ljust(w) if a == "l" else c.rjust(w))
         return "  ".join(out).rstrip()
 
     sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+    return "\n".join([line(h) for h in head_rows] + [sep] + [line(r) for r in rows])
+
+
+def _header_rows(headers: list[str]) -> list[list[str]]:
+    """The header as lines of cells, a one-line header at the bottom of a two-line one."""
+    parts = [h.split("\n") for h in headers]
+    depth = max(len(p) for p in parts)
+    padded = [[""] * (depth - len(p)) + p for p in parts]
+    return [[p[i] for p in padded] for i in range(depth)]
+
+
+def _wrapped(rows, widths, width: int, col: int, head_rows) -> tuple[list[list[str]], list[int]]:
+    """The rows with column `col` wrapped so that the table fits `width` (where its words
+    allow: a word is never split), and the column widths."""
+    over = sum(widths) + 2 * (len(widths) - 1) - width
+    if over <= 0:
+        return rows, widths
+    longest_word = max((len(w) for r in rows for w in r[col].split()), default=0)
+    target = max(widths[col] - over, longest_word, max(len(h[col]) for h in head_rows))
+    out = []
+    for r in rows:
+        pieces = textwrap.wrap(r[col], target, break_long_words=False, break_on_hyphens=False) or [""]
+        out.append(r[:col] + [pieces[0]] + r[col + 1:])
+        out += [[""] * col + [p] + [""] * (len(r) - col - 1) for p in pieces[1:]]
+    widths = widths[:col] + [max(len(r[col]) for r in out + head_rows)] + widths[col + 1:]
+    return out, widths
 
 
 def _pct(x: float, total: float) -> str:
@@ -54,7 +90,15 @@ def memory_table(est: Estimate) -> str:
     return grid(["memory per GPU", "bytes", "share"], rows)
 
 
-def summary_lines(est: Estimate) -> list[str]:
+SUMMARY_LABEL_CHARS = 16  # "with failures   ": the summary's values start in this column
+
+
+def summary_lines(est: Estimate, width: int = DEFAULT_WIDTH) -> list[str]:
+    """The estimate's headline figures, a label and its value per line (wrapped under the value)."""
+    return [wrap(line, width, indent=SUMMARY_LABEL_CHARS) for line in _summary(est)]
+
+
+def _summary(est: Estimate) -> list[str]:
     b = est.budget
     return [
         f"plan            {est.plan.describe()}",
@@ -90,24 +134,47 @@ def failures_line(r) -> str:
             f"{fmt_time(r.wall_time_s)}, {fmt_usd(r.wall_usd)}, {r.interruptions:,.0f} interruptions")
 
 
-def estimate_report(est: Estimate) -> str:
-    return "\n".join(summary_lines(est)) + "\n\n" + time_table(est) + "\n\n" + memory_table(est)
+def estimate_report(est: Estimate, width: int = DEFAULT_WIDTH, legend: bool = False) -> str:
+    """The summary, with the plan's shorthand explained under it if `legend`, and the time and
+    memory tables."""
+    key = "\n\n" + legend_line([est.plan.describe()], width) if legend else ""
+    return "\n".join(summary_lines(est, width)) + key + "\n\n" + time_table(est) + "\n\n" + memory_table(est)
 
 
-def ranking_table(ests) -> str:
-    rows = []
+def plan_column(descriptions: list[str], width: int) -> tuple[str, list[str]]:
+    """(the "every plan: ..." line of the tokens all the plans share, or ""; each plan's
+    description without them) for a table with a column of plans."""
+    shared, rest = split_shared(descriptions)
+    return (labelled("every plan: ", " ".join(shared), width) if shared else ""), rest
+
+
+def with_plans(table: str, descriptions: list[str], shared_line: str, width: int, already=()) -> str:
+    """A table of plans with the tokens they share above it and the legend under it (less the
+    terms in `already`, explained above)."""
+    return "\n".join(x for x in (shared_line, table, legend_line(descriptions, width, already)) if x)
+
+
+def ranking_table(ests, width: int = DEFAULT_WIDTH) -> str:
+    """The ranked plans, one row each; the tokens every plan shares above, the legend under."""
     # the share of the step the GPU waits for an eager host (calibrated profiles), where any plan has it
     host = any(e.time.host_wait_s > 0 for e in ests)
-    for i, e in enumerate(ests, 1):
-        t = e.time
-        comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.pp_comm_s + t.dp_comm_s
-        rows.append([str(i), e.plan.describe(), fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
-                     f"{100 * e.mfu:.1f}%", _pct(t.bubble_s, e.step_time_s).strip(),
-                     _pct(comm, e.step_time_s).strip(), _pct(t.recompute_s, e.step_time_s).strip(),
-                     *([_pct(t.host_wait_s, e.step_time_s).strip()] if host else []),
-                     fmt_bytes(e.memory.total)])
-    return grid(["#", "plan", "step", "tok/s/GPU", "MFU", "bubble", "exp.comm", "recomp",
-                 *(["host"] if host else []), "mem/GPU"], rows, align="llrrrrrrr" + ("r" if host else ""))
+    descriptions = [e.plan.describe() for e in ests]
+    shared_line, plans = plan_column(descriptions, width)
+    rows = [_ranking_row(i, e, plan, host) for i, (e, plan) in enumerate(zip(ests, plans), 1)]
+    table = grid(["#", "plan", "step", "tok/s/GPU", "MFU", "bubble", "exp.comm", "recomp",
+                  *(["host"] if host else []), "mem/GPU"], rows, align="llrrrrrrr" + ("r" if host else ""),
+                 width=width, wrap_col=1)
+    return with_plans(table, descriptions, shared_line, width)
+
+
+def _ranking_row(i: int, e, plan: str, host: bool) -> list[str]:
+    t = e.time
+    comm = t.tp_comm_s + t.cp_comm_s + t.ep_comm_s + t.pp_comm_s + t.dp_comm_s
+    return [str(i), plan, fmt_time(e.step_time_s), f"{e.tokens_per_s_per_gpu:,.0f}",
+            f"{100 * e.mfu:.1f}%", _pct(t.bubble_s, e.step_time_s).strip(),
+            _pct(comm, e.step_time_s).strip(), _pct(t.recompute_s, e.step_time_s).strip(),
+            *([_pct(t.host_wait_s, e.step_time_s).strip()] if host else []),
+            fmt_bytes(e.memory.total)]
 
 
 def unchecked_gpus(gpus) -> list[str]:
@@ -126,49 +193,64 @@ def unchecked_note(gpus) -> str:
             "search and estimate --whatif show how much a plan hangs on it")
 
 
-def scaling_table(result) -> str:
+def scaling_table(result, width: int = DEFAULT_WIDTH) -> str:
     """One row per GPU count of a sweep (search/scaling.py): the best plan and what the token
     budget takes through interruptions."""
     many = len(result.cluster_names) > 1  # several clusters: a column names each point's
-
-    def where(pt) -> str:
-        return f"{pt.num_gpus:,} GPUs" + (f" of {pt.cluster_name}" if many else "")
-
+    descriptions = [pt.best.plan.describe() for pt in result.points if pt.best is not None]
+    shared_line, plans = plan_column(descriptions, width)
+    plan_of = dict(zip([id(pt) for pt in result.points if pt.best is not None], plans))
     rows, notes = [], []
     for pt in result.points:
-        head = [pt.cluster_name] if many else []
         if pt.best is None:
-            notes.append(f"{where(pt)}: {pt.why_not}")
-            rows.append(head + [f"{pt.num_gpus:,}", f"no plan (note {len(notes)})", "", "", "", "", "", "", ""])
-            continue
-        e, r = pt.best, pt.best.budget.with_failures
-        rows.append(head + [f"{pt.num_gpus:,}", e.plan.describe(), fmt_time(e.step_time_s),
-                            f"{e.tokens_per_s_per_gpu:,.0f}", f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%",
-                            *((fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd))
-                              if r.goodput >= NO_PROGRESS_GOODPUT else ("no progress", f"{100 * r.goodput:.2g}%", "-"))])
+            notes.append(f"{_where(pt, many)}: {pt.why_not}")
+        rows.append(_scaling_row(pt, many, plan_of.get(id(pt), f"no plan (note {len(notes)})")))
     table = grid((["cluster"] if many else []) + ["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling",
-                                                  "time to train", "goodput", "cost"],
-                 rows, align=("l" if many else "") + "llrrrrrrr")
-    lines = [table, ""] + [f"note {i}: {n}" for i, n in enumerate(notes, 1)] + ([""] if notes else [])
+                                                  "time to\ntrain", "goodput", "cost"],
+                 rows, align=("l" if many else "") + "llrrrrrrr", width=width, wrap_col=2 if many else 1)
+    lines = [with_plans(table, descriptions, shared_line, width), ""]
+    lines += [labelled(f"note {i}: ", n, width) for i, n in enumerate(notes, 1)] + ([""] if notes else [])
+    return "\n".join(lines + [wrap(x, width, indent=2) for x in _scaling_footer(result, many)])
+
+
+def _where(pt, many: bool) -> str:
+    return f"{pt.num_gpus:,} GPUs" + (f" of {pt.cluster_name}" if many else "")
+
+
+def _scaling_row(pt, many: bool, plan: str) -> list[str]:
+    """A sweep point's row: its best plan's figures, or blanks beside `plan` (a note) for none."""
+    head = [pt.cluster_name] if many else []
+    if pt.best is None:
+        return head + [f"{pt.num_gpus:,}", plan, "", "", "", "", "", "", ""]
+    e, r = pt.best, pt.best.budget.with_failures
+    return head + [f"{pt.num_gpus:,}", plan, fmt_time(e.step_time_s),
+                   f"{e.tokens_per_s_per_gpu:,.0f}", f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%",
+                   *((fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd))
+                     if r.goodput >= NO_PROGRESS_GOODPUT else ("no progress", f"{100 * r.goodput:.2g}%", "-"))]
+
+
+def _scaling_footer(result, many: bool) -> list[str]:
+    """The lines under a sweep's table: prices, the soonest and the cheapest count, the key."""
+    lines = []
     fast, cheap = result.fastest, result.cheapest
     if many:  # what "cheapest" compared: each cluster's price per GPU-hour
         prices = {pt.cluster_name: pt.usd_per_gpu_hour for pt in result.points}
         lines.append("$/GPU-hour: " + ", ".join(f"{n} {fmt_usd(p)}" for n, p in prices.items())
                      + (" (--price)" if len(set(prices.values())) == 1 else ""))
     if fast is None:
-        return "\n".join(lines + ["no GPU count finishes the token budget through interruptions at this rate "
-                                   "(--interruptions-per-gpu-day)"])
+        return lines + ["no GPU count finishes the token budget through interruptions at this rate "
+                        "(--interruptions-per-gpu-day)"]
     tokens = fmt_count(fast.best.budget.tokens)
     if fast is cheap:
-        lines.append(f"{where(fast)} train the {tokens} tokens both soonest and for the fewest "
+        lines.append(f"{_where(fast, many)} train the {tokens} tokens both soonest and for the fewest "
                      + ("dollars" if many else "GPU-hours"))
     else:
         f, c = fast.best.budget.with_failures, cheap.best.budget.with_failures
         more = (f"costs {100 * (f.wall_usd / c.wall_usd - 1):.1f}% more" if many and c.wall_usd > 0
                 else f"takes {100 * (f.wall_gpu_hours / c.wall_gpu_hours - 1):.1f}% more GPU-hours")
-        lines.append(f"soonest: {where(fast)}, {fmt_time(f.wall_time_s)} for {fmt_usd(f.wall_usd)}; "
-                     f"cheapest: {where(cheap)}, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
+        lines.append(f"soonest: {_where(fast, many)}, {fmt_time(f.wall_time_s)} for {fmt_usd(f.wall_usd)}; "
+                     f"cheapest: {_where(cheap, many)}, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
                      f"(the soonest {more})")
     lines.append("scaling: tokens/s/GPU over the smallest count's" + (" on the same cluster" if many else "")
                  + "; time and cost through interruptions (--interruptions-per-gpu-day; 0 for none)")
-    return "\n".join(lines)
+    return lines

@@ -10,6 +10,7 @@ from ..search.whatif import Unit, WhatIf
 from ..units import fmt_bw, fmt_time
 from .jsonout import plan_dict
 from .table import grid
+from .width import DEFAULT_WIDTH, wrap
 
 
 def _value(value: float, unit: Unit) -> str:
@@ -34,7 +35,7 @@ def _delta(value: float, base: float) -> str:
     return f"{0.0 if abs(pct) < 0.05 else pct:+.1f}%"  # no "-0.0%" for rounding noise
 
 
-def whatif_table(w: WhatIf, ranked=()) -> str:
+def whatif_table(w: WhatIf, ranked=(), width: int = DEFAULT_WIDTH) -> str:
     """One row per assumption: the plan's step time δ worse and δ better; over several plans,
     the fastest under the worse value and how much the plan loses by staying."""
     pct = f"{100 * w.change:g}%"
@@ -62,7 +63,7 @@ def whatif_table(w: WhatIf, ranked=()) -> str:
         rows.append(row)
     heads = ["assumption", "nominal", f"{pct} worse", f"{pct} better"]
     if w.num_plans > 1:
-        heads += ["fastest plan if worse", "this plan slower by"]
+        heads += ["fastest plan if worse", "this plan\nslower by"]
     intro = (f"what if one assumption is {pct} off: the step time of {w.plan.plan.describe()} "
              f"({fmt_time(base)})" + (f", and the fastest plan if it is worse (the {w.num_plans} best plans re-timed; "
                                       "[s]: the whole space searched again, where a plan further down could win)"
@@ -72,7 +73,9 @@ def whatif_table(w: WhatIf, ranked=()) -> str:
     if capped:
         notes.append("*: the value moved less, held at its bound (an efficiency at most 1, the imbalance from 1 "
                      "to experts/top-k)")
-    return intro + "\n\n" + grid(heads, rows, align="ll" + "r" * 2 + ("lr" if w.num_plans > 1 else "")) + "\n" + "\n".join(notes)
+    table = grid(heads, rows, align="ll" + "r" * 2 + ("lr" if w.num_plans > 1 else ""), width=width,
+                 wrap_col=4 if w.num_plans > 1 else None)
+    return wrap(intro, width, indent=2) + "\n\n" + table + "\n" + wrap("\n".join(notes), width, indent=2)
 
 
 def whatif_dict(w: WhatIf) -> dict:
@@ -94,7 +97,7 @@ def whatif_dict(w: WhatIf) -> dict:
     }
 
 
-def serve_whatif_table(w: ServeWhatIf, has_tpot: bool = True) -> str:
+def serve_whatif_table(w: ServeWhatIf, has_tpot: bool = True, width: int = DEFAULT_WIDTH) -> str:
     """A deployment re-estimated with each assumption moved (inference/whatif.py): the lone
     request's TTFT and TPOT, and throughput and the rate in the targets, δ worse / δ better."""
     pct = f"{100 * w.change:g}%"
@@ -104,7 +107,7 @@ def serve_whatif_table(w: ServeWhatIf, has_tpot: bool = True) -> str:
         base = get(b)
         if not base:
             return "-"
-        return " / ".join("misses" if not get(e) else _delta(get(e), base) for e in (row.worse, row.better))
+        return "/".join("misses" if not get(e) else _delta(get(e), base) for e in (row.worse, row.better))
 
     rows = []
     for row in w.rows:
@@ -114,12 +117,13 @@ def serve_whatif_table(w: ServeWhatIf, has_tpot: bool = True) -> str:
                      "-" if row.worse.gpus_needed is None else f"{row.worse.gpus_needed}"])
     gpus = ("now " + str(b.gpus_needed)) if b.gpus_needed is not None else \
         ("no rate given" if b.slo_rate_rps > 0 else "the targets are missed")
-    return (f"what if one hardware assumption is {pct} off: {b.plan.describe()} re-estimated "
-            f"(changes {pct} worse / {pct} better)\n\n"
-            + grid(["assumption", "nominal", "TTFT₁", "TPOT₁", "max out tok/s/GPU", "req/s in SLO",
-                    f"GPUs for the rate if worse ({gpus})"], rows, align="llrrrrr")
-            + f"\nworse: rates and bandwidths ×(1 − {pct}), the launch overhead ×(1 + {pct}); req/s in SLO is "
-              "found by bisection to about 3%, so a smaller change there reads as the throughput's")
+    return (wrap(f"what if one hardware assumption is {pct} off: {b.plan.describe()} re-estimated "
+                 f"(changes {pct} worse/{pct} better; GPUs for the rate: {gpus})", width, indent=2) + "\n\n"
+            + grid(["assumption", "nominal", "TTFT₁", "TPOT₁", "max out\ntok/s/GPU", "req/s\nin SLO",
+                    "GPUs for the rate\nif worse"], rows, align="llrrrrr")
+            + "\n" + wrap(f"worse: rates and bandwidths ×(1 − {pct}), the launch overhead ×(1 + {pct}); req/s in SLO "
+                          "is found by bisection to about 3%, so a smaller change there reads as the throughput's",
+                          width, indent=2))
 
 
 def serve_whatif_dict(w: ServeWhatIf, has_tpot: bool = True) -> dict:
