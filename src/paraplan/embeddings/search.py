@@ -24,7 +24,7 @@ from ..errors import ParaplanError
 from ..specs.hardware import ClusterSpec
 from ..units import fmt_bytes
 from .cost import (FIELDS, ComputeKernel, EmbeddingCost, EmbeddingPlan, ShardingType, TablePlacement, cost_from_sums,
-                   evaluate, remembered_contribution)
+                   evaluate, rank_array, remembered_contribution)
 from .tables import EmbeddingTable, EmbeddingWorkload
 
 MIN_COLUMN_SHARD_DIM = 32   # 128 B rows: one warp of FBGEMM's TBE reads 32 × 4-element vectors
@@ -65,7 +65,7 @@ class _Planner:
         """Per-rank seconds and HBM bytes of the table alone (the loads the greedy placement adds)."""
         key = (t.name, sharding, k, kernel, cache, hot)
         if key not in self._load_cache:
-            ranks = tuple(range(self.W)) if sharding in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL) else tuple(range(k))
+            ranks = range(self.W) if sharding in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL) else range(k)
             p = TablePlacement(table=t.name, sharding=sharding, ranks=ranks, kernel=kernel, cache_ratio=cache, hot_row_fraction=hot)
             alone = evaluate(EmbeddingPlan(placements=(p,), world_size=self.W), self.wl, self.cluster,
                              hbm_reserve_fraction=self.reserve, memo=self.memo)
@@ -118,7 +118,7 @@ class _Planner:
             if sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
                 load += time_v
                 mem += mem_v
-                placements.append(TablePlacement(table=name, sharding=sh, ranks=tuple(range(W)), kernel=kern,
+                placements.append(TablePlacement(table=name, sharding=sh, ranks=range(W), kernel=kern,
                                                  cache_ratio=cache, hot_row_fraction=hot))
             else:
                 units.append((self.unit_cost(t, sh, k, kern, cache, hot), name, sh, k, kern, cache, hot,
@@ -228,7 +228,7 @@ class _Packing:
         self.sums = np.zeros((len(FIELDS), P.W))          # the cost model's per-rank sums
         self.load, self.mem = np.zeros(P.W), np.zeros(P.W)  # table-alone loads the packing balances
         for p in plan.placements:
-            ranks = np.asarray(p.ranks)
+            ranks = rank_array(p.ranks)
             self._add(p.table, self.choice[p.table], ranks, 1.0)
             self.ranks[p.table] = ranks
         return self.priced()
