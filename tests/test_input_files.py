@@ -6,9 +6,8 @@ the targets."""
 
 from __future__ import annotations
 
-import itertools
-
 import codecs
+import itertools
 import json
 
 import pytest
