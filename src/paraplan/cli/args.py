@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 from dataclasses import replace
 
@@ -122,6 +123,9 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="MoE: two-dimensional hierarchical all-to-all (intra-node, then across nodes)")
         g.add_argument("--ep-overlap", action="store_true",
                        help="MoE: run each micro-batch's all-to-alls under another micro-batch's compute")
+        g.add_argument("--plan", default=None,
+                       help="the whole plan as `paraplan search` prints it, quoted (e.g. 'TP8 PP1 DP64 mb1 SP "
+                            "rc:none zero1 tpov attn:flash3'), instead of the flags above")
     else:
         g.add_argument("--cp-comm", default=None,
                        help="context parallel K/V exchange to search: p2p, allgather or a2a (default: all three)")
@@ -180,6 +184,47 @@ PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "reco
               "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
 
 
+# Plan.describe's tokens, each read back into the plan flags it stands for
+_PLAN_TOKENS = (
+    (r"TP(\d+)", lambda m: {"tp": int(m[1])}), (r"PP(\d+)", lambda m: {"pp": int(m[1])}),
+    (r"DP(\d+)", lambda m: {"dp": int(m[1])}),
+    (r"CP(\d+)(?:/([a-z0-9]+))?", lambda m: {"cp": int(m[1]), "cp_comm": m[2] or "p2p"}),
+    (r"EP(\d+)", lambda m: {"ep": int(m[1])}), (r"ETP(\d+)", lambda m: {"etp": int(m[1])}),
+    (r"VP(\d+)", lambda m: {"vp": int(m[1])}), (r"order:([a-z-]+)", lambda m: {"rank_order": m[1]}),
+    (r"mb(\d+)", lambda m: {"mb": int(m[1])}), (r"SP", lambda m: {"sp": True}),
+    (r"(gpipe|1f1b|interleaved|bfs|zb|zbv|dualpipev)", lambda m: {"schedule": m[1]}),
+    (r"rc:first(\d+)", lambda m: {"recompute": "first_k", "recompute_layers": int(m[1])}),
+    (r"rc:([a-z_-]+)", lambda m: {"recompute": m[1]}),
+    (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
+    (r"offload", lambda m: {"offload": True}), (r"tpov", lambda m: {"tp_overlap": True}),
+    (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
+    (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
+    (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
+    (r"attn:([a-z0-9]+)", lambda m: {"attention": m[1]}),
+)
+
+
+def apply_plan_string(args: argparse.Namespace) -> None:
+    """--plan "TP8 PP4 ...": set every plan flag from a plan as `search` prints it (its
+    shorthand, Plan.describe), the flags it does not name to their defaults (no SP, ZeRO 0),
+    so that the plan of the flags is that plan. With other plan flags too, or a token it
+    does not read, a one-line SpecError."""
+    text = getattr(args, "plan", None)
+    if not text:
+        return
+    if plan_flags_given(args):
+        raise SpecError("plan", "--plan", text, "a plan string or plan flags (--tp, --pp, ...), not both")
+    values: dict = {"sp": False}
+    for token in text.split():
+        found = next(((pattern, read) for pattern, read in _PLAN_TOKENS if re.fullmatch(pattern, token)), None)
+        if found is None:
+            raise SpecError("plan", "--plan", token, "a plan as `paraplan search` prints it, e.g. "
+                            "'TP4 PP2 DP64 VP2 mb1 zbv SP rc:none zero2 tpov attn:flash3' (legend: --help)")
+        values.update(found[1](re.fullmatch(found[0], token)))
+    for key, value in values.items():
+        setattr(args, key, value)
+
+
 def plan_flags_given(args: argparse.Namespace) -> bool:
     return any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
                for k in PLAN_FLAGS)
@@ -190,6 +235,7 @@ def chosen_plan(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec
     """(plan, source): the plan of the flags ("flags"), or, with no plan flag at all, the
     fastest plan that fits as `paraplan search` ranks it, within --engine's bounds
     ("search"; export picks its plan the same way)."""
+    apply_plan_string(args)
     if plan_flags_given(args):
         return engine_plan(args, model, cluster, workload), "flags"
     progress = show_progress if (not args.json and sys.stderr.isatty()) else None

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
-from ..cli.args import add_plan, add_specs, engine_default_zero, plan_flags_given, plan_from_args, specs_from_args
+from ..cli.args import (add_plan, add_specs, apply_plan_string, engine_default_zero, plan_flags_given, plan_from_args,
+                        specs_from_args)
 from ..cost.estimate import estimate
 from ..outfile import check_not_input, check_output, write_output
 from ..search.policy import best_exportable
@@ -41,6 +42,7 @@ def cmd_export(args) -> int:
     support = engine_support(engine, args.no_compile)
     refuse_model(support, model)  # a model the engine has no code for
     check_model(support, model)  # before a search the exporter would refuse plan by plan
+    apply_plan_string(args)
     from_flags = plan_flags_given(args)
     if from_flags:
         plan = support.adapt(engine_default_zero(args, plan_from_args(args, cluster), support))
