@@ -264,15 +264,18 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
         every["bwd"] = (local * i * 2.0 + hot * 2.0 * row_state) / hbm_bw
         every["ar"] = float(collective_time_s(cluster, Collective.ALL_REDUCE, hot * t.dim * t.weight_bytes, W, 1))
     # the fields as rows of one array, in FIELDS order: evaluate adds every table's at once
-    stacked = np.stack([per[k] for k in FIELDS])
-    if num_shards > 1 and np.all(stacked == stacked[:, :1]):
-        # shards all alike (row-wise and data-parallel tables): one column, read as num_shards
-        # (the search's memo keeps one per table and option: O(1), not O(W), at 262,144 ranks)
-        column = stacked[:, :1].copy()
-        stacked = np.broadcast_to(column, stacked.shape)
-        per = {k: stacked[i] for i, k in enumerate(FIELDS)}
-    return {"per_shard": per, "every_rank": every, "stacked": stacked,
+    stacked = _one_column_if_alike(np.stack([per[k] for k in FIELDS]))
+    return {"per_shard": {k: stacked[i] for i, k in enumerate(FIELDS)}, "every_rank": every, "stacked": stacked,
             "every_stacked": np.array([every.get(k, 0.0) for k in FIELDS])}
+
+
+def _one_column_if_alike(stacked: np.ndarray) -> np.ndarray:
+    """`stacked` (fields × shards), or, where every shard is alike (row-wise and data-parallel
+    tables), one column read as all of them: the search's memo keeps one per table and option,
+    O(1) rather than O(W) at 262,144 ranks."""
+    if stacked.shape[1] > 1 and np.all(stacked == stacked[:, :1]):
+        return np.broadcast_to(stacked[:, :1].copy(), stacked.shape)
+    return stacked
 
 
 def remembered_contribution(memo: dict, t: EmbeddingTable, sharding: ShardingType, num_shards: int,
