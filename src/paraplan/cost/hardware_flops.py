@@ -13,7 +13,7 @@ from ..plan.axes import Recompute
 from ..specs.model import ModelSpec
 from .flops import LayerFlops, lm_head_forward_flops, moe_down_proj_flops, moe_forward_flops, mtp_forward_flops
 from .layout import Layout
-from .recompute import op_sac_unsaved_matmuls
+from .memory import op_sac_matmuls
 
 
 def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_len, flash, early_stop):
@@ -31,18 +31,17 @@ def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_l
     rc_sel = np.where(rc == Recompute.SELECTIVE.code, L_s * lf.attn_core / t, 0.0)
     rc_mod = np.where(rc == Recompute.MODULES.code,
                       L_s * (np.where(flash, 0.0, lf.attn_core) + 2.0 * T * model.mla_up_proj_params) / t, 0.0)
-    attn_mm, mlp_mm = op_sac_unsaved_matmuls(model, T, t)
+    # per-op checkpointing re-runs the matmuls it did not keep: 2·T·out·inner each
+    attn_mm, mlp_mm = op_sac_matmuls(model, t, kept=False)
     rc_op = np.where(rc == Recompute.OP_SAC.code,
-                     L_s * 2.0 * (sum(a * b * c for a, b, c in attn_mm) + w_dense * sum(a * b * c for a, b, c in mlp_mm)),
-                     0.0)
-    rc_mod = rc_mod + rc_op
+                     L_s * 2.0 * T * (sum(o * i for o, i in attn_mm) + w_dense * sum(o * i for o, i in mlp_mm)), 0.0)
     # (the head, and each MTP block recomputed as a layer of its stage but under first-k, on one
     # stage of p: per GPU, a p-th)
-    hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t + rc_sel + rc_mod
+    hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t + rc_sel + rc_mod + rc_op
               + 3.0 * lm_head_forward_flops(model, T) / t / p)
     D = model.mtp_layers
     if D:
         mtp_rc_hw = D * np.where(rc == Recompute.FIRST_K.code, 0.0,
-                                 (rc_layers * rc_layer_flops / t + rc_sel + rc_mod) / L_s)
+                                 (rc_layers * rc_layer_flops / t + rc_sel + rc_mod + rc_op) / L_s)
         hw = hw + m * (3.0 * mtp_forward_flops(model, T, seq_len) / t + mtp_rc_hw) / p
     return hw

@@ -155,27 +155,36 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
 OP_SAC_LSE_BYTES = 4.0  # the attention kernel's saved log-sum-exp, fp32 per head and token
 
 
+def op_sac_matmuls(model: ModelSpec, t, kept: bool):
+    """(the attention's, a dense MLP's) matmuls torchtitan's per-op checkpointing keeps the
+    outputs of (`kept`) or re-runs, as (output width, inner width) per token, each split over
+    TP as it runs (a row-parallel output, a partial sum before its reduce-scatter, whole). A
+    layer runs [wq, wk, wv, wo] then [w1, (w3), w2]; the policy keeps the 1st, 3rd, 5th, ...
+    (its counter restarts in every layer's checkpoint), so an MoE layer, whose routed experts
+    are no such matmuls, keeps the attention's alike."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    attn = [(model.q_dim / t, h), (model.kv_dim / t, h), ((model.kv_pair_dim - model.kv_dim) / t, h),
+            (h, model.v_dim / t)]
+    mlp = [(f / t, h)] * (model.num_mlp_matrices - 1) + [(h, f / t)]
+    return ([m for i, m in enumerate(attn) if (i % 2 == 0) is kept],
+            [m for i, m in enumerate(mlp, start=len(attn)) if (i % 2 == 0) is kept])
+
+
 def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
     """Bytes one layer keeps per token of the micro-batch under torchtitan's per-op
     checkpointing (Recompute.OP_SAC), on one TP rank: the layer's input (the checkpoint's,
-    sequence-split under SP), the outputs of the odd-numbered matmuls of [wq, wk, wv, wo, w1,
-    (w3), w2] (column-parallel ones split over TP; a row-parallel one's partial sum whole:
-    the reduce-scatter after it is a separate op), the attention output with its log-sum-exp,
-    and under SP the two reduce-scatters' outputs. An MoE layer's matmuls are its attention's
-    (its routed experts are priced as before, moe.py). 16-bit outputs. Vectorized."""
-    h, f = model.hidden_size, model.ffn_hidden_size
+    sequence-split under SP), the kept matmuls' outputs (op_sac_matmuls), the attention output
+    with its log-sum-exp, and under SP the two reduce-scatters' outputs. An MoE layer's routed
+    experts are priced as before (moe.py). 16-bit outputs. Vectorized."""
+    h = model.hidden_size
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sequence_parallel, dtype=bool)
     sp_div = np.where(sp, t, 1.0)
-    attn = [model.q_dim / t, model.kv_dim / t, (model.kv_pair_dim - model.kv_dim) / t, h + 0.0 * t]
-    mlp = [f / t] * (model.num_mlp_matrices - 1) + [h + 0.0 * t]
-
-    def saved(outputs):  # the 1st, 3rd, 5th, ... matmul's output
-        return sum(x for i, x in enumerate(outputs) if i % 2 == 0)
+    attn, mlp = op_sac_matmuls(model, t, kept=True)
     w = np.asarray(mlp_weight, dtype=float)
-    matmuls = w * saved(attn + mlp) + (1.0 - w) * saved(attn)
+    outputs = sum(out for out, _ in attn) + w * sum(out for out, _ in mlp)
     a = WEIGHT_BYTES
-    return (np.asarray(residual_bytes, dtype=float) * h / sp_div + a * matmuls
+    return (np.asarray(residual_bytes, dtype=float) * h / sp_div + a * outputs
             + a * model.v_dim / t + OP_SAC_LSE_BYTES * model.num_heads / t
             + np.where(sp & (t > 1), 2.0 * a * h / t, 0.0))
 

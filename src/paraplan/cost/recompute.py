@@ -17,6 +17,7 @@ from ..specs.model import ModelSpec
 from .cp import CPComm
 from .layer_compute import LayerCompute
 from .layout import Layout
+from .memory import op_sac_matmuls
 from .moe import MoELayerCosts
 from .roofline import elementwise_time_s, gemm_time_s
 from .tp import TPComm
@@ -57,29 +58,16 @@ def modules_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerComp
                                  norms_recomputed))
 
 
-def op_sac_unsaved_matmuls(model: ModelSpec, T, t):
-    """(rows, cols, inner) of the matmuls torchtitan's per-op checkpointing re-runs in one
-    dense layer's backward: the even-numbered of [wq, wk, wv, wo, w1, (w3), w2] (memory.py
-    op_sac_bytes_per_token keeps the odd ones), each on T tokens, split over TP as it runs;
-    the MLP's are a dense layer's (weight them by the dense share)."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    attn = [(T, model.q_dim / t, h), (T, model.kv_dim / t, h), (T, (model.kv_pair_dim - model.kv_dim) / t, h),
-            (T, h, model.v_dim / t)]
-    mlp = [(T, f / t, h)] * (model.num_mlp_matrices - 1) + [(T, h, f / t)]
-    order = attn + mlp
-    return [shape for i, shape in enumerate(order) if i % 2 == 1 and i < len(attn)], \
-        [shape for i, shape in enumerate(order) if i % 2 == 1 and i >= len(attn)]
-
-
 def op_sac_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerCompute):
     """What torchtitan's per-op checkpointing re-runs of one layer's forward: the matmuls it
-    did not keep (op_sac_unsaved_matmuls; an MoE layer's attention ones) and every
-    element-wise kernel (norms, RoPE, activation, residual adds); the attention kernel's
-    output is kept."""
-    T, t, prec = lay.tokens_per_microbatch, lay.tp, lay.precision
-    attn, mlp = op_sac_unsaved_matmuls(model, T, t)
-    def gemms_s(shapes):
-        return sum(gemm_time_s(gpu, rows, cols, inner, prec) for rows, cols, inner in shapes)
+    did not keep (memory.py op_sac_matmuls; an MoE layer's attention ones) on the layer's T
+    tokens, and every element-wise kernel (norms, RoPE, activation, residual adds); the
+    attention kernel's output is kept."""
+    T, prec = lay.tokens_per_microbatch, lay.precision
+    attn, mlp = op_sac_matmuls(model, lay.tp, kept=False)
+
+    def gemms_s(matmuls):
+        return sum(gemm_time_s(gpu, T, out, inner, prec) for out, inner in matmuls)
     return gemms_s(attn) + lay.dense_layer_share * gemms_s(mlp) + lc.elementwise_forward_s
 
 

@@ -61,11 +61,10 @@ def _changes(plan: Plan) -> list[tuple[str, Plan]]:
     return out
 
 
-def fitting_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
-                    check: Callable[[Plan], None] | None = None) -> list[FitChange]:
-    """The single changes of `plan` that fit on `cluster`, fastest first; `check` (an engine's
-    rules) raises for a plan the engine cannot run. At most a dozen estimates, each simulated
-    as `paraplan estimate` would (the step it advertises is the one the changed flags print)."""
+def _valid_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
+                   check: Callable[[Plan], None] | None) -> list[tuple[str, Plan]]:
+    """The single changes of `plan` (`_changes`) the plan rules allow and `check` (an engine's
+    rules, raising for a plan the engine cannot run) accepts."""
     out = []
     for flags, p in _changes(plan):
         if check_plan(p, model, cluster, workload) is not None:
@@ -73,6 +72,20 @@ def fitting_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
         try:
             if check is not None:
                 check(p)
+        except ParaplanError:
+            continue
+        out.append((flags, p))
+    return out
+
+
+def fitting_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
+                    check: Callable[[Plan], None] | None = None) -> list[FitChange]:
+    """The single valid changes of `plan` that fit on `cluster`, fastest first. At most a
+    dozen estimates, each simulated as `paraplan estimate` would (the step it advertises is
+    the one the changed flags print)."""
+    out = []
+    for flags, p in _valid_changes(model, cluster, workload, plan, check):
+        try:
             est = estimate(model, cluster, workload, p)
         except ParaplanError:
             continue
@@ -109,16 +122,10 @@ class Headroom:
 
 def memory_headroom(model: ModelSpec, cluster: ClusterSpec, workload: Workload, est: Estimate,
                     check: Callable[[Plan], None] | None = None) -> Headroom:
-    """The plan's free memory, and which valid single change (as `_changes` lists them; under
-    `check`, an engine's rules) lowers its memory most, priced in one batch of the cost model
+    """The plan's free memory, and which valid single change (`_valid_changes`) lowers its
+    memory most, priced in one batch of the cost model
     with the plan itself (the step ratio compares closed-form steps, the pipeline unsimulated)."""
-    valid = []
-    for flags, p in _changes(est.plan):
-        try:
-            if check_plan(p, model, cluster, workload) is None and (check is None or check(p) is None):
-                valid.append((flags, p))
-        except ParaplanError:
-            continue
+    valid = _valid_changes(model, cluster, workload, est.plan, check)
     free = est.hbm_bytes - est.memory.total
     if not valid:
         return Headroom(free_bytes=free, hbm_bytes=est.hbm_bytes, flags="", freed_bytes=0.0, step_ratio=1.0)
