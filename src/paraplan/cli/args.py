@@ -139,6 +139,17 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        help="MoE: search token dropping at this capacity factor instead of dropless")
 
 
+def add_plan_command(sub, name: str, help_text: str, *, required: bool) -> argparse.ArgumentParser:
+    """A training command's parser: the model, cluster and workload flags, the plan flags (the
+    plan itself, or pins on a search), --engine, and the plan shorthand's legend in --help."""
+    from ..report.legend import legend_block
+    p = sub.add_parser(name, help=help_text, epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_specs(p)
+    add_plan(p, required=required)
+    add_engine(p)
+    return p
+
+
 def add_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default=None, choices=[e.value for e in Engine],
                    help="predict for this engine: its policy (gradient reduction dtype, checkpointing, TP "

@@ -3,7 +3,6 @@ breakdown."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import asdict
 
 from ..cost.estimate import estimate
@@ -11,20 +10,15 @@ from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import estimate_report, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
-from ..report.legend import legend_block
 from ..report.width import terminal_width, wrap
 from ..search.advice import headroom_line
 from ..search.whatif import what_if
-from .args import SEARCHED_PLAN_NOTE, add_engine, add_plan, add_specs, add_whatif, chosen_plan, specs_from_args
+from .args import SEARCHED_PLAN_NOTE, add_plan_command, add_whatif, chosen_plan, specs_from_args
 from .notes import header, headroom_for, misfit_advice_for, seq_notes
 
 
 def add_parser(sub) -> None:
-    e = sub.add_parser("estimate", help="predict one plan with a full breakdown",
-                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_specs(e)
-    add_plan(e, required=True)
-    add_engine(e)
+    e = add_plan_command(sub, "estimate", "predict one plan with a full breakdown", required=True)
     add_whatif(e, "the plan's step time")
     e.set_defaults(func=cmd_estimate)
 

@@ -10,23 +10,19 @@ from ..errors import SpecError
 from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import scaling_table, unchecked_gpus, unchecked_note
-from ..report.legend import legend_block
 from ..report.width import terminal_width, wrap
 from ..search.policy import ENGINE_CANDIDATES, bounded_space, expressible
 from ..search.scaling import scale
 from ..specs.catalog import load_cluster
 from ..units import fmt_count
-from .args import add_engine, add_plan, add_specs, engine_rules_from_args, search_pins, specs_from_args
+from .args import add_plan_command, engine_rules_from_args, search_pins, specs_from_args
 
 
 def add_parser(sub) -> None:
-    c = sub.add_parser("scale", help="the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
-                                     "time and cost to train the budget (fixed global batch); --cluster a,b "
-                                     "sweeps several clusters and names the soonest and the cheapest across them",
-                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_specs(c)
-    add_plan(c, required=False)
-    add_engine(c)
+    c = add_plan_command(sub, "scale", "the best plan at each GPU count of a sweep: throughput, scaling efficiency, "
+                                       "time and cost to train the budget (fixed global batch); --cluster a,b "
+                                       "sweeps several clusters and names the soonest and the cheapest across them",
+                         required=False)
     c.add_argument("--counts", default=",".join(map(str, DEFAULT_SCALE_COUNTS)),
                    help="GPU counts to search, comma-separated (default "
                         + ",".join(map(str, DEFAULT_SCALE_COUNTS)) + "; --gpus is ignored)")

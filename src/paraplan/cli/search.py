@@ -3,7 +3,6 @@ engine's bounds; search/policy.py holds what happens when nothing fits)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..errors import NoPlanFitsError
@@ -11,13 +10,11 @@ from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
 from ..report.table import estimate_report, ranking_table, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
-from ..report.legend import legend_block
 from ..report.width import terminal_width, wrap
 from ..search.planner import PIN_FLAGS
 from ..search.policy import bounded_space, fastest_or_none, nothing_fits_with_pins, ranked_search
 from ..search.whatif import WHATIF_CANDIDATES, what_if
-from .args import (add_engine, add_plan, add_specs, add_whatif, engine_rules_from_args, search_pins,
-                   show_progress, specs_from_args)
+from .args import add_plan_command, add_whatif, engine_rules_from_args, search_pins, show_progress, specs_from_args
 from ..argtypes import int_up_to as _int_up_to
 from .notes import header, seq_notes
 
@@ -25,11 +22,8 @@ MAX_TOP = 1000  # search --top
 
 
 def add_parser(sub) -> None:
-    s = sub.add_parser("search", help="rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)",
-                       epilog=legend_block(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_specs(s)
-    add_plan(s, required=False)
-    add_engine(s)
+    s = add_plan_command(sub, "search", "rank every valid plan that fits (default: Llama 3 70B on 64×8 H100)",
+                         required=False)
     # every plan shown is simulated (~10 ms each, more with deep pipelines): a bound keeps a
     # mistyped --top from running for hours
     s.add_argument("--top", type=_int_up_to(MAX_TOP), default=10,

@@ -8,7 +8,7 @@ from dataclasses import replace
 from ..argtypes import positive_int as _positive_int
 from ..errors import SpecError
 from ..report.strict_json import json_text
-from .args import SEARCHED_PLAN_NOTE, add_engine, add_plan, add_specs, chosen_plan, specs_from_args
+from .args import SEARCHED_PLAN_NOTE, add_plan_command, chosen_plan, specs_from_args
 from .notes import misfit_advice_for
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
@@ -18,10 +18,7 @@ TRACE_COMM_MARKERS = ("TP", "CP", "FSDP", "EP", "all-to-all")
 
 
 def add_parser(sub) -> None:
-    t = sub.add_parser("trace", help="write the simulated step as a Chrome/Perfetto trace JSON")
-    add_specs(t)
-    add_plan(t, required=True)
-    add_engine(t)
+    t = add_plan_command(sub, "trace", "write the simulated step as a Chrome/Perfetto trace JSON", required=True)
     t.add_argument("-o", "--output", default="paraplan-trace.json", help="output file, or - for stdout")
     t.add_argument("--max-microbatches", type=_positive_int, default=None,
                    help="trace about this many micro-batches of the step (rounded down to a multiple of PP, "
