@@ -8,7 +8,8 @@ from dataclasses import replace
 from ..argtypes import positive_int as _positive_int
 from ..errors import SpecError
 from ..report.strict_json import json_text
-from .args import SEARCHED_PLAN_NOTE, add_plan_command, chosen_plan, specs_from_args
+from .args import add_plan_command, engine_rules_from_args, specs_from_args
+from .choice import chosen_plan, searched_plan_note
 from .notes import misfit_advice_for
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
@@ -39,6 +40,13 @@ def _check_trace_size(plan, shown: int, num_layers: int, tasks: int, tasks_max: 
                     f"{what}: trace fewer stages or layers (estimate prices this plan without a trace)")
 
 
+def _chunk_labels(model, layers: list) -> list[str]:
+    """Each virtual stage's track label: its layers, with the embedding, MTP and loss slots."""
+    return [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
+                      + ([f"MTP ×{model.mtp_layers}"] if j == len(layers) - 1 and model.mtp_layers else [])
+                      + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
+
+
 def cmd_trace(args) -> int:
     from ..cost.estimate import SIM_TASKS_MAX, chunk_layers, estimate, schedule_tasks, stage_costs
     from ..cost.evaluate import evaluate
@@ -56,7 +64,8 @@ def cmd_trace(args) -> int:
     if args.max_microbatches is not None and args.max_microbatches > most:
         raise SpecError("trace", "--max-microbatches", args.max_microbatches,
                         f"at most {most:,} for {model.num_layers} layers (about 2 GB of trace JSON)")
-    plan, source = chosen_plan(args, model, cluster, wl)
+    plan, source = chosen_plan(args, model, cluster, wl, engine=engine_rules_from_args(args, wl, model),
+                               flags_narrow=False)
     est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
     m = est.num_microbatches
     # a trace of every micro-batch of a long step is gigabytes no viewer opens: show the
@@ -73,9 +82,7 @@ def cmd_trace(args) -> int:
                        placement(staged.schedule))
     # each virtual stage's layers as the cost model lays them out (embedding and loss slots)
     layers = chunk_layers(model, wl, staged)
-    labels = [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
-                        + ([f"MTP ×{model.mtp_layers}"] if j == len(layers) - 1 and model.mtp_layers else [])
-                        + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
+    labels = _chunk_labels(model, layers)
     fwd = est.layer_detail["fwd"]
     bwd = est.layer_detail["bwd"]
     # ZB-H1 and ZB-V split each backward: W runs the weight-gradient GEMMs, B the rest
@@ -111,11 +118,12 @@ def cmd_trace(args) -> int:
             print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
                   "(open in https://ui.perfetto.dev or chrome://tracing)"
                   + (f"; {shown} of the step's {m} micro-batches shown (--max-microbatches)" if shown < m else "")
-                  + (f"\nplan {plan.describe()}: {SEARCHED_PLAN_NOTE}" if source == "search" else ""))
+                  + (f"\nplan {plan.describe()}: {searched_plan_note(args)}" if source == "search" else ""))
             if advice:
                 print(f"the plan {advice}")
         else:
             print(json_text({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
                               "plan": plan.describe(), "plan_source": source,
+                              **({"plan_rank": args.rank or 1} if source == "search" else {}),
                               "microbatches": m, "microbatches_shown": shown, **({"misfit": advice} if advice else {})}))
     return 0
