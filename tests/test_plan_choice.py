@@ -128,3 +128,9 @@ def test_an_error_after_long_work_is_still_the_last_line(capsys, every_search_is
     lines = err.strip().splitlines()
     assert code == 2 and out == "" and lines[0].startswith("searching ")
     assert lines[-1].startswith("paraplan: error: ") and sum(ln.startswith("paraplan: ") for ln in lines) == 1
+
+
+def test_input_every_plan_trips_on_is_its_error_alone(capsys, every_search_is_long):
+    # the search's line waits for its first priced slice: a precision the GPU lacks fails there
+    line = assert_user_error(*run(capsys, "estimate", *SMALL, "--precision", "nvfp4"))
+    assert "nvfp4" in line

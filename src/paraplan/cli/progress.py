@@ -1,6 +1,6 @@
-"""Progress of long work on stderr, on a terminal or not: a line as each phase starts
-("searching 1.85M candidate plans...", "simulating the best 64..."); on a terminal, the
-search's bar too. A search of fewer than PROGRESS_MIN_PLANS candidates is done before a line
+"""Progress of long work on stderr, on a terminal or not: a line per phase ("searching
+1.85M candidate plans...", once its first slice is priced; "simulating the best 64..."); on
+a terminal, the search's bar too. A search of fewer than PROGRESS_MIN_PLANS candidates is done before a line
 would help and says nothing (so a short command's stderr holds only its warnings and errors);
 `--quiet` silences all of it. stdout is never written here: `--json` stays pure JSON.
 """
@@ -35,17 +35,23 @@ class Progress:
         self.quiet = quiet
         self.bar = bar and not quiet
         self.long = False  # the search under way has PROGRESS_MIN_PLANS candidates or more
+        self.pending = ""  # its first line, written once a first slice is priced
 
     def __call__(self, done: int, total: int) -> None:
+        # the search's line waits for its first slice: input that every plan trips on (a
+        # precision the GPU lacks) is then its error alone on stderr
+        if self.pending:
+            self.line(self.pending)
+            self.pending = ""
         if self.bar:
             show_progress(done, total)
 
     def phase(self, name: str, count: int) -> None:
         if name == "search":
             self.long = count >= PROGRESS_MIN_PLANS
-        if self.long:
-            self.line({"search": f"searching {fmt_count(count)} candidate plans",
-                       "simulate": f"simulating the best {count:,}"}.get(name, f"{name} {count:,}"))
+            self.pending = f"searching {fmt_count(count)} candidate plans" if self.long else ""
+        elif self.long:
+            self.line(f"simulating the best {count:,}" if name == "simulate" else f"{name} {count:,}")
 
     def line(self, text: str) -> None:
         if not self.quiet:
