@@ -134,3 +134,14 @@ def test_input_every_plan_trips_on_is_its_error_alone(capsys, every_search_is_lo
     # the search's line waits for its first priced slice: a precision the GPU lacks fails there
     line = assert_user_error(*run(capsys, "estimate", *SMALL, "--precision", "nvfp4"))
     assert "nvfp4" in line
+
+
+def test_a_long_trace_says_so_unless_quiet(capsys, tmp_path, monkeypatch):
+    import paraplan.cli.trace as trace
+    monkeypatch.setattr(trace, "TRACE_PROGRESS_EVENTS", 0)  # a test's trace is short
+    argv = ["trace", *SMALL, "--tp", "2", "--pp", "2", "-o", str(tmp_path / "t.json"), "--json"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0 and json.loads(out)["plan_source"] == "flags"
+    assert err.startswith("tracing ") and "layer events" in err and err.count("\n") == 1
+    code, out, err = run(capsys, *argv, "--quiet")
+    assert code == 0 and err == ""

@@ -10,10 +10,12 @@ from ..errors import SpecError
 from ..report.strict_json import json_text
 from .args import add_plan_command, engine_rules_from_args, specs_from_args
 from .choice import chosen_plan, searched_plan_note
+from .progress import progress_from_args
 from .notes import misfit_advice_for
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
 TRACE_MAX_LAYER_EVENTS = 10 * TRACE_LAYER_EVENTS  # about 2 GB: the most --max-microbatches may ask for
+TRACE_PROGRESS_EVENTS = 200_000  # layer events from which building and writing the trace takes seconds
 # names of the per-layer operations that are communication (TP, CP, FSDP, EP collectives)
 TRACE_COMM_MARKERS = ("TP", "CP", "FSDP", "EP", "all-to-all")
 
@@ -28,11 +30,14 @@ def add_parser(sub) -> None:
     t.set_defaults(func=cmd_trace)
 
 
-def _check_trace_size(plan, shown: int, num_layers: int, tasks: int, tasks_max: int) -> None:
+def _start_trace(args, plan, shown: int, num_layers: int, tasks: int, tasks_max: int) -> None:
     """Refuse, in one line, a trace whose fewest micro-batches (2·PP) are more schedule tasks
-    than the simulator holds or more layer events than TRACE_MAX_LAYER_EVENTS."""
+    than the simulator holds or more layer events than TRACE_MAX_LAYER_EVENTS; say a long one's
+    phase on stderr (cli/progress.py)."""
     events = 10 * num_layers * shown
     if tasks <= tasks_max and events <= TRACE_MAX_LAYER_EVENTS:
+        if events >= TRACE_PROGRESS_EVENTS:
+            progress_from_args(args).line(f"tracing {shown:,} micro-batches, about {events:,} layer events")
         return
     what = (f"{tasks:,} schedule tasks, over the simulator's {tasks_max:,}" if tasks > tasks_max
             else f"about {events:,} layer events of {num_layers:,} layers, over {TRACE_MAX_LAYER_EVENTS:,} (2 GB)")
@@ -73,7 +78,7 @@ def cmd_trace(args) -> int:
     cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
     shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
     staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
-    _check_trace_size(staged, shown, model.num_layers, schedule_tasks(staged, shown), SIM_TASKS_MAX)
+    _start_trace(args, staged, shown, model.num_layers, schedule_tasks(staged, shown), SIM_TASKS_MAX)
     if plan.pp > 1 and shown == m and est.sim is not None:
         sim = est.sim
     else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate
