@@ -145,3 +145,12 @@ def test_a_long_trace_says_so_unless_quiet(capsys, tmp_path, monkeypatch):
     assert err.startswith("tracing ") and "layer events" in err and err.count("\n") == 1
     code, out, err = run(capsys, *argv, "--quiet")
     assert code == 0 and err == ""
+
+
+def test_trace_rank_is_the_same_row(capsys, tmp_path):
+    row = _rows(capsys, "--pp", "2", top=2)[1]
+    code, out, err = run(capsys, "trace", *SMALL, "--pp", "2", "--rank", "2", "-o", str(tmp_path / "t.json"), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["plan"] == row and d["plan_source"] == "search" and d["plan_rank"] == 2
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["plan"] == row

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from ..cost.estimate import Estimate
 from ..errors import SpecError
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
@@ -73,7 +74,7 @@ def narrowed_space(args: argparse.Namespace) -> tuple[dict, SpaceLimits]:
 
 
 def ranked_plan(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-                engine: EngineRules | None, rank: int, progress: Progress | None = None):
+                engine: EngineRules | None, rank: int, progress: Progress | None = None) -> Estimate:
     """The estimate of the rank-th plan (1-based) of the search the plan flags narrow, within
     the engine's bounds; a rank past the plans the search ranked is a one-line error."""
     fixed, limits = bounded_space(engine, *narrowed_space(args))
