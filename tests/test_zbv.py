@@ -180,7 +180,14 @@ def test_engines(tmp_path, capsys):
     flags = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "32", "--tp", "2", "--pp", "4",
              "--vp", "2", "--schedule", "zbv", "--dp", "2", "--zero", "2"]
     # torchtitan runs it as ZBVZeroBubble, on eager stages only (torch refuses compiled ones)
+    # no plan of the search these flags narrow is one torchtitan builds (torch refuses compiled
+    # stages under ZBVZeroBubble): the error says so, and the plan given whole names the rule
     assert main(["export", "--format", "torchtitan", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "the engine can build" in err and "export --plan '" in err
+    plan = err.split("export --plan '")[1].split("'")[0]
+    assert "zbv" in plan.split() and "compiled" in plan.split()
+    assert main(["export", "--format", "torchtitan", *flags[:8], "--plan", plan]) == 2
     assert "ZBVZeroBubble" in capsys.readouterr().err
     out = tmp_path / "job.toml"
     assert main(["export", "--format", "torchtitan", "--no-compile", *flags, "-o", str(out)]) == 0

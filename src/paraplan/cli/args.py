@@ -1,7 +1,7 @@
 """The flags the training commands share and what they make: the model, cluster and
-workload (`specs_from_args`), the plan (`plan_from_args`, `chosen_plan`), the engine
-(`exporter_from_args`), the search pins (`search_pins`); the parser that says a user's
-mistake in one line and exits 2 (`Parser`), and the search progress bar.
+workload (`specs_from_args`), the plan of the flags (`plan_from_args`; cli/choice.py chooses
+among it, --plan and the search), the engine (`exporter_from_args`), the search pins
+(`search_pins`); the parser that says a user's mistake in one line and exits 2 (`Parser`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..export.common import Exporter
 from ..export.registry import exporter
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
-from ..search.policy import EngineRules, best_exportable
+from ..search.policy import EngineRules
 from ..specs.engine import Engine, EngineSupport, check_model, check_optimizer
 from ..specs.files import MAX_COUNT
 from ..specs.hardware import ClusterSpec
@@ -34,12 +34,14 @@ from ..specs.workload import (ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DA
                               MAX_STORAGE_BYTES_PER_S, MAX_TOKEN_BUDGET, MAX_USD_PER_GPU_HOUR, MIN_STORAGE_BYTES_PER_S,
                               Workload)
 from ..units import GIGA as _GIGA
+from .progress import add_quiet, show_progress  # noqa: F401 (show_progress: validate, serve)
 
 DEFAULT_MODEL = "llama3-70b"
 DEFAULT_CLUSTER = "dgx-h100"
 DEFAULT_GPUS = 512
 DEFAULT_SEQ = 8192
 DEFAULT_BATCH_TOKENS = 4 * 1024 * 1024
+MAX_RANK = 1000  # search --top and --rank: each plan up to it is simulated
 
 
 class Parser(argparse.ArgumentParser):
@@ -126,6 +128,9 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--plan", default=None,
                        help="the whole plan as `paraplan search` prints it, quoted (e.g. 'TP8 PP1 DP64 mb1 SP "
                             "rc:none zero1 tpov attn:flash3'), instead of the flags above")
+        g.add_argument("--rank", type=_int_up_to(MAX_RANK), default=None, metavar="N",
+                       help="the N-th plan of the search as `paraplan search` ranks it (1 = its first row), the "
+                            "search narrowed by the plan flags given (docs/tutorial.md, Choosing the plan)")
     else:
         g.add_argument("--cp-comm", default=None,
                        help="context parallel K/V exchange to search: p2p, allgather or a2a (default: all three)")
@@ -137,6 +142,7 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                             "(default: all; plans without a pipeline have none and stay in)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")
+    add_quiet(p)
 
 
 def add_plan_command(sub, name: str, help_text: str, *, required: bool) -> argparse.ArgumentParser:
@@ -188,8 +194,8 @@ def engine_rules_from_args(args: argparse.Namespace, workload: Workload, model: 
     return None if mod is None else EngineRules(support_from_args(mod, args), mod.check)
 
 
-# parser attributes that pin a plan (estimate, trace, export): any of them given, the plan
-# comes from the flags; none, it is the fastest plan that fits (within --engine's bounds)
+# parser attributes of one plan (estimate, trace, export): how they choose it, as written or
+# narrowing a search, is cli/choice.py's rule
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
               "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
               "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
@@ -239,43 +245,6 @@ def apply_plan_string(args: argparse.Namespace) -> None:
 def plan_flags_given(args: argparse.Namespace) -> bool:
     return any(getattr(args, k) is not None if k == "sp" else getattr(args, k) not in (None, False, 0)
                for k in PLAN_FLAGS)
-
-
-def chosen_plan(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
-                workload: Workload) -> tuple[Plan, str]:
-    """(plan, source): the plan of the flags ("flags"), or, with no plan flag at all, the
-    fastest plan that fits as `paraplan search` ranks it, within --engine's bounds
-    ("search"; export picks its plan the same way)."""
-    apply_plan_string(args)
-    if plan_flags_given(args):
-        return engine_plan(args, model, cluster, workload), "flags"
-    progress = show_progress if (not args.json and sys.stderr.isatty()) else None
-    mod = exporter_from_args(args, workload, model)
-    if mod is None:
-        from ..search.planner import search  # read when called (a test may stand in for it)
-        return search(model, cluster, workload, top_k=1, progress=progress).ranked[0].plan, "search"
-    return best_exportable(model, cluster, workload, support_from_args(mod, args), mod.check).plan, "search"
-
-
-SEARCHED_PLAN_NOTE = ("no plan flags: the fastest plan that fits, as `paraplan search` ranks it (plan flags such as "
-                      "--tp pick one)")
-
-
-def engine_plan(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> Plan:
-    """The plan of the flags, with --engine's policy knobs and checked against it."""
-    plan = plan_from_args(args, cluster)
-    per = plan.dp * plan.micro_batch_size
-    if args.batch is None and args.batch_tokens is None and workload.global_batch_size % per:
-        # the default batch, not one the user gave: say so, and which flag sets it
-        raise SpecError("plan", "--batch", workload.global_batch_size,
-                        f"(the default, about {DEFAULT_BATCH_TOKENS:,} tokens of --seq {workload.seq_len}) is not a "
-                        f"multiple of DP×micro-batch = {plan.dp}×{plan.micro_batch_size}; give --batch, a multiple "
-                        f"of {per}")
-    mod = exporter_from_args(args, workload, model)
-    if mod is not None:
-        plan = support_from_args(mod, args).adapt(engine_default_zero(args, plan, support_from_args(mod, args)))
-        mod.check(plan, model, workload)
-    return plan
 
 
 def engine_default_zero(args: argparse.Namespace, plan: Plan, support: EngineSupport) -> Plan:
@@ -390,9 +359,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
     if recompute is Recompute.FIRST_K and not args.recompute_layers:
         raise SpecError("plan", "--recompute-layers", 0, "--recompute first_k needs it: the layers of each "
                         "stage to recompute, at least 1")
-    if args.recompute_layers and recompute is not Recompute.FIRST_K:
-        raise SpecError("plan", "--recompute-layers", args.recompute_layers,
-                        f"applies with --recompute first_k only (not {recompute.value})")
+    check_recompute_layers(args)
     zero = ZeroStage.parse("0" if args.zero is None else str(args.zero), "zero")
     sp = args.sp if args.sp is not None else tp > 1
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
@@ -408,13 +375,13 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      else cluster.gpu.attention_kernels[-1])
 
 
-def show_progress(done: int, total: int) -> None:
-    width = 30
-    frac = done / max(total, 1)
-    sys.stderr.write(f"\rsearching [{'#' * int(width * frac):<{width}}] {100 * frac:5.1f}%")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+def check_recompute_layers(args: argparse.Namespace) -> None:
+    """--recompute-layers counts first_k's layers: with another policy it would change nothing."""
+    from ..plan.axes import Recompute
+    recompute = Recompute.parse("none" if args.recompute is None else args.recompute, "recompute")
+    if args.recompute_layers and recompute is not Recompute.FIRST_K:
+        raise SpecError("plan", "--recompute-layers", args.recompute_layers,
+                        f"applies with --recompute first_k only (not {recompute.value})")
 
 
 def search_pins(args: argparse.Namespace) -> tuple[dict, SpaceLimits]:

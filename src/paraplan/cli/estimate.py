@@ -13,7 +13,8 @@ from ..report.whatif import whatif_dict, whatif_table
 from ..report.width import terminal_width, wrap
 from ..search.advice import headroom_line
 from ..search.whatif import what_if
-from .args import SEARCHED_PLAN_NOTE, add_plan_command, add_whatif, chosen_plan, specs_from_args
+from .args import add_plan_command, add_whatif, engine_rules_from_args, specs_from_args
+from .choice import chosen_plan, searched_plan_note
 from .notes import header, headroom_for, misfit_advice_for, seq_notes
 
 
@@ -25,7 +26,8 @@ def add_parser(sub) -> None:
 
 def cmd_estimate(args) -> int:
     model, cluster, wl = specs_from_args(args)
-    plan, source = chosen_plan(args, model, cluster, wl)
+    plan, source = chosen_plan(args, model, cluster, wl, engine=engine_rules_from_args(args, wl, model),
+                               flags_narrow=False)
     est = estimate(model, cluster, wl, plan)
     wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
     advice, changes = misfit_advice_for(args, model, cluster, wl, est)
@@ -33,7 +35,9 @@ def cmd_estimate(args) -> int:
     if args.json:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
-        print(json_text({**estimate_dict(est), "plan_source": source, "unchecked_gpus": unchecked_gpus([cluster.gpu]),
+        print(json_text({**estimate_dict(est), "plan_source": source,
+                          **({"plan_rank": args.rank or 1} if source == "search" else {}),
+                          "unchecked_gpus": unchecked_gpus([cluster.gpu]),
                           "notes": seq_notes(model, wl) + ([est.pipeline_note] if est.pipeline_note else []),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"memory_headroom": asdict(headroom)} if headroom else {}),
@@ -41,7 +45,7 @@ def cmd_estimate(args) -> int:
     else:
         width = terminal_width()
         print(header(model, cluster, wl, width=width)
-              + ("\n" + wrap(SEARCHED_PLAN_NOTE, width) if source == "search" else "") + "\n")
+              + ("\n" + wrap(searched_plan_note(args), width) if source == "search" else "") + "\n")
         print(estimate_report(est, width, legend=True))
         if headroom:
             print(wrap(headroom_line(headroom), width))

@@ -3,7 +3,6 @@ engine's bounds; search/policy.py holds what happens when nothing fits)."""
 
 from __future__ import annotations
 
-import sys
 
 from ..errors import NoPlanFitsError
 from ..report.jsonout import estimate_dict
@@ -14,11 +13,11 @@ from ..report.width import terminal_width, wrap
 from ..search.planner import PIN_FLAGS
 from ..search.policy import bounded_space, fastest_or_none, nothing_fits_with_pins, ranked_search
 from ..search.whatif import WHATIF_CANDIDATES, what_if
-from .args import add_plan_command, add_whatif, engine_rules_from_args, search_pins, show_progress, specs_from_args
+from .args import MAX_RANK as MAX_TOP, add_plan_command, add_whatif, engine_rules_from_args, specs_from_args
 from ..argtypes import int_up_to as _int_up_to
+from .choice import narrowed_space
 from .notes import header, seq_notes
-
-MAX_TOP = 1000  # search --top
+from .progress import Progress, progress_from_args
 
 
 def add_parser(sub) -> None:
@@ -34,16 +33,16 @@ def add_parser(sub) -> None:
 
 def cmd_search(args) -> int:
     model, cluster, wl = specs_from_args(args)
-    user_pins, user_limits = search_pins(args)
+    user_pins, user_limits = narrowed_space(args)
     engine = engine_rules_from_args(args, wl, model)
     fixed, limits = bounded_space(engine, user_pins, user_limits)
-    show = (not args.json) and sys.stderr.isatty()
+    progress = progress_from_args(args)
     top = args.top if args.whatif is None else max(args.top, WHATIF_CANDIDATES)
     try:
         res, pool = ranked_search(model, cluster, wl, top, fixed=fixed, limits=limits, engine=engine,
-                                  progress=show_progress if show else None)
+                                  progress=progress, phase=progress.phase)
     except NoPlanFitsError as exc:
-        raise _without_pins(args, exc, model, cluster, wl, user_pins, user_limits, engine, show) from None
+        raise _without_pins(args, exc, model, cluster, wl, user_pins, user_limits, engine, progress) from None
     ranked = pool[: args.top]
     wi = None if args.whatif is None else what_if(
         model, cluster, wl, pool[:WHATIF_CANDIDATES], args.whatif / 100.0,
@@ -69,7 +68,8 @@ def cmd_search(args) -> int:
     return 0
 
 
-def _without_pins(args, exc, model, cluster, wl, user_pins, user_limits, engine, show) -> NoPlanFitsError:
+def _without_pins(args, exc, model, cluster, wl, user_pins, user_limits, engine,
+                  progress: Progress) -> NoPlanFitsError:
     """The nothing-fits error: as it is without pins; with them, saying whether the search
     without them fits (search/policy.py nothing_fits_with_pins)."""
     # the user's restrictions of the plan space beyond the pinned axes, which a search without
@@ -81,7 +81,7 @@ def _without_pins(args, exc, model, cluster, wl, user_pins, user_limits, engine,
     pins = " ".join([f"{PIN_FLAGS[k]} {v}" for k, v in user_pins.items()] + [f"{f} {v}" for f, v in restrictions])
     kept = "; --capacity-factor kept" if args.capacity_factor is not None else ""
     lifted = f"without the pins ({pins}{kept})"
-    if show:
-        sys.stderr.write(f"nothing fits; searching again {lifted}\n")
+    if progress.bar or progress.long:
+        progress.line(f"nothing fits; searching again {lifted}")
     return nothing_fits_with_pins(exc, model, cluster, wl, pins=pins, lifted=lifted, limits=user_limits,
-                                  engine=engine, progress=show_progress if show else None)
+                                  engine=engine, progress=progress, phase=progress.phase)

@@ -8,11 +8,14 @@ from dataclasses import replace
 from ..argtypes import positive_int as _positive_int
 from ..errors import SpecError
 from ..report.strict_json import json_text
-from .args import SEARCHED_PLAN_NOTE, add_plan_command, chosen_plan, specs_from_args
+from .args import add_plan_command, engine_rules_from_args, specs_from_args
+from .choice import chosen_plan, searched_plan_note
+from .progress import progress_from_args
 from .notes import misfit_advice_for
 
 TRACE_LAYER_EVENTS = 1_000_000  # about 200 MB of trace JSON: what Perfetto opens comfortably
 TRACE_MAX_LAYER_EVENTS = 10 * TRACE_LAYER_EVENTS  # about 2 GB: the most --max-microbatches may ask for
+TRACE_PROGRESS_EVENTS = 200_000  # layer events from which building and writing the trace takes seconds
 # names of the per-layer operations that are communication (TP, CP, FSDP, EP collectives)
 TRACE_COMM_MARKERS = ("TP", "CP", "FSDP", "EP", "all-to-all")
 
@@ -27,16 +30,26 @@ def add_parser(sub) -> None:
     t.set_defaults(func=cmd_trace)
 
 
-def _check_trace_size(plan, shown: int, num_layers: int, tasks: int, tasks_max: int) -> None:
+def _start_trace(args, plan, shown: int, num_layers: int, tasks: int, tasks_max: int) -> None:
     """Refuse, in one line, a trace whose fewest micro-batches (2·PP) are more schedule tasks
-    than the simulator holds or more layer events than TRACE_MAX_LAYER_EVENTS."""
+    than the simulator holds or more layer events than TRACE_MAX_LAYER_EVENTS; say a long one's
+    phase on stderr (cli/progress.py)."""
     events = 10 * num_layers * shown
     if tasks <= tasks_max and events <= TRACE_MAX_LAYER_EVENTS:
+        if events >= TRACE_PROGRESS_EVENTS:
+            progress_from_args(args).line(f"tracing {shown:,} micro-batches, about {events:,} layer events")
         return
     what = (f"{tasks:,} schedule tasks, over the simulator's {tasks_max:,}" if tasks > tasks_max
             else f"about {events:,} layer events of {num_layers:,} layers, over {TRACE_MAX_LAYER_EVENTS:,} (2 GB)")
     raise SpecError("trace", "--pp", plan.pp, f"a trace of {plan.pp:,} stages shows at least {shown:,} micro-batches, "
                     f"{what}: trace fewer stages or layers (estimate prices this plan without a trace)")
+
+
+def _chunk_labels(model, layers: list) -> list[str]:
+    """Each virtual stage's track label: its layers, with the embedding, MTP and loss slots."""
+    return [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
+                      + ([f"MTP ×{model.mtp_layers}"] if j == len(layers) - 1 and model.mtp_layers else [])
+                      + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
 
 
 def cmd_trace(args) -> int:
@@ -56,7 +69,8 @@ def cmd_trace(args) -> int:
     if args.max_microbatches is not None and args.max_microbatches > most:
         raise SpecError("trace", "--max-microbatches", args.max_microbatches,
                         f"at most {most:,} for {model.num_layers} layers (about 2 GB of trace JSON)")
-    plan, source = chosen_plan(args, model, cluster, wl)
+    plan, source = chosen_plan(args, model, cluster, wl, engine=engine_rules_from_args(args, wl, model),
+                               flags_narrow=False)
     est = estimate(model, cluster, wl, plan)  # the full step (the pipeline simulated)
     m = est.num_microbatches
     # a trace of every micro-batch of a long step is gigabytes no viewer opens: show the
@@ -64,7 +78,7 @@ def cmd_trace(args) -> int:
     cap = args.max_microbatches or max(1, TRACE_LAYER_EVENTS // (10 * model.num_layers))
     shown = min(m, m if m <= cap else max(2 * plan.pp, cap // plan.pp * plan.pp))
     staged = plan if plan.pp > 1 else replace(plan, schedule=Schedule.ONE_F_ONE_B, vp=1)
-    _check_trace_size(staged, shown, model.num_layers, schedule_tasks(staged, shown), SIM_TASKS_MAX)
+    _start_trace(args, staged, shown, model.num_layers, schedule_tasks(staged, shown), SIM_TASKS_MAX)
     if plan.pp > 1 and shown == m and est.sim is not None:
         sim = est.sim
     else:  # one stage (the estimate simulates no pipeline) or fewer micro-batches: re-simulate
@@ -73,9 +87,7 @@ def cmd_trace(args) -> int:
                        placement(staged.schedule))
     # each virtual stage's layers as the cost model lays them out (embedding and loss slots)
     layers = chunk_layers(model, wl, staged)
-    labels = [", ".join((["embedding"] if j == 0 else []) + ([f"L{r[0]}-{r[-1]}"] if len(r) else [])
-                        + ([f"MTP ×{model.mtp_layers}"] if j == len(layers) - 1 and model.mtp_layers else [])
-                        + (["LM head + loss"] if j == len(layers) - 1 else [])) for j, r in enumerate(layers)]
+    labels = _chunk_labels(model, layers)
     fwd = est.layer_detail["fwd"]
     bwd = est.layer_detail["bwd"]
     # ZB-H1 and ZB-V split each backward: W runs the weight-gradient GEMMs, B the rest
@@ -111,11 +123,12 @@ def cmd_trace(args) -> int:
             print(f"wrote {args.output}: {len(trace['traceEvents']):,} events, step {est.step_time_s:.3f} s "
                   "(open in https://ui.perfetto.dev or chrome://tracing)"
                   + (f"; {shown} of the step's {m} micro-batches shown (--max-microbatches)" if shown < m else "")
-                  + (f"\nplan {plan.describe()}: {SEARCHED_PLAN_NOTE}" if source == "search" else ""))
+                  + (f"\nplan {plan.describe()}: {searched_plan_note(args)}" if source == "search" else ""))
             if advice:
                 print(f"the plan {advice}")
         else:
             print(json_text({"output": args.output, "events": len(trace["traceEvents"]), "step_time_s": est.step_time_s,
                               "plan": plan.describe(), "plan_source": source,
+                              **({"plan_rank": args.rank or 1} if source == "search" else {}),
                               "microbatches": m, "microbatches_shown": shown, **({"misfit": advice} if advice else {})}))
     return 0

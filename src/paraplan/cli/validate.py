@@ -7,7 +7,7 @@ import sys
 from ..argtypes import non_empty as _non_empty
 from ..errors import SpecError
 from ..report.strict_json import json_text
-from .args import show_progress
+from .progress import show_progress
 
 
 def add_parser(sub) -> None:

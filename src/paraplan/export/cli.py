@@ -1,8 +1,10 @@
 """`paraplan export --format torchtitan|megatron|deepspeed`: an engine config for one plan.
 
-Plan flags as in `paraplan estimate` pick the plan; with no plan flag at all, the plan is
-the fastest that fits among those the engine can run (the search is bounded by the
-engine's schedules, recomputation policies, ZeRO stages, ...; see specs/engine.py).
+The plan is chosen by the rule search, estimate and trace share (cli/choice.py): the fastest
+plan that fits among those the engine can run (the search is bounded by the engine's
+schedules, recomputation policies, ZeRO stages, ...; see specs/engine.py), narrowed by the
+plan flags given (`--pp 8`: the best PP8 plan the engine runs); `--rank N` the N-th of that
+search; `--plan "TP8 PP1 ..."` exactly that plan.
 The config goes to stdout (the launch line to stderr), or to the file given with -o.
 """
 
@@ -11,11 +13,11 @@ from __future__ import annotations
 import json
 import sys
 
-from ..cli.args import (add_plan, add_specs, apply_plan_string, engine_default_zero, plan_flags_given, plan_from_args,
-                        specs_from_args)
+from ..cli.args import add_plan, add_specs, specs_from_args
+from ..cli.choice import chosen_plan
 from ..cost.estimate import estimate
 from ..outfile import check_not_input, check_output, write_output
-from ..search.policy import best_exportable
+from ..search.policy import EngineRules
 from ..specs.engine import Engine, check_model, check_optimizer, refuse_model
 from .registry import engine_support, exporter
 
@@ -42,24 +44,18 @@ def cmd_export(args) -> int:
     support = engine_support(engine, args.no_compile)
     refuse_model(support, model)  # a model the engine has no code for
     check_model(support, model)  # before a search the exporter would refuse plan by plan
-    apply_plan_string(args)
-    from_flags = plan_flags_given(args)
-    if from_flags:
-        plan = support.adapt(engine_default_zero(args, plan_from_args(args, cluster), support))
-        mod.check(plan, model, wl)
-        est = estimate(model, cluster, wl, plan)
-    else:
-        est = best_exportable(model, cluster, wl, support, mod.check)
-        plan = est.plan
+    plan, source = chosen_plan(args, model, cluster, wl, engine=EngineRules(support, mod.check), flags_narrow=True)
+    est = estimate(model, cluster, wl, plan)
     res = mod.export(plan, model, cluster, wl, est)
     if not est.fits:
-        # the user's plan: exported as asked (the memory model can be pessimistic), but said
+        # the user's --plan: exported as asked (the memory model can be pessimistic), but said
         sys.stderr.write(f"paraplan: warning: {plan.describe()} {est.misfit(cluster.gpu.name)}\n")
     launcher = res.launcher if not args.output else res.launcher.replace(res.filename, args.output)
     if args.output:
         write_output(args.output, res.text, "export", "--output")
     if args.json:
-        print(json.dumps({"format": str(engine), "plan": plan.describe(), "plan_source": "flags" if from_flags else "search",
+        print(json.dumps({"format": str(engine), "plan": plan.describe(), "plan_source": source,
+                          **({"plan_rank": args.rank or 1} if source == "search" else {}),
                           "predicted_step_time_s": est.step_time_s, "fits": est.fits,
                           "misfit": est.misfit(cluster.gpu.name) or None, "filename": args.output or res.filename,
                           "text": res.text, "launcher": launcher, "notes": list(res.notes)}, indent=1))

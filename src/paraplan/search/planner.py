@@ -9,7 +9,7 @@ import time as _time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import numpy as np
 
@@ -182,15 +182,16 @@ def _raise_nothing_fits(model: ModelSpec, cluster: ClusterSpec, workload: Worklo
             "(a smaller shard per GPU)"
             + ("" if ZeroStage.PARAMETERS in limits.zero_stages and Recompute.FULL in limits.recomputes
                else ", or allow ZeRO-3 and full recomputation instead of offload"))
-    raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits),
+    raise NoPlanFitsError(_nothing_fits(model, cluster, workload, n_valid, best_mem, limits, fixed),
                           smallest=best_mem if n_valid else None)
 
 
 def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits = SpaceLimits(),
            fixed: dict | None = None, top_k: int = 10, resimulate: int = SIMULATED_PLANS, progress=None,
-           require_fit: bool = True) -> SearchResult:
+           require_fit: bool = True, phase: Callable[[str, int], None] | None = None) -> SearchResult:
     """Rank plans by simulated step time; `progress(done, total)` (candidate plans) is called
-    per slice of the space.
+    per slice of the space, and `phase(name, count)` as each phase starts: ("search", candidate
+    plans), then ("simulate", plans re-timed by the event simulator).
 
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
     """
@@ -205,6 +206,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     blocks = space_blocks(model, cluster, workload, limits, fixed)
     total = sum(b.num_candidates for b in blocks) or 1
     done = 0
+    if phase:
+        phase("search", total)
 
     run = partial(_price_slice, model, cluster, workload, resimulate, require_fit)
     # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
@@ -227,6 +230,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)
     order = np.argsort(times, kind="stable")[:resimulate]
+    if phase:
+        phase("simulate", len(order))
     ests = finished(model, cluster, workload, cand.take(order))
     ests.sort(key=lambda e: e.step_time_s)
     return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=n_cand, num_valid=n_valid, num_fit=n_fit,
@@ -283,17 +288,18 @@ def _explain_pins(model, cluster, workload, limits, fixed) -> None:
                             f"{workload.global_batch_size} and the other pins; allowed here: {listed}")
 
 
-def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits) -> str:
+def _nothing_fits(model, cluster, workload, n_valid, best_mem, limits, fixed=None) -> str:
     """Why no plan fits and what would: more GPUs, a shorter sequence, what the limits left out
     (an engine's bounds)."""
     if n_valid == 0 and limits.engine_rule is not None:
         # the engine's own bounds (its device mesh, its schedules) may be what left nothing
-        for batch, _ in enumerate_space(model, cluster, workload, replace(limits, engine_rule=None)):
+        for batch, _ in enumerate_space(model, cluster, workload, replace(limits, engine_rule=None), fixed):
             if len(batch):
+                shown = batch.plan(0).describe()
                 return (f"no plan for {model.name} on {cluster.num_gpus} GPUs with global batch "
                         f"{workload.global_batch_size} that the engine can build (its device mesh and "
-                        f"pipeline schedules): plans such as {batch.plan(0).describe()} are valid without "
-                        "--engine; `paraplan export` with that plan's flags names the rule it breaks")
+                        f"pipeline schedules): plans such as {shown} are valid without --engine; "
+                        f"`paraplan export --plan '{shown}'` names the rule it breaks")
     if n_valid == 0:
         max_tp = limits.max_tp or cluster.gpus_per_node
         return (f"no valid plan for {model.name} on {cluster.num_gpus} GPUs with global batch "

@@ -58,20 +58,30 @@ def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                     check: PlanCheck):
     """The fastest plan that fits and that the engine can express: search inside the engine's
     bounds, then the first ranked plan that passes the exporter's own check."""
-    from .planner import search  # read when called (a test may stand in for it)
-    try:
-        res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned,
-                     top_k=ENGINE_CANDIDATES)
-    except SpecError as e:
-        # the search explains a pin that leaves no plan as the user's flag; here the engine pinned it
-        pinned = {PIN_FLAGS.get(k, k): k for k in support.pinned}
-        if e.where != "search" or e.field not in pinned:
-            raise
-        raise SpecError(f"engine {support.engine}", "model", model.name,
-                        f"{support.engine} runs {pinned[e.field]}={e.value} only ({support.pin_reason}): no plan of "
-                        f"{model.name} on {cluster.num_gpus} GPUs with global batch {workload.global_batch_size} "
-                        f"is valid there") from None
-    return expressible(res.ranked, model, workload, support, check)[0]
+    fixed, limits = engine_space(support, {}, SpaceLimits())
+    return ranked_search(model, cluster, workload, 1, fixed=fixed, limits=limits,
+                         engine=EngineRules(support, check))[1][0]
+
+
+def engine_pin_error(e: SpecError, support: EngineSupport, fixed: dict, model: ModelSpec, cluster: ClusterSpec,
+                     workload: Workload) -> SpecError:
+    """A search's error about a pin that leaves no plan, said as the engine's where the engine
+    pinned that axis (and the user did not pin it otherwise): the user never gave that flag."""
+    pinned = {PIN_FLAGS.get(k, k): k for k, v in support.pinned.items() if fixed.get(k, v) == v}
+    if e.where != "search" or e.field not in pinned:
+        return e
+    return SpecError(f"engine {support.engine}", "model", model.name,
+                     f"{support.engine} runs {pinned[e.field]}={e.value} only ({support.pin_reason}): no plan of "
+                     f"{model.name} on {cluster.num_gpus} GPUs with global batch {workload.global_batch_size} "
+                     "is valid there")
+
+
+# the user's choices of the plan space an engine's bounds narrow further (SpaceLimits field, flag)
+ENGINE_CHOICES = (("cp_comm_types", "--cp-comm"), ("rank_orders", "--rank-order"), ("schedules", "--schedule"),
+                  ("zero_stages", "--zero"), ("recomputes", "--recompute"), ("sequence_parallel", "--sp"),
+                  ("tp_overlap", "--tp-overlap"), ("attention", "--attention"))
+# of those, the ones an engine's own list (in its order) stands for when the user left them open
+ENGINE_ORDERED = ("zero_stages", "recomputes", "sequence_parallel", "tp_overlap", "attention")
 
 
 def engine_space(support: EngineSupport, fixed: dict, limits: SpaceLimits) -> tuple[dict, SpaceLimits]:
@@ -83,20 +93,23 @@ def engine_space(support: EngineSupport, fixed: dict, limits: SpaceLimits) -> tu
     for key, most in (("cp", support.limits.max_cp), ("vp", support.limits.max_vp), ("ep", support.limits.max_ep)):
         if most and fixed.get(key, 1) > most:  # a bound of 0 is none
             raise unsupported(support.engine, f"--{key}", fixed[key], f"{key} up to {most}")
-    cp_comms = tuple(c for c in limits.cp_comm_types if c in support.limits.cp_comm_types)
-    if not cp_comms:
-        raise unsupported(support.engine, "--cp-comm", ",".join(map(str, limits.cp_comm_types)),
-                          ", ".join(map(str, support.limits.cp_comm_types)))
-    orders = tuple(o for o in limits.rank_orders if o in support.limits.rank_orders)
-    if not orders:
-        raise unsupported(support.engine, "--rank-order", ",".join(map(str, limits.rank_orders)),
-                          ", ".join(map(str, support.limits.rank_orders)))
-    schedules = tuple(s for s in limits.schedules if s in support.limits.schedules)
-    if not schedules:
-        raise unsupported(support.engine, "--schedule", ",".join(map(str, limits.schedules)),
-                          ", ".join(map(str, support.limits.schedules)))
-    return {**support.pinned, **fixed}, replace(support.search_limits(), capacity_factors=limits.capacity_factors,
-                                                cp_comm_types=cp_comms, rank_orders=orders, schedules=schedules)
+    bounds, everything = support.search_limits(), SpaceLimits()
+    chosen = {}
+    for name, flag in ENGINE_CHOICES:
+        asked, allowed = getattr(limits, name), getattr(bounds, name)
+        if name in ENGINE_ORDERED and asked == getattr(everything, name):
+            chosen[name] = allowed  # left open by the user: the engine's (attention: its preference)
+            continue
+        chosen[name] = tuple(x for x in asked if x in allowed)
+        if not chosen[name]:
+            raise unsupported(support.engine, flag, ",".join(map(_shown_choice, asked)),
+                              ", ".join(map(_shown_choice, allowed)))
+    return {**support.pinned, **fixed}, replace(bounds, capacity_factors=limits.capacity_factors, **chosen)
+
+
+def _shown_choice(value) -> str:
+    """A choice as its flag takes it (True/False for --sp and --tp-overlap as on and off)."""
+    return {True: "on", False: "off"}.get(value, str(value)) if isinstance(value, bool) else str(value)
 
 
 def bounded_space(engine: EngineRules | None, fixed: dict, limits: SpaceLimits) -> tuple[dict, SpaceLimits]:
@@ -106,12 +119,18 @@ def bounded_space(engine: EngineRules | None, fixed: dict, limits: SpaceLimits) 
 
 def ranked_search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, top: int, *, fixed: dict,
                   limits: SpaceLimits, engine: EngineRules | None = None,
-                  progress=None) -> tuple[SearchResult, list]:
+                  progress=None, phase=None) -> tuple[SearchResult, list]:
     """(the search, its ranked estimates): with an engine, the ranked plans its exporter
-    accepts, from the fastest ENGINE_CANDIDATES (or `top`, if more)."""
+    accepts, from the fastest ENGINE_CANDIDATES (or `top`, if more). `progress` and `phase`
+    as search/planner.py search takes them."""
     from .planner import search  # read when called (a test may stand in for it)
-    res = search(model, cluster, workload, limits=limits, fixed=fixed,
-                 top_k=top if engine is None else max(top, ENGINE_CANDIDATES), progress=progress)
+    try:
+        res = search(model, cluster, workload, limits=limits, fixed=fixed,
+                     top_k=top if engine is None else max(top, ENGINE_CANDIDATES), progress=progress, phase=phase)
+    except SpecError as e:
+        if engine is None:
+            raise
+        raise engine_pin_error(e, engine.support, fixed, model, cluster, workload) from None
     if engine is None:
         return res, res.ranked
     return res, expressible(res.ranked, model, workload, engine.support, engine.check)
@@ -135,13 +154,13 @@ def without_restrictions(limits: SpaceLimits) -> SpaceLimits:
 
 def nothing_fits_with_pins(exc: NoPlanFitsError, model: ModelSpec, cluster: ClusterSpec, workload: Workload, *,
                            pins: str, lifted: str, limits: SpaceLimits, engine: EngineRules | None = None,
-                           progress=None) -> NoPlanFitsError:
+                           progress=None, phase=None) -> NoPlanFitsError:
     """The nothing-fits error of a search with pins, saying whether the search without the
     pins (`lifted` names it, `pins` the flags) fits and, if so, its fastest plan."""
     fixed2, limits2 = bounded_space(engine, {}, without_restrictions(limits))
     try:
         best = ranked_search(model, cluster, workload, 1, fixed=fixed2, limits=limits2, engine=engine,
-                             progress=progress)[1][0]
+                             progress=progress, phase=phase)[1][0]
     except NoPlanFitsError:
         return NoPlanFitsError(f"{exc}; {lifted} no plan fits either")
     fastest = (f"the fastest is {best.plan.describe()} ({fmt_bytes(best.memory.total)}, "
