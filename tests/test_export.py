@@ -599,7 +599,9 @@ def test_cli_output_file_and_json(capsys, tmp_path):
     assert code == 0
     d = json.loads(out)
     cfg = json.loads(out_file.read_text())
-    assert d["text"] == out_file.read_text() and d["plan_source"] == "flags"
+    # the flags narrow DeepSpeed's search: its best ZeRO-3 plan with micro-batches of 2
+    assert d["text"] == out_file.read_text() and d["plan_source"] == "search"
+    assert {"zero3", "mb2"} <= set(d["plan"].split())
     assert cfg["zero_optimization"]["stage"] == 3 and cfg["gradient_accumulation_steps"] == 2
     assert str(out_file) in d["launcher"]
 
@@ -625,21 +627,29 @@ def test_cli_unsupported_is_one_line_exit_2(capsys, tmp_path):
     code, out, err = run(capsys, "export", "--format", "torchtitan", *SMALL, "--zero", "1", "-o", str(out_file))
     assert code == 2 and out == "" and not out_file.exists()
     assert err.count("\n") == 1 and "zero='1'" in err and "torchtitan allows" in err
-    code, out, err = run(capsys, "export", "--format", "deepspeed", *SMALL, "--tp", "2")
+    # a plan given whole with SP: the exporter's rule; --sp narrowing the search: the engine's bound
+    code, out, err = run(capsys, "export", "--format", "deepspeed", *SMALL, "--plan",
+                         "TP2 PP1 DP8 mb1 SP rc:none zero1 attn:flash3")
     assert code == 2 and "sequence_parallel" in err and "--no-sp" in err
+    code, out, err = run(capsys, "export", "--format", "deepspeed", *SMALL, "--tp", "2", "--sp")
+    assert code == 2 and err.count("\n") == 1 and "--sp='on'" in err and "deepspeed allows off" in err
 
 
 def test_cli_exports_a_plan_that_does_not_fit_with_a_warning(capsys, tmp_path):
-    # the user's plan is exported as asked, and stderr says the memory model disagrees
+    # the user's --plan is exported as asked, and stderr says the memory model disagrees
     out_file = tmp_path / "m.sh"
-    code, out, err = run(capsys, "export", "--format", "megatron", "--model", "llama3.1-405b", "--gpus", "8",
-                         "--tp", "8", "-o", str(out_file))
+    big = ["--model", "llama3.1-405b", "--gpus", "8"]
+    code, out, err = run(capsys, "export", "--format", "megatron", *big, "--plan", "TP8 PP1 DP1 mb1 SP rc:none zero0 "
+                         "attn:flash3", "-o", str(out_file))
     assert code == 0 and out_file.exists()
     warning = [ln for ln in err.splitlines() if ln.startswith("paraplan: warning:")]
     assert len(warning) == 1 and "GiB per GPU" in warning[0] and "h100" in warning[0]
     # a plan that fits exports without one
     code, out, err = run(capsys, "export", "--format", "megatron", *SMALL, "--tp", "8")
     assert code == 0 and "warning" not in err
+    # plan flags narrow the search: with none of its plans fitting, nothing is written
+    code, out, err = run(capsys, "export", "--format", "megatron", *big, "--tp", "8", "-o", str(tmp_path / "n.sh"))
+    assert code == 2 and err.count("\n") == 1 and "no plan fits" in err and not (tmp_path / "n.sh").exists()
 
 
 @pytest.mark.parametrize("attention, precision, modules, recipe", [
