@@ -3,17 +3,18 @@
 Each config is checked twice where possible:
 * against the engine's documented schema (field and flag names written down below with
   their source), always;
-* with the engine's own config code where it is installed (skipped otherwise):
-  torchtitan 0.2.x's ConfigManager reads the TOML (`--job.config_file`), torchtitan 0.3's
-  ConfigManager parses the override command line; Megatron-Core builds its
-  TransformerConfig and DistributedDataParallelConfig from the script's arguments (as
-  Megatron-LM's `core_transformer_config_from_args` does) and runs their validation;
-  DeepSpeed's DeepSpeedConfig loads the JSON and checks the batch arithmetic.
+* with the engine's own config code, which the README's test command installs (the
+  `engines` extra and torchtitan 0.2.2 beside it; tests/engine_checks.py): torchtitan
+  0.2.2's ConfigManager reads the TOML (`--job.config_file`, in a child process, since 0.2.2
+  and 0.3 cannot share an environment), torchtitan 0.3's ConfigManager parses the override
+  command line; Megatron-Core builds its TransformerConfig and DistributedDataParallelConfig
+  from the script's arguments (as Megatron-LM's `core_transformer_config_from_args` does)
+  and runs their validation; DeepSpeed's DeepSpeedConfig loads the JSON and checks the batch
+  arithmetic.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -22,6 +23,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from engine_checks import (SKIP_03, SKIP_022, SKIP_DS, installed, run_torchtitan_022, torchtitan_022_dir,
+                           torchtitan_version)
 from support import run
 
 from paraplan.cost.estimate import chunk_layers
@@ -107,13 +110,6 @@ def exported(name, engine):
     return p, mod.export(p, MODEL, CLUSTER, WL)
 
 
-def installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 # --------------------------------------------------------------------- torchtitan
 # torchtitan 0.2.2 torchtitan/config/job_config.py: sections and the fields exported here.
 TORCHTITAN_SCHEMA = {
@@ -185,36 +181,43 @@ def test_torchtitan_toml_matches_plan(name):
     check_torchtitan(p, cfg)
 
 
-def _torchtitan_version():
-    if not installed("torchtitan"):
-        return None
-    from importlib.metadata import version
-    return tuple(int(x) for x in version("torchtitan").split(".")[:2])
+TT_CASES = [n for n, e in CASES if e is Engine.TORCHTITAN]
 
 
-@pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() >= (0, 3),
-                    reason="torchtitan 0.2.x (the last TOML-reading release) not installed")
-@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
-def test_torchtitan_02_reads_the_toml(name, tmp_path):
-    from torchtitan.config import ConfigManager
-    from torchtitan.distributed import ParallelDims
-    p, res = exported(name, Engine.TORCHTITAN)
-    path = tmp_path / res.filename
-    path.write_text(res.text)
-    job = ConfigManager().parse_args(["--job.config_file", str(path)])
-    par = job.parallelism
-    cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"]},
-           "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
-           "activation_checkpoint": {"mode": job.activation_checkpoint.mode}}
-    assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
+@pytest.fixture(scope="module")
+def torchtitan_022_verdicts(tmp_path_factory):
+    """torchtitan 0.2.2's ConfigManager on every exported TOML, and its ParallelDims building
+    each mesh on a fake process group: one child process for all cases (engine_checks.py)."""
+    if torchtitan_022_dir() is None:
+        pytest.skip(SKIP_022)
+    folder = tmp_path_factory.mktemp("tt022")
+    jobs = []
+    for name in TT_CASES:
+        p, res = exported(name, Engine.TORCHTITAN)
+        path = folder / f"{name}.toml"
+        path.write_text(res.text)
+        jobs.append({"toml": str(path), "mesh": None, "world": p.num_gpus})
+    return dict(zip(TT_CASES, run_torchtitan_022(jobs)))
+
+
+@pytest.mark.parametrize("name", TT_CASES)
+def test_torchtitan_02_reads_the_toml(name, torchtitan_022_verdicts):
+    p, _ = exported(name, Engine.TORCHTITAN)
+    verdict = torchtitan_022_verdicts[name]
+    assert verdict["error"] is None, verdict["error"]
+    job = verdict["job"]
+    par = job["parallelism"]
+    cfg = {"parallelism": {f: par[f] for f in TORCHTITAN_SCHEMA["parallelism"]},
+           "training": {f: job["training"][f] for f in TORCHTITAN_SCHEMA["training"]},
+           "activation_checkpoint": {"mode": job["activation_checkpoint"]["mode"]}}
+    assert job["compile"]["enable"] is p.compiled and job["compile"]["components"] == ["model"]  # the loss eager
     check_torchtitan(p, cfg)
-    dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
-                        cp=par.context_parallel_degree, tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
-                        ep=par.expert_parallel_degree, etp=par.expert_tensor_parallel_degree, world_size=p.num_gpus)
-    assert dims.dp_replicate * dims.dp_shard == p.dp
+    # the flavor torchtitan 0.2.2 builds is the model paraplan priced
+    args = verdict["model_args"]
+    assert (args["n_layers"], args["dim"], args["n_heads"]) == (MODEL.num_layers, MODEL.hidden_size, MODEL.num_heads)
 
 
-@pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() < (0, 3), reason="torchtitan>=0.3 not installed")
+@pytest.mark.skipif((torchtitan_version() or (0, 0)) < (0, 3), reason=SKIP_03)
 @pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN
                                   and not (PLANS[n][0].cp > 1 and PLANS[n][0].cp_comm_type is CPCommType.P2P)])
 def test_torchtitan_03_parses_the_overrides(name):
@@ -492,7 +495,7 @@ def test_deepspeed_json_matches_plan(name):
     assert res.launcher.startswith("deepspeed --num_nodes 2 --num_gpus 8 ")
 
 
-@pytest.mark.skipif(not installed("deepspeed"), reason="deepspeed not installed")
+@pytest.mark.skipif(not installed("deepspeed"), reason=SKIP_DS)
 @pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.DEEPSPEED])
 def test_deepspeed_config_loads(name, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")

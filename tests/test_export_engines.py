@@ -13,11 +13,11 @@ distributed/pipelining/schedules.py Schedule1F1B (micro-batches >= stages).
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 import tomllib
 
 import pytest
+from engine_checks import SKIP_022, run_torchtitan_022, torchtitan_022_dir
 
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
@@ -39,13 +39,6 @@ def plan(**kw):
     base = dict(tp=1, pp=1, dp=16, micro_batch_size=1, attention=AttentionKernel.FLASH3)
     base.update(kw)
     return torchtitan.SUPPORT.adapt(make_plan(**base))
-
-
-def torchtitan_02() -> bool:
-    if importlib.util.find_spec("torchtitan") is None:
-        return False
-    from importlib.metadata import version
-    return tuple(int(x) for x in version("torchtitan").split(".")[:2]) < (0, 3)
 
 
 def mesh_of(cfg: dict) -> tuple[int, ...]:
@@ -73,24 +66,9 @@ def torchtitan_would_build(cfg: dict, workload: Workload) -> bool:
     return ok
 
 
-@pytest.fixture
-def fake_world():
-    """A fake process group of N ranks for torchtitan's ParallelDims.build_mesh."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    def start(n):
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
-    yield start
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def build_mesh(cfg: dict, world: int) -> None:
-    from torchtitan.distributed import ParallelDims
-    rep, shard, cp, tp, pp, ep, etp = mesh_of(cfg)
-    ParallelDims(dp_replicate=rep, dp_shard=shard, cp=cp, tp=tp, pp=pp, ep=ep, etp=etp,
-                 world_size=world).build_mesh()
+def mesh_job(cfg: dict, world: int) -> dict:
+    """A job for torchtitan 0.2.2's ParallelDims.build_mesh (tests/torchtitan_022.py)."""
+    return {"toml": None, "mesh": list(mesh_of(cfg)), "world": world}
 
 
 # (model, plan, workload, field the refusal names, a neighbour plan torchtitan builds)
@@ -127,19 +105,18 @@ def test_torchtitan_refuses_what_it_cannot_build_in_one_line(name):
     assert torchtitan_would_build(cfg, wl)
 
 
-@pytest.mark.skipif(not torchtitan_02(), reason="torchtitan 0.2.x not installed")
+@pytest.mark.skipif(torchtitan_022_dir() is None, reason=SKIP_022)
 @pytest.mark.parametrize("name", ["ep-over-ddp", "ep-over-replicas", "etp-not-1-or-tp"])
-def test_torchtitan_builds_the_expert_mesh_it_accepts_and_not_the_refused_one(name, fake_world):
+def test_torchtitan_builds_the_expert_mesh_it_accepts_and_not_the_refused_one(name):
     model, bad, wl, _, good = REFUSED[name]
-    fake_world(good.num_gpus)
-    build_mesh(torchtitan.job_config(good, model, wl), good.num_gpus)
     shard = 1 if bad.zero is ZeroStage.NONE else bad.dp_shard
     cfg = {"parallelism": {"data_parallel_replicate_degree": bad.dp // shard, "data_parallel_shard_degree": shard,
                            "context_parallel_degree": bad.cp, "tensor_parallel_degree": bad.tp,
                            "pipeline_parallel_degree": bad.pp, "expert_parallel_degree": bad.ep,
                            "expert_tensor_parallel_degree": bad.etp}}
-    with pytest.raises((AssertionError, ValueError, RuntimeError)):
-        build_mesh(cfg, bad.num_gpus)
+    ok, refused = run_torchtitan_022([mesh_job(torchtitan.job_config(good, model, wl), good.num_gpus),
+                                      mesh_job(cfg, bad.num_gpus)])
+    assert ok["error"] is None and refused["error"] is not None
 
 
 SEARCHES = {  # the cases the review found: an unbuildable EP mesh, ZeRO-0 with CP
@@ -149,15 +126,14 @@ SEARCHES = {  # the cases the review found: an unbuildable EP mesh, ZeRO-0 with 
 
 
 @pytest.mark.parametrize("name", list(SEARCHES))
-def test_export_without_plan_flags_picks_a_plan_torchtitan_builds(name, request):
+def test_export_without_plan_flags_picks_a_plan_torchtitan_builds(name):
     model, gpus, wl = SEARCHES[name]
     cluster = load_cluster("dgx-h100", num_gpus=gpus)
     est = best_exportable(model, cluster, wl, torchtitan.SUPPORT, torchtitan.check)
     cfg = dict(torchtitan.job_config(est.plan, model, wl), _layers=model.num_layers)
     assert torchtitan_would_build(cfg, wl), est.plan.describe()
-    if torchtitan_02():
-        request.getfixturevalue("fake_world")(gpus)
-        build_mesh(cfg, gpus)
+    if torchtitan_022_dir() is not None:  # (checked without it too: torchtitan_would_build)
+        assert run_torchtitan_022([mesh_job(cfg, gpus)])[0]["error"] is None
 
 
 def test_the_engine_search_space_holds_only_plans_the_exporter_accepts():
@@ -185,13 +161,13 @@ def test_torchtitan_fp8_moe_converts_the_grouped_experts(tmp_path):
         torchtitan.check(plan(pp=2, dp=128, ep=64, zero=ZeroStage.GRADIENTS), DSV3, wl)
     with pytest.raises(SpecError, match="--mtp-layers 0"):  # the preset's MTP module, which it would not train
         torchtitan.check(p, load_model("deepseek-v3"), wl)
-    if torchtitan_02():
-        from torchtitan.config import ConfigManager
+    if torchtitan_022_dir() is not None:
         path = tmp_path / "tt.toml"
         path.write_text(res.text)
-        job = ConfigManager().parse_args(["--job.config_file", str(path)])
-        assert job.quantize.grouped_mm.float8.fqns == ["experts"]
-        assert "quantize.grouped_mm.float8" in job.model.converters
+        verdict = run_torchtitan_022([{"toml": str(path), "mesh": None, "world": p.num_gpus}])[0]
+        assert verdict["error"] is None, verdict["error"]
+        assert verdict["job"]["quantize"]["grouped_mm"]["float8"]["fqns"] == ["experts"]
+        assert "quantize.grouped_mm.float8" in verdict["job"]["model"]["converters"]
 
 
 def test_megatron_reduces_fp16_gradients_in_fp32_as_the_plan_prices():

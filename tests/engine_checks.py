@@ -1,0 +1,61 @@
+"""Where the engines' own config code is, for the tests that feed it paraplan's exports.
+
+The README's test command installs the `engines` extra (torchtitan 0.3.0, DeepSpeed 0.19.8)
+and torchtitan 0.2.2's wheel beside it in `<venv>/torchtitan-0.2.2` (the two torchtitan
+releases cannot share one environment; tests/torchtitan_022.py runs 0.2.2 in a child
+process with that folder first on its path). Megatron-LM's front end is read from
+../shared/engines (tests/test_megatron_args.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+INSTALL = ("python -m pip install -e '.[test,run,plot,megatron,engines]' && "
+           "python -m pip install --no-deps --target .venv/torchtitan-0.2.2 torchtitan==0.2.2")
+
+
+def installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def torchtitan_version() -> tuple[int, int] | None:
+    """(major, minor) of the torchtitan installed in this environment (the `engines` extra)."""
+    if not installed("torchtitan"):
+        return None
+    return tuple(int(x) for x in version("torchtitan").split(".")[:2])  # type: ignore[return-value]
+
+
+def torchtitan_022_dir() -> Path | None:
+    """The folder holding torchtitan 0.2.2 (PARAPLAN_TORCHTITAN_022, else <venv>/torchtitan-0.2.2)."""
+    path = Path(os.environ.get("PARAPLAN_TORCHTITAN_022", Path(sys.prefix) / "torchtitan-0.2.2"))
+    return path if (path / "torchtitan" / "config").is_dir() else None
+
+
+SKIP_022 = (f"torchtitan 0.2.2 not at {Path(sys.prefix) / 'torchtitan-0.2.2'} (it cannot share an environment "
+            f"with 0.3.0; the README's test command puts it there: {INSTALL})")
+SKIP_03 = f"torchtitan 0.3 not installed (the `engines` extra: {INSTALL})"
+SKIP_DS = f"deepspeed not installed (the `engines` extra: {INSTALL})"
+
+
+def run_torchtitan_022(jobs: list[dict]) -> list[dict]:
+    """torchtitan 0.2.2's verdict on each job (tests/torchtitan_022.py), in one child process."""
+    root = torchtitan_022_dir()
+    assert root is not None, SKIP_022
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(HERE / "torchtitan_022.py")], input=json.dumps(jobs),
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert Path(out["torchtitan"]).is_relative_to(root), out["torchtitan"]  # 0.2.2, not the installed 0.3
+    return out["results"]
