@@ -59,3 +59,34 @@ def run_torchtitan_022(jobs: list[dict]) -> list[dict]:
     out = json.loads(proc.stdout)
     assert Path(out["torchtitan"]).is_relative_to(root), out["torchtitan"]  # 0.2.2, not the installed 0.3
     return out["results"]
+
+
+def deepspeed_accepts(cfg: dict, world: int, num_experts: int = 0):
+    """DeepSpeed 0.19.8's own checks of a JSON config, as `deepspeed.initialize()` on `world`
+    ranks (no mpu) runs them: DeepSpeedConfig (the batch arithmetic, every section's schema),
+    then, with expert_parallel, AutoEP's config and folding checks
+    (DeepSpeedEngine._configure_expert_parallel) and its post-detection check against the
+    model's experts. Returns the DeepSpeedConfig; raises what DeepSpeed raises."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed.runtime.config as dsc
+    from deepspeed.module_inject.auto_ep_config import validate_autoep_config, validate_autoep_post_detection
+    from deepspeed.module_inject.auto_ep_folding import build_folding_spec, validate_folding_global
+    with mock.patch.object(dsc.dist, "get_rank", lambda *a, **k: 0), \
+            mock.patch.object(dsc.dist, "get_world_size", lambda *a, **k: world):
+        c = dsc.DeepSpeedConfig(json.loads(json.dumps(cfg)))
+    ep = c.expert_parallel_config
+    if ep.enabled:
+        tp = max(c.tensor_parallel_config.autotp_size, 1)
+        validate_autoep_config(ep, world, 1, tp, 1)
+        spec = build_folding_spec(world_size=world, pp_size=1, tp_size=tp, ep_size=ep.autoep_size,
+                                  etp_size=ep.expert_tensor_parallel_size, mp_mode="tp" if tp > 1 else "sp")
+        validate_folding_global(spec, zero_stage=c.zero_optimization_stage, sp_size=1,
+                                autoep_enabled=True, ep_preset=ep.preset_model,
+                                zero_offload_optimizer=c.zero_config.offload_optimizer is not None)
+        layer = SimpleNamespace(moe_module_name="mlp", num_experts=num_experts, score_apply="post",
+                                num_expert_groups=None, num_limited_groups=None)
+        validate_autoep_post_detection(ep, [layer])
+    return c

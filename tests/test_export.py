@@ -468,7 +468,7 @@ def test_megatron_core_accepts_the_arguments(name, monkeypatch):
 # DeepSpeed 0.19 docs (deepspeed.ai/docs/config-json) and deepspeed/runtime/config.py keys.
 DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "zero_optimization", "communication_data_type", "bf16", "fp16",
-                  "tensor_parallel", "activation_checkpointing"}
+                  "tensor_parallel", "activation_checkpointing", "expert_parallel"}
 DEEPSPEED_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "offload_optimizer"}
 
 

@@ -13,18 +13,19 @@ distributed/pipelining/schedules.py Schedule1F1B (micro-batches >= stages).
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 import tomllib
 
 import pytest
-from engine_checks import SKIP_022, run_torchtitan_022, torchtitan_022_dir
+from engine_checks import SKIP_022, SKIP_DS, deepspeed_accepts, installed, run_torchtitan_022, torchtitan_022_dir
 
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
 from paraplan.search.policy import best_exportable
 from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
-from paraplan.plan.space import enumerate_space
+from paraplan.plan.space import PlanBatch, enumerate_space
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
 
@@ -205,3 +206,64 @@ def test_deepspeed_says_why_it_cannot_run_an_moe_model_on_more_gpus_than_its_bat
                          "--gpus", "1024", "--batch", "512")
     assert code == 2 and err.count("\n") == 1
     assert err.startswith("paraplan: error: engine deepspeed:") and "--pp" not in err and "data-parallel only" in err
+
+
+def test_deepspeed_search_names_its_own_pins_not_the_users(capsys):
+    """`search --engine deepspeed` holds PP = CP = 1 as the engine's bound: a model with no plan
+    there is refused naming the engine, not as a `--pp` the user never gave."""
+    from support import run
+    code, out, err = run(capsys, "search", "--engine", "deepspeed", "--model", "deepseek-v3", "--mtp-layers", "0",
+                         "--gpus", "1024", "--batch", "512")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("paraplan: error: engine deepspeed:") and "--pp" not in err
+
+
+GPT_OSS = load_model("gpt-oss-20b")
+
+
+@pytest.mark.parametrize("ep", [8, 4])
+def test_deepspeed_exports_expert_parallelism_as_autoep(ep):
+    """Mixtral with EP: AutoEP in the JSON (DeepSpeed 0.19.8 expert_parallel), not every expert
+    on every GPU; DeepSpeed's own config, AutoEP and folding checks accept it."""
+    p = deepspeed.SUPPORT.adapt(make_plan(tp=1, pp=1, dp=64, ep=ep, micro_batch_size=1, zero=ZeroStage.PARAMETERS,
+                                          attention=AttentionKernel.FLASH3))
+    res = deepspeed.export(p, MIXTRAL, load_cluster("dgx-h100", num_gpus=64), WL_MOE)
+    cfg = json.loads(res.text)
+    assert cfg["expert_parallel"] == {"enabled": True, "autoep_size": ep, "expert_tensor_parallel_size": 1,
+                                      "preset_model": "mixtral"}
+    assert any(f"{MIXTRAL.num_experts // ep} of the {MIXTRAL.num_experts} experts" in n for n in res.notes)
+    if installed("deepspeed"):
+        c = deepspeed_accepts(cfg, p.num_gpus, MIXTRAL.num_experts)
+        assert c.expert_parallel_config.autoep_size == ep and c.zero_optimization_stage == 3
+    ep1 = json.loads(deepspeed.export(replace(p, ep=1), MIXTRAL, load_cluster("dgx-h100", num_gpus=64), WL_MOE).text)
+    assert "expert_parallel" not in ep1
+
+
+@pytest.mark.parametrize("model, plan_kw, field", [
+    (GPT_OSS, dict(ep=8), "ep"),                       # no AutoEP preset for gpt-oss
+    (MIXTRAL, dict(ep=4, etp=2, tp=2, dp=32), "etp"),  # AutoEP 0.19.8: ETP = 1 only
+    (MIXTRAL, dict(ep=8, capacity_factor=1.25), "capacity_factor"),  # AutoEP is dropless
+])
+def test_deepspeed_refuses_expert_layouts_autoep_lacks_in_one_line(model, plan_kw, field):
+    kw = dict(tp=1, pp=1, dp=64, micro_batch_size=1, zero=ZeroStage.PARAMETERS, attention=AttentionKernel.FLASH3)
+    kw.update(plan_kw)
+    p = deepspeed.SUPPORT.adapt(make_plan(**kw))
+    with pytest.raises(SpecError) as e:
+        deepspeed.check(p, model, WL_MOE)
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"engine deepspeed: {field}=")
+    # the search inside DeepSpeed's bounds never holds such a plan (SpaceLimits.engine_rule)
+    bad = PlanBatch.from_plans([p])
+    assert bool(deepspeed.unbuildable(bad, model, WL_MOE)[0])
+
+
+@pytest.mark.skipif(not installed("deepspeed"), reason=SKIP_DS)
+def test_deepspeed_own_autoep_checks_can_fail():
+    """The check the tests lean on refuses what DeepSpeed refuses (an EP width that does not
+    divide the ranks, an unknown preset, more EP ranks than experts)."""
+    p = deepspeed.SUPPORT.adapt(make_plan(tp=1, pp=1, dp=64, ep=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS,
+                                          attention=AttentionKernel.FLASH3))
+    cfg = json.loads(deepspeed.export(p, MIXTRAL, load_cluster("dgx-h100", num_gpus=64), WL_MOE).text)
+    for change, experts in (({"autoep_size": 24}, 8), ({"preset_model": "llama"}, 8), ({}, 4)):
+        bad = dict(cfg, expert_parallel=dict(cfg["expert_parallel"], **change))
+        with pytest.raises(ValueError):
+            deepspeed_accepts(bad, 64, experts)

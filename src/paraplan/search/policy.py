@@ -63,15 +63,21 @@ def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
         res = search(model, cluster, workload, limits=support.search_limits(), fixed=support.pinned,
                      top_k=ENGINE_CANDIDATES)
     except SpecError as e:
-        # the search explains a pin that leaves no plan as the user's flag; here the engine pinned it
-        pinned = {PIN_FLAGS.get(k, k): k for k in support.pinned}
-        if e.where != "search" or e.field not in pinned:
-            raise
-        raise SpecError(f"engine {support.engine}", "model", model.name,
-                        f"{support.engine} runs {pinned[e.field]}={e.value} only ({support.pin_reason}): no plan of "
-                        f"{model.name} on {cluster.num_gpus} GPUs with global batch {workload.global_batch_size} "
-                        f"is valid there") from None
+        raise engine_pin_error(e, support, model, cluster, workload, {}) from None
     return expressible(res.ranked, model, workload, support, check)[0]
+
+
+def engine_pin_error(e: SpecError, support: EngineSupport, model: ModelSpec, cluster: ClusterSpec,
+                     workload: Workload, user_fixed: dict) -> SpecError:
+    """The search explains a pin that leaves no plan as the user's flag; where the engine
+    pinned it (and the user did not), the error names the engine and why it pins."""
+    pinned = {PIN_FLAGS.get(k, k): k for k in support.pinned if k not in user_fixed}
+    if e.where != "search" or e.field not in pinned:
+        return e
+    return SpecError(f"engine {support.engine}", "model", model.name,
+                     f"{support.engine} runs {pinned[e.field]}={e.value} only ({support.pin_reason}): no plan of "
+                     f"{model.name} on {cluster.num_gpus} GPUs with global batch {workload.global_batch_size} "
+                     f"is valid there")
 
 
 def engine_space(support: EngineSupport, fixed: dict, limits: SpaceLimits) -> tuple[dict, SpaceLimits]:
@@ -110,8 +116,14 @@ def ranked_search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, to
     """(the search, its ranked estimates): with an engine, the ranked plans its exporter
     accepts, from the fastest ENGINE_CANDIDATES (or `top`, if more)."""
     from .planner import search  # read when called (a test may stand in for it)
-    res = search(model, cluster, workload, limits=limits, fixed=fixed,
-                 top_k=top if engine is None else max(top, ENGINE_CANDIDATES), progress=progress)
+    try:
+        res = search(model, cluster, workload, limits=limits, fixed=fixed,
+                     top_k=top if engine is None else max(top, ENGINE_CANDIDATES), progress=progress)
+    except SpecError as e:
+        if engine is None:
+            raise
+        user_fixed = {k: v for k, v in fixed.items() if k not in engine.support.pinned}
+        raise engine_pin_error(e, engine.support, model, cluster, workload, user_fixed) from None
     if engine is None:
         return res, res.ranked
     return res, expressible(res.ranked, model, workload, engine.support, engine.check)
