@@ -48,15 +48,28 @@ SKIP_03 = f"torchtitan 0.3 not installed (the `engines` extra: {INSTALL})"
 SKIP_DS = f"deepspeed not installed (the `engines` extra: {INSTALL})"
 
 
+_CHILD: list[subprocess.Popen] = []  # torchtitan 0.2.2's process, started once per test session
+
+
+def _torchtitan_022_child(root: Path) -> subprocess.Popen:
+    if not _CHILD or _CHILD[0].poll() is not None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+        _CHILD[:] = [subprocess.Popen([sys.executable, str(HERE / "torchtitan_022.py")], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True, env=env)]
+    return _CHILD[0]
+
+
 def run_torchtitan_022(jobs: list[dict]) -> list[dict]:
-    """torchtitan 0.2.2's verdict on each job (tests/torchtitan_022.py), in one child process."""
+    """torchtitan 0.2.2's verdict on each job (tests/torchtitan_022.py), in its own process."""
     root = torchtitan_022_dir()
     assert root is not None, SKIP_022
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "torchtitan_022.py")], input=json.dumps(jobs),
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout)
+    child = _torchtitan_022_child(root)
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(json.dumps(jobs) + "\n")
+    child.stdin.flush()
+    line = child.stdout.readline()
+    assert line, "torchtitan 0.2.2's process ended (its stderr is above)"
+    out = json.loads(line)
     assert Path(out["torchtitan"]).is_relative_to(root), out["torchtitan"]  # 0.2.2, not the installed 0.3
     return out["results"]
 
@@ -90,3 +103,33 @@ def deepspeed_accepts(cfg: dict, world: int, num_experts: int = 0):
                                 num_expert_groups=None, num_limited_groups=None)
         validate_autoep_post_detection(ep, [layer])
     return c
+
+
+MODULE_START, MODULE_END = "# --- paraplan_torchtitan.py ---", "# --- end ---"
+
+
+def registry_module_source(text: str) -> str | None:
+    """The torchtitan 0.3 config_registry module an exported TOML's header carries, if any."""
+    if MODULE_START not in text:
+        return None
+    block = text.split(MODULE_START, 1)[1].split(MODULE_END, 1)[0]
+    return "\n".join(line[2:] for line in block.strip("\n").splitlines()) + "\n"
+
+
+def torchtitan_03_parse(text: str, args: list[str], folder: Path, monkeypatch):
+    """torchtitan 0.3's ConfigManager on the header's command line, with the registry module
+    the header carries saved on sys.path (as the header tells the user); returns (the parsed
+    Trainer.Config, the CP rotation torch was left with), the rotation reset after."""
+    from torch.distributed.tensor.experimental import _attention as cp_attention
+    from torchtitan.config.manager import ConfigManager
+    source = registry_module_source(text)
+    if source is not None:
+        (folder / "paraplan_torchtitan.py").write_text(source)
+        monkeypatch.syspath_prepend(str(folder))
+        monkeypatch.delitem(sys.modules, "paraplan_torchtitan", raising=False)
+    try:
+        job = ConfigManager().parse_args(list(args))
+        rotate = str(cp_attention._cp_options.rotate_method)
+    finally:
+        cp_attention.set_rotate_method("allgather")  # torch's default, for the tests after
+    return job, rotate

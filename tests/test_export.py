@@ -23,8 +23,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
-from engine_checks import (SKIP_03, SKIP_022, SKIP_DS, installed, run_torchtitan_022, torchtitan_022_dir,
-                           torchtitan_version)
+from engine_checks import (SKIP_03, SKIP_022, SKIP_DS, installed, run_torchtitan_022, torchtitan_03_parse,
+                           torchtitan_022_dir, torchtitan_version)
 from support import run
 
 from paraplan.cost.estimate import chunk_layers
@@ -128,8 +128,9 @@ TORCHTITAN_SCHEMA = {
 }
 
 
-def check_torchtitan(p, cfg: dict) -> None:
-    """The parsed TOML sections say what the plan says."""
+def check_torchtitan(p, cfg: dict, head: str = "output") -> None:
+    """The parsed TOML sections say what the plan says (`head`: the output layer's module
+    name, 0.2's "output", 0.3's "lm_head")."""
     par, tr, ac = cfg["parallelism"], cfg["training"], cfg["activation_checkpoint"]
     assert par["tensor_parallel_degree"] == p.tp and par["pipeline_parallel_degree"] == p.pp
     assert par["context_parallel_degree"] == p.cp and par["expert_parallel_degree"] == p.ep
@@ -149,7 +150,7 @@ def check_torchtitan(p, cfg: dict) -> None:
         assert par["pipeline_parallel_microbatch_size"] == p.micro_batch_size
         parts = par.get("module_fqns_per_model_part")
         if parts:  # each virtual stage's modules by name: the embedding first, norm and head last
-            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", head]
             assert [n for part in parts for n in part if n.startswith("layers.")] == [
                 f"layers.{i}" for i in range(MODEL.num_layers)]
             counts = [sum(n.startswith("layers.") for n in part) for part in parts]
@@ -218,17 +219,19 @@ def test_torchtitan_02_reads_the_toml(name, torchtitan_022_verdicts):
 
 
 @pytest.mark.skipif((torchtitan_version() or (0, 0)) < (0, 3), reason=SKIP_03)
-@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN
-                                  and not (PLANS[n][0].cp > 1 and PLANS[n][0].cp_comm_type is CPCommType.P2P)])
-def test_torchtitan_03_parses_the_overrides(name):
-    from torchtitan.config.manager import ConfigManager
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
+def test_torchtitan_03_parses_the_overrides(name, tmp_path, monkeypatch):
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pipeline_metadata
     p, res = exported(name, Engine.TORCHTITAN)
     args = torchtitan.cli_overrides_v03(torchtitan.job_config(p, MODEL, WL), MODEL)
     assert args is not None and shlex.join(args) in res.text
-    job = ConfigManager().parse_args(args)
+    job, rotate = torchtitan_03_parse(res.text, args, tmp_path, monkeypatch)
+    assert rotate.endswith("ALL_GATHER")  # 0.3's only CP exchange: a ring plan's line says so
+    if p.cp > 1 and p.cp_comm_type is CPCommType.P2P:
+        assert "runs CP by K/V all-gather only" in res.text and "--cp-comm allgather, predicted step" in res.text
+    assert (job.model_spec.name, job.model_spec.flavor) == torchtitan.MODELS[MODEL.name][:2]
     par = job.parallelism
     cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"] if hasattr(par, f)},
            "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
@@ -236,7 +239,8 @@ def test_torchtitan_03_parses_the_overrides(name):
                                               type(None): "none"}[type(job.activation_checkpoint)]}}
     cfg["parallelism"]["enable_async_tensor_parallel"] = job.compile.enable_async_tensor_parallel
     assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
-    check_torchtitan(p, cfg)
+    check_torchtitan(replace(p, cp_comm_type=CPCommType.ALL_GATHER) if p.cp > 1 else p, cfg,  # 0.3's only CP
+                     head="lm_head")
     dims = ParallelDims.from_config(par, p.num_gpus)  # torchtitan's own mesh validation
     if p.pp > 1:  # torchtitan's own stage split: the layers where the simulator put them
         parts = par.module_fqns_per_model_part  # given, torchtitan splits by it
@@ -542,12 +546,13 @@ def test_unfused_adam_is_refused_since_every_config_steps_fused_adam(engine, cap
 
 def test_cp_exchange_per_engine():
     """Megatron names the exchange itself (Transformer Engine's names); torchtitan 0.2 has ring
-    (alltoall rotation) and all-gather but no Ulysses, and 0.3 the all-gather only;
+    (alltoall rotation) and all-gather but no Ulysses, and 0.3 the all-gather only (FlexAttention);
     DeepSpeed's JSON has no CP."""
     ring, _ = PLANS["tp2-cp4-ring-zero3"]
     cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(ring), MODEL, WL)
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "alltoall"
-    assert torchtitan.cli_overrides_v03(cfg, MODEL) is None  # 0.3 cannot rotate by all-to-all
+    # 0.3 cannot rotate by all-to-all: its line runs the plan's CP by all-gather, and says so
+    assert "--parallelism.context_parallel_degree" in torchtitan.cli_overrides_v03(cfg, MODEL)
     gather = replace(ring, cp_comm_type=CPCommType.ALL_GATHER)
     cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(gather), MODEL, WL)
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "allgather"

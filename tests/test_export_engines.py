@@ -18,7 +18,8 @@ from dataclasses import replace
 import tomllib
 
 import pytest
-from engine_checks import SKIP_022, SKIP_DS, deepspeed_accepts, installed, run_torchtitan_022, torchtitan_022_dir
+from engine_checks import (SKIP_022, SKIP_DS, deepspeed_accepts, installed, run_torchtitan_022, torchtitan_03_parse,
+                           torchtitan_022_dir, torchtitan_version)
 
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
@@ -267,3 +268,42 @@ def test_deepspeed_own_autoep_checks_can_fail():
         bad = dict(cfg, expert_parallel=dict(cfg["expert_parallel"], **change))
         with pytest.raises(ValueError):
             deepspeed_accepts(bad, 64, experts)
+
+
+LLAMA405 = load_model("llama3.1-405b")
+
+
+def test_torchtitan_405b_trains_in_the_plans_precision(tmp_path, monkeypatch):
+    """torchtitan 0.3's llama3_405b turns on Float8LinearConverter, which no override turns off:
+    a bf16 plan's 0.3 line names a registry module that builds the 405B spec without it (and
+    runs the plan's ring CP by all-gather, saying so); an FP8 plan's TOML turns float8 on."""
+    p = plan(tp=8, pp=16, vp=2, cp=2, dp=4, sequence_parallel=True, schedule=Schedule.INTERLEAVED_1F1B,
+             zero=ZeroStage.GRADIENTS)
+    cluster, wl = load_cluster("dgx-h100", num_gpus=1024), Workload(global_batch_size=2048, seq_len=8192)
+    res = torchtitan.export(p, LLAMA405, cluster, wl, filename="runs/405b.toml")
+    assert "llama3_405b turns on Float8LinearConverter; the plan trains in bf16" in res.text
+    assert "runs CP by K/V all-gather only" in res.text
+    assert res.launcher.endswith("--job.config_file runs/405b.toml") and res.launcher in res.text
+    assert "converters" not in tomllib.loads(res.text)["model"]
+    fp8 = tomllib.loads(torchtitan.export(p, LLAMA405, cluster, replace(wl, precision=Precision.FP8)).text)
+    assert fp8["model"]["converters"] == ["quantize.linear.float8"]
+    if (torchtitan_version() or (0, 0)) >= (0, 3):
+        import inspect
+        from torchtitan.models.llama3 import config_registry
+        assert "Float8LinearConverter" in inspect.getsource(config_registry.llama3_405b)  # why a module is written
+        args = torchtitan.cli_overrides_v03(torchtitan.job_config(p, LLAMA405, wl), LLAMA405)
+        job, _ = torchtitan_03_parse(res.text, args, tmp_path, monkeypatch)
+        assert job.model_spec.flavor == "405B" and "Float8" not in repr(job.model_spec.model)
+        assert len(job.model_spec.model.layers) == LLAMA405.num_layers
+
+
+@pytest.mark.parametrize("preset, name, flavor", [("deepseek-v3", "deepseek_v3", "671B"),
+                                                  ("deepseek-v2", "deepseek_v3", "236B"),
+                                                  ("qwen3-235b-a22b", "qwen3", "235B-A22B"),
+                                                  ("gpt-oss-120b", "gpt_oss", "120b")])
+def test_torchtitan_moe_models_go_out_under_torchtitan_names(preset, name, flavor):
+    model = replace(load_model(preset), mtp_layers=0)
+    p = plan(dp=64, ep=8, zero=ZeroStage.GRADIENTS)
+    cfg = tomllib.loads(torchtitan.export(p, model, load_cluster("dgx-h100", num_gpus=64),
+                                          Workload(global_batch_size=256, seq_len=4096)).text)
+    assert cfg["model"] == {"name": name, "flavor": flavor}

@@ -3,9 +3,10 @@
 torchtitan 0.2.2 (the last release that reads TOML) cannot be installed beside 0.3.0 (the
 `engines` extra): the README's test command puts its wheel, without dependencies (0.3's
 cover them), in `<venv>/torchtitan-0.2.2` (`pip install --no-deps --target`), and this
-script runs with that folder first on sys.path. Input (stdin): a JSON list of jobs
-`{"toml": path | null, "mesh": [rep, shard, cp, tp, pp, ep, etp] | null, "world": N}`;
-output (stdout): per job `{"error": str | null, "job": {...}, "model_args": {...}}`, where
+script runs with that folder first on sys.path. Input: a line per request on stdin, a JSON
+list of jobs `{"toml": path | null, "mesh": [rep, shard, cp, tp, pp, ep, etp] | null, "world": N}`;
+output: a line per request on stdout, per job `{"error": str | null, "job": {...}, "model_args": {...}}` (and
+"mesh_error" where the mesh failed, the TOML parsed or not), where
 "job" is the JobConfig ConfigManager parsed, "model_args" the flavor torchtitan builds
 (get_train_spec(name).model_args[flavor]), and a mesh is built by ParallelDims.build_mesh
 on a fake process group of `world` ranks.
@@ -41,20 +42,30 @@ def build_mesh(mesh: list[int], world: int) -> None:
         dist.destroy_process_group()
 
 
+def verdict(job: dict) -> dict:
+    res: dict = {"error": None, "job": None, "model_args": None}
+    try:
+        if job.get("toml"):
+            res["job"], res["model_args"] = parse(job["toml"])
+    except (AssertionError, ValueError, RuntimeError, KeyError, SystemExit) as e:
+        res["error"] = f"{type(e).__name__}: {e}"
+    try:
+        if job.get("mesh"):
+            build_mesh(job["mesh"], job["world"])
+    except (AssertionError, ValueError, RuntimeError, KeyError, SystemExit) as e:
+        res["error"] = res["error"] or f"{type(e).__name__}: {e}"
+        res["mesh_error"] = f"{type(e).__name__}: {e}"
+    return res
+
+
 def main() -> int:
+    """One request per stdin line (a JSON list of jobs), one JSON answer per stdout line, until
+    stdin closes: a test session starts this once and pays torchtitan's import once."""
     import torchtitan
-    out = {"torchtitan": torchtitan.__file__, "results": []}
-    for job in json.load(sys.stdin):
-        res: dict = {"error": None, "job": None, "model_args": None}
-        try:
-            if job.get("toml"):
-                res["job"], res["model_args"] = parse(job["toml"])
-            if job.get("mesh"):
-                build_mesh(job["mesh"], job["world"])
-        except (AssertionError, ValueError, RuntimeError, KeyError, SystemExit) as e:
-            res["error"] = f"{type(e).__name__}: {e}"
-        out["results"].append(res)
-    json.dump(out, sys.stdout)
+    for line in sys.stdin:
+        out = {"torchtitan": torchtitan.__file__, "results": [verdict(job) for job in json.loads(line)]}
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
     return 0
 
 

@@ -28,6 +28,7 @@ group either.
 from __future__ import annotations
 
 import json
+import shlex
 
 import numpy as np
 
@@ -182,11 +183,12 @@ def moe_note(plan: Plan, model: ModelSpec) -> str:
             + ("" if model.name in AUTOEP_PRESETS else f", but it has no preset for {model.name}"))
 
 
-def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
+def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None,
+           filename: str = "ds_config.json") -> ExportResult:
     cfg = config(plan, model, workload)
     nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
     launcher = (f"deepspeed --num_nodes {nodes} --num_gpus {per_node} train.py "
-                "--deepspeed --deepspeed_config ds_config.json")
+                f"--deepspeed --deepspeed_config {shlex.quote(filename)}")
     notes = [" / ".join(header_lines(model, cluster, workload, plan, est))]
     if plan.tp > 1:
         notes.append(f"AutoTP: no train_batch_size in the JSON; DeepSpeed counts the {plan.tp} TP ranks as data "
@@ -197,5 +199,5 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     if plan.recompute is Recompute.FULL:
         notes.append("full recomputation: the training script wraps each layer in deepspeed.checkpointing.checkpoint "
                      "(or calls gradient_checkpointing_enable() on a Hugging Face model)")
-    return ExportResult(engine=ENGINE, plan=plan, filename="ds_config.json", text=json.dumps(cfg, indent=2) + "\n",
+    return ExportResult(engine=ENGINE, plan=plan, filename=filename, text=json.dumps(cfg, indent=2) + "\n",
                         launcher=launcher, notes=tuple(notes))
