@@ -97,9 +97,11 @@ SUPPORT = EngineSupport(
     tp_async_backward=False,
     fused_kernels=False,      # Hugging Face models (AutoTP): q_proj, k_proj, v_proj, gate_proj, up_proj apart
     pinned={"pp": 1, "cp": 1},
+    # AutoEP+AutoTP folding runs MoE beside TP on tokens replicated over the TP lanes, but the
+    # plan space (plan/space.py) prices MoE beside TP only with sequence parallelism
     pin_reason="its JSON sets no pipeline stages (PipelineModule in code) and no context parallelism, and "
-               "AutoTP lacks the sequence parallelism an MoE model needs beside TP: an MoE model runs data-parallel "
-               "only, AutoEP spreading its experts, one sequence or more per GPU")
+               "paraplan prices an MoE model beside TP only with sequence parallelism, which AutoTP lacks: an MoE "
+               "model runs data-parallel only, AutoEP spreading its experts, one sequence or more per GPU")
 
 
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
