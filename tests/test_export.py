@@ -3,17 +3,18 @@
 Each config is checked twice where possible:
 * against the engine's documented schema (field and flag names written down below with
   their source), always;
-* with the engine's own config code where it is installed (skipped otherwise):
-  torchtitan 0.2.x's ConfigManager reads the TOML (`--job.config_file`), torchtitan 0.3's
-  ConfigManager parses the override command line; Megatron-Core builds its
-  TransformerConfig and DistributedDataParallelConfig from the script's arguments (as
-  Megatron-LM's `core_transformer_config_from_args` does) and runs their validation;
-  DeepSpeed's DeepSpeedConfig loads the JSON and checks the batch arithmetic.
+* with the engine's own config code, which the README's test command installs (the
+  `engines` extra and torchtitan 0.2.2 beside it; tests/engine_checks.py): torchtitan
+  0.2.2's ConfigManager reads the TOML (`--job.config_file`, in a child process, since 0.2.2
+  and 0.3 cannot share an environment), torchtitan 0.3's ConfigManager parses the override
+  command line; Megatron-Core builds its TransformerConfig and DistributedDataParallelConfig
+  from the script's arguments (as Megatron-LM's `core_transformer_config_from_args` does)
+  and runs their validation; DeepSpeed's DeepSpeedConfig loads the JSON and checks the batch
+  arithmetic.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
@@ -22,6 +23,8 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
+from engine_checks import (SKIP_03, SKIP_022, SKIP_DS, installed, run_torchtitan_022, torchtitan_03_parse,
+                           torchtitan_022_dir, torchtitan_version)
 from support import run
 
 from paraplan.cost.estimate import chunk_layers
@@ -107,13 +110,6 @@ def exported(name, engine):
     return p, mod.export(p, MODEL, CLUSTER, WL)
 
 
-def installed(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 # --------------------------------------------------------------------- torchtitan
 # torchtitan 0.2.2 torchtitan/config/job_config.py: sections and the fields exported here.
 TORCHTITAN_SCHEMA = {
@@ -132,8 +128,9 @@ TORCHTITAN_SCHEMA = {
 }
 
 
-def check_torchtitan(p, cfg: dict) -> None:
-    """The parsed TOML sections say what the plan says."""
+def check_torchtitan(p, cfg: dict, head: str = "output") -> None:
+    """The parsed TOML sections say what the plan says (`head`: the output layer's module
+    name, 0.2's "output", 0.3's "lm_head")."""
     par, tr, ac = cfg["parallelism"], cfg["training"], cfg["activation_checkpoint"]
     assert par["tensor_parallel_degree"] == p.tp and par["pipeline_parallel_degree"] == p.pp
     assert par["context_parallel_degree"] == p.cp and par["expert_parallel_degree"] == p.ep
@@ -153,7 +150,7 @@ def check_torchtitan(p, cfg: dict) -> None:
         assert par["pipeline_parallel_microbatch_size"] == p.micro_batch_size
         parts = par.get("module_fqns_per_model_part")
         if parts:  # each virtual stage's modules by name: the embedding first, norm and head last
-            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+            assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", head]
             assert [n for part in parts for n in part if n.startswith("layers.")] == [
                 f"layers.{i}" for i in range(MODEL.num_layers)]
             counts = [sum(n.startswith("layers.") for n in part) for part in parts]
@@ -185,47 +182,56 @@ def test_torchtitan_toml_matches_plan(name):
     check_torchtitan(p, cfg)
 
 
-def _torchtitan_version():
-    if not installed("torchtitan"):
-        return None
-    from importlib.metadata import version
-    return tuple(int(x) for x in version("torchtitan").split(".")[:2])
+TT_CASES = [n for n, e in CASES if e is Engine.TORCHTITAN]
 
 
-@pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() >= (0, 3),
-                    reason="torchtitan 0.2.x (the last TOML-reading release) not installed")
-@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
-def test_torchtitan_02_reads_the_toml(name, tmp_path):
-    from torchtitan.config import ConfigManager
-    from torchtitan.distributed import ParallelDims
-    p, res = exported(name, Engine.TORCHTITAN)
-    path = tmp_path / res.filename
-    path.write_text(res.text)
-    job = ConfigManager().parse_args(["--job.config_file", str(path)])
-    par = job.parallelism
-    cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"]},
-           "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
-           "activation_checkpoint": {"mode": job.activation_checkpoint.mode}}
-    assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
+@pytest.fixture(scope="module")
+def torchtitan_022_verdicts(tmp_path_factory):
+    """torchtitan 0.2.2's ConfigManager on every exported TOML, and its ParallelDims building
+    each mesh on a fake process group: one child process for all cases (engine_checks.py)."""
+    if torchtitan_022_dir() is None:
+        pytest.skip(SKIP_022)
+    folder = tmp_path_factory.mktemp("tt022")
+    jobs = []
+    for name in TT_CASES:
+        p, res = exported(name, Engine.TORCHTITAN)
+        path = folder / f"{name}.toml"
+        path.write_text(res.text)
+        jobs.append({"toml": str(path), "mesh": None, "world": p.num_gpus})
+    return dict(zip(TT_CASES, run_torchtitan_022(jobs)))
+
+
+@pytest.mark.parametrize("name", TT_CASES)
+def test_torchtitan_02_reads_the_toml(name, torchtitan_022_verdicts):
+    p, _ = exported(name, Engine.TORCHTITAN)
+    verdict = torchtitan_022_verdicts[name]
+    assert verdict["error"] is None, verdict["error"]
+    job = verdict["job"]
+    par = job["parallelism"]
+    cfg = {"parallelism": {f: par[f] for f in TORCHTITAN_SCHEMA["parallelism"]},
+           "training": {f: job["training"][f] for f in TORCHTITAN_SCHEMA["training"]},
+           "activation_checkpoint": {"mode": job["activation_checkpoint"]["mode"]}}
+    assert job["compile"]["enable"] is p.compiled and job["compile"]["components"] == ["model"]  # the loss eager
     check_torchtitan(p, cfg)
-    dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree, dp_shard=par.data_parallel_shard_degree,
-                        cp=par.context_parallel_degree, tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
-                        ep=par.expert_parallel_degree, etp=par.expert_tensor_parallel_degree, world_size=p.num_gpus)
-    assert dims.dp_replicate * dims.dp_shard == p.dp
+    # the flavor torchtitan 0.2.2 builds is the model paraplan priced
+    args = verdict["model_args"]
+    assert (args["n_layers"], args["dim"], args["n_heads"]) == (MODEL.num_layers, MODEL.hidden_size, MODEL.num_heads)
 
 
-@pytest.mark.skipif(_torchtitan_version() is None or _torchtitan_version() < (0, 3), reason="torchtitan>=0.3 not installed")
-@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN
-                                  and not (PLANS[n][0].cp > 1 and PLANS[n][0].cp_comm_type is CPCommType.P2P)])
-def test_torchtitan_03_parses_the_overrides(name):
-    from torchtitan.config.manager import ConfigManager
+@pytest.mark.skipif((torchtitan_version() or (0, 0)) < (0, 3), reason=SKIP_03)
+@pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.TORCHTITAN])
+def test_torchtitan_03_parses_the_overrides(name, tmp_path, monkeypatch):
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
     from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part, _get_pipeline_metadata
     p, res = exported(name, Engine.TORCHTITAN)
     args = torchtitan.cli_overrides_v03(torchtitan.job_config(p, MODEL, WL), MODEL)
     assert args is not None and shlex.join(args) in res.text
-    job = ConfigManager().parse_args(args)
+    job, rotate = torchtitan_03_parse(res.text, args, tmp_path, monkeypatch)
+    assert rotate.endswith("ALL_GATHER")  # 0.3's only CP exchange: a ring plan's line says so
+    if p.cp > 1 and p.cp_comm_type is CPCommType.P2P:
+        assert "runs CP by K/V all-gather only" in res.text and "--cp-comm allgather, predicted step" in res.text
+    assert (job.model_spec.name, job.model_spec.flavor) == torchtitan.MODELS[MODEL.name][:2]
     par = job.parallelism
     cfg = {"parallelism": {f: getattr(par, f) for f in TORCHTITAN_SCHEMA["parallelism"] if hasattr(par, f)},
            "training": {f: getattr(job.training, f) for f in TORCHTITAN_SCHEMA["training"]},
@@ -233,7 +239,8 @@ def test_torchtitan_03_parses_the_overrides(name):
                                               type(None): "none"}[type(job.activation_checkpoint)]}}
     cfg["parallelism"]["enable_async_tensor_parallel"] = job.compile.enable_async_tensor_parallel
     assert job.compile.enable is p.compiled and job.compile.components == ["model"]  # the loss eager, as priced
-    check_torchtitan(p, cfg)
+    check_torchtitan(replace(p, cp_comm_type=CPCommType.ALL_GATHER) if p.cp > 1 else p, cfg,  # 0.3's only CP
+                     head="lm_head")
     dims = ParallelDims.from_config(par, p.num_gpus)  # torchtitan's own mesh validation
     if p.pp > 1:  # torchtitan's own stage split: the layers where the simulator put them
         parts = par.module_fqns_per_model_part  # given, torchtitan splits by it
@@ -465,7 +472,7 @@ def test_megatron_core_accepts_the_arguments(name, monkeypatch):
 # DeepSpeed 0.19 docs (deepspeed.ai/docs/config-json) and deepspeed/runtime/config.py keys.
 DEEPSPEED_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                   "gradient_clipping", "zero_optimization", "communication_data_type", "bf16", "fp16",
-                  "tensor_parallel", "activation_checkpointing"}
+                  "tensor_parallel", "activation_checkpointing", "expert_parallel"}
 DEEPSPEED_ZERO_KEYS = {"stage", "overlap_comm", "contiguous_gradients", "offload_optimizer"}
 
 
@@ -492,7 +499,7 @@ def test_deepspeed_json_matches_plan(name):
     assert res.launcher.startswith("deepspeed --num_nodes 2 --num_gpus 8 ")
 
 
-@pytest.mark.skipif(not installed("deepspeed"), reason="deepspeed not installed")
+@pytest.mark.skipif(not installed("deepspeed"), reason=SKIP_DS)
 @pytest.mark.parametrize("name", [n for n, e in CASES if e is Engine.DEEPSPEED])
 def test_deepspeed_config_loads(name, monkeypatch):
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
@@ -539,12 +546,13 @@ def test_unfused_adam_is_refused_since_every_config_steps_fused_adam(engine, cap
 
 def test_cp_exchange_per_engine():
     """Megatron names the exchange itself (Transformer Engine's names); torchtitan 0.2 has ring
-    (alltoall rotation) and all-gather but no Ulysses, and 0.3 the all-gather only;
+    (alltoall rotation) and all-gather but no Ulysses, and 0.3 the all-gather only (FlexAttention);
     DeepSpeed's JSON has no CP."""
     ring, _ = PLANS["tp2-cp4-ring-zero3"]
     cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(ring), MODEL, WL)
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "alltoall"
-    assert torchtitan.cli_overrides_v03(cfg, MODEL) is None  # 0.3 cannot rotate by all-to-all
+    # 0.3 cannot rotate by all-to-all: its line runs the plan's CP by all-gather, and says so
+    assert "--parallelism.context_parallel_degree" in torchtitan.cli_overrides_v03(cfg, MODEL)
     gather = replace(ring, cp_comm_type=CPCommType.ALL_GATHER)
     cfg = torchtitan.job_config(torchtitan.SUPPORT.adapt(gather), MODEL, WL)
     assert cfg["parallelism"]["context_parallel_rotate_method"] == "allgather"

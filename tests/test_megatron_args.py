@@ -82,6 +82,7 @@ CASES = {
 }
 # the best plan Megatron runs (the one `export` writes without plan flags)
 BEST = {
+    "llama2-7b-16": (LLAMA2, WL, 16),  # dense, MHA
     "llama3-8b-16": (LLAMA, WL, 16),
     "mixtral-8x7b-64": (MIXTRAL, Workload(global_batch_size=256, seq_len=4096), 64),
     "llama3.1-405b-1024": (load_model("llama3.1-405b"), Workload(global_batch_size=2048, seq_len=8192), 1024),

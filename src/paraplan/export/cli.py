@@ -46,11 +46,12 @@ def cmd_export(args) -> int:
     check_model(support, model)  # before a search the exporter would refuse plan by plan
     plan, source = chosen_plan(args, model, cluster, wl, engine=EngineRules(support, mod.check), flags_narrow=True)
     est = estimate(model, cluster, wl, plan)
-    res = mod.export(plan, model, cluster, wl, est)
+    # the header and launch lines name the file -o writes (each engine has its default name)
+    res = mod.export(plan, model, cluster, wl, est, **({"filename": args.output} if args.output else {}))
     if not est.fits:
         # the user's --plan: exported as asked (the memory model can be pessimistic), but said
         sys.stderr.write(f"paraplan: warning: {plan.describe()} {est.misfit(cluster.gpu.name)}\n")
-    launcher = res.launcher if not args.output else res.launcher.replace(res.filename, args.output)
+    launcher = res.launcher
     if args.output:
         write_output(args.output, res.text, "export", "--output")
     if args.json:

@@ -43,8 +43,9 @@ class Exporter(Protocol):
         """Raise a one-line SpecError for what the engine cannot express."""
 
     def export(self, plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
-               est: object = None) -> ExportResult:
-        """The engine's config for `plan` (checked first)."""
+               est: object = None, filename: str = ...) -> ExportResult:
+        """The engine's config for `plan` (checked first); `filename` is where it is written
+        (-o; each engine has its default), which its launch lines name."""
         ...
 
 

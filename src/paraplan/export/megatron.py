@@ -286,7 +286,8 @@ def environment(plan: Plan) -> list[str]:
     return []
 
 
-def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
+def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None,
+           filename: str = "megatron.sh") -> ExportResult:
     args = arguments(plan, model, workload)
     nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
     lines = ["#!/usr/bin/env bash"] + [f"# {x}" for x in header_lines(model, cluster, workload, plan, est)] + [
@@ -311,5 +312,5 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
               "--mock-data --train-iters ${TRAIN_ITERS:-100} --lr 1e-4 \"$@\"", ""]
     notes = ("gradients are all-reduced in fp32 (Megatron-LM's default for bf16, "
              "--accumulate-allreduce-grads-in-fp32 for fp16); the prediction assumes the same",)
-    return ExportResult(engine=ENGINE, plan=plan, filename="megatron.sh", text="\n".join(lines),
-                        launcher="bash megatron.sh", notes=notes)
+    return ExportResult(engine=ENGINE, plan=plan, filename=filename, text="\n".join(lines),
+                        launcher=f"bash {shlex.quote(filename)}", notes=notes)

@@ -39,10 +39,11 @@ Mapping (paraplan -> torchtitan):
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 import numpy as np
 
-from ..cost.estimate import chunk_layers
+from ..cost.estimate import chunk_layers, estimate
 from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
@@ -52,6 +53,8 @@ from ..specs.workload import Precision, Workload
 from ..errors import SpecError
 from ..specs.engine import Engine, EngineSupport, check_model, refuse_model, unsupported
 from .common import ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split
+from . import torchtitan_v03
+from ..units import fmt_bytes
 from .toml import toml_text
 
 ENGINE = Engine.TORCHTITAN
@@ -63,12 +66,18 @@ SCHEDULES = {Schedule.GPIPE: "GPipe", Schedule.ONE_F_ONE_B: "1F1B",
              Schedule.INTERLEAVED_1F1B: "Interleaved1F1B", Schedule.BREADTH_FIRST: "LoopedBFS",
              Schedule.ZERO_BUBBLE_V: "ZBVZeroBubble", Schedule.DUAL_PIPE_V: "DualPipeV"}
 RECOMPUTE_MODES = {Recompute.NONE: "none", Recompute.OP_SAC: "selective", Recompute.FULL: "full"}
-# paraplan preset -> (torchtitan model name, flavor, torchtitan 0.3 config_registry function)
+# paraplan preset -> (torchtitan model name: 0.2.2's train spec and 0.3's module, flavor, 0.3
+# config_registry function or "" where 0.3 has none for the flavor); read off torchtitan
+# 0.2.2 models/*/__init__.py and 0.3.0 models/*/config_registry.py; layers, width, heads,
+# experts and top-k match the presets (tests/test_export_matrix.py checks them with 0.2.2)
 MODELS = {
     "llama3-8b": ("llama3", "8B", "llama3_8b"), "llama3.1-8b": ("llama3", "8B", "llama3_8b"),
     "llama3-70b": ("llama3", "70B", "llama3_70b"), "llama3.1-70b": ("llama3", "70B", "llama3_70b"),
     "llama3.1-405b": ("llama3", "405B", "llama3_405b"),
-    "deepseek-v3": ("deepseek_v3", "671B", "deepseek_v3_671b"),
+    "deepseek-v3": ("deepseek_v3", "671B", "deepseek_v3_671b"), "deepseek-v2": ("deepseek_v3", "236B", ""),
+    "qwen3-30b-a3b": ("qwen3", "30B-A3B", "qwen3_30b_a3b"), "qwen3-235b-a22b": ("qwen3", "235B-A22B", ""),
+    "gpt-oss-20b": ("gpt_oss", "20b", "gpt_oss_20b"), "gpt-oss-120b": ("gpt_oss", "120b", "gpt_oss_120b"),
+    "llama4-scout": ("llama4", "17bx16e", ""), "llama4-maverick": ("llama4", "17bx128e", ""),
 }
 PRECISIONS = {Precision.BF16: "bfloat16"}
 # parallelism.context_parallel_rotate_method (torchtitan 0.2)
@@ -164,7 +173,7 @@ def model_refusal(model: ModelSpec) -> SpecError | None:
     """torchtitan builds a dense model of any size under its llama3 code (a flavor the user
     registers), but an MoE model only under its own name: one without one is refused."""
     if model.is_moe and model.name not in MODELS:
-        moe = sorted(name for name, (_, _, _) in MODELS.items() if name.startswith("deepseek"))
+        moe = sorted(name for name, (tt, _, _) in MODELS.items() if tt != "llama3")
         return unsupported(ENGINE, "model", model.name, f"MoE models it has a model for ({', '.join(moe)}; "
                            "its llama3 code is dense)")
     return None
@@ -295,50 +304,44 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
 
 
 def cli_overrides_v03(cfg: dict, model: ModelSpec) -> list[str] | None:
-    """The same config as torchtitan 0.3 `--module/--config` plus overrides; None where 0.3
-    cannot say it (expert tensor parallelism, FP8 converters, a ring CP rotation, models
-    without a registry)."""
-    par = dict(cfg["parallelism"])
-    registry = MODELS.get(model.name)
-    if registry is None or par.pop("expert_tensor_parallel_degree") != 1 or "converters" in cfg["model"]:
-        return None
-    if par.pop("context_parallel_rotate_method", "allgather") != "allgather":
-        return None  # 0.3 has no rotate knob: PyTorch's default all-gather only
-    args = ["--module", registry[0], "--config", registry[2]]
-    async_tp = par.pop("enable_async_tensor_parallel")
-    for section, values in (("training", cfg["training"]), ("parallelism", par)):
-        for key, value in values.items():
-            if isinstance(value, list):  # a list of lists: comma-joined inner lists (module_fqns_per_model_part)
-                args += [f"--{section}.{key}", *(",".join(part) for part in value)]
-            else:
-                args += [f"--{section}.{key}", str(value)]
-    if par["pipeline_parallel_degree"] > 1:  # 0.3 captures CUDA graphs by default, not under PP
-        args.append("--training.disable_cuda_graphs")
-    if cfg["compile"]["enable"]:
-        args += ["--compile.enable", "--compile.components", *cfg["compile"]["components"]]
-    if async_tp:
-        args.append("--compile.enable_async_tensor_parallel")
-    args.append(f"activation-checkpoint:{cfg['activation_checkpoint']['mode']}")
-    return args
+    """The same config as torchtitan 0.3 `--module/--config` plus overrides (with the registry
+    module export() writes beside it where no built-in one fits); None where 0.3 cannot say it."""
+    launch = torchtitan_v03.launch(cfg, MODELS.get(model.name), model.name)
+    return None if isinstance(launch, str) else launch.args
 
 
-def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None) -> ExportResult:
+def v03_lines(cfg: dict, plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload,
+              run: str) -> list[str]:
+    """The header's torchtitan 0.3 part: its command line, and the registry module it names."""
+    launch = torchtitan_v03.launch(cfg, MODELS.get(model.name), model.name)
+    head = ["torchtitan 0.3 reads no TOML; the same settings as overrides:"]
+    if isinstance(launch, str):
+        return head + [f"  (not expressible in 0.3: {launch})"]
+    if launch.ring_as_allgather:
+        gather = estimate(model, cluster, workload, replace(plan, cp_comm_type=CPCommType.ALL_GATHER))
+        head[0] = ("torchtitan 0.3 reads no TOML, and runs CP by K/V all-gather only (FlexAttention; no ring): "
+                   f"this plan with --cp-comm allgather, predicted step {gather.step_time_s:.4g} s "
+                   f"({fmt_bytes(gather.memory.total)} per GPU), as overrides:")
+    head.append(f"  {run} {shlex.join(launch.args)}")
+    if launch.module_source:
+        head += [f"with this config_registry module saved as {torchtitan_v03.MODULE}.py on PYTHONPATH "
+                 f"({launch.why}):", f"--- {torchtitan_v03.MODULE}.py ---",
+                 *launch.module_source.splitlines(), "--- end ---"]
+    return head
+
+
+def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workload, est=None,
+           filename: str = "torchtitan.toml") -> ExportResult:
+    """The TOML job config for torchtitan 0.2 and, in its header, torchtitan 0.3's command line;
+    `filename` is the path the config is written to (-o), which the launch lines name."""
     refuse_model(SUPPORT, model)  # (check and job_config judge the mesh, for any model)
     cfg = job_config(plan, model, workload)
     nodes, per_node = nodes_and_gpus_per_node(plan, cluster)
     run = (f"torchrun --nnodes {nodes} --nproc-per-node {per_node} --rdzv-backend c10d "
            "--rdzv-endpoint $MASTER_ADDR:29500 -m torchtitan.train")
-    launcher = f"{run} --job.config_file torchtitan.toml"
+    launcher = f"{run} --job.config_file {shlex.quote(filename)}"
     head = header_lines(model, cluster, workload, plan, est) + [
-        "torchtitan 0.2.x reads this file:", f"  {launcher}"]
-    v03 = cli_overrides_v03(cfg, model)
-    head.append("torchtitan 0.3 reads no TOML; the same settings as overrides:")
-    ring = cfg["parallelism"].get("context_parallel_rotate_method") == "alltoall"
-    head.append(f"  {run} {shlex.join(v03)}" if v03 else
-                "  (not expressible in 0.3: " + ("ring context parallelism; 0.3 rotates K/V by all-gather only "
-                                                 "(--cp-comm allgather)" if ring else
-                                                 "expert tensor parallelism, FP8 converters or a model without a "
-                                                 "registry entry") + ")")
+        "torchtitan 0.2.x reads this file:", f"  {launcher}"] + v03_lines(cfg, plan, model, cluster, workload, run)
     notes = []
     if model.name not in MODELS:
         notes.append(f"model {model.name!r} has no torchtitan flavor: register one with its dimensions "
@@ -353,6 +356,6 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
                      f"prediction prices the blocks' element-wise kernels at {cluster.gpu.compiled_elementwise_ratio:g} "
                      f"of their eager time ({cluster.gpu.name}'s compiled_elementwise_ratio; docs/model.md, "
                      "Compiled blocks)")
-    text = "".join(f"# {line}\n" for line in head + notes) + "\n" + toml_text(cfg)
-    return ExportResult(engine=ENGINE, plan=plan, filename="torchtitan.toml", text=text, launcher=launcher,
+    text = "".join(f"# {line}".rstrip() + "\n" for line in head + notes) + "\n" + toml_text(cfg)
+    return ExportResult(engine=ENGINE, plan=plan, filename=filename, text=text, launcher=launcher,
                         notes=tuple(notes))
