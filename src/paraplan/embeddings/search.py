@@ -45,7 +45,7 @@ REPACK_MAX_TABLES = 128
 # Below this many ranks the packing gives every rank its own column from the start; from it
 # on, the ranks no table-wise or column-wise shard is on share one (embeddings/ranks.py): a
 # rank named one at a time costs more than a short array. Outputs are the same either way.
-RUNS_MIN_RANKS = 4096
+RUNS_MIN_RANKS = 8192
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,7 +216,8 @@ class _Repacking:
     over all tables): exact, at a cost that grows with the square of the tables."""
 
     def __init__(self, P: _Planner):
-        self.P, self.choice = P, {}
+        self.P = P
+        self.choice: dict = {}
 
     def start(self, choice: dict) -> tuple:
         self.choice = dict(choice)
@@ -253,7 +254,8 @@ class _Packing:
     LOAD, MEM = len(FIELDS), len(FIELDS) + 1  # rows after the cost model's sums
 
     def __init__(self, P: _Planner):
-        self.P, self.choice = P, {}
+        self.P = P
+        self.choice: dict = {}
         self.ranks: dict[str, range | tuple[int, ...]] = {}
 
     def start(self, choice: dict) -> tuple:
@@ -414,7 +416,7 @@ def _starts(S, P: _Planner, wl: EmbeddingWorkload) -> tuple:
 def _costliest_first(S, P: _Planner) -> list[str]:
     """The tables by their busiest rank's seconds, the costliest first (at most the first
     REPACK_MAX_TABLES: the rest are small beside the ranks' loads)."""
-    order = sorted(S.choice, key=lambda n: -float(P.load(P.tables[n], *S.choice[n][:4], S.choice[n][4])[0].max()))
+    order = sorted(S.choice, key=lambda n: -float(P.load(P.tables[n], *S.choice[n])[0].max()))
     return order[:REPACK_MAX_TABLES]
 
 
