@@ -14,7 +14,7 @@ from paraplan.specs.catalog import load_cluster
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.workload import Workload
 
-from support import run
+from support import assert_user_error, run
 
 
 def test_the_multi_cluster_scale_table_fits_120_columns(capsys, monkeypatch):
@@ -56,3 +56,8 @@ def test_embeddings_at_262144_gpus_keep_the_ranks_alike_as_one_column():
     # the first packing (every table whole where it fits one GPU) overfills one rank: the
     # penalty the search steers away from
     assert not cost.fits_hbm and penalized > cost.step_time_s and cost.ranks_near_max() >= 1
+
+
+def test_embeddings_refuse_more_gpus_than_tested_in_one_line(capsys):
+    line = assert_user_error(*run(capsys, "embeddings", "--gpus", str(2**20 + 1)))
+    assert "--gpus=1048577" in line and "from 1 to 1,048,576" in line

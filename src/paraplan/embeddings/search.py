@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ParaplanError
+from ..argtypes import MAX_DEGREE
+from ..errors import ParaplanError, SpecError
 from ..specs.hardware import ClusterSpec
 from ..units import fmt_bytes
 from .cost import (FIELDS, ComputeKernel, EmbeddingCost, EmbeddingPlan, ShardingType, TablePlacement, cost_from_sums,
@@ -172,14 +173,18 @@ class _Planner:
         for j in range(len(tv)):
             load, mem = cols.data
             key = load.copy() if roomy else load + (mem + mv[j] > self.capacity) * 1e9
-            if chosen:  # named: each has its own column (column r is rank r when every rank is)
-                key[cols.axis.columns_of(chosen) if cols.axis.rest else chosen] = np.inf
-            r = cols.axis.lowest_rank_at_min(key)
+            if not cols.axis.rest:  # one column per rank: column r is rank r
+                key[chosen] = np.inf
+                r = c = int(key.argmin())
+            else:  # the chosen are named: each has its own column
+                key[cols.axis.columns_of(chosen)] = np.inf
+                r = cols.axis.lowest_rank_at_min(key)
+                c = int(cols.name([r])[0])
+                load, mem = cols.data
             chosen.append(r)
-            c = cols.name([r])[0] if cols.axis.rest else r
-            cols.data[0, c] += tv[j]
-            cols.data[1, c] += mv[j]
-            mem_max = max(mem_max, float(cols.data[1, c]))
+            load[c] += tv[j]
+            mem[c] += mv[j]
+            mem_max = max(mem_max, float(mem[c]))
         return tuple(chosen), mem_max
 
     def _emptiest_node(self, cols: RankColumns, mv: np.ndarray) -> int:
@@ -465,6 +470,8 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
                     hbm_reserve_fraction: float = 0.15) -> EmbeddingSearchResult:
     """The fastest plan found for `wl` on `world_size` ranks of `cluster`."""
     W = world_size or cluster.num_gpus
+    if not 1 <= W <= MAX_DEGREE:  # the GPU counts tested (benchmarks/README.md), as for the training commands
+        raise SpecError("embeddings", "--gpus", W, f"a whole number from 1 to {MAX_DEGREE:,} is required")
     P = _Planner(wl, cluster, W, hbm_reserve_fraction, dedup)
     # exact re-packing while tables² stays small; one table moved at a time beyond
     S = _Repacking(P) if len(wl.tables) <= REPACK_MAX_TABLES else _Packing(P)
