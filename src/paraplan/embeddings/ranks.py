@@ -82,7 +82,8 @@ class RankAxis:
         touched = distinct_ascending(self.named // group_size)
         free = first_missing(touched, W // group_size)  # a whole group no named rank is in
         groups = np.union1d(touched, [g for g in (free, (W - 1) // group_size) if g is not None])
-        ranks = np.concatenate([np.arange(g * group_size, min(W, (g + 1) * group_size)) for g in groups.tolist()])
+        ranks = (groups.astype(np.int64)[:, None] * group_size + np.arange(group_size)).ravel()
+        ranks = ranks[ranks < W]  # each group's ranks in order, as np.bincount adds them
         return np.bincount(np.searchsorted(groups, ranks // group_size), weights=values[self.columns_of(ranks)])
 
 
@@ -126,7 +127,8 @@ class RankColumns:
             return cols
         new = ranks[cols == len(self.axis.named)]  # those reading the shared column
         if len(new):
-            named = np.union1d(self.axis.named, new)
+            new = np.unique(new) if len(new) > 1 else new
+            named = np.insert(self.axis.named, np.searchsorted(self.axis.named, new), new)
             keep = np.searchsorted(named, self.axis.named)
             data = np.empty((self.data.shape[0], len(named) + (1 if len(named) < self.axis.world_size else 0)))
             data[:] = self.data[:, -1:]  # every newly named rank holds what the shared column held
