@@ -44,7 +44,7 @@ import numpy as np
 
 from ..cost.comm import Collective, collective_time_s
 from ..specs.hardware import ClusterSpec
-from .ranks import RankAxis
+from .ranks import RUNS_MIN_RANKS, RankAxis
 from .tables import EmbeddingTable, EmbeddingWorkload
 
 UVM_GATHER_EFFICIENCY = 0.1  # TorchRec kernel_bw_lookup (FUSED_UVM: hbm_to_ddr_mem_bw / 10)
@@ -325,7 +325,9 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
     contribs = [remembered_contribution(memo, tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
                                         p.hot_row_fraction, plan.dedup, wl, cluster, W) for p in plan.placements]
     spread = [_on_every_rank(p, c, W) for p, c in zip(plan.placements, contribs)]
-    axis = _axis(plan, spread, W) if runs else RankAxis.every_rank(W)
+    # at many ranks the sums are added in run-length form even for one entry per rank (then
+    # expanded): one column per table on every rank, not W entries per table
+    axis = _axis(plan, spread, W) if runs or W >= RUNS_MIN_RANKS else RankAxis.every_rank(W)
     # every table's shards side by side: one bincount per field adds them to their columns
     # (a rank holding two shards of one table, as an imported plan may, gets both)
     cols, col_parts, shard_parts = axis.num_columns, [], []
@@ -346,6 +348,8 @@ def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *
         acc = {k: np.bincount(all_cols, weights=shards[i], minlength=cols) + every[k] for i, k in enumerate(FIELDS)}
     else:
         acc = {k: np.zeros(cols) + every[k] for k in FIELDS}
+    if not runs and axis.rest:
+        acc, axis = {k: axis.expand(v) for k, v in acc.items()}, RankAxis.every_rank(W)
     return cost_from_sums(acc, cluster, axis, hbm_reserve_fraction, table_rank)
 
 

@@ -16,6 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+# From this many ranks the embedding search and evaluate keep per-rank arrays in run-length
+# form; below, one entry per rank (a rank named one at a time costs more than a short
+# array). Outputs are the same either way (tests/test_embeddings_runs.py).
+RUNS_MIN_RANKS = 8192
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankAxis:

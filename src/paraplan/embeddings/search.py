@@ -26,7 +26,7 @@ from ..specs.hardware import ClusterSpec
 from ..units import fmt_bytes
 from .cost import (FIELDS, ComputeKernel, EmbeddingCost, EmbeddingPlan, ShardingType, TablePlacement, cost_from_sums,
                    evaluate, rank_array, remembered_contribution)
-from .ranks import RankAxis, RankColumns, distinct_ascending, first_missing
+from .ranks import RUNS_MIN_RANKS, RankAxis, RankColumns, distinct_ascending, first_missing
 from .tables import EmbeddingTable, EmbeddingWorkload
 
 MIN_COLUMN_SHARD_DIM = 32   # 128 B rows: one warp of FBGEMM's TBE reads 32 × 4-element vectors
@@ -43,10 +43,6 @@ UVM_CACHE_RATIOS = (0.05, 0.2, 0.5)
 # beyond, the search moves one table at a time onto the packing of the others (the re-pack
 # costs grow with tables², a move with its shards): a search bound, not a model parameter.
 REPACK_MAX_TABLES = 128
-# Below this many ranks the packing gives every rank its own column from the start; from it
-# on, the ranks no table-wise or column-wise shard is on share one (embeddings/ranks.py): a
-# rank named one at a time costs more than a short array. Outputs are the same either way.
-RUNS_MIN_RANKS = 8192
 
 
 @dataclass(frozen=True, kw_only=True)
