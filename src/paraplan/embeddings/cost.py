@@ -44,6 +44,7 @@ import numpy as np
 
 from ..cost.comm import Collective, collective_time_s
 from ..specs.hardware import ClusterSpec
+from .ranks import RUNS_MIN_RANKS, RankAxis
 from .tables import EmbeddingTable, EmbeddingWorkload
 
 UVM_GATHER_EFFICIENCY = 0.1  # TorchRec kernel_bw_lookup (FUSED_UVM: hbm_to_ddr_mem_bw / 10)
@@ -117,6 +118,9 @@ class EmbeddingCost:
     host_capacity_bytes: float        # one host's DRAM (0: not stated, not checked)
     a2a_bytes: float             # bytes all ranks send in all-to-alls (input + output + gradients)
     table_s: dict = field(default_factory=dict)  # table -> lookup seconds (fwd + bwd) on its busiest rank
+    # the ranks the per-rank arrays' columns stand for, in run-length form (ranks.py);
+    # None: one entry per rank, in rank order
+    axis: RankAxis | None = None
 
     @property
     def phase_s(self) -> dict:
@@ -132,6 +136,12 @@ class EmbeddingCost:
     def rank_total_s(self) -> np.ndarray:
         """Each rank's own sum (the quantity TorchRec's planner balances)."""
         return self.fwd_lookup_s + self.bwd_lookup_s + sum(self.comm_s.values())
+
+    def ranks_near_max(self, rel_tol: float = 1e-6) -> int:
+        """How many ranks' own sums are within `rel_tol` of the largest."""
+        tot = self.rank_total_s
+        near = tot >= tot.max() * (1 - rel_tol)
+        return int(near.sum() if self.axis is None else self.axis.counts[near].sum())
 
     @property
     def fits_hbm(self) -> bool:
@@ -170,18 +180,21 @@ class _Shard:
 
 def _shards(t: EmbeddingTable, sharding: ShardingType, k: int, W: int, G: float) -> list[tuple[_Shard, np.ndarray]]:
     """The table's k shards, each distinct one once with the positions (in shard order) of
-    the shards like it: row-wise and data-parallel shards are all alike, column-wise ones
-    take two widths at most (rank 0 stands for each shard's own rank)."""
+    the shards like it: row-wise and data-parallel shards are all alike (one kind, at
+    position 0: one column stands for all), column-wise ones take two widths at most (rank 0
+    stands for each shard's own rank)."""
     n = G * t.pooling_factor
     every = np.arange(k)
+    one = np.zeros(1, dtype=np.int64)
     if sharding in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE):
         wide = t.dim % k  # the first dim % k shards are one column wider
-        return [(s, j) for s, j in ((_Shard(t.num_rows, t.dim // k + 1, n, G), every[:wide]),
-                                    (_Shard(t.num_rows, t.dim // k, n, G), every[wide:])) if len(j)]
+        if not wide:
+            return [(_Shard(t.num_rows, t.dim // k, n, G), one)]
+        return [(_Shard(t.num_rows, t.dim // k + 1, n, G), every[:wide]), (_Shard(t.num_rows, t.dim // k, n, G), every[wide:])]
     if sharding in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-        return [(_Shard(t.num_rows / k, t.dim, n / k, G), every)]
+        return [(_Shard(t.num_rows / k, t.dim, n / k, G), one)]
     # data parallel: every rank looks up its own B·P ids
-    return [(_Shard(t.num_rows, t.dim, n / W, G / W), every)]
+    return [(_Shard(t.num_rows, t.dim, n / W, G / W), one)]
 
 
 FIELDS = ("fwd", "bwd", "hbm", "host", "ids_in", "out_a2a", "rs", "ar", "a2a_total")
@@ -207,7 +220,9 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
     id_scale = cold * (u if dedup else 1.0)
     # samples with at least one cold id still need a partial sum from the owner
     out_scale = 1.0 - (1.0 - cold) ** max(t.pooling_factor, 1.0) if hot else 1.0
-    per = {k: np.zeros(num_shards) for k in FIELDS}
+    kinds = _shards(t, sharding, num_shards, W, G)
+    width = 1 if len(kinds) == 1 else num_shards  # shards all of one kind: one column, read as all
+    per = {k: np.zeros(width) for k in FIELDS}
     comm: dict = {}  # row-wise shards are alike: one collective time per distinct message
 
     def coll(kind, num_bytes, group):
@@ -216,7 +231,7 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
             comm[key] = collective_time_s(cluster, kind, num_bytes, group, 1)
         return comm[key]
 
-    for s, j in _shards(t, sharding, num_shards, W, G):  # j: the positions of the shards like s
+    for s, j in kinds:  # j: the positions of the shards like s
         rows_read = s.ids * cold * (u if dedup else 1.0)
         distinct = s.ids * cold * u
         state = optimizer.state_bytes_per_row(s.dim)
@@ -254,28 +269,32 @@ def table_contribution(t: EmbeddingTable, sharding: ShardingType, num_shards: in
             if sharding is ShardingType.TABLE_ROW_WISE and W > num_shards:
                 per["out_a2a"][j] = buf / num_shards
                 per["a2a_total"][j] += (W - 1) / W * 2.0 * buf / num_shards
-    every = {k: 0.0 for k in ("fwd", "bwd", "hbm", "ar")}
-    if hot:
-        # hot replicas on every rank: local lookups of the hot ids, an all-reduce of their gradients
-        row_state = t.dim * t.weight_bytes + optimizer.state_bytes_per_row(t.dim)
-        local = (n_all / W) * (1.0 - cold)
-        every["hbm"] = hot * row_state
-        every["fwd"] = (local * t.dim * t.weight_bytes + (G / W) * t.dim * POOLED_OUTPUT_BYTES) / hbm_bw
-        every["bwd"] = (local * i * 2.0 + hot * 2.0 * row_state) / hbm_bw
-        every["ar"] = float(collective_time_s(cluster, Collective.ALL_REDUCE, hot * t.dim * t.weight_bytes, W, 1))
+    every = _hot_replicas(t, hot, cold, wl_key, cluster, W)
     # the fields as rows of one array, in FIELDS order: evaluate adds every table's at once
-    stacked = _one_column_if_alike(np.stack([per[k] for k in FIELDS]))
+    stacked = np.stack([per[k] for k in FIELDS])
+    if width == 1:  # the memo keeps one column per table and option: O(1), not O(W), at 262,144 ranks
+        stacked = np.broadcast_to(stacked, (len(FIELDS), num_shards))
     return {"per_shard": {k: stacked[i] for i, k in enumerate(FIELDS)}, "every_rank": every, "stacked": stacked,
-            "every_stacked": np.array([every.get(k, 0.0) for k in FIELDS])}
+            "every_stacked": np.array([every.get(k, 0.0) for k in FIELDS]),
+            "alike": num_shards > 1 and stacked.strides[1] == 0}
 
 
-def _one_column_if_alike(stacked: np.ndarray) -> np.ndarray:
-    """`stacked` (fields × shards), or, where every shard is alike (row-wise and data-parallel
-    tables), one column read as all of them: the search's memo keeps one per table and option,
-    O(1) rather than O(W) at 262,144 ranks."""
-    if stacked.shape[1] > 1 and np.all(stacked == stacked[:, :1]):
-        return np.broadcast_to(stacked[:, :1].copy(), stacked.shape)
-    return stacked
+def _hot_replicas(t: EmbeddingTable, hot: float, cold: float, wl_key: tuple, cluster: ClusterSpec, W: int) -> dict:
+    """What every rank pays for the table's `hot` replicated rows (`cold`: the share of
+    lookups they miss): local lookups of the hot ids, an all-reduce of their gradients."""
+    every = {k: 0.0 for k in ("fwd", "bwd", "hbm", "ar")}
+    if not hot:
+        return every
+    batch, i, _, optimizer = wl_key
+    hbm_bw = cluster.gpu.hbm_bw_bytes_per_s * cluster.gpu.memory_bw_efficiency
+    G = float(batch) * W
+    row_state = t.dim * t.weight_bytes + optimizer.state_bytes_per_row(t.dim)
+    local = (G * t.pooling_factor / W) * (1.0 - cold)
+    every["hbm"] = hot * row_state
+    every["fwd"] = (local * t.dim * t.weight_bytes + (G / W) * t.dim * POOLED_OUTPUT_BYTES) / hbm_bw
+    every["bwd"] = (local * i * 2.0 + hot * 2.0 * row_state) / hbm_bw
+    every["ar"] = float(collective_time_s(cluster, Collective.ALL_REDUCE, hot * t.dim * t.weight_bytes, W, 1))
+    return every
 
 
 def remembered_contribution(memo: dict, t: EmbeddingTable, sharding: ShardingType, num_shards: int,
@@ -291,55 +310,75 @@ def remembered_contribution(memo: dict, t: EmbeddingTable, sharding: ShardingTyp
 
 
 def evaluate(plan: EmbeddingPlan, wl: EmbeddingWorkload, cluster: ClusterSpec, *, hbm_reserve_fraction: float = 0.15,
-             memo: dict | None = None, per_table: bool = True) -> EmbeddingCost:
+             memo: dict | None = None, per_table: bool = True, runs: bool = False) -> EmbeddingCost:
     """Per-rank time and memory of `plan` (see the module docstring for the model).
 
     `memo`: a dict the caller keeps across plans of one workload and cluster (the search).
     `per_table`: also each table's busiest rank (table_s, for the report; the search, which
-    compares steps, leaves it out until its best plan)."""
+    compares steps, leaves it out until its best plan). `runs`: the per-rank arrays in
+    run-length form (ranks.py: every rank no table-wise or column-wise shard is on shares
+    one column), as the search compares plans; else one entry per rank."""
     memo = {} if memo is None else memo
     W = plan.world_size
     tables = wl.table_named
     table_rank = {}
-    # every table's shards side by side: one bincount per field adds them to their ranks
+    contribs = [remembered_contribution(memo, tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
+                                        p.hot_row_fraction, plan.dedup, wl, cluster, W) for p in plan.placements]
+    spread = [_on_every_rank(p, c, W) for p, c in zip(plan.placements, contribs)]
+    # at many ranks the sums are added in run-length form even for one entry per rank (then
+    # expanded): one column per table on every rank, not W entries per table
+    axis = _axis(plan, spread, W) if runs or W >= RUNS_MIN_RANKS else RankAxis.every_rank(W)
+    # every table's shards side by side: one bincount per field adds them to their columns
     # (a rank holding two shards of one table, as an imported plan may, gets both)
-    rank_parts, shard_parts = [], []
+    cols, col_parts, shard_parts = axis.num_columns, [], []
     every = {k: 0.0 for k in FIELDS}
-    for p in plan.placements:
-        contrib = remembered_contribution(memo, tables[p.table], p.sharding, len(p.ranks), p.kernel, p.cache_ratio,
-                                          p.hot_row_fraction, plan.dedup, wl, cluster, W)
-        ranks = rank_array(p.ranks)
-        rank_parts.append(ranks)
-        shard_parts.append(contrib["stacked"])
+    for p, contrib, alike in zip(plan.placements, contribs, spread):
+        col_parts.append(np.arange(cols) if alike else axis.columns_of(rank_array(p.ranks)))
+        shard_parts.append(np.broadcast_to(contrib["stacked"][:, :1], (len(FIELDS), cols)) if alike
+                           else contrib["stacked"])
         for k, v in contrib["every_rank"].items():
             every[k] += v
         if not per_table:
             continue
         per, on_every = contrib["per_shard"], contrib["every_rank"]
-        per_rank = np.bincount(ranks, weights=per["fwd"] + per["bwd"], minlength=W)
+        per_rank = np.bincount(rank_array(p.ranks), weights=per["fwd"] + per["bwd"], minlength=W)
         table_rank[p.table] = float((per_rank + on_every["fwd"] + on_every["bwd"]).max())
-    if rank_parts:
-        all_ranks, shards = np.concatenate(rank_parts), np.concatenate(shard_parts, axis=1)
-        acc = {k: np.bincount(all_ranks, weights=shards[i], minlength=W) + every[k] for i, k in enumerate(FIELDS)}
+    if col_parts:
+        all_cols, shards = np.concatenate(col_parts), np.concatenate(shard_parts, axis=1)
+        acc = {k: np.bincount(all_cols, weights=shards[i], minlength=cols) + every[k] for i, k in enumerate(FIELDS)}
     else:
-        acc = {k: np.zeros(W) + every[k] for k in FIELDS}
-    return cost_from_sums(acc, cluster, W, hbm_reserve_fraction, table_rank)
+        acc = {k: np.zeros(cols) + every[k] for k in FIELDS}
+    if not runs and axis.rest:
+        acc, axis = {k: axis.expand(v) for k, v in acc.items()}, RankAxis.every_rank(W)
+    return cost_from_sums(acc, cluster, axis, hbm_reserve_fraction, table_rank)
 
 
-def cost_from_sums(acc: dict, cluster: ClusterSpec, W: int, hbm_reserve_fraction: float,
+def _on_every_rank(p: TablePlacement, contrib: dict, W: int) -> bool:
+    """Whether the placement puts one alike shard on each rank (row-wise, data parallel)."""
+    return contrib["alike"] and isinstance(p.ranks, range) and p.ranks == range(W)
+
+
+def _axis(plan: EmbeddingPlan, spread: list[bool], W: int) -> RankAxis:
+    """The ranks some placement singles out, each its own column; the rest share one."""
+    parts = [rank_array(p.ranks) for p, alike in zip(plan.placements, spread) if not alike]
+    return RankAxis(world_size=W, named=np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64))
+
+
+def cost_from_sums(acc: dict, cluster: ClusterSpec, axis: RankAxis, hbm_reserve_fraction: float,
                    table_rank: dict | None = None) -> EmbeddingCost:
     """The step and memory from each rank's sums of its shards' quantities (`acc`: field ->
-    array over ranks, every-rank terms included): what `evaluate` adds up, and what the
-    search keeps up to date as it moves one table at a time."""
+    array over the columns of `axis`, every-rank terms included): what `evaluate` adds up,
+    and what the search keeps up to date as it moves one table at a time."""
+    W, cols = axis.world_size, axis.num_columns
     # an all-to-all is as slow as its busiest rank: the owner sending (or receiving) the most;
     # the ids' and the outputs' buffers priced in one call (element by element)
     buffers = np.concatenate([acc["ids_in"], acc["out_a2a"]])
     a2a = np.asarray(collective_time_s(cluster, Collective.ALL_TO_ALL, buffers, W, 1), dtype=float) * (buffers > 0)
     comm = {
-        "input all-to-all": a2a[:W],
-        "output all-to-all": a2a[W:],
+        "input all-to-all": a2a[:cols],
+        "output all-to-all": a2a[cols:],
         "output reduce-scatter": acc["rs"],
-        "gradient all-to-all": a2a[W:].copy(),
+        "gradient all-to-all": a2a[cols:].copy(),
         "gradient all-gather": acc["rs"].copy(),  # all-gather mirrors the reduce-scatter
         "data-parallel all-reduce": acc["ar"],
     }
@@ -347,9 +386,9 @@ def cost_from_sums(acc: dict, cluster: ClusterSpec, W: int, hbm_reserve_fraction
     hbm = acc["hbm"] + acc["ids_in"] + 2.0 * acc["out_a2a"]
     capacity = cluster.gpu.hbm_bytes * (1.0 - hbm_reserve_fraction)
     # ranks fill hosts in order: rank r sits on host r // (GPUs per host)
-    host_node = np.bincount(np.arange(W) // cluster.host_gpus, weights=acc["host"])
+    host_node = axis.group_sums(acc["host"], cluster.host_gpus)
     return EmbeddingCost(fwd_lookup_s=acc["fwd"], bwd_lookup_s=acc["bwd"], comm_s=comm, hbm_bytes=hbm,
                          host_bytes=acc["host"], capacity_bytes=capacity, host_bytes_per_host=host_node,
                          host_capacity_bytes=cluster.host_memory_bytes_per_host,
-                         a2a_bytes=float(acc["a2a_total"].sum()),
-                         table_s=table_rank or {})
+                         a2a_bytes=float(acc["a2a_total"].sum() if not axis.rest else acc["a2a_total"] @ axis.counts),
+                         table_s=table_rank or {}, axis=None if not axis.rest else axis)

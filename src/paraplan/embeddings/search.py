@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ParaplanError
+from ..argtypes import MAX_DEGREE
+from ..errors import ParaplanError, SpecError
 from ..specs.hardware import ClusterSpec
 from ..units import fmt_bytes
 from .cost import (FIELDS, ComputeKernel, EmbeddingCost, EmbeddingPlan, ShardingType, TablePlacement, cost_from_sums,
                    evaluate, rank_array, remembered_contribution)
+from .ranks import RUNS_MIN_RANKS, RankAxis, RankColumns, distinct_ascending, first_missing
 from .tables import EmbeddingTable, EmbeddingWorkload
 
 MIN_COLUMN_SHARD_DIM = 32   # 128 B rows: one warp of FBGEMM's TBE reads 32 × 4-element vectors
@@ -62,14 +64,25 @@ class _Planner:
         self.memo: dict = {}
 
     def load(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel=ComputeKernel.HBM, cache=0.0, hot=0.0):
-        """Per-rank seconds and HBM bytes of the table alone (the loads the greedy placement adds)."""
+        """Per-rank seconds and HBM bytes of the table alone (the loads the greedy placement
+        adds), in run-length form: the shards' ranks 0..k−1 first, then the rest (row-wise
+        and data-parallel tables: one column, every rank alike)."""
+        return self._alone(t, sharding, k, kernel, cache, hot)[:2]
+
+    def rank_sum_s(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel, cache, hot) -> float:
+        """The table alone's seconds summed over every rank (as numpy sums one per rank)."""
+        time_v, _, axis = self._alone(t, sharding, k, kernel, cache, hot)
+        return float(axis.expand(time_v).sum())
+
+    def _alone(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel, cache, hot) -> tuple:
         key = (t.name, sharding, k, kernel, cache, hot)
         if key not in self._load_cache:
             ranks = range(self.W) if sharding in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL) else range(k)
             p = TablePlacement(table=t.name, sharding=sharding, ranks=ranks, kernel=kernel, cache_ratio=cache, hot_row_fraction=hot)
             alone = evaluate(EmbeddingPlan(placements=(p,), world_size=self.W), self.wl, self.cluster,
-                             hbm_reserve_fraction=self.reserve, memo=self.memo)
-            self._load_cache[key] = (alone.rank_total_s, alone.hbm_bytes)
+                             hbm_reserve_fraction=self.reserve, memo=self.memo, per_table=False,
+                             runs=self.W >= RUNS_MIN_RANKS)
+            self._load_cache[key] = (alone.rank_total_s, alone.hbm_bytes, alone.axis or RankAxis.every_rank(self.W))
         return self._load_cache[key]
 
     def unit_cost(self, t: EmbeddingTable, sharding: ShardingType, k: int, kernel, cache, hot) -> float:
@@ -108,58 +121,81 @@ class _Planner:
     def place(self, choice: dict) -> EmbeddingPlan:
         """choice: table -> (sharding, k, kernel, cache, hot). LPT greedy onto ranks with room."""
         W = self.W
-        load = np.zeros(W)
-        mem = np.zeros(W)
+        cols = self.columns(2)  # seconds and HBM bytes per rank
         placements = []
         units = []
         for name, (sh, k, kern, cache, hot) in choice.items():
             t = self.tables[name]
             time_v, mem_v = self.load(t, sh, k, kern, cache, hot)
             if sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
-                load += time_v
-                mem += mem_v
+                cols.data[0] += time_v[-1]  # alike on every rank
+                cols.data[1] += mem_v[-1]
                 placements.append(TablePlacement(table=name, sharding=sh, ranks=range(W), kernel=kern,
                                                  cache_ratio=cache, hot_row_fraction=hot))
             else:
                 units.append((self.unit_cost(t, sh, k, kern, cache, hot), name, sh, k, kern, cache, hot,
                               time_v[:k], mem_v[:k]))
         units.sort(key=lambda u: -u[0])
-        mem_max = float(mem.max())  # kept as shards are added: whether any rank can run out
+        mem_max = float(cols.data[1].max())  # kept as shards are added: whether any rank can run out
         for _, name, sh, k, kern, cache, hot, tv, mv in units:
-            ranks, mem_max = self.put(load, mem, mem_max, sh, tv, mv)
+            ranks, mem_max = self.put(cols, mem_max, sh, tv, mv)
             placements.append(TablePlacement(table=name, sharding=sh, ranks=ranks, kernel=kern, cache_ratio=cache,
                                              hot_row_fraction=hot))
         order = {t.name: i for i, t in enumerate(self.wl.tables)}
         placements.sort(key=lambda p: order[p.table])
         return EmbeddingPlan(placements=tuple(placements), world_size=W, dedup=self.dedup)
 
-    def put(self, load: np.ndarray, mem: np.ndarray, mem_max: float, sh: ShardingType, tv: np.ndarray,
+    def columns(self, rows: int) -> RankColumns:
+        """Rows of per-rank quantities for the packing, in run-length form at many ranks."""
+        return RankColumns(self.W, rows, every_rank=self.W < RUNS_MIN_RANKS)
+
+    def put(self, cols: RankColumns, mem_max: float, sh: ShardingType, tv: np.ndarray,
             mv: np.ndarray) -> tuple[tuple[int, ...], float]:
-        """Ranks for one table's shards (seconds `tv`, bytes `mv` each), added to `load` and
-        `mem` in place; `mem_max` is mem's maximum before and (returned) after."""
+        """Ranks for one table's shards (seconds `tv`, bytes `mv` each), added to the per-rank
+        seconds and bytes `cols` (rows 0 and 1) in place; `mem_max` is the bytes' maximum
+        before and (returned) after."""
         if sh is ShardingType.TABLE_ROW_WISE:
-            # a whole node: the node whose busiest rank is least loaded, among those with
-            # room (else among all); ties to the lowest node
-            node_load = load.reshape(-1, self.g).max(axis=1)
-            room = (mem.reshape(-1, self.g) + mv).max(axis=1) <= self.capacity
-            n = int(np.argmin(np.where(room, node_load, np.inf))) if room.any() else int(np.argmin(node_load))
+            n = self._emptiest_node(cols, mv)
             ranks = tuple(range(n * self.g, (n + 1) * self.g))
-            load[list(ranks)] += tv
-            mem[list(ranks)] += mv
-            return ranks, max(mem_max, float(mem[list(ranks)].max()))
+            c = cols.name(ranks)
+            cols.data[0, c] += tv
+            cols.data[1, c] += mv
+            return ranks, max(mem_max, float(cols.data[1, c].max()))
         # each shard to the least-loaded rank with room (else the least loaded), not one of
-        # the table's own; ties to the lowest rank (argmin's first minimum)
+        # the table's own; ties to the lowest rank (the ranks no shard is on share a column,
+        # which stands for the lowest of them)
         chosen: list[int] = []
         roomy = mem_max + float(mv.max()) <= self.capacity  # no rank can run out
         for j in range(len(tv)):
+            load, mem = cols.data
             key = load.copy() if roomy else load + (mem + mv[j] > self.capacity) * 1e9
-            key[chosen] = np.inf
-            r = int(key.argmin())
+            if not cols.axis.rest:  # one column per rank: column r is rank r
+                key[chosen] = np.inf
+                r = c = int(key.argmin())
+            else:  # the chosen are named: each has its own column
+                key[cols.axis.columns_of(chosen)] = np.inf
+                r = cols.axis.lowest_rank_at_min(key)
+                c = int(cols.name([r])[0])
+                load, mem = cols.data
             chosen.append(r)
-            load[r] += tv[j]
-            mem[r] += mv[j]
-            mem_max = max(mem_max, float(mem[r]))
+            load[c] += tv[j]
+            mem[c] += mv[j]
+            mem_max = max(mem_max, float(mem[c]))
         return tuple(chosen), mem_max
+
+    def _emptiest_node(self, cols: RankColumns, mv: np.ndarray) -> int:
+        """The node (g ranks) whose busiest rank is least loaded, among those where `mv` fits
+        (else among all); ties to the lowest node. The nodes no shard is on are alike: the
+        lowest of them stands for all."""
+        g, axis = self.g, cols.axis
+        touched = distinct_ascending(axis.named // g)
+        free = first_missing(touched, self.W // g)
+        nodes = touched if free is None else np.insert(touched, np.searchsorted(touched, free), free)
+        c = axis.columns_of((nodes[:, None] * g + np.arange(g)).ravel())
+        node_load = cols.data[0, c].reshape(-1, g).max(axis=1)
+        room = (cols.data[1, c].reshape(-1, g) + mv).max(axis=1) <= self.capacity
+        i = int(np.argmin(np.where(room, node_load, np.inf))) if room.any() else int(np.argmin(node_load))
+        return int(nodes[i])
 
     def penalized(self, cost: EmbeddingCost) -> float:
         """The step, plus a penalty growing with how far the plan is over HBM or host memory."""
@@ -171,7 +207,7 @@ class _Planner:
     def price(self, choice: dict) -> tuple[float, EmbeddingPlan, EmbeddingCost]:
         plan = self.place(choice)
         cost = evaluate(plan, self.wl, self.cluster, hbm_reserve_fraction=self.reserve, memo=self.memo,
-                        per_table=False)
+                        per_table=False, runs=self.W >= RUNS_MIN_RANKS)
         self.evaluated += 1
         return self.penalized(cost), plan, cost
 
@@ -181,7 +217,8 @@ class _Repacking:
     over all tables): exact, at a cost that grows with the square of the tables."""
 
     def __init__(self, P: _Planner):
-        self.P, self.choice = P, {}
+        self.P = P
+        self.choice: dict = {}
 
     def start(self, choice: dict) -> tuple:
         self.choice = dict(choice)
@@ -215,9 +252,12 @@ class _Packing:
     adds up follow (a move costs the table's shards and one pass over the ranks, where a
     re-pack costs every table): what keeps the search near-linear in the number of tables."""
 
+    LOAD, MEM = len(FIELDS), len(FIELDS) + 1  # rows after the cost model's sums
+
     def __init__(self, P: _Planner):
-        self.P, self.choice = P, {}
-        self.ranks: dict[str, np.ndarray] = {}
+        self.P = P
+        self.choice: dict = {}
+        self.ranks: dict[str, range | tuple[int, ...]] = {}
 
     def start(self, choice: dict) -> tuple:
         return self._packed(self.P.place(choice), choice)
@@ -225,62 +265,67 @@ class _Packing:
     def _packed(self, plan: EmbeddingPlan, choice: dict) -> tuple:
         P = self.P
         self.choice, self.ranks = dict(choice), {}
-        self.sums = np.zeros((len(FIELDS), P.W))          # the cost model's per-rank sums
-        self.load, self.mem = np.zeros(P.W), np.zeros(P.W)  # table-alone loads the packing balances
+        # the cost model's per-rank sums, then the table-alone loads the packing balances
+        self.cols = P.columns(len(FIELDS) + 2)
         for p in plan.placements:
-            ranks = rank_array(p.ranks)
-            self._add(p.table, self.choice[p.table], ranks, 1.0)
-            self.ranks[p.table] = ranks
+            self._add(p.table, self.choice[p.table], p.ranks, 1.0)
+            self.ranks[p.table] = p.ranks
         return self.priced()
 
-    def _add(self, name: str, option: tuple, ranks: np.ndarray, sign: float) -> None:
+    def _add(self, name: str, option: tuple, ranks, sign: float) -> None:
         """Add (sign 1) or remove (sign -1) one table's shards on `ranks`."""
         P, (sh, k, kern, cache, hot) = self.P, option
         t = P.tables[name]
         c = remembered_contribution(P.memo, t, sh, len(ranks), kern, cache, hot, P.dedup, P.wl, P.cluster, P.W)
-        self.sums[:, ranks] += sign * c["stacked"]
-        if c["every_stacked"].any():  # hot-row replicas: a share on every rank
-            self.sums += sign * c["every_stacked"][:, None]
         time_v, mem_v = P.load(t, sh, k, kern, cache, hot)
-        if sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
-            self.load += sign * time_v
-            self.mem += sign * mem_v
+        every = sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL)
+        if every and c["alike"]:
+            self.cols.data[:self.LOAD] += sign * c["stacked"][:, :1]
         else:
-            self.load[ranks] += sign * time_v[:k]
-            self.mem[ranks] += sign * mem_v[:k]
+            cols = self.cols.name(rank_array(ranks))
+            self.cols.data[:self.LOAD, cols] += sign * c["stacked"]
+        if c["every_stacked"].any():  # hot-row replicas: a share on every rank
+            self.cols.data[:self.LOAD] += sign * c["every_stacked"][:, None]
+        if every:
+            self.cols.data[self.LOAD] += sign * time_v[-1]
+            self.cols.data[self.MEM] += sign * mem_v[-1]
+        else:
+            cols = self.cols.name(rank_array(ranks))
+            self.cols.data[self.LOAD, cols] += sign * time_v[:k]
+            self.cols.data[self.MEM, cols] += sign * mem_v[:k]
 
     def move(self, name: str, option: tuple) -> None:
         P, (sh, k, kern, cache, hot) = self.P, option
         self._add(name, self.choice[name], self.ranks[name], -1.0)
         if sh in (ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL):
-            ranks = np.arange(P.W)
+            ranks: range | tuple[int, ...] = range(P.W)
         else:
             time_v, mem_v = P.load(P.tables[name], sh, k, kern, cache, hot)
-            load, mem = self.load.copy(), self.mem.copy()  # _add below adds the table's loads
-            ranks = np.asarray(P.put(load, mem, float(mem.max()), sh, time_v[:k], mem_v[:k])[0])
+            loads = RankColumns.of(self.cols.axis, self.cols.data[self.LOAD:].copy())  # _add below adds the table's
+            ranks = P.put(loads, float(loads.data[1].max()), sh, time_v[:k], mem_v[:k])[0]
         self._add(name, option, ranks, 1.0)
         self.choice[name], self.ranks[name] = option, ranks
 
     def priced(self) -> tuple:
         """(penalized step, None, cost): the shape `_better` compares."""
-        cost = cost_from_sums(dict(zip(FIELDS, self.sums)), self.P.cluster, self.P.W, self.P.reserve)
+        cost = cost_from_sums(dict(zip(FIELDS, self.cols.data[:self.LOAD])), self.P.cluster, self.cols.axis,
+                              self.P.reserve)
         self.P.evaluated += 1
         return self.P.penalized(cost), None, cost
 
     def trial(self, name: str, option: tuple) -> tuple:
-        kept = self.choice[name], self.ranks[name], self.sums.copy(), self.load.copy(), self.mem.copy()
+        kept = self.choice[name], self.ranks[name], self.cols.copy()
         self.move(name, option)
         out = self.priced()
-        self.choice[name], self.ranks[name], self.sums, self.load, self.mem = kept
+        self.choice[name], self.ranks[name], self.cols = kept
         return out
 
     def snapshot(self):
-        return dict(self.choice), dict(self.ranks), self.sums.copy(), self.load.copy(), self.mem.copy()
+        return dict(self.choice), dict(self.ranks), self.cols.copy()
 
     def restore(self, snapshot) -> None:
-        choice, ranks, sums, load, mem = snapshot
-        self.choice, self.ranks, self.sums, self.load, self.mem = dict(choice), dict(ranks), sums.copy(), load.copy(), \
-            mem.copy()
+        choice, ranks, cols = snapshot
+        self.choice, self.ranks, self.cols = dict(choice), dict(ranks), cols.copy()
 
     def settle(self, best: tuple) -> tuple:
         """The moves leave holes where tables left: the chosen options packed afresh, kept when better."""
@@ -292,7 +337,7 @@ class _Packing:
 
     def plan(self) -> EmbeddingPlan:
         c = self.choice
-        placements = tuple(TablePlacement(table=t.name, sharding=c[t.name][0], ranks=tuple(int(r) for r in self.ranks[t.name]),
+        placements = tuple(TablePlacement(table=t.name, sharding=c[t.name][0], ranks=self.ranks[t.name],
                                           kernel=c[t.name][2], cache_ratio=c[t.name][3], hot_row_fraction=c[t.name][4])
                            for t in self.P.wl.tables)
         return EmbeddingPlan(placements=placements, world_size=self.P.W, dedup=self.P.dedup)
@@ -335,10 +380,7 @@ def _better(a, b) -> bool:
         return True
     if a[0] > b[0] * (1 + 1e-9):
         return False
-    def at_max(c):
-        tot = c.rank_total_s
-        return int((tot >= tot.max() * (1 - 1e-6)).sum())
-    return at_max(a[2]) < at_max(b[2])
+    return a[2].ranks_near_max(1e-6) < b[2].ranks_near_max(1e-6)
 
 
 def _starts(S, P: _Planner, wl: EmbeddingWorkload) -> tuple:
@@ -360,8 +402,7 @@ def _starts(S, P: _Planner, wl: EmbeddingWorkload) -> tuple:
             best, kept = priced, S.snapshot()
         def dp_ratio(t):
             dp_v, _ = P.load(t, *dp_option[:4])
-            sh_v, _ = P.load(t, *start[t.name][:4], start[t.name][4])
-            return float(dp_v.max()) / max(float(sh_v.sum()) / W, 1e-30)
+            return float(dp_v.max()) / max(P.rank_sum_s(t, *start[t.name][:4], start[t.name][4]) / W, 1e-30)
         for k, t in enumerate(sorted((t for t in wl.tables if P.replicable(t) and W > 1), key=dp_ratio), start=1):
             S.move(t.name, dp_option)
             if k > REPACK_MAX_TABLES and k % max(1, k // REPACK_MAX_TABLES) and k != len(wl.tables):
@@ -376,7 +417,7 @@ def _starts(S, P: _Planner, wl: EmbeddingWorkload) -> tuple:
 def _costliest_first(S, P: _Planner) -> list[str]:
     """The tables by their busiest rank's seconds, the costliest first (at most the first
     REPACK_MAX_TABLES: the rest are small beside the ranks' loads)."""
-    order = sorted(S.choice, key=lambda n: -float(P.load(P.tables[n], *S.choice[n][:4], S.choice[n][4])[0].max()))
+    order = sorted(S.choice, key=lambda n: -float(P.load(P.tables[n], *S.choice[n])[0].max()))
     return order[:REPACK_MAX_TABLES]
 
 
@@ -425,6 +466,8 @@ def plan_embeddings(wl: EmbeddingWorkload, cluster: ClusterSpec, *, world_size: 
                     hbm_reserve_fraction: float = 0.15) -> EmbeddingSearchResult:
     """The fastest plan found for `wl` on `world_size` ranks of `cluster`."""
     W = world_size or cluster.num_gpus
+    if not 1 <= W <= MAX_DEGREE:  # the GPU counts tested (benchmarks/README.md), as for the training commands
+        raise SpecError("embeddings", "--gpus", W, f"a whole number from 1 to {MAX_DEGREE:,} is required")
     P = _Planner(wl, cluster, W, hbm_reserve_fraction, dedup)
     # exact re-packing while tables² stays small; one table moved at a time beyond
     S = _Repacking(P) if len(wl.tables) <= REPACK_MAX_TABLES else _Packing(P)
