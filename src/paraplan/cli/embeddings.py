@@ -66,7 +66,9 @@ def cmd_embeddings(args) -> int:
                                 "torchrec_max_rank_s": price_with_torchrec(plan, wl, cluster).max_rank_s},
                    "torchrec_default": {"paraplan_step_s": evaluate(tr_plan, wl, cluster, hbm_reserve_fraction=args.hbm_reserve).step_time_s,
                                         "torchrec_max_rank_s": tr_rating.max_rank_s}}
-    exported = export_document(plan, wl)
+    # TorchRec's placement lists every rank of every shard: built only where it is written
+    # (data-parallel tables at 2^20 GPUs list a million ranks each)
+    exported = export_document(plan, wl) if args.json or args.export_torchrec is not None else None
     if args.export_torchrec is not None:
         write_output(args.export_torchrec, json_text(exported, indent=1) + "\n", "embeddings", "--export-torchrec")
     if args.json:
