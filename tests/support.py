@@ -86,3 +86,25 @@ def write_csv(tmp_path, header, rows, name="rows.csv") -> Path:
         w.writeheader()
         w.writerows(rows)
     return p
+
+
+def assert_torchtitan_runs_schedule_eager_only(tmp_path, capsys, schedule: str, torch_name: str) -> None:
+    """torchtitan runs `schedule` (torch's `torch_name`) on eager stages only, torch refusing
+    compiled ones: a search narrowed to it finds no plan torchtitan builds and says which plan
+    breaks the rule, that plan given whole names it, `--no-compile` exports it, and Megatron
+    refuses the schedule."""
+    flags = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "32", "--tp", "2", "--pp", "4",
+             "--vp", "2", "--schedule", schedule, "--dp", "2", "--zero", "2"]
+    assert main(["export", "--format", "torchtitan", *flags]) == 2
+    err = capsys.readouterr().err
+    assert "the engine can build" in err and "export --plan '" in err
+    plan = err.split("export --plan '")[1].split("'")[0]
+    assert schedule in plan.split() and "compiled" in plan.split()
+    assert main(["export", "--format", "torchtitan", *flags[:8], "--plan", plan]) == 2
+    assert torch_name in capsys.readouterr().err
+    out = tmp_path / "job.toml"
+    assert main(["export", "--format", "torchtitan", "--no-compile", *flags, "-o", str(out)]) == 0
+    assert f'pipeline_parallel_schedule = "{torch_name}"' in out.read_text()
+    capsys.readouterr()
+    assert main(["export", "--format", "megatron", *flags]) == 2
+    assert f"schedule='{schedule}' is not allowed" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from paraplan.sim.schedules import Phase, Placement, ScheduleError, build_schedu
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
 
-from support import closed_form_step_s
+from support import assert_torchtitan_runs_schedule_eager_only, closed_form_step_s
 
 DPV = Schedule.DUAL_PIPE_V
 
@@ -171,23 +171,7 @@ def test_plan_rules():
 
 
 def test_engines(tmp_path, capsys):
-    flags = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "32", "--tp", "2", "--pp", "4",
-             "--vp", "2", "--schedule", "dualpipev", "--dp", "2", "--zero", "2"]
-    # no plan of the search these flags narrow is one torchtitan builds (torch refuses compiled
-    # stages under DualPipeV): the error says so, and the plan given whole names the rule
-    assert main(["export", "--format", "torchtitan", *flags]) == 2
-    err = capsys.readouterr().err
-    assert "the engine can build" in err and "export --plan '" in err
-    plan = err.split("export --plan '")[1].split("'")[0]
-    assert "dualpipev" in plan.split() and "compiled" in plan.split()
-    assert main(["export", "--format", "torchtitan", *flags[:8], "--plan", plan]) == 2
-    assert "DualPipeV" in capsys.readouterr().err
-    out = tmp_path / "job.toml"
-    assert main(["export", "--format", "torchtitan", "--no-compile", *flags, "-o", str(out)]) == 0
-    assert 'pipeline_parallel_schedule = "DualPipeV"' in out.read_text()
-    capsys.readouterr()
-    assert main(["export", "--format", "megatron", *flags]) == 2
-    assert "schedule='dualpipev' is not allowed" in capsys.readouterr().err
+    assert_torchtitan_runs_schedule_eager_only(tmp_path, capsys, "dualpipev", "DualPipeV")
 
 
 def test_search_and_trace(tmp_path, capsys):

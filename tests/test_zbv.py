@@ -25,7 +25,7 @@ from paraplan.sim.schedules import (Phase, Placement, ScheduleError, build_sched
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Workload
 
-from support import closed_form_step_s
+from support import assert_torchtitan_runs_schedule_eager_only, closed_form_step_s
 
 ZBV = Schedule.ZERO_BUBBLE_V
 
@@ -177,24 +177,7 @@ def test_plan_rules():
 
 
 def test_engines(tmp_path, capsys):
-    flags = ["--model", "llama3-8b", "--gpus", "16", "--seq", "4096", "--batch", "32", "--tp", "2", "--pp", "4",
-             "--vp", "2", "--schedule", "zbv", "--dp", "2", "--zero", "2"]
-    # torchtitan runs it as ZBVZeroBubble, on eager stages only (torch refuses compiled ones)
-    # no plan of the search these flags narrow is one torchtitan builds (torch refuses compiled
-    # stages under ZBVZeroBubble): the error says so, and the plan given whole names the rule
-    assert main(["export", "--format", "torchtitan", *flags]) == 2
-    err = capsys.readouterr().err
-    assert "the engine can build" in err and "export --plan '" in err
-    plan = err.split("export --plan '")[1].split("'")[0]
-    assert "zbv" in plan.split() and "compiled" in plan.split()
-    assert main(["export", "--format", "torchtitan", *flags[:8], "--plan", plan]) == 2
-    assert "ZBVZeroBubble" in capsys.readouterr().err
-    out = tmp_path / "job.toml"
-    assert main(["export", "--format", "torchtitan", "--no-compile", *flags, "-o", str(out)]) == 0
-    assert 'pipeline_parallel_schedule = "ZBVZeroBubble"' in out.read_text()
-    capsys.readouterr()
-    assert main(["export", "--format", "megatron", *flags]) == 2
-    assert "schedule='zbv' is not allowed" in capsys.readouterr().err
+    assert_torchtitan_runs_schedule_eager_only(tmp_path, capsys, "zbv", "ZBVZeroBubble")
 
 
 def test_run_refuses_compiled_zero_bubble_stages():
