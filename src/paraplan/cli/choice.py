@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from ..cost.estimate import Estimate
 from ..errors import SpecError
+from ..plan.axes import AttentionKernel, Recompute, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..search.policy import EngineRules, bounded_space, ranked_search
@@ -49,7 +50,6 @@ def narrowed_space(args: argparse.Namespace) -> tuple[dict, SpaceLimits]:
     """(pins, limits) of the search the plan flags narrow: search's pins and choices
     (args.py search_pins) and, among the flags of one plan (estimate, trace, export), the
     ZeRO stage, recomputation, SP, TP overlap and attention kernel held to the value given."""
-    from ..plan.axes import AttentionKernel, Recompute, ZeroStage
     fixed, limits = search_pins(args)
     if not hasattr(args, "zero"):  # search's own flags
         return fixed, limits

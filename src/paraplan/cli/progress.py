@@ -12,8 +12,8 @@ import sys
 
 from ..units import fmt_count
 
-# about a second of search on one core (DeepSeek-V3's 32.6M candidates take ~23 s on a
-# 2024 server): a shorter search needs no progress line
+# about 1.3-1.4 s of search at the 705k-790k candidate plans/s benchmarks/README.md measures
+# (bench_search.py, two cores): a shorter search needs no progress line
 PROGRESS_MIN_PLANS = 1_000_000
 
 

@@ -3,7 +3,6 @@ engine's bounds; search/policy.py holds what happens when nothing fits)."""
 
 from __future__ import annotations
 
-
 from ..errors import NoPlanFitsError
 from ..report.jsonout import estimate_dict
 from ..report.strict_json import json_text
