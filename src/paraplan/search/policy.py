@@ -63,11 +63,11 @@ def best_exportable(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                          engine=EngineRules(support, check))[1][0]
 
 
-def engine_pin_error(e: SpecError, support: EngineSupport, fixed: dict, model: ModelSpec, cluster: ClusterSpec,
+def engine_pin_error(e: SpecError, support: EngineSupport, model: ModelSpec, cluster: ClusterSpec,
                      workload: Workload) -> SpecError:
     """A search's error about a pin that leaves no plan, said as the engine's where the engine
-    pinned that axis (and the user did not pin it otherwise): the user never gave that flag."""
-    pinned = {PIN_FLAGS.get(k, k): k for k, v in support.pinned.items() if fixed.get(k, v) == v}
+    pinned that axis (a user's pin against the engine's is refused before: engine_space)."""
+    pinned = {PIN_FLAGS.get(k, k): k for k in support.pinned}
     if e.where != "search" or e.field not in pinned:
         return e
     return SpecError(f"engine {support.engine}", "model", model.name,
@@ -130,7 +130,7 @@ def ranked_search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, to
     except SpecError as e:
         if engine is None:
             raise
-        raise engine_pin_error(e, engine.support, fixed, model, cluster, workload) from None
+        raise engine_pin_error(e, engine.support, model, cluster, workload) from None
     if engine is None:
         return res, res.ranked
     return res, expressible(res.ranked, model, workload, engine.support, engine.check)
