@@ -87,14 +87,24 @@ def test_other_frameworks_still_need_the_global_batch():
         row_setup({**TITAN, "framework": "NeMo 25.04"}, "rows.csv", 2)
 
 
-def test_torchtitan_pipeline_row_names_its_schedule_and_leaves_the_micro_batch_to_search():
+def test_torchtitan_pipeline_row_takes_torchtitans_default_micro_batches():
+    """A torchtitan pipeline row gives its local batch, not its micro-batches: torchtitan's
+    default splits it into as many micro-batches as stages, one stage per rank under 1F1B and
+    two under interleaved 1F1B."""
     row = {**TITAN, "tp": "8", "pp": "8", "dp": "8", "num_gpus": "512", "micro_batch": "32",
            "framework": "torchtitan (PP schedule 1F1B)"}
     setup = row_setup(row, "rows.csv", 2)
     assert setup.limits.schedules == (Schedule.ONE_F_ONE_B,)
-    assert "micro_batch_size" not in setup.fixed and setup.workload.global_batch_size == 32 * 8
+    assert setup.fixed["micro_batch_size"] == 32 // 8 and setup.fixed["vp"] == 1
+    assert setup.workload.global_batch_size == 32 * 8
     inter = row_setup({**row, "framework": "torchtitan (PP schedule Interleaved 1F1B)"}, "rows.csv", 2)
     assert inter.limits.schedules == (Schedule.INTERLEAVED_1F1B,)
+    assert inter.fixed["micro_batch_size"] == 32 // 16 and inter.fixed["vp"] == 2
+    # a local batch the stage count does not divide, or no named schedule: searched
+    odd = row_setup({**row, "micro_batch": "12"}, "rows.csv", 2)
+    assert "micro_batch_size" not in odd.fixed and "vp" not in odd.fixed
+    unnamed = row_setup({**row, "framework": "torchtitan"}, "rows.csv", 2)
+    assert "micro_batch_size" not in unnamed.fixed
 
 
 @pytest.mark.parametrize("name", ["training_dev.csv", "training_dev_more.csv", "training_dev_moe.csv"])

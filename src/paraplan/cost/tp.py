@@ -81,7 +81,16 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w in col_wgrad)
     async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
     tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
-    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - 2.0 * gemms_fwd, tp_bwd / t),
+    # TP overlap on an eager engine is torch's micro-pipeline TP (torchtitan's async TP:
+    # torch/_inductor/fx_passes/micro_pipeline_tp.py, torch 2.13): it fuses an all-gather into
+    # the matmuls that consume it and a matmul into the reduce-scatter that consumes it. In the
+    # backward the reduce-scatter of a block's input gradient follows the *sum* of the separate
+    # wq, wk, wv (w1, w3) input gradients, not a matmul, so it is not fused and stays exposed:
+    # one per block whose input feeds several column-parallel GEMMs (`fuse_matmul_reduce_scatter`
+    # finds no producer matmul). Transformer Engine's userbuffers (fused_kernels) overlap it.
+    multi_col = ((0.0 if model.is_mla else 1.0) + n_mlp_blk * (model.num_mlp_matrices > 2))
+    unfused_rs = np.where(~fused & sp, multi_col, 0.0) * rs
+    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - unfused_rs - 2.0 * gemms_fwd, (tp_bwd - unfused_rs) / t) + unfused_rs,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
     # the presets): spent on the issuing host, hidden by nothing

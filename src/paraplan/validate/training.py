@@ -316,9 +316,8 @@ def _row_fixed(row: dict, c: dict, titan: bool, gbs: int) -> tuple[dict, int]:
         if c[col] is not None:
             fixed[key] = c[col]
     if titan and (c["pp"] or 1) > 1:
-        # torchtitan's local batch is split into pipeline micro-batches of
-        # parallelism.pipeline_parallel_microbatch_size (not in its tables): searched
-        fixed.pop("micro_batch_size", None)
+        fixed.pop("micro_batch_size", None)  # the local batch, split into pipeline micro-batches:
+        fixed.update(torchtitan_pipeline_default(row, c))
     if "micro_batch_size" in fixed and "dp" in fixed:
         # llm-foundry: "micro-batches need not divide GBS"; the last one is partial. Throughput
         # per token is that of full micro-batches, so round the batch up to whole ones.
@@ -329,6 +328,25 @@ def _row_fixed(row: dict, c: dict, titan: bool, gbs: int) -> tuple[dict, int]:
                             "runs at least one micro-batch)")
         gbs = -(-gbs // per) * per
     return fixed, gbs
+
+
+def torchtitan_pipeline_default(row: dict, c: dict) -> dict:
+    """A torchtitan pipeline row's micro-batch size and model chunks per rank, which its tables
+    do not give: torchtitan's defaults. Two stages per rank under a multi-stage (interleaved)
+    schedule, one under a single-stage one (torchtitan 0.2.2 distributed/pipeline_parallel.py,
+    "For multi-stage schedules, default is 2 virtual stages per rank"); as many micro-batches as
+    stages in all, pp × stages per rank (torchtitan of Dec 2024, the commit the published rows
+    name: experimental.pipeline_parallel_microbatches unset; later versions default to
+    micro-batches of one sequence, pipeline_parallel_microbatch_size = 1). A row that states
+    vp keeps it; a local batch the count does not divide leaves both searched."""
+    schedules = _published_schedules(row)
+    if len(schedules) != 1 or not c["micro_batch"]:
+        return {}
+    stages = c["vp"] or (2 if schedules[0] is Schedule.INTERLEAVED_1F1B else 1)
+    count = c["pp"] * stages
+    if c["micro_batch"] % count:
+        return {}
+    return {"micro_batch_size": c["micro_batch"] // count, "vp": stages}
 
 
 def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
