@@ -178,9 +178,9 @@ def _layer_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     return lc, tp, cp, ep, z, rc, layer
 
 
-def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *, memory=None) -> PlanCosts:
-    """Time, memory and the rest for a plan or a batch; `memory`: its (MemoryBreakdown, host
-    bytes) from plan_memory when the caller has them already (the search)."""
+def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """The parts of a plan's step and its time: (parts, MoE layer costs, SP norm all-reduce,
+    optimizer step, TimeBreakdown)."""
     lay = layout(model, workload, plan)
     mc = (moe_layer_costs(model, cluster, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
           if model.is_moe else None)
@@ -192,13 +192,24 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, *
     optimizer = optimizer_step_s(cluster.gpu, workload, lay)
     sp_norm = sp_norm_grad_all_reduce_s(cluster, model, lay, tp, z.microbatch_reduce)
     x = _Parts(lay=lay, lc=lc, tp=tp, cp=cp, ep=ep, zero=z, rc=rc, layer=layer, stages=stages, pipe=pipe, dp=dp)
-    time = _time_breakdown(model, x, sp_norm, optimizer)
+    return x, mc, sp_norm, optimizer, _time_breakdown(model, x, sp_norm, optimizer)
+
+
+def plan_time(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> TimeBreakdown:
+    """A plan's (or a batch's) step time by part, alone: what the search ranks by."""
+    return _timed(model, cluster, workload, plan)[-1]
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> PlanCosts:
+    """Time, memory and the rest for a plan or a batch."""
+    x, mc, sp_norm, optimizer, time = _timed(model, cluster, workload, plan)
+    lay, lc, cp, dp, stages, pipe, rc = x.lay, x.lc, x.cp, x.dp, x.stages, x.pipe, x.rc
     comm_detail = labels.comm_detail(
         tp_s=time.tp_comm_s, cp_s=time.cp_comm_s, ep_s=time.ep_comm_s, pp_s=time.pp_comm_s, dp_s=time.dp_comm_s,
         sequence_parallel=lay.sequence_parallel, cp_comm_type_code=cp.comm_type_code,
         hierarchical_a2a=bool(np.all(np.asarray(plan.a2a_hierarchical)) and mc))
-    memory, host_bytes = memory if memory is not None else stage_memory(
-        model, cluster, workload, plan, lay, (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
+    memory, host_bytes = stage_memory(model, cluster, workload, plan, lay,
+                                      (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
     hw = hardware_flops_per_step(model, lay, lc.flops, workload.seq_len, lc.flash, rc.early_stop)
     step_detail = labels.step_detail(dp_exposed_s=dp.exposed_s, sp_norm_s=sp_norm, optimizer_s=optimizer)
     return PlanCosts(num_microbatches=lay.num_microbatches, first=stages.first, middle=stages.middle,

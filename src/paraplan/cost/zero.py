@@ -15,7 +15,7 @@ import numpy as np
 
 from ..num import Num, as_float
 from ..plan.axes import Schedule, ZeroStage
-from ..sim.schedules import fsdp2_gathers_per_step
+from ..sim.schedules import ScheduleError, fsdp2_gathers_per_step
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from . import memory as mem
@@ -54,8 +54,9 @@ def fsdp2_pp_gathers_per_pass(plan, m, z3, rows=None):
     of them, below it the ones beyond the step's first (which the per-step gather already
     prices). The count per step is sim/schedules.py fsdp2_gathers_per_step's, read from the
     schedule's task order (cost reads the schedules as data; sim never imports cost)."""
-    shape = np.shape(m)
-    m = np.atleast_1d(np.asarray(m, dtype=float))
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (m, plan.schedule_code, plan.pp, plan.vp, z3,
+                                                         True if rows is None else rows)))
+    m = np.broadcast_to(np.asarray(m, dtype=float), shape).ravel()
     sched = np.broadcast_to(np.asarray(plan.schedule_code), shape).ravel()
     p = np.broadcast_to(as_float(plan.pp), shape).ravel()
     v = np.broadcast_to(as_float(plan.vp), shape).ravel()
@@ -67,7 +68,11 @@ def fsdp2_pp_gathers_per_pass(plan, m, z3, rows=None):
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
         counted = np.empty(len(uniq))
         for j, (code, pp, vp, mm, zz) in enumerate(uniq):
-            n = fsdp2_gathers_per_step(Schedule.from_code(code), int(pp), int(mm), int(vp), bool(zz))
+            try:
+                n = fsdp2_gathers_per_step(Schedule.from_code(code), int(pp), int(mm), int(vp), bool(zz))
+            except ScheduleError:  # a schedule its micro-batches cannot run: an invalid plan of a
+                counted[j] = np.nan  # search's grid (plan/space.py SpaceBlock.grid), dropped there
+                continue
             counted[j] = (n - (0 if zz else vp)) / (2.0 * mm * vp)
         out[rows] = counted[inverse.ravel()]
     return out.reshape(shape) if shape else float(out[0])

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..plan.axes import AttentionKernel, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import PlanBatch, SpaceLimits
+from ..plan.space import PlanBatch, SpaceLimits, batch_shape
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -80,9 +80,9 @@ def _rules(model: ModelSpec) -> list:
 
 def unbuildable(batch: PlanBatch, model: ModelSpec, workload: Workload) -> np.ndarray:
     """Mask of the plans DeepSpeed cannot run (SpaceLimits.engine_rule for its search)."""
-    bad = np.zeros(len(batch), dtype=bool)
+    bad = np.zeros(batch_shape(batch), dtype=bool)
     for _, mask, _, _ in _rules(model):
-        bad |= mask(batch)
+        bad = bad | mask(batch)
     return bad
 
 

@@ -46,7 +46,7 @@ import numpy as np
 from ..cost.estimate import chunk_layers, estimate
 from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import PlanBatch, SpaceLimits, fsdp_shards
+from ..plan.space import PlanBatch, SpaceLimits, batch_shape, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -155,9 +155,9 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
 
 def unbuildable(batch: PlanBatch, model: ModelSpec, workload: Workload) -> np.ndarray:
     """Mask of the plans torchtitan cannot build (SpaceLimits.engine_rule for its search)."""
-    bad = np.zeros(len(batch), dtype=bool)
+    bad = np.zeros(batch_shape(batch), dtype=bool)
     for _, mask, _, _ in _mesh_rules(model, workload):
-        bad |= mask(batch)
+        bad = bad | mask(batch)
     return bad
 
 

@@ -88,11 +88,17 @@ def invalid_mask(batch: PlanBatch, model: ModelSpec, cluster: ClusterSpec, workl
                  counted_only: bool = False) -> np.ndarray:
     """Plans of `batch` that break a rule (`counted_only`: one of the rules that do not prune,
     for candidates the plan space built with the pruning rules already applied)."""
-    bad = np.zeros(len(batch), dtype=bool)
+    bad = np.zeros(batch_shape(batch), dtype=bool)
     for rule in rules(model, cluster, workload):
         if not (counted_only and rule.prunes):
-            bad |= rule.invalid(batch)
+            bad = bad | rule.invalid(batch)
     return bad
+
+
+def batch_shape(batch: PlanBatch) -> tuple[int, ...]:
+    """The shape of a batch's plans: (n,) for columns, the broadcast of the columns' shapes for
+    a block's product (SpaceBlock.grid)."""
+    return np.broadcast_shapes(*(np.shape(getattr(batch, f.name)) for f in fields(PlanBatch)))
 
 
 # the degrees and sizes that must be at least 1 (their declared lower bound)
@@ -317,34 +323,58 @@ class SpaceBlock:
         for i in range(0, self.num_rows, step):
             yield replace(self, rows={k: v[i:i + step] for k, v in self.rows.items()})
 
-    def candidates(self) -> PlanBatch:
-        """Every candidate of the block: rows × expert layouts × micro-batch sizes, in that order."""
+    def grid(self) -> PlanBatch:
+        """The block's candidates as a product of broadcastable columns: the row axes shaped
+        (R, 1, 1), the expert axes (1, E, 1), the micro-batch sizes (1, 1, M), the layout and
+        the engine's constants (1, 1, 1). The cost model's arithmetic is element-wise, so on a
+        grid numpy computes each term once per value of the axes it reads (a GEMM per
+        micro-batch size, an all-to-all per expert layout and micro-batch size) and only the
+        sums at R×E×M, with the same value each plan gets as a column. C order, rows × expert
+        layouts × micro-batch sizes, is the enumeration order."""
         limits = self.limits
-        n_rows, n_experts, n_mb = self.num_rows, len(self.experts["ep"]), len(self.micro_batches)
-        n = n_rows * n_experts * n_mb
-        cols = {k: np.repeat(v, n_experts * n_mb) for k, v in self.rows.items()}
-        cols.update({k: np.tile(np.repeat(v, n_mb), n_rows) for k, v in self.experts.items()})
-        cols["micro_batch_size"] = np.tile(np.array(self.micro_batches, dtype=np.int64), n_rows * n_experts)
-        cols.update({k: np.full(n, v, dtype=np.int64) for k, v in self.layout.items()})
+        n_rows, n_experts = self.num_rows, len(self.experts["ep"])
+        cols = {k: np.asarray(v).reshape(n_rows, 1, 1) for k, v in self.rows.items()}
+        cols.update({k: np.asarray(v).reshape(1, n_experts, 1) for k, v in self.experts.items()})
+        cols["micro_batch_size"] = np.array(self.micro_batches, dtype=np.int64).reshape(1, 1, -1)
+        cols.update({k: np.full((1, 1, 1), v, dtype=np.int64) for k, v in self.layout.items()})
         zero = cols["zero_code"]
+
+        def const(value):
+            return np.full((1, 1, 1), value)
         return PlanBatch(
-            **cols, dp_overlap=np.ones(n, dtype=bool), attention_code=np.full(n, self.kernel_code, dtype=np.int64),
-            grad_reduce_fp32=np.full(n, limits.grad_reduce_fp32), fp32_params=np.full(n, limits.fp32_params),
-            checkpoint_early_stop=np.full(n, limits.checkpoint_early_stop),
-            tp_async_backward=np.full(n, limits.tp_async_backward),
-            fsdp2_copies=np.full(n, limits.fsdp2_copies) & (zero != ZeroStage.NONE.code),
-            fused_kernels=np.full(n, limits.fused_kernels), compiled=np.full(n, limits.compiled),
+            **cols, dp_overlap=const(True), attention_code=np.full((1, 1, 1), self.kernel_code, dtype=np.int64),
+            grad_reduce_fp32=const(limits.grad_reduce_fp32), fp32_params=const(limits.fp32_params),
+            checkpoint_early_stop=const(limits.checkpoint_early_stop),
+            tp_async_backward=const(limits.tp_async_backward),
+            fsdp2_copies=const(limits.fsdp2_copies) & (zero != ZeroStage.NONE.code),
+            fused_kernels=const(limits.fused_kernels), compiled=const(limits.compiled),
             autocast=without_fsdp_autocast(limits.autocast_without_fsdp, cols["tp"], cols["pp"], zero,
                                            cols["dp_shard"], cols["cp"]))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(rows, expert layouts, micro-batch sizes): the grid's shape."""
+        return self.num_rows, len(self.experts["ep"]), len(self.micro_batches)
+
+    def candidates(self) -> PlanBatch:
+        """Every candidate of the block as columns: the grid, flattened in enumeration order."""
+        grid = self.grid()
+        return PlanBatch(**{f.name: np.broadcast_to(getattr(grid, f.name), self.shape).ravel()
+                            for f in fields(PlanBatch)})
+
+    def invalid(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, grid: PlanBatch) -> np.ndarray:
+        """Which candidates of the block's `grid` break a rule the enumeration did not apply
+        (the rules that do not prune, and the engine's), flattened in enumeration order."""
+        bad = invalid_mask(grid, model, cluster, workload, counted_only=True)
+        if self.limits.engine_rule is not None:
+            bad = bad | self.limits.engine_rule(grid, model, workload)
+        return np.broadcast_to(bad, self.shape).ravel()
 
     def materialize(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         """(PlanBatch of the valid plans, number rejected): the pruning rules hold already, the
         others (and the engine's) are applied here."""
-        batch = self.candidates()
-        bad = invalid_mask(batch, model, cluster, workload, counted_only=True)
-        if self.limits.engine_rule is not None:
-            bad |= self.limits.engine_rule(batch, model, workload)
-        return batch.take(~bad), int(bad.sum())
+        bad = self.invalid(model, cluster, workload, self.grid())
+        return self.candidates().take(~bad), int(bad.sum())
 
 
 def fsdp_shards(zero_code, dp_shard, cp):

@@ -7,14 +7,15 @@ from __future__ import annotations
 import os
 import time as _time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
+from itertools import groupby
 from typing import Callable, NoReturn
 
 import numpy as np
 
 from ..cost.estimate import Estimate, finish
-from ..cost.evaluate import evaluate, plan_memory
+from ..cost.evaluate import evaluate, plan_memory, plan_time
 from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
@@ -132,11 +133,75 @@ def _check_capacity_factors(model: ModelSpec, limits: SpaceLimits) -> None:
         raise SpecError("search", "--capacity-factor", bad[0], capacity_factor_rule(model, bad[0]))
 
 
-def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
-                 parts) -> _Slice:
-    """Materialize a slice of the space; price the memory of its valid plans and the time of
-    those that fit; keep its `resimulate` fastest, ties in enumeration order (a stable sort,
-    so the kept plans do not depend on how the space is sliced)."""
+def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
+                part) -> _Slice:
+    """Price one part of a block on its grid (SpaceBlock.grid: each cost term at the size of
+    the axes it reads), then flatten: the memory and, for the plans that fit, the time of its
+    valid plans; keep its `resimulate` fastest, ties in enumeration order."""
+    grid = part.grid()
+    bad = part.invalid(model, cluster, workload, grid)
+    out = _Slice(candidates=part.num_candidates, rejected=int(bad.sum()), valid=int(bad.size - bad.sum()))
+    if not out.valid:
+        return out
+    # invalid plans are priced too (and dropped): the arithmetic may divide by their zeros
+    with np.errstate(all="ignore"):
+        memory, host_bytes = plan_memory(model, cluster, workload, grid)
+        mem_total = np.broadcast_to(np.asarray(memory.total, dtype=float), part.shape).ravel()
+        fits = np.broadcast_to(plan_fits(cluster, np.asarray(memory.total), host_bytes), part.shape).ravel() & ~bad
+    out.fit = int(fits.sum())
+    out.device_fit = int(((mem_total <= cluster.gpu.hbm_bytes) & ~bad).sum())
+    valid = np.flatnonzero(~bad)
+    i_min = valid[np.argmin(mem_total[valid])]
+    out.smallest = (float(mem_total[i_min]), _grid_plans(grid, part.shape, np.array([i_min])).plan(0))
+    timed = (fits if require_fit else ~bad).reshape(part.shape)
+    if not timed.any():
+        return out
+    # time only the rows, expert layouts and micro-batch sizes that hold a plan to time
+    keep = tuple(np.flatnonzero(timed.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3))
+    sub, sub_timed = _sub_grid(grid, keep), timed[np.ix_(*keep)]
+    with np.errstate(all="ignore"):
+        step = plan_time(model, cluster, workload, sub).total
+    chosen = np.flatnonzero(sub_timed)
+    shape = sub_timed.shape
+    times = np.broadcast_to(np.asarray(step, dtype=float), shape).ravel()[chosen]
+    idx = np.argsort(times, kind="stable")[:min(resimulate, len(times))]
+    out.kept, out.kept_times = _grid_plans(sub, shape, chosen[idx]), times[idx]
+    return out
+
+
+def _sub_grid(grid: PlanBatch, keep: tuple) -> PlanBatch:
+    """The grid on the kept indices of each of its three axes (a column of length 1 on an axis
+    is the same for every index)."""
+    def pick(col):
+        for axis, index in enumerate(keep):
+            if col.shape[axis] > 1:
+                col = np.take(col, index, axis=axis)
+        return col
+    return PlanBatch(**{f.name: pick(getattr(grid, f.name)) for f in fields(PlanBatch)})
+
+
+def _grid_plans(grid: PlanBatch, shape: tuple, flat_index: np.ndarray) -> PlanBatch:
+    """The plans at `flat_index` (C order) of a block's grid, as columns."""
+    at = np.unravel_index(flat_index, shape)
+    return PlanBatch(**{f.name: np.broadcast_to(getattr(grid, f.name), shape)[at] for f in fields(PlanBatch)})
+
+
+def _merge(into: _Slice, res: _Slice) -> None:
+    """Add a later part's (or slice's) counts and smallest plan to `into` (the first smallest
+    wins a tie, as in enumeration order)."""
+    into.rejected += res.rejected
+    into.valid += res.valid
+    into.fit += res.fit
+    into.device_fit += res.device_fit
+    if res.smallest is not None and (into.smallest is None or res.smallest[0] < into.smallest[0]):
+        into.smallest = res.smallest
+
+
+def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
+                   parts) -> _Slice:
+    """Materialize parts as columns and price them in one batch: the memory of their valid
+    plans and the time of those that fit; keep the `resimulate` fastest, ties in enumeration
+    order."""
     batches, n_rej = [], 0
     for part in parts:
         batch, rej = part.materialize(model, cluster, workload)
@@ -160,13 +225,45 @@ def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, res
     out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
     if fits.any():
         if fits.all():
-            sub, known = batch, (memory, host_bytes)
+            sub = batch
         else:
-            sel = np.flatnonzero(fits)
-            sub, known = batch.take(sel), (memory.select(sel), np.asarray(host_bytes)[sel])
-        step = np.asarray(evaluate(model, cluster, workload, sub, memory=known).time.total)
+            sub = batch.take(np.flatnonzero(fits))
+        step = np.asarray(plan_time(model, cluster, workload, sub).total)
         idx = np.argsort(step, kind="stable")[:min(resimulate, len(step))]
         out.kept, out.kept_times = sub.take(idx), step[idx]
+    return out
+
+
+def _on_grid(part) -> bool:
+    """Whether a part is priced on its grid: where it offers several expert layouts (an MoE
+    model's EP × ETP × all-to-all choices), whose costs the grid computes once per layout
+    rather than once per plan; a dense part is priced as columns with its neighbours, in
+    fewer and larger array operations."""
+    return len(part.experts["ep"]) > 1
+
+
+def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
+                 parts) -> _Slice:
+    """Price a slice of the space, its parts in order: each MoE part on its grid, each run of
+    dense parts as one batch of columns. Keep the slice's `resimulate` fastest, ties in
+    enumeration order (stable sorts over results kept in enumeration order, so the kept plans
+    do not depend on how the space is sliced or priced)."""
+    out = _Slice(candidates=sum(p.num_candidates for p in parts), rejected=0, valid=0)
+    kept, kept_times = [], []
+    price = partial(_price_part, model, cluster, workload, resimulate, require_fit)
+    for on_grid, run in groupby(parts, key=_on_grid):
+        run = list(run)
+        results = map(price, run) if on_grid else [_price_columns(model, cluster, workload, resimulate,
+                                                                   require_fit, run)]
+        for res in results:
+            _merge(out, res)
+            if res.kept is not None:
+                kept.append(res.kept)
+                kept_times.append(res.kept_times)
+    if kept:
+        times = np.concatenate(kept_times)
+        idx = np.argsort(times, kind="stable")[:resimulate]
+        out.kept, out.kept_times = PlanBatch.concat(kept).take(idx), times[idx]
     return out
 
 
@@ -198,9 +295,9 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     t0 = _time.perf_counter()
     resimulate = max(resimulate, top_k)  # every plan shown is simulated
     _check_capacity_factors(model, limits)
-    n_cand = n_valid = n_fit = n_device_fit = 0
+    # the counts, and the smallest-memory valid plan to explain a "nothing fits"
+    seen = _Slice(candidates=0, rejected=0, valid=0)
     keep_batches, keep_times = [], []
-    best_mem = None  # the smallest-memory valid plan, to explain a "nothing fits"
     # the layouts first (cheap), each expanded into plans only when its slice's turn comes, so
     # that at most about one chunk of plans per thread is held at once
     blocks = space_blocks(model, cluster, workload, limits, fixed)
@@ -213,12 +310,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
     # releases the GIL in its array operations) and merged in enumeration order
     for res in _map_in_order(run, _slices(blocks, CHUNK)):
-        n_cand += res.candidates
-        n_valid += res.valid
-        n_fit += res.fit
-        n_device_fit += res.device_fit
-        if res.smallest is not None and (best_mem is None or res.smallest[0] < best_mem[0]):
-            best_mem = res.smallest
+        seen.candidates += res.candidates
+        _merge(seen, res)
         if res.kept is not None:
             keep_batches.append(res.kept)
             keep_times.append(res.kept_times)
@@ -226,7 +319,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         if progress:
             progress(done, total)
     if not keep_batches:
-        _raise_nothing_fits(model, cluster, workload, limits, fixed, n_valid, n_device_fit, best_mem)
+        _raise_nothing_fits(model, cluster, workload, limits, fixed, seen.valid, seen.device_fit, seen.smallest)
     cand = PlanBatch.concat(keep_batches)
     times = np.concatenate(keep_times)
     order = np.argsort(times, kind="stable")[:resimulate]
@@ -234,7 +327,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         phase("simulate", len(order))
     ests = finished(model, cluster, workload, cand.take(order))
     ests.sort(key=lambda e: e.step_time_s)
-    return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=n_cand, num_valid=n_valid, num_fit=n_fit,
+    return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=seen.candidates, num_valid=seen.valid,
+                        num_fit=seen.fit,
                         elapsed_s=_time.perf_counter() - t0)
 
 
