@@ -126,3 +126,17 @@ def test_async_tp_on_separate_projections_leaves_the_backward_input_gradient_sca
     eager, fused = bwd_exposed(fused_kernels=False), bwd_exposed()
     assert eager >= 2.0 * rs
     assert fused < 2.0 * rs  # the same collectives, hidden behind the GEMMs but one chunk each
+
+
+def test_an_eager_engines_element_wise_kernels_stream_at_the_measured_eager_share():
+    """H100: the eager element-wise mix measured at 0.4786 of the copy rate (nine paraplan
+    calibrate runs); fused engines' kernels at the copy-rate share. Same bytes, same launches."""
+    from paraplan.cost.layer_compute import EW_FWD_KERNELS, elementwise_bytes_per_token
+    from paraplan.cost.roofline import memory_bound_time_s
+    gpu, T = CLUSTER.gpu, 4096
+    assert gpu.eager_elementwise_bw_efficiency == pytest.approx(0.4786)
+    assert gpu.elementwise_bw_efficiency == pytest.approx(gpu.memory_bw_efficiency)
+    ew_bytes = T * elementwise_bytes_per_token(MODEL, act_bytes=2.0, t=2.0)
+    for fused, eff in ((True, gpu.elementwise_bw_efficiency), (False, gpu.eager_elementwise_bw_efficiency)):
+        got = float(_detail(make_plan(tp=2, micro_batch_size=1, fused_kernels=fused))["element-wise"])
+        assert got == pytest.approx(float(memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, eff)))

@@ -151,11 +151,14 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     cast_bytes = (quantize_bytes_per_element(prec) * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
                   if prec in LOW_PRECISIONS else 0.0)
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
-    # an eager block under torch.compile (plan.compiled): inductor's fused element-wise kernels
-    # take the GPU's measured compiled_elementwise_ratio of the eager ones' time
+    # an eager engine's element-wise kernels, one per op, stream at the GPU's eager share of the
+    # copy rate (fused engines' at elementwise_bw_efficiency); an eager block under
+    # torch.compile (plan.compiled): inductor's fused kernels take the GPU's measured
+    # compiled_elementwise_ratio of that eager time (both measured on the same mix)
     ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
-    ew_fwd = ew_scale * elementwise_time_s(gpu, ew_bytes, EW_FWD_KERNELS) + cast
-    ew_bwd = ew_scale * elementwise_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS) + 2.0 * cast
+    ew_eff = np.where(fused, gpu.elementwise_bw_efficiency, gpu.eager_elementwise_bw_efficiency)
+    ew_fwd = ew_scale * memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, ew_eff) + cast
+    ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + 2.0 * cast
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)

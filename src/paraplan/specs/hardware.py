@@ -51,6 +51,12 @@ class GPUSpec:
     # them at about the copy rate; a CPU core computes exp/rsqrt far slower than it copies
     # (paraplan calibrate measures a layer's mix).
     elementwise_efficiency: float | None = None
+    # The same for the element-wise mix as eager PyTorch runs it, one kernel per op (F.rms_norm,
+    # RoPE's mul/cat, SiLU·up, residual adds: paraplan calibrate's measurement), on engines
+    # without fused layer kernels (Plan.fused_kernels False: torchtitan, Hugging Face models,
+    # paraplan run); None: elementwise_efficiency. Transformer Engine's fused kernels stream
+    # near the copy rate; eager ops re-read their inputs and upcast.
+    eager_elementwise_efficiency: float | None = None
     # The same for torch.optim.AdamW's unfused passes over parameters, gradients and states, on
     # the bytes the cost model counts (cost/optimizer.py ADAM_STEP, `adam-unfused`; the fused
     # kernel keeps memory_bw_efficiency); None: memory_bw_efficiency. paraplan calibrate
@@ -127,6 +133,11 @@ class GPUSpec:
     @property
     def elementwise_bw_efficiency(self) -> float:
         return self.memory_bw_efficiency if self.elementwise_efficiency is None else self.elementwise_efficiency
+
+    @property
+    def eager_elementwise_bw_efficiency(self) -> float:
+        return self.elementwise_bw_efficiency if self.eager_elementwise_efficiency is None \
+            else self.eager_elementwise_efficiency
 
     @property
     def optimizer_bw_efficiency(self) -> float:

@@ -50,7 +50,7 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
                  "moe_dispatch_host_us",
                  "zb_input_host_us", "zb_weight_host_us",
                  "memory_bw_efficiency",
-                 "elementwise_efficiency",
+                 "elementwise_efficiency", "eager_elementwise_efficiency",
                  "optimizer_efficiency", "loss_efficiency", "scatter_add_efficiency",
                  "fp8_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                  "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
@@ -293,7 +293,8 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     for key in ("zb_input_host_us", "zb_weight_host_us"):
         if key in t.data:
             extra[key.removesuffix("_us") + "_s"] = tuple(units.us(c) for c in t.host_us_list(key, 3))
-    for key in ("memory_bw_efficiency", "elementwise_efficiency", "optimizer_efficiency", "loss_efficiency",
+    for key in ("memory_bw_efficiency", "elementwise_efficiency", "eager_elementwise_efficiency",
+                "optimizer_efficiency", "loss_efficiency",
                 "scatter_add_efficiency",
                 "fp8_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                 "misaligned_gemm_efficiency_ratio", "sustained_compute_ratio"):
