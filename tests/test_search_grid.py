@@ -21,6 +21,7 @@ CASES = {
     "qwen3-fp8": ("qwen3-30b-a3b", "dgx-h100", 32, 4096, 128, "fp8", None),
     "deepseek-v2-torchtitan": ("deepseek-v2", "dgx-h100", 64, 4096, 128, "bf16", "torchtitan"),
     "mixtral-deepspeed": ("mixtral-8x7b", "dgx-h100", 32, 4096, 64, "bf16", "deepspeed"),
+    "qwen3-megatron": ("qwen3-30b-a3b", "dgx-h100", 32, 4096, 128, "bf16", "megatron"),
 }
 
 
