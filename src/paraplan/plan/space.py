@@ -358,9 +358,7 @@ class SpaceBlock:
 
     def candidates(self) -> PlanBatch:
         """Every candidate of the block as columns: the grid, flattened in enumeration order."""
-        grid = self.grid()
-        return PlanBatch(**{f.name: np.broadcast_to(getattr(grid, f.name), self.shape).ravel()
-                            for f in fields(PlanBatch)})
+        return grid_plans(self.grid(), self.shape)
 
     def invalid(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload, grid: PlanBatch) -> np.ndarray:
         """Which candidates of the block's `grid` break a rule the enumeration did not apply
@@ -373,8 +371,18 @@ class SpaceBlock:
     def materialize(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         """(PlanBatch of the valid plans, number rejected): the pruning rules hold already, the
         others (and the engine's) are applied here."""
-        bad = self.invalid(model, cluster, workload, self.grid())
-        return self.candidates().take(~bad), int(bad.sum())
+        grid = self.grid()
+        bad = self.invalid(model, cluster, workload, grid)
+        return grid_plans(grid, self.shape, np.flatnonzero(~bad)), int(bad.sum())
+
+
+def grid_plans(grid: PlanBatch, shape: tuple, flat_index: np.ndarray | None = None) -> PlanBatch:
+    """The plans of a grid of `shape` (SpaceBlock.grid) as columns: those at `flat_index` (C
+    order, the enumeration order), or every one."""
+    def column(name):
+        whole = np.broadcast_to(getattr(grid, name), shape)
+        return whole.ravel() if flat_index is None else whole[np.unravel_index(flat_index, shape)]
+    return PlanBatch(**{f.name: column(f.name) for f in fields(PlanBatch)})
 
 
 def fsdp_shards(zero_code, dp_shard, cp):

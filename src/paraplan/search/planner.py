@@ -20,7 +20,7 @@ from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
-from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan,
+from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan, grid_plans,
                           enumerate_space, space_blocks)
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -146,13 +146,14 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     # invalid plans are priced too (and dropped): the arithmetic may divide by their zeros
     with np.errstate(all="ignore"):
         memory, host_bytes = plan_memory(model, cluster, workload, grid)
-        mem_total = np.broadcast_to(np.asarray(memory.total, dtype=float), part.shape).ravel()
-        fits = np.broadcast_to(plan_fits(cluster, np.asarray(memory.total), host_bytes), part.shape).ravel() & ~bad
+        total = np.asarray(memory.total, dtype=float)
+        mem_total = np.broadcast_to(total, part.shape).ravel()
+        fits = np.broadcast_to(plan_fits(cluster, total, host_bytes), part.shape).ravel() & ~bad
     out.fit = int(fits.sum())
     out.device_fit = int(((mem_total <= cluster.gpu.hbm_bytes) & ~bad).sum())
     valid = np.flatnonzero(~bad)
     i_min = valid[np.argmin(mem_total[valid])]
-    out.smallest = (float(mem_total[i_min]), _grid_plans(grid, part.shape, np.array([i_min])).plan(0))
+    out.smallest = (float(mem_total[i_min]), grid_plans(grid, part.shape, np.array([i_min])).plan(0))
     timed = (fits if require_fit else ~bad).reshape(part.shape)
     if not timed.any():
         return out
@@ -165,7 +166,7 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     shape = sub_timed.shape
     times = np.broadcast_to(np.asarray(step, dtype=float), shape).ravel()[chosen]
     idx = np.argsort(times, kind="stable")[:min(resimulate, len(times))]
-    out.kept, out.kept_times = _grid_plans(sub, shape, chosen[idx]), times[idx]
+    out.kept, out.kept_times = grid_plans(sub, shape, chosen[idx]), times[idx]
     return out
 
 
@@ -180,15 +181,10 @@ def _sub_grid(grid: PlanBatch, keep: tuple) -> PlanBatch:
     return PlanBatch(**{f.name: pick(getattr(grid, f.name)) for f in fields(PlanBatch)})
 
 
-def _grid_plans(grid: PlanBatch, shape: tuple, flat_index: np.ndarray) -> PlanBatch:
-    """The plans at `flat_index` (C order) of a block's grid, as columns."""
-    at = np.unravel_index(flat_index, shape)
-    return PlanBatch(**{f.name: np.broadcast_to(getattr(grid, f.name), shape)[at] for f in fields(PlanBatch)})
-
-
 def _merge(into: _Slice, res: _Slice) -> None:
     """Add a later part's (or slice's) counts and smallest plan to `into` (the first smallest
     wins a tie, as in enumeration order)."""
+    into.candidates += res.candidates
     into.rejected += res.rejected
     into.valid += res.valid
     into.fit += res.fit
@@ -224,14 +220,22 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
     i_min = int(np.argmin(mem_total))
     out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
     if fits.any():
-        if fits.all():
-            sub = batch
-        else:
-            sub = batch.take(np.flatnonzero(fits))
+        sub = batch if fits.all() else batch.take(np.flatnonzero(fits))
         step = np.asarray(plan_time(model, cluster, workload, sub).total)
         idx = np.argsort(step, kind="stable")[:min(resimulate, len(step))]
         out.kept, out.kept_times = sub.take(idx), step[idx]
     return out
+
+
+def _fastest(results: list[_Slice], n: int) -> tuple[PlanBatch | None, np.ndarray | None]:
+    """The n fastest of the plans `results` kept, with their times; ties in the results' order
+    (a stable sort: results in enumeration order keep the ranking independent of the slicing)."""
+    kept = [r for r in results if r.kept is not None]
+    if not kept:
+        return None, None
+    times = np.concatenate([r.kept_times for r in kept])
+    idx = np.argsort(times, kind="stable")[:n]
+    return PlanBatch.concat([r.kept for r in kept]).take(idx), times[idx]
 
 
 def _on_grid(part) -> bool:
@@ -248,22 +252,16 @@ def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, res
     dense parts as one batch of columns. Keep the slice's `resimulate` fastest, ties in
     enumeration order (stable sorts over results kept in enumeration order, so the kept plans
     do not depend on how the space is sliced or priced)."""
-    out = _Slice(candidates=sum(p.num_candidates for p in parts), rejected=0, valid=0)
-    kept, kept_times = [], []
     price = partial(_price_part, model, cluster, workload, resimulate, require_fit)
+    results = []
     for on_grid, run in groupby(parts, key=_on_grid):
         run = list(run)
-        results = map(price, run) if on_grid else [_price_columns(model, cluster, workload, resimulate,
-                                                                   require_fit, run)]
-        for res in results:
-            _merge(out, res)
-            if res.kept is not None:
-                kept.append(res.kept)
-                kept_times.append(res.kept_times)
-    if kept:
-        times = np.concatenate(kept_times)
-        idx = np.argsort(times, kind="stable")[:resimulate]
-        out.kept, out.kept_times = PlanBatch.concat(kept).take(idx), times[idx]
+        results += map(price, run) if on_grid else [_price_columns(model, cluster, workload, resimulate,
+                                                                    require_fit, run)]
+    out = _Slice(candidates=0, rejected=0, valid=0)
+    for res in results:
+        _merge(out, res)
+    out.kept, out.kept_times = _fastest(results, resimulate)
     return out
 
 
@@ -297,7 +295,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     _check_capacity_factors(model, limits)
     # the counts, and the smallest-memory valid plan to explain a "nothing fits"
     seen = _Slice(candidates=0, rejected=0, valid=0)
-    keep_batches, keep_times = [], []
+    slices = []  # each slice's kept plans (its counts are merged into `seen`)
     # the layouts first (cheap), each expanded into plans only when its slice's turn comes, so
     # that at most about one chunk of plans per thread is held at once
     blocks = space_blocks(model, cluster, workload, limits, fixed)
@@ -310,22 +308,17 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
     # releases the GIL in its array operations) and merged in enumeration order
     for res in _map_in_order(run, _slices(blocks, CHUNK)):
-        seen.candidates += res.candidates
         _merge(seen, res)
-        if res.kept is not None:
-            keep_batches.append(res.kept)
-            keep_times.append(res.kept_times)
+        slices.append(res)
         done += res.candidates
         if progress:
             progress(done, total)
-    if not keep_batches:
+    best, _ = _fastest(slices, resimulate)
+    if best is None:
         _raise_nothing_fits(model, cluster, workload, limits, fixed, seen.valid, seen.device_fit, seen.smallest)
-    cand = PlanBatch.concat(keep_batches)
-    times = np.concatenate(keep_times)
-    order = np.argsort(times, kind="stable")[:resimulate]
     if phase:
-        phase("simulate", len(order))
-    ests = finished(model, cluster, workload, cand.take(order))
+        phase("simulate", len(best))
+    ests = finished(model, cluster, workload, best)
     ests.sort(key=lambda e: e.step_time_s)
     return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=seen.candidates, num_valid=seen.valid,
                         num_fit=seen.fit,

@@ -317,7 +317,7 @@ def _row_fixed(row: dict, c: dict, titan: bool, gbs: int) -> tuple[dict, int]:
             fixed[key] = c[col]
     if titan and (c["pp"] or 1) > 1:
         fixed.pop("micro_batch_size", None)  # the local batch, split into pipeline micro-batches:
-        fixed.update(torchtitan_pipeline_default(row, c))
+        fixed.update(_torchtitan_pipeline_default(row, c))
     if "micro_batch_size" in fixed and "dp" in fixed:
         # llm-foundry: "micro-batches need not divide GBS"; the last one is partial. Throughput
         # per token is that of full micro-batches, so round the batch up to whole ones.
@@ -330,7 +330,7 @@ def _row_fixed(row: dict, c: dict, titan: bool, gbs: int) -> tuple[dict, int]:
     return fixed, gbs
 
 
-def torchtitan_pipeline_default(row: dict, c: dict) -> dict:
+def _torchtitan_pipeline_default(row: dict, c: dict) -> dict:
     """A torchtitan pipeline row's micro-batch size and model chunks per rank, which its tables
     do not give: torchtitan's defaults. Two stages per rank under a multi-stage (interleaved)
     schedule, one under a single-stage one (torchtitan 0.2.2 distributed/pipeline_parallel.py,
