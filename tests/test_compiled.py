@@ -323,3 +323,17 @@ def test_no_compile_elsewhere_is_one_line_exit_2(capsys, tmp_path, monkeypatch, 
     code, out, err = run(capsys, *argv, "--model", "llama3-8b", "--gpus", "16")
     assert_user_error(code, out, err)
     assert needle in err
+
+
+def test_a_compiled_loss_is_faster_and_smaller_on_an_eager_engine_only():
+    # torchtitan compiles the loss with the blocks (Plan.compiled_loss): one fused kernel each
+    # way over the 16-bit logits, no fp32 copy kept; Megatron's fused loss is not torch.compile's
+    spec, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=16, seq_len=8192)
+    eager = make_plan(dp=8, micro_batch_size=2, fused_kernels=False, compiled=True)
+    loss = replace(eager, compiled_loss=True)
+    e, c = evaluate(spec, cluster, wl, eager), evaluate(spec, cluster, wl, loss)
+    assert c.memory.total < e.memory.total and c.step_time_s < e.step_time_s
+    fused = make_plan(dp=8, micro_batch_size=2)
+    f, fc = evaluate(spec, cluster, wl, fused), evaluate(spec, cluster, wl, replace(fused, compiled_loss=True))
+    assert fc.memory.total == f.memory.total and fc.step_time_s == f.step_time_s

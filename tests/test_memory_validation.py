@@ -132,3 +132,32 @@ def test_a_run_report_takes_the_largest_rank_or_none():
     ranks = [{"peak_reserved_bytes": 5 << 30}, {"peak_reserved_bytes": 7 << 30}]
     assert largest_measured(ranks, "peak_reserved_bytes") == 7 << 30
     assert largest_measured([*ranks, {"peak_reserved_bytes": None}], "peak_reserved_bytes") is None
+
+
+# mem-034: the same torchtitan recipe on B200 in August 2025 (torch 2.9.0.dev20250815,
+# torchtitan 6fc499f), whose loss torchtitan compiles with the blocks (0.1.0 on)
+TORCHTITAN_2025 = {**TORCHTITAN, "id": "mem-034", "gpu": "B200", "value": "33.71",
+                   "notes": "Versions: torch 2.9.0.dev20250815+cu128, torchao 0.13.0+gite4e681be6, torchtitan 6fc499f. "
+                            "max of torchtitan's 'memory: X GiB' field (max reserved)"}
+
+
+def test_torchtitan_compiles_its_loss_from_its_0_1_0_release():
+    from paraplan.validate.training import _run_month, _torchtitan_compiles_loss
+    assert _run_month("torch 2.9.0.dev20250815+cu128") == (2025, 8)
+    assert _run_month("Trainy on WhiteFiber, June 2025; 2024-12-23") == (2025, 6)
+    assert _run_month("versions torch 1963fc8 (Dec 2024)") == (2024, 12) and _run_month("no date") is None
+    assert _torchtitan_compiles_loss(TORCHTITAN_2025)
+    assert not _torchtitan_compiles_loss({**TORCHTITAN, "notes": "torchtitan 9dec370 (Dec 2024)"})
+    assert not _torchtitan_compiles_loss({**TORCHTITAN, "notes": "torch 2.7.0a0+gitb98af95, torchtitan 0.0.2."})
+    assert _torchtitan_compiles_loss({**TORCHTITAN, "notes": ""})  # undated: today's torchtitan
+
+
+def test_a_compiled_loss_keeps_no_fp32_logits(tmp_path):
+    # the 2025 run is predicted within 12% (33% with the eager loss's 12 B per logit); the
+    # same row dated December 2024 holds the eager loss: 8 B more per logit, 8192 x 128256 of them
+    dated_2024 = {**TORCHTITAN_2025, "id": "as-2024", "notes": "torchtitan 9dec370 (Dec 2024), max reserved"}
+    res = validate_file(str(write_csv(tmp_path, TRAINING_HEADER, [TORCHTITAN_2025, dated_2024])))
+    compiled, eager = _row(res, "mem-034"), _row(res, "as-2024")
+    assert abs(compiled["error_pct"]) <= 12.0, compiled
+    logits_gib = 8192 * 128256 / GIB
+    assert eager["allocated_gib"] - compiled["allocated_gib"] == pytest.approx(8.0 * logits_gib, rel=0.02)

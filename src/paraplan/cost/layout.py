@@ -81,6 +81,7 @@ class Layout:
     fsdp2: Num              # data parallelism on FSDP2 fully_shard (plan.fsdp2_copies, over 2+ ranks)
     fsdp2_pp: Num           # ... under torch's pipeline schedules: no-sync accumulation, one reduction per step
     autocast_casts: Num     # weights cast by torch.autocast (plan.autocast, fp32 parameters without FSDP)
+    compiled_loss: Num      # the cross-entropy under torch.compile (an eager engine's; plan.compiled_loss)
     gather_bytes_per_param: Num  # bytes per parameter all-gathered
     reduce_bytes_per_param: Num  # bytes per gradient reduced
     optimizer_shard: Num    # optimizer-state shard of the dense parameters
@@ -202,6 +203,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
                                   if model.mtp_layers else L_s * expert_params),
         zero3=zc == ZeroStage.PARAMETERS.code, zero2=zc == ZeroStage.GRADIENTS.code,
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
+        compiled_loss=np.asarray(plan.compiled_loss, dtype=bool) & ~np.asarray(plan.fused_kernels, dtype=bool),
         gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         optimizer_shard=np.where(sharded, S, 1.0), expert_optimizer_shard=np.where(sharded, S_e, 1.0),

@@ -55,6 +55,16 @@ EAGER_LOSS_BYTES = 12.0
 # ... and its forward peak: the 16-bit logits, their fp32 upcast and the log-softmax output
 # at once (2 + 4 + 4 bytes per logit)
 EAGER_LOSS_FWD_BYTES = 10.0
+# Compiled cross-entropy (torchtitan's loss under torch.compile, Plan.compiled_loss): inductor
+# fuses the upcast, log-softmax and NLL, so no fp32 copy is kept; the backward holds the
+# 16-bit logits it saved and writes their 16-bit gradient (2 + 2 bytes per logit), the
+# forward the logits alone. Checked against torchtitan's peak reserved memory of 2025 runs,
+# docs/model/memory.md.
+def compiled_loss_bytes(precision) -> tuple[float, float]:
+    """(forward, backward) bytes per logit a compiled cross-entropy holds."""
+    return _width(precision), 2.0 * _width(precision)
+
+
 AUTOCAST_RESIDUAL_BYTES = 4.0  # the residual stream under torch.autocast stays fp32
 
 
@@ -70,11 +80,13 @@ def residual_bytes_per_element(act_bytes, autocast):
     return np.where(np.asarray(autocast, dtype=bool), np.maximum(act_bytes, AUTOCAST_RESIDUAL_BYTES), act_bytes)
 
 
-def logits_bytes_per_element(precision, fused=True):
+def logits_bytes_per_element(precision, fused=True, compiled=False):
     """Cross-entropy over V/t logits per token. Fused (Megatron's vocab-parallel kernel):
     the logits in the activation dtype plus the fp32 softmax (6 bytes with 16-bit logits, 8
-    with 32-bit); eager: EAGER_LOSS_BYTES. Vectorized over `fused`."""
-    return np.where(np.asarray(fused, dtype=bool), _width(precision) + 4.0, EAGER_LOSS_BYTES)
+    with 32-bit); eager: EAGER_LOSS_BYTES; eager under torch.compile (`compiled`, the
+    Layout's compiled_loss): compiled_loss_bytes. Vectorized over `fused` and `compiled`."""
+    eager = np.where(np.asarray(compiled, dtype=bool), compiled_loss_bytes(precision)[1], EAGER_LOSS_BYTES)
+    return np.where(np.asarray(fused, dtype=bool), _width(precision) + 4.0, eager)
 
 
 def _width(precision) -> float:

@@ -23,7 +23,7 @@ from .layer_compute import LayerCompute, autocast_grad_s, autocast_weight_cast_s
 from .layout import Layout
 from .low_precision import head_precision
 from .overlap import LayerTimes
-from .roofline import gemm_time_s, memory_bound_time_s, rows_aligned
+from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s, rows_aligned
 from .tp import TPComm
 from .zero import ZeroTraffic, fsdp2_accumulate
 
@@ -43,6 +43,21 @@ def loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
     logits skip both casts: 18 and 26 bytes at 16 bits, 12 and 20 at 32."""
     cast = 0.0 if precision.activation_bytes >= 4.0 else 6.0
     return 12.0 + cast, 20.0 + cast
+
+
+def _loss_s(gpu, lay: Layout, logits_el):
+    """(forward, backward) of the cross-entropy over `logits_el` logits: eager kernels
+    (loss_bytes_per_logit, at the loss's measured share), or under torch.compile
+    (lay.compiled_loss) one fused kernel each way at the fused kernels' share: the forward
+    reads the logits twice (their max, then the sum of exponentials), the backward reads them
+    once and writes their gradient, in the logits' dtype."""
+    loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(lay.precision)
+    eager_fwd = memory_bound_time_s(gpu, logits_el * loss_fwd_b, LOSS_FWD_KERNELS, gpu.loss_bw_efficiency)
+    eager_bwd = memory_bound_time_s(gpu, logits_el * loss_bwd_b, LOSS_BWD_KERNELS, gpu.loss_bw_efficiency)
+    if not np.any(lay.compiled_loss):
+        return eager_fwd, eager_bwd
+    compiled = elementwise_time_s(gpu, logits_el * 2.0 * lay.act_bytes_per_element)
+    return np.where(lay.compiled_loss, compiled, eager_fwd), np.where(lay.compiled_loss, compiled, eager_bwd)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +81,7 @@ def _head_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, tp: TPComm, fus
     lm_aligned = fused | rows_aligned(V / t, ab)
     lm_gemm = gemm_time_s(gpu, T, V / t, h, head_precision(lay.precision), aligned=lm_aligned)
     logits_el = T * V / t
-    loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(lay.precision)
-    loss_fwd = memory_bound_time_s(gpu, logits_el * loss_fwd_b, LOSS_FWD_KERNELS, gpu.loss_bw_efficiency)
+    loss_fwd, loss_bwd = _loss_s(gpu, lay, logits_el)
     ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, mem.MASTER_BYTES * T, t, 1)
                                              + tp_host)
     # the column-parallel head gathers its sequence-parallel input; backward reduce-scatters
@@ -77,8 +91,7 @@ def _head_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, tp: TPComm, fus
     # (asynchronously beside the head's weight-gradient GEMM where the layers do so too)
     head_red = np.where(sp, rs, ar)
     head_red = np.where(tp.async_backward, np.maximum(head_red - lm_gemm, 0.0), head_red)
-    lm_bwd = (2.0 * lm_gemm + memory_bound_time_s(gpu, logits_el * loss_bwd_b, LOSS_BWD_KERNELS, gpu.loss_bw_efficiency)
-              + head_red + tp_host)
+    lm_bwd = 2.0 * lm_gemm + loss_bwd + head_red + tp_host
     return lm_fwd, lm_bwd
 
 

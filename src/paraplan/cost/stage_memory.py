@@ -64,7 +64,7 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
-    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels) * (T * model.vocab_size / t)
+    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss) * (T * model.vocab_size / t)
     # a recomputed layer's working set: on the stage with the loss, only what exceeds the
     # logits, which the backward has freed before it re-runs the last layer
     # (per-op checkpointing re-creates what one layer did not keep)
@@ -107,7 +107,8 @@ def _uncast_params(model: ModelSpec, lay: Layout):
     10 B each: 16-bit, upcast, log-softmax); the backward then frees the casts of layers a
     full or first-k recomputation re-runs (re-cast one at a time) while the loss's backward
     holds 12 B per logit. Without PP the peak is the larger of the two: the casts of those
-    layers count only beyond 2 B per logit. paraplan run keeps one region for a pipelined
+    layers count only beyond 2 B per logit (a compiled loss's: 2 B of logits at the end of the
+    forward, 4 B in its backward). paraplan run keeps one region for a pipelined
     step (torch's schedule runs every micro-batch inside it): there they all stay."""
     cast_cache, t, only = lay.autocast_casts, lay.tp, lay.single_stage
     if not np.any(cast_cache):
@@ -115,8 +116,9 @@ def _uncast_params(model: ModelSpec, lay: Layout):
     logits_el = lay.tokens_per_microbatch * model.vocab_size / t
     table = model.embedding_params / t * np.where(model.tied_embeddings & only, 0.0, 1.0)
     recast = np.maximum(np.minimum(lay.recomputed_layers, lay.first_stage_layers) - 1.0, 0.0) * lay.dense_layer_params / t
-    freed = np.where(only, np.minimum(recast, (mem.EAGER_LOSS_BYTES - mem.EAGER_LOSS_FWD_BYTES)
-                                      / mem.WEIGHT_BYTES * logits_el), 0.0)
+    fwd_loss, bwd_loss = mem.compiled_loss_bytes(lay.precision)
+    loss_growth = np.where(lay.compiled_loss, bwd_loss - fwd_loss, mem.EAGER_LOSS_BYTES - mem.EAGER_LOSS_FWD_BYTES)
+    freed = np.where(only, np.minimum(recast, loss_growth / mem.WEIGHT_BYTES * logits_el), 0.0)
     return np.where(cast_cache, table + freed, 0.0), np.where(cast_cache & only, table + freed, 0.0)
 
 

@@ -194,6 +194,7 @@ SUPPORT = EngineSupport(
     model_refusal=model_refusal,
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
     compiled=True,                # each block under torch.compile (compile.enable): async TP and float8 need it
+    compiled_loss=True,           # and the loss: compile.components' default ["model", "loss"]
     autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)
 
 
@@ -294,9 +295,9 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
                      "mixed_precision_param": "bfloat16", "mixed_precision_reduce": "float32"},
         "parallelism": par,
         "activation_checkpoint": ac,
-        # each TransformerBlock (async TP needs it); the loss left eager, as priced (compiling
-        # it, torchtitan's default component, is not measured here)
-        "compile": {"enable": plan.compiled, "components": ["model"]},
+        # each TransformerBlock (async TP needs it), and the loss where the plan compiles it
+        # (torchtitan's default components), as priced
+        "compile": {"enable": plan.compiled, "components": ["model", "loss"] if plan.compiled_loss else ["model"]},
     }
     if quantize:
         cfg["quantize.grouped_mm.float8"] = quantize
@@ -352,7 +353,8 @@ def export(plan: Plan, model: ModelSpec, cluster: ClusterSpec, workload: Workloa
                      "outputs)")
     notes.append("gradients are reduced in fp32 (FSDP2 mixed_precision_reduce); the prediction assumes the same")
     if plan.compiled:
-        notes.append("each block under torch.compile, the loss eager (compile.components = [\"model\"]): the "
+        loss = "the loss too" if plan.compiled_loss else "the loss eager"
+        notes.append(f"each block under torch.compile, {loss} (compile.components): the "
                      f"prediction prices the blocks' element-wise kernels at {cluster.gpu.compiled_elementwise_ratio:g} "
                      f"of their eager time ({cluster.gpu.name}'s compiled_elementwise_ratio; docs/model.md, "
                      "Compiled blocks)")

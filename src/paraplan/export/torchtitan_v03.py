@@ -119,7 +119,8 @@ def overrides(cfg: dict) -> list[str]:
     if par["pipeline_parallel_degree"] > 1 or par["expert_parallel_degree"] > 1:
         args.append("--training.disable_cuda_graphs")
     if cfg["compile"]["enable"]:
-        args += ["--compile.enable", "--compile.components", *cfg["compile"]["components"]]
+        # list[str] fields take one comma-separated value (config/manager.py list_str_rule)
+        args += ["--compile.enable", "--compile.components", ",".join(cfg["compile"]["components"])]
     if async_tp:
         args.append("--compile.enable_async_tensor_parallel")
     args.append(f"activation-checkpoint:{cfg['activation_checkpoint']['mode']}")

@@ -100,8 +100,14 @@ class Plan:
     # run --compile), on an eager engine (fused_kernels off): the block's element-wise kernels
     # fused (priced at the GPU's compiled_elementwise_ratio of their eager time) and SiLU's
     # output no longer kept beside its input -- what one H100 measured, calibration/h100_2026-11-23.
-    # GEMMs stay separate (wq, wk, wv, w1, w3), the loss eager.
+    # GEMMs stay separate (wq, wk, wv, w1, w3); the loss is compiled_loss's.
     compiled: bool = axis(False)
+    # The cross-entropy under torch.compile, on an eager engine: torchtitan compiles it with the
+    # blocks from 0.1.0 (components/loss.py: `if job_config.training.compile`; from 0.2.0
+    # compile.components, default ["model", "loss"]), December 2024's left it eager. Inductor
+    # fuses the upcast, log-softmax and NLL: the backward keeps the 16-bit logits and writes a
+    # 16-bit gradient (cost/memory.py), each pass one kernel over the logits (cost/stage_ends.py).
+    compiled_loss: bool = axis(False)
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

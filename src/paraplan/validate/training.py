@@ -436,13 +436,46 @@ def _published_schedules(row: dict) -> tuple[Schedule, ...]:
     return (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
 
 
+# The first torchtitan release that compiles the loss with the blocks: 0.1.0, 2025-06-18
+# (components/loss.py, `if job_config.training.compile: loss_fn = torch.compile(loss_fn)`).
+# The December 2024 version of torchtitan's published tables left it eager, as did the
+# checkouts still versioned 0.0.2 in early 2025 (their rows' peak memory, docs/model/memory.md).
+# Where the exact commit fell between is not checkable here: a run from June 2025 on is taken
+# to compile it.
+TORCHTITAN_LOSS_COMPILED_SINCE = (2025, 6)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+
+def _run_month(text: str) -> tuple[int, int] | None:
+    """The latest (year, month) a row's notes date its run or software by: an ISO date, a
+    nightly's devYYYYMMDD, or "Dec 2024"; None if they give none."""
+    found = [(int(y), int(m)) for y, m in re.findall(r"\b(20\d\d)-(\d\d)-\d\d\b", text)]
+    found += [(int(y), int(m)) for y, m in re.findall(r"dev(20\d\d)(\d\d)\d\d", text)]
+    found += [(int(y), _MONTHS.index(m.lower()) + 1)
+              for m, y in re.findall(r"\b(" + "|".join(_MONTHS) + r")[a-z]*\.? (20\d\d)\b", text, flags=re.I)]
+    return max(found) if found else None
+
+
+def _torchtitan_compiles_loss(row: dict) -> bool:
+    """Whether the row's torchtitan compiled its loss with the blocks: a version of 0.1.0 or
+    later (TORCHTITAN_LOSS_COMPILED_SINCE), or a run not dated (today's torchtitan)."""
+    notes = row.get("notes") or ""
+    if re.search(r"torchtitan 0\.0\.", notes):
+        return False
+    month = _run_month(notes)
+    return month is None or month >= TORCHTITAN_LOSS_COMPILED_SINCE
+
+
 def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     """A torchtitan row's plan space under torchtitan's own policy (export/torchtitan.py
     SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
-    the framework cell says torch.compile, and with async TP only where it says so."""
+    the framework cell says torch.compile (the loss too from torchtitan 0.1.0 on), and with
+    async TP only where it says so."""
     framework = _label(row.get("framework"))
     engine = TORCHTITAN.limits
-    return replace(TORCHTITAN.with_policy(limits), compiled="compile" in framework, engine_rule=engine.engine_rule,
+    compiled = "compile" in framework
+    return replace(TORCHTITAN.with_policy(limits), compiled=compiled,
+                   compiled_loss=compiled and _torchtitan_compiles_loss(row), engine_rule=engine.engine_rule,
                    tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
                    cp_comm_types=engine.cp_comm_types, hierarchical_a2a=engine.hierarchical_a2a,
                    ep_overlap=engine.ep_overlap)
