@@ -55,6 +55,13 @@ EAGER_LOSS_BYTES = 12.0
 # ... and its forward peak: the 16-bit logits, their fp32 upcast and the log-softmax output
 # at once (2 + 4 + 4 bytes per logit)
 EAGER_LOSS_FWD_BYTES = 10.0
+# The eager loss over a vocabulary split by TP, under torch's loss_parallel (torchtitan,
+# paraplan run): torch/distributed/tensor/parallel/loss.py computes log-softmax and NLL as
+# separate ops on the fp32 shard (_log_softmax, _nll_loss_and_log_softmax_backward). Its
+# backward holds the saved log-softmax output, the zero-filled target gradient, exp of the
+# output and their sum at once, 4 x 4 bytes per logit (its forward 14: the 16-bit logits,
+# their upcast, the shifted logits and their exponentials; the growth is eager's 2 bytes).
+EAGER_LOSS_PARALLEL_BYTES = 16.0
 # Compiled cross-entropy (torchtitan's loss under torch.compile, Plan.compiled_loss): inductor
 # fuses the upcast, log-softmax and NLL, so no fp32 copy is kept; the backward holds the
 # 16-bit logits it saved and writes their 16-bit gradient (2 + 2 bytes per logit), the
@@ -80,12 +87,13 @@ def residual_bytes_per_element(act_bytes, autocast):
     return np.where(np.asarray(autocast, dtype=bool), np.maximum(act_bytes, AUTOCAST_RESIDUAL_BYTES), act_bytes)
 
 
-def logits_bytes_per_element(precision, fused=True, compiled=False):
+def logits_bytes_per_element(precision, fused=True, compiled=False, tp=1):
     """Cross-entropy over V/t logits per token. Fused (Megatron's vocab-parallel kernel):
     the logits in the activation dtype plus the fp32 softmax (6 bytes with 16-bit logits, 8
-    with 32-bit); eager: EAGER_LOSS_BYTES; eager under torch.compile (`compiled`, the
-    Layout's compiled_loss): compiled_loss_bytes. Vectorized over `fused` and `compiled`."""
-    eager = np.where(np.asarray(compiled, dtype=bool), compiled_loss_bytes(precision)[1], EAGER_LOSS_BYTES)
+    with 32-bit); eager: EAGER_LOSS_BYTES, EAGER_LOSS_PARALLEL_BYTES over TP > 1; eager under
+    torch.compile (`compiled`, the Layout's compiled_loss): compiled_loss_bytes. Vectorized."""
+    eager_bytes = np.where(np.asarray(tp) > 1, EAGER_LOSS_PARALLEL_BYTES, EAGER_LOSS_BYTES)
+    eager = np.where(np.asarray(compiled, dtype=bool), compiled_loss_bytes(precision)[1], eager_bytes)
     return np.where(np.asarray(fused, dtype=bool), _width(precision) + 4.0, eager)
 
 

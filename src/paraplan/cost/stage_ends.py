@@ -28,6 +28,10 @@ from .tp import TPComm
 from .zero import ZeroTraffic, fsdp2_accumulate
 
 LOSS_FWD_KERNELS, LOSS_BWD_KERNELS = 3, 4  # upcast, max/sum-exp, write; fill, scatter, log-softmax bwd, downcast
+# torch's loss_parallel (an eager loss over a vocabulary split by TP), op by op
+# (torch/distributed/tensor/parallel/loss.py): forward upcast, amax, subtract, exp, sum, log,
+# subtract; backward zeros, index-put, exp, add, where, multiply, downcast
+PARALLEL_LOSS_FWD_KERNELS, PARALLEL_LOSS_BWD_KERNELS = 7, 7
 # vocab-parallel cross-entropy's all-reduces of one fp32 value per token: the logits' max,
 # the target logit, the sum of exponentials (Megatron-Core 0.16.1 tensor_parallel/
 # cross_entropy.py; torch 2.13's loss_parallel the same three)
@@ -45,15 +49,30 @@ def loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
     return 12.0 + cast, 20.0 + cast
 
 
-def _loss_s(gpu, lay: Layout, logits_el):
+def parallel_loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
+    """The same under torch's loss_parallel, whose ops are not fused (PARALLEL_LOSS_*_KERNELS):
+    forward amax (read 4), subtract (8), exp (8), sum (4), subtract (8) = 32; backward zeros
+    (write 4), exp (8), add (12), multiply (8) = 32; and the casts as above."""
+    cast = 0.0 if precision.activation_bytes >= 4.0 else 6.0
+    return 32.0 + cast, 32.0 + cast
+
+
+def _loss_s(gpu, lay: Layout, logits_el, fused):
     """(forward, backward) of the cross-entropy over `logits_el` logits: eager kernels
-    (loss_bytes_per_logit, at the loss's measured share), or under torch.compile
-    (lay.compiled_loss) one fused kernel each way at the fused kernels' share: the forward
-    reads the logits twice (their max, then the sum of exponentials), the backward reads them
-    once and writes their gradient, in the logits' dtype."""
+    (loss_bytes_per_logit; an eager engine's over TP, loss_parallel's), at the loss's measured
+    share, or under torch.compile (lay.compiled_loss) one fused kernel each way at the fused
+    kernels' share: the forward reads the logits twice (their max, then the sum of
+    exponentials), the backward reads them once and writes their gradient, in their dtype."""
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(lay.precision)
     eager_fwd = memory_bound_time_s(gpu, logits_el * loss_fwd_b, LOSS_FWD_KERNELS, gpu.loss_bw_efficiency)
     eager_bwd = memory_bound_time_s(gpu, logits_el * loss_bwd_b, LOSS_BWD_KERNELS, gpu.loss_bw_efficiency)
+    split = (lay.tp > 1) & ~np.asarray(fused, dtype=bool)
+    if np.any(split):
+        par_fwd_b, par_bwd_b = parallel_loss_bytes_per_logit(lay.precision)
+        eager_fwd = np.where(split, memory_bound_time_s(gpu, logits_el * par_fwd_b, PARALLEL_LOSS_FWD_KERNELS,
+                                                        gpu.loss_bw_efficiency), eager_fwd)
+        eager_bwd = np.where(split, memory_bound_time_s(gpu, logits_el * par_bwd_b, PARALLEL_LOSS_BWD_KERNELS,
+                                                        gpu.loss_bw_efficiency), eager_bwd)
     if not np.any(lay.compiled_loss):
         return eager_fwd, eager_bwd
     compiled = elementwise_time_s(gpu, logits_el * 2.0 * lay.act_bytes_per_element)
@@ -81,7 +100,7 @@ def _head_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, tp: TPComm, fus
     lm_aligned = fused | rows_aligned(V / t, ab)
     lm_gemm = gemm_time_s(gpu, T, V / t, h, head_precision(lay.precision), aligned=lm_aligned)
     logits_el = T * V / t
-    loss_fwd, loss_bwd = _loss_s(gpu, lay, logits_el)
+    loss_fwd, loss_bwd = _loss_s(gpu, lay, logits_el, fused)
     ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, mem.MASTER_BYTES * T, t, 1)
                                              + tp_host)
     # the column-parallel head gathers its sequence-parallel input; backward reduce-scatters
