@@ -174,3 +174,24 @@ def test_an_eager_loss_over_tp_holds_loss_parallels_fp32_temporaries(tmp_path):
            "notes": "torchtitan max reserved (GiB); torchtitan 9dec370 (Dec 2024)"}
     r = _row(validate_file(str(write_csv(tmp_path, TRAINING_HEADER, [row]))), "mem-012")
     assert -20.0 <= r["error_pct"] < 0.0, r
+
+
+def test_a_megatron_lm_run_keeps_megatron_cores_default_dropout(tmp_path):
+    # mem-099's config sets no dropout: Megatron-Core's hidden and attention dropout 0.1 keep
+    # two 1-byte masks per token and hidden unit per layer (4 GiB here, TP 4 without SP);
+    # -9.1% without them. A row whose notes set the dropout is read as they say.
+    no_dropout = {**MEGATRON, "id": "no-dropout", "notes": "--hidden-dropout 0 --attention-dropout 0. Peak ALLOCATED."}
+    res = validate_file(str(write_csv(tmp_path, TRAINING_HEADER, [MEGATRON, no_dropout])))
+    with_masks, without = _row(res, "mem-099"), _row(res, "no-dropout")
+    assert abs(with_masks["error_pct"]) <= 5.0, with_masks
+    masks_gib = 2 * 32 * 8192 * 2 * 4096 / GIB  # 2 masks x 32 layers x tokens x hidden, 1 byte each
+    assert with_masks["allocated_gib"] - without["allocated_gib"] == pytest.approx(masks_gib, rel=0.05)
+
+
+def test_the_dropout_a_megatron_row_states():
+    from paraplan.validate.training import _megatron_default_dropout
+    assert _megatron_default_dropout(MEGATRON)  # nothing stated: Megatron-Core's 0.1
+    assert not _megatron_default_dropout({**MEGATRON, "notes": "--hidden-dropout 0 --attention-dropout 0.0"})
+    assert _megatron_default_dropout({**MEGATRON, "notes": "hidden dropout 0.1"})
+    assert not _megatron_default_dropout({**MEGATRON, "notes": "trained without dropout"})
+    assert not _megatron_default_dropout({**TORCHTITAN})  # not Megatron-LM

@@ -55,6 +55,21 @@ def _is_legacy_megatron(row: dict) -> bool:
 
 
 
+def _megatron_default_dropout(row: dict) -> bool:
+    """A Megatron-LM run (not NeMo or Megatron-Bridge, whose recipes set their own) keeps
+    Megatron-Core's default dropout, hidden_dropout = attention_dropout = 0.1
+    (megatron/core/transformer/transformer_config.py, 0.16.1), unless its notes set it: a
+    stated rate ("--hidden-dropout 0"), or "no dropout"."""
+    framework = (row.get("framework") or "").strip().lower()
+    if not framework.startswith("megatron-lm"):
+        return False
+    notes = (row.get("notes") or "").lower()
+    rates = re.findall(r"dropout\D{0,20}?(\d+(?:\.\d+)?)", notes)
+    if rates:
+        return any(float(r) > 0.0 for r in rates)
+    return not re.search(r"\b(no|without) dropout", notes)
+
+
 def _is_composer(row: dict) -> bool:
     """MosaicML llm-foundry / Composer: PyTorch FSDP with non-reentrant activation checkpointing."""
     fw = row.get("framework", "").lower()
@@ -391,7 +406,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     c = row_cells(row, path, line)
     model = _row_model(row, c, path, line)
     legacy = _is_legacy_megatron(row)
-    model = replace(model, dropout=legacy)
+    model = replace(model, dropout=legacy or _megatron_default_dropout(row))
     titan = _is_torchtitan(row)
     if titan:
         c["global_batch"] = _torchtitan_global_batch(c)
