@@ -305,8 +305,10 @@ def test_no_compile_prices_and_exports_torchtitan_eager(capsys, tmp_path):
     assert "compiled" not in text.splitlines()[0] and "tpov" not in text.splitlines()[0]
     toml = out.read_text()
     assert "\nenable = false\n" in toml and "enable_async_tensor_parallel = false" in toml
+    assert 'components = ["model"]' in toml  # the loss eager too, as priced
     code, compiled_text, _ = run(capsys, "export", "--format", "torchtitan", *args, "-o", str(tmp_path / "c.toml"))
     assert code == 0 and "compiled" in compiled_text.splitlines()[0]
+    assert 'components = ["model", "loss"]' in (tmp_path / "c.toml").read_text()  # torchtitan's default
     # the eager plan is slower, as measured: its predicted step is longer
     step = lambda t: float(t.splitlines()[0].rsplit("predicted step ", 1)[1].split()[0])  # noqa: E731
     assert step(text) > step(compiled_text)
@@ -337,3 +339,17 @@ def test_a_compiled_loss_is_faster_and_smaller_on_an_eager_engine_only():
     fused = make_plan(dp=8, micro_batch_size=2)
     f, fc = evaluate(spec, cluster, wl, fused), evaluate(spec, cluster, wl, replace(fused, compiled_loss=True))
     assert fc.memory.total == f.memory.total and fc.step_time_s == f.step_time_s
+
+
+def test_an_eager_loss_over_tp_is_priced_op_by_op_only_where_the_engine_runs_it_so():
+    # torch's loss_parallel and torchtitan 0.3's _LossParallelCrossEntropy keep fp32
+    # log-probabilities and an unfused backward (Plan.loss_parallel); DeepSpeed's AutoTP does not
+    from paraplan.export.registry import exporter
+    assert exporter("torchtitan").SUPPORT.loss_parallel and not exporter("deepspeed").SUPPORT.loss_parallel
+    spec, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=16, seq_len=8192)
+    for tp, moves in ((2, True), (1, False)):
+        plain = make_plan(tp=tp, dp=8 // tp, micro_batch_size=2, fused_kernels=False)
+        e, lp = evaluate(spec, cluster, wl, plain), evaluate(spec, cluster, wl, replace(plain, loss_parallel=True))
+        assert bool(lp.memory.logits_bytes > e.memory.logits_bytes) == moves
+        assert bool(lp.step_time_s > e.step_time_s) == moves

@@ -24,6 +24,7 @@ def test_every_engine_has_an_exporter_that_follows_the_protocol(engine):
 def test_the_registry_takes_names_and_no_compile_only_where_the_engine_compiles():
     assert exporter("megatron") is exporter(Engine.MEGATRON)
     eager = engine_support("torchtitan", no_compile=True)
-    assert not eager.compiled and eager.limits.tp_overlap == (False,)
+    assert not eager.compiled and not eager.compiled_loss and eager.limits.tp_overlap == (False,)
+    assert engine_support("torchtitan").compiled_loss  # torchtitan compiles its loss with the blocks
     with pytest.raises(Exception, match="--no-compile"):
         engine_support("megatron", no_compile=True)

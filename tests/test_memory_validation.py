@@ -146,9 +146,11 @@ def test_torchtitan_compiles_its_loss_from_its_0_1_0_release():
     assert _run_month("torch 2.9.0.dev20250815+cu128") == (2025, 8)
     assert _run_month("Trainy on WhiteFiber, June 2025; 2024-12-23") == (2025, 6)
     assert _run_month("versions torch 1963fc8 (Dec 2024)") == (2024, 12) and _run_month("no date") is None
+    assert _run_month("decoder 2048, decay 2000, maybe 2025; December 2024") == (2024, 12)  # months only
     assert _torchtitan_compiles_loss(TORCHTITAN_2025)
     assert not _torchtitan_compiles_loss({**TORCHTITAN, "notes": "torchtitan 9dec370 (Dec 2024)"})
     assert not _torchtitan_compiles_loss({**TORCHTITAN, "notes": "torch 2.7.0a0+gitb98af95, torchtitan 0.0.2."})
+    assert not _torchtitan_compiles_loss({**TORCHTITAN, "notes": "TorchTitan==0.0.2"})
     assert _torchtitan_compiles_loss({**TORCHTITAN, "notes": ""})  # undated: today's torchtitan
 
 
@@ -194,4 +196,8 @@ def test_the_dropout_a_megatron_row_states():
     assert not _megatron_default_dropout({**MEGATRON, "notes": "--hidden-dropout 0 --attention-dropout 0.0"})
     assert _megatron_default_dropout({**MEGATRON, "notes": "hidden dropout 0.1"})
     assert not _megatron_default_dropout({**MEGATRON, "notes": "trained without dropout"})
+    assert not _megatron_default_dropout({**MEGATRON, "notes": "no dropout, TP 8"})
+    assert not _megatron_default_dropout({**MEGATRON, "notes": "dropout disabled"})
+    assert not _megatron_default_dropout({**MEGATRON, "notes": "dropout: none"})
+    assert _megatron_default_dropout({**MEGATRON, "notes": "dropout mask kept, TP 8"})  # no rate: the default
     assert not _megatron_default_dropout({**TORCHTITAN})  # not Megatron-LM

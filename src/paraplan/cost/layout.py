@@ -82,6 +82,7 @@ class Layout:
     fsdp2_pp: Num           # ... under torch's pipeline schedules: no-sync accumulation, one reduction per step
     autocast_casts: Num     # weights cast by torch.autocast (plan.autocast, fp32 parameters without FSDP)
     compiled_loss: Num      # the cross-entropy under torch.compile (an eager engine's; plan.compiled_loss)
+    loss_parallel: Num      # ... else eager over a TP-split vocabulary, op by op (plan.loss_parallel, TP > 1)
     gather_bytes_per_param: Num  # bytes per parameter all-gathered
     reduce_bytes_per_param: Num  # bytes per gradient reduced
     optimizer_shard: Num    # optimizer-state shard of the dense parameters
@@ -179,6 +180,8 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     # weights cast by torch.autocast: fp32 parameters without FSDP (whose policy casts them
     # itself), in a 16-bit workload (a 32-bit one and fp32 shards have nothing to cache)
     casts = np.asarray(plan.autocast, dtype=bool) & ~fp32_params & ~fsdp2
+    eager_loss = ~np.asarray(plan.fused_kernels, dtype=bool)
+    compiled_loss = np.asarray(plan.compiled_loss, dtype=bool) & eager_loss
     return Layout(
         precision=prec, act_bytes_per_element=ab, fp32_params=fp32_params, casts_gathered=fp32_params & (not wide),
         tp=t, pp=p, dp=d, cp=c, vp=v, num_microbatches=np.floor(workload.global_batch_size / (d * b)),
@@ -203,7 +206,8 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
                                   if model.mtp_layers else L_s * expert_params),
         zero3=zc == ZeroStage.PARAMETERS.code, zero2=zc == ZeroStage.GRADIENTS.code,
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
-        compiled_loss=np.asarray(plan.compiled_loss, dtype=bool) & ~np.asarray(plan.fused_kernels, dtype=bool),
+        compiled_loss=compiled_loss,
+        loss_parallel=np.asarray(plan.loss_parallel, dtype=bool) & eager_loss & ~compiled_loss & (t > 1),
         gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         optimizer_shard=np.where(sharded, S, 1.0), expert_optimizer_shard=np.where(sharded, S_e, 1.0),

@@ -55,9 +55,11 @@ EAGER_LOSS_BYTES = 12.0
 # ... and its forward peak: the 16-bit logits, their fp32 upcast and the log-softmax output
 # at once (2 + 4 + 4 bytes per logit)
 EAGER_LOSS_FWD_BYTES = 10.0
-# The eager loss over a vocabulary split by TP, under torch's loss_parallel (torchtitan,
-# paraplan run): torch/distributed/tensor/parallel/loss.py computes log-softmax and NLL as
-# separate ops on the fp32 shard (_log_softmax, _nll_loss_and_log_softmax_backward). Its
+# The eager loss over a vocabulary split by TP, op by op (Plan.loss_parallel): torch's
+# loss_parallel (torch/distributed/tensor/parallel/loss.py: _log_softmax,
+# _nll_loss_and_log_softmax_backward; torchtitan up to 0.2, paraplan run) and torchtitan 0.3's
+# _LossParallelCrossEntropy (components/loss.py) compute log-softmax and NLL as separate ops
+# on the fp32 shard and save the log-probabilities. Its
 # backward holds the saved log-softmax output, the zero-filled target gradient, exp of the
 # output and their sum at once, 4 x 4 bytes per logit (its forward 14: the 16-bit logits,
 # their upcast, the shifted logits and their exponentials; the growth is eager's 2 bytes).
@@ -87,12 +89,13 @@ def residual_bytes_per_element(act_bytes, autocast):
     return np.where(np.asarray(autocast, dtype=bool), np.maximum(act_bytes, AUTOCAST_RESIDUAL_BYTES), act_bytes)
 
 
-def logits_bytes_per_element(precision, fused=True, compiled=False, tp=1):
+def logits_bytes_per_element(precision, fused=True, compiled=False, parallel=False):
     """Cross-entropy over V/t logits per token. Fused (Megatron's vocab-parallel kernel):
     the logits in the activation dtype plus the fp32 softmax (6 bytes with 16-bit logits, 8
-    with 32-bit); eager: EAGER_LOSS_BYTES, EAGER_LOSS_PARALLEL_BYTES over TP > 1; eager under
-    torch.compile (`compiled`, the Layout's compiled_loss): compiled_loss_bytes. Vectorized."""
-    eager_bytes = np.where(np.asarray(tp) > 1, EAGER_LOSS_PARALLEL_BYTES, EAGER_LOSS_BYTES)
+    with 32-bit); eager: EAGER_LOSS_BYTES, EAGER_LOSS_PARALLEL_BYTES op by op over TP
+    (`parallel`, the Layout's loss_parallel); eager under torch.compile (`compiled`, the
+    Layout's compiled_loss): compiled_loss_bytes. Vectorized."""
+    eager_bytes = np.where(np.asarray(parallel, dtype=bool), EAGER_LOSS_PARALLEL_BYTES, EAGER_LOSS_BYTES)
     eager = np.where(np.asarray(compiled, dtype=bool), compiled_loss_bytes(precision)[1], eager_bytes)
     return np.where(np.asarray(fused, dtype=bool), _width(precision) + 4.0, eager)
 

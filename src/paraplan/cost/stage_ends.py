@@ -28,8 +28,8 @@ from .tp import TPComm
 from .zero import ZeroTraffic, fsdp2_accumulate
 
 LOSS_FWD_KERNELS, LOSS_BWD_KERNELS = 3, 4  # upcast, max/sum-exp, write; fill, scatter, log-softmax bwd, downcast
-# torch's loss_parallel (an eager loss over a vocabulary split by TP), op by op
-# (torch/distributed/tensor/parallel/loss.py): forward upcast, amax, subtract, exp, sum, log,
+# an eager loss over a vocabulary split by TP, op by op (Plan.loss_parallel: torch's
+# loss_parallel, torchtitan 0.3's _LossParallelCrossEntropy): forward upcast, amax, subtract, exp, sum, log,
 # subtract; backward zeros, index-put, exp, add, where, multiply, downcast
 PARALLEL_LOSS_FWD_KERNELS, PARALLEL_LOSS_BWD_KERNELS = 7, 7
 # vocab-parallel cross-entropy's all-reduces of one fp32 value per token: the logits' max,
@@ -57,16 +57,16 @@ def parallel_loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
     return 32.0 + cast, 32.0 + cast
 
 
-def _loss_s(gpu, lay: Layout, logits_el, fused):
+def _loss_s(gpu, lay: Layout, logits_el):
     """(forward, backward) of the cross-entropy over `logits_el` logits: eager kernels
-    (loss_bytes_per_logit; an eager engine's over TP, loss_parallel's), at the loss's measured
+    (loss_bytes_per_logit; op by op over TP where lay.loss_parallel), at the loss's measured
     share, or under torch.compile (lay.compiled_loss) one fused kernel each way at the fused
     kernels' share: the forward reads the logits twice (their max, then the sum of
     exponentials), the backward reads them once and writes their gradient, in their dtype."""
     loss_fwd_b, loss_bwd_b = loss_bytes_per_logit(lay.precision)
     eager_fwd = memory_bound_time_s(gpu, logits_el * loss_fwd_b, LOSS_FWD_KERNELS, gpu.loss_bw_efficiency)
     eager_bwd = memory_bound_time_s(gpu, logits_el * loss_bwd_b, LOSS_BWD_KERNELS, gpu.loss_bw_efficiency)
-    split = (lay.tp > 1) & ~np.asarray(fused, dtype=bool)
+    split = lay.loss_parallel
     if np.any(split):
         par_fwd_b, par_bwd_b = parallel_loss_bytes_per_logit(lay.precision)
         eager_fwd = np.where(split, memory_bound_time_s(gpu, logits_el * par_fwd_b, PARALLEL_LOSS_FWD_KERNELS,
@@ -100,7 +100,7 @@ def _head_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, tp: TPComm, fus
     lm_aligned = fused | rows_aligned(V / t, ab)
     lm_gemm = gemm_time_s(gpu, T, V / t, h, head_precision(lay.precision), aligned=lm_aligned)
     logits_el = T * V / t
-    loss_fwd, loss_bwd = _loss_s(gpu, lay, logits_el, fused)
+    loss_fwd, loss_bwd = _loss_s(gpu, lay, logits_el)
     ce_tp = VOCAB_PARALLEL_CE_ALL_REDUCES * (collective_time_s(cluster, Collective.ALL_REDUCE, mem.MASTER_BYTES * T, t, 1)
                                              + tp_host)
     # the column-parallel head gathers its sequence-parallel input; backward reduce-scatters

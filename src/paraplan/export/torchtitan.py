@@ -195,6 +195,7 @@ SUPPORT = EngineSupport(
     fused_kernels=False,          # torchtitan's Llama: separate wq, wk, wv, w1, w3; eager SwiGLU and loss
     compiled=True,                # each block under torch.compile (compile.enable): async TP and float8 need it
     compiled_loss=True,           # and the loss: compile.components' default ["model", "loss"]
+    loss_parallel=True,           # eager (--no-compile) over TP: loss_parallel / _LossParallelCrossEntropy
     autocast_without_fsdp=True)   # DDP or one GPU: torch.autocast (TP or PP without FSDP train in fp32: refused)
 
 

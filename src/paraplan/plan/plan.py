@@ -103,11 +103,17 @@ class Plan:
     # GEMMs stay separate (wq, wk, wv, w1, w3); the loss is compiled_loss's.
     compiled: bool = axis(False)
     # The cross-entropy under torch.compile, on an eager engine: torchtitan compiles it with the
-    # blocks from 0.1.0 (components/loss.py: `if job_config.training.compile`; from 0.2.0
+    # blocks from June 2025 (0.1.0's components/loss.py: `if job_config.training.compile`; from 0.2.0
     # compile.components, default ["model", "loss"]), December 2024's left it eager. Inductor
     # fuses the upcast, log-softmax and NLL: the backward keeps the 16-bit logits and writes a
     # 16-bit gradient (cost/memory.py), each pass one kernel over the logits (cost/stage_ends.py).
     compiled_loss: bool = axis(False)
+    # An eager engine's loss over a vocabulary split by TP, computed op by op on the fp32
+    # shard: torch's loss_parallel (torch/distributed/tensor/parallel/loss.py; torchtitan up to
+    # 0.2, paraplan run) and torchtitan 0.3's _LossParallelCrossEntropy (components/loss.py)
+    # keep fp32 log-probabilities and run an unfused backward (cost/memory.py, stage_ends.py).
+    # Off: the engine gathers the logits or fuses the loss (Megatron, DeepSpeed's AutoTP).
+    loss_parallel: bool = axis(False)
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property

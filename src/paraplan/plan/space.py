@@ -61,6 +61,7 @@ class PlanBatch:
     autocast: np.ndarray
     compiled: np.ndarray
     compiled_loss: np.ndarray
+    loss_parallel: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
     ep_overlap: np.ndarray
@@ -161,6 +162,7 @@ class SpaceLimits:
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (see Plan)
     compiled: bool = False      # eager blocks under torch.compile (see Plan)
     compiled_loss: bool = False  # an eager engine's loss under torch.compile (see Plan)
+    loss_parallel: bool = False  # an eager engine's vocabulary-parallel loss, op by op (see Plan)
     # the engine trains fp32 parameters under torch.autocast where it runs no FSDP (Plan.autocast;
     # torchtitan: DDP or one GPU): set per plan by without_fsdp_autocast
     autocast_without_fsdp: bool = False
@@ -350,7 +352,7 @@ class SpaceBlock:
             tp_async_backward=const(limits.tp_async_backward),
             fsdp2_copies=const(limits.fsdp2_copies) & (zero != ZeroStage.NONE.code),
             fused_kernels=const(limits.fused_kernels), compiled=const(limits.compiled),
-            compiled_loss=const(limits.compiled_loss),
+            compiled_loss=const(limits.compiled_loss), loss_parallel=const(limits.loss_parallel),
             autocast=without_fsdp_autocast(limits.autocast_without_fsdp, cols["tp"], cols["pp"], zero,
                                            cols["dp_shard"], cols["cp"]))
 

@@ -116,7 +116,8 @@ def config_from_args(args) -> "RunConfig":
                      sequence_parallel=args.sp if args.sp is not None else args.tp > 1,
                      zero=zero, dp_shard=args.dp_shard or 0, attention=AttentionKernel.FLASH2,
                      checkpoint_early_stop=True, tp_async_backward=False, grad_reduce_fp32=args.dp > 1,
-                     fsdp2_copies=True, fused_kernels=False, compiled=args.compile)
+                     fsdp2_copies=True, fused_kernels=False, compiled=args.compile,
+                     loss_parallel=True)  # the loss under torch's loss_parallel over TP (worker.py)
     if plan.sequence_parallel and plan.tp == 1:
         raise SpecError("run", "--sp", True, "sequence parallelism needs --tp > 1")
     if plan.compiled and plan.tp > 1:

@@ -45,6 +45,7 @@ class EngineSupport:
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (Plan.fused_kernels)
     compiled: bool = False      # the eager blocks under torch.compile (Plan.compiled)
     compiled_loss: bool = False  # and the loss (Plan.compiled_loss)
+    loss_parallel: bool = False  # an eager loss over TP op by op (Plan.loss_parallel)
     # without FSDP (DDP or one device) the engine trains fp32 parameters under torch.autocast
     # (Plan.autocast; torchtitan's maybe_enable_amp), per plan (plan/space.py without_fsdp_autocast)
     autocast_without_fsdp: bool = False
@@ -63,7 +64,7 @@ class EngineSupport:
                        tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
                        fused_kernels=self.fused_kernels, compiled=self.compiled, compiled_loss=self.compiled_loss,
-                       autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp,
+                       loss_parallel=self.loss_parallel, autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp,
                                                            plan.zero.code, plan.dp_shard, plan.cp)))
 
     def search_limits(self) -> SpaceLimits:
@@ -74,7 +75,8 @@ class EngineSupport:
         return replace(limits, grad_reduce_fp32=self.grad_reduce_fp32,
                        checkpoint_early_stop=self.checkpoint_early_stop, tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels, compiled=self.compiled,
-                       compiled_loss=self.compiled_loss, autocast_without_fsdp=self.autocast_without_fsdp, fp32_params=False)
+                       compiled_loss=self.compiled_loss, loss_parallel=self.loss_parallel,
+                       autocast_without_fsdp=self.autocast_without_fsdp, fp32_params=False)
 
     def with_plan_default_zero(self, plan: Plan, zero_given: bool) -> Plan:
         """`plan` with the engine's own ZeRO default where the user gave no ZeRO stage and the

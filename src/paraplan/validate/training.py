@@ -64,10 +64,10 @@ def _megatron_default_dropout(row: dict) -> bool:
     if not framework.startswith("megatron-lm"):
         return False
     notes = (row.get("notes") or "").lower()
-    rates = re.findall(r"dropout\D{0,20}?(\d+(?:\.\d+)?)", notes)
-    if rates:
-        return any(float(r) > 0.0 for r in rates)
-    return not re.search(r"\b(no|without) dropout", notes)
+    if re.search(r"\b(no|without)\s+dropout\b|\bdropout\s*[=:]?\s*(disabled|off|none)\b", notes):
+        return False
+    rates = re.findall(r"dropout\s*[=:]?\s*(\d*\.?\d+)", notes)
+    return any(float(r) > 0.0 for r in rates) if rates else True
 
 
 def _is_composer(row: dict) -> bool:
@@ -455,10 +455,12 @@ def _published_schedules(row: dict) -> tuple[Schedule, ...]:
 # (components/loss.py, `if job_config.training.compile: loss_fn = torch.compile(loss_fn)`).
 # The December 2024 version of torchtitan's published tables left it eager, as did the
 # checkouts still versioned 0.0.2 in early 2025 (their rows' peak memory, docs/model/memory.md).
-# Where the exact commit fell between is not checkable here: a run from June 2025 on is taken
-# to compile it.
+# Where the exact commit fell between is not checkable here: torchtitan's main branch from June
+# 2025 on (the month 0.1.0 was cut from it; its runs of 2025-06-14 included) is taken to
+# compile it.
 TORCHTITAN_LOSS_COMPILED_SINCE = (2025, 6)
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTHS = ("jan(?:uary)?", "feb(?:ruary)?", "mar(?:ch)?", "apr(?:il)?", "may", "june?", "july?", "aug(?:ust)?",
+           "sep(?:t(?:ember)?)?", "oct(?:ober)?", "nov(?:ember)?", "dec(?:ember)?")
 
 
 def _run_month(text: str) -> tuple[int, int] | None:
@@ -466,16 +468,16 @@ def _run_month(text: str) -> tuple[int, int] | None:
     nightly's devYYYYMMDD, or "Dec 2024"; None if they give none."""
     found = [(int(y), int(m)) for y, m in re.findall(r"\b(20\d\d)-(\d\d)-\d\d\b", text)]
     found += [(int(y), int(m)) for y, m in re.findall(r"dev(20\d\d)(\d\d)\d\d", text)]
-    found += [(int(y), _MONTHS.index(m.lower()) + 1)
-              for m, y in re.findall(r"\b(" + "|".join(_MONTHS) + r")[a-z]*\.? (20\d\d)\b", text, flags=re.I)]
+    for month, pattern in enumerate(_MONTHS, start=1):
+        found += [(int(y), month) for y in re.findall(rf"\b(?:{pattern})\.?\s+(20\d\d)\b", text, flags=re.I)]
     return max(found) if found else None
 
 
 def _torchtitan_compiles_loss(row: dict) -> bool:
-    """Whether the row's torchtitan compiled its loss with the blocks: a version of 0.1.0 or
-    later (TORCHTITAN_LOSS_COMPILED_SINCE), or a run not dated (today's torchtitan)."""
+    """Whether the row's torchtitan compiled its loss with the blocks: a run dated June 2025 or
+    later (TORCHTITAN_LOSS_COMPILED_SINCE), not on a 0.0.x version, or not dated (today's)."""
     notes = row.get("notes") or ""
-    if re.search(r"torchtitan 0\.0\.", notes):
+    if re.search(r"torchtitan\s*(?:==|v)?\s*0\.0\.", notes, flags=re.I):
         return False
     month = _run_month(notes)
     return month is None or month >= TORCHTITAN_LOSS_COMPILED_SINCE
