@@ -21,10 +21,6 @@ class _Parts:
     def __add__(self, other):
         return type(self)(**{k: v + getattr(other, k) for k, v in self.parts().items()})
 
-    def select(self, index):
-        """The plans at `index` (an integer array) of a batch."""
-        return type(self)(**{k: np.asarray(v)[index] if np.ndim(v) else v for k, v in self.parts().items()})
-
     def scalar(self, i: int | None = None):
         """The i-th plan of a batch (or the float version of a single plan)."""
         def pick(v):

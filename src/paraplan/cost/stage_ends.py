@@ -45,16 +45,20 @@ def loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
     12). Backward: the NLL gradient fill (write 4), log-softmax backward (reads the gradient
     twice and the output once, writes one: 16), downcast to 16 bits (read 4, write 2). 32-bit
     logits skip both casts: 18 and 26 bytes at 16 bits, 12 and 20 at 32."""
-    cast = 0.0 if precision.activation_bytes >= 4.0 else 6.0
-    return 12.0 + cast, 20.0 + cast
+    return 12.0 + _loss_cast_bytes(precision), 20.0 + _loss_cast_bytes(precision)
+
+
+def _loss_cast_bytes(precision: Precision) -> float:
+    """A 16-bit logit's up-cast to fp32 (read 2, write 4) or its gradient's down-cast (read
+    4, write 2): 6 bytes; none for 32-bit logits."""
+    return 0.0 if precision.activation_bytes >= 4.0 else 6.0
 
 
 def parallel_loss_bytes_per_logit(precision: Precision) -> tuple[float, float]:
     """The same under torch's loss_parallel, whose ops are not fused (PARALLEL_LOSS_*_KERNELS):
     forward amax (read 4), subtract (8), exp (8), sum (4), subtract (8) = 32; backward zeros
     (write 4), exp (8), add (12), multiply (8) = 32; and the casts as above."""
-    cast = 0.0 if precision.activation_bytes >= 4.0 else 6.0
-    return 32.0 + cast, 32.0 + cast
+    return 32.0 + _loss_cast_bytes(precision), 32.0 + _loss_cast_bytes(precision)
 
 
 def _loss_s(gpu, lay: Layout, logits_el):

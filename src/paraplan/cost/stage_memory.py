@@ -64,7 +64,8 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
-    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel) * (T * model.vocab_size / t)
+    logits = (mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel)
+              * (T * model.vocab_size / t))
     # a recomputed layer's working set: on the stage with the loss, only what exceeds the
     # logits, which the backward has freed before it re-runs the last layer
     # (per-op checkpointing re-creates what one layer did not keep)

@@ -88,8 +88,8 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # wq, wk, wv (w1, w3) input gradients, not a matmul, so it is not fused and stays exposed:
     # one per block whose input feeds several column-parallel GEMMs (`fuse_matmul_reduce_scatter`
     # finds no producer matmul). Transformer Engine's userbuffers (fused_kernels) overlap it.
-    multi_col = ((0.0 if model.is_mla else 1.0) + n_mlp_blk * (model.num_mlp_matrices > 2))
-    unfused_rs = np.where(~fused & sp, multi_col, 0.0) * rs
+    summed_grad_blocks = (0.0 if model.is_mla else 1.0) + n_mlp_blk * (model.num_mlp_matrices > 2)
+    unfused_rs = np.where(~fused & sp, summed_grad_blocks, 0.0) * rs
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - unfused_rs - 2.0 * gemms_fwd, (tp_bwd - unfused_rs) / t) + unfused_rs,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in

@@ -64,7 +64,6 @@ class _Slice:
     """What one slice of the space leaves for the ranking."""
 
     candidates: int
-    rejected: int
     valid: int
     fit: int = 0
     device_fit: int = 0
@@ -140,7 +139,7 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     valid plans; keep its `resimulate` fastest, ties in enumeration order."""
     grid = part.grid()
     bad = part.invalid(model, cluster, workload, grid)
-    out = _Slice(candidates=part.num_candidates, rejected=int(bad.sum()), valid=int(bad.size - bad.sum()))
+    out = _Slice(candidates=part.num_candidates, valid=int(bad.size - bad.sum()))
     if not out.valid:
         return out
     # invalid plans are priced too (and dropped): the arithmetic may divide by their zeros
@@ -165,7 +164,7 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     chosen = np.flatnonzero(sub_timed)
     shape = sub_timed.shape
     times = np.broadcast_to(np.asarray(step, dtype=float), shape).ravel()[chosen]
-    idx = np.argsort(times, kind="stable")[:min(resimulate, len(times))]
+    idx = _fastest_first(times, resimulate)
     out.kept, out.kept_times = grid_plans(sub, shape, chosen[idx]), times[idx]
     return out
 
@@ -185,7 +184,6 @@ def _merge(into: _Slice, res: _Slice) -> None:
     """Add a later part's (or slice's) counts and smallest plan to `into` (the first smallest
     wins a tie, as in enumeration order)."""
     into.candidates += res.candidates
-    into.rejected += res.rejected
     into.valid += res.valid
     into.fit += res.fit
     into.device_fit += res.device_fit
@@ -198,14 +196,8 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
     """Materialize parts as columns and price them in one batch: the memory of their valid
     plans and the time of those that fit; keep the `resimulate` fastest, ties in enumeration
     order."""
-    batches, n_rej = [], 0
-    for part in parts:
-        batch, rej = part.materialize(model, cluster, workload)
-        n_rej += rej
-        if len(batch):
-            batches.append(batch)
-    out = _Slice(candidates=sum(p.num_candidates for p in parts), rejected=n_rej,
-                 valid=sum(len(b) for b in batches))
+    batches = [b for b in (part.materialize(model, cluster, workload)[0] for part in parts) if len(b)]
+    out = _Slice(candidates=sum(p.num_candidates for p in parts), valid=sum(len(b) for b in batches))
     if not batches:
         return out
     batch = PlanBatch.concat(batches)
@@ -222,7 +214,7 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
     if fits.any():
         sub = batch if fits.all() else batch.take(np.flatnonzero(fits))
         step = np.asarray(plan_time(model, cluster, workload, sub).total)
-        idx = np.argsort(step, kind="stable")[:min(resimulate, len(step))]
+        idx = _fastest_first(step, resimulate)
         out.kept, out.kept_times = sub.take(idx), step[idx]
     return out
 
@@ -234,8 +226,14 @@ def _fastest(results: list[_Slice], n: int) -> tuple[PlanBatch | None, np.ndarra
     if not kept:
         return None, None
     times = np.concatenate([r.kept_times for r in kept])
-    idx = np.argsort(times, kind="stable")[:n]
+    idx = _fastest_first(times, n)
     return PlanBatch.concat([r.kept for r in kept]).take(idx), times[idx]
+
+
+def _fastest_first(times: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the n smallest `times`, fastest first, ties in index order (a stable sort:
+    the order plans were enumerated in)."""
+    return np.argsort(times, kind="stable")[:n]
 
 
 def _on_grid(part) -> bool:
@@ -258,7 +256,7 @@ def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, res
         run = list(run)
         results += map(price, run) if on_grid else [_price_columns(model, cluster, workload, resimulate,
                                                                     require_fit, run)]
-    out = _Slice(candidates=0, rejected=0, valid=0)
+    out = _Slice(candidates=0, valid=0)
     for res in results:
         _merge(out, res)
     out.kept, out.kept_times = _fastest(results, resimulate)
@@ -294,7 +292,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     resimulate = max(resimulate, top_k)  # every plan shown is simulated
     _check_capacity_factors(model, limits)
     # the counts, and the smallest-memory valid plan to explain a "nothing fits"
-    seen = _Slice(candidates=0, rejected=0, valid=0)
+    seen = _Slice(candidates=0, valid=0)
     slices = []  # each slice's kept plans (its counts are merged into `seen`)
     # the layouts first (cheap), each expanded into plans only when its slice's turn comes, so
     # that at most about one chunk of plans per thread is held at once
