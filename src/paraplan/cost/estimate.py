@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import ParaplanError
-from ..plan.axes import ZeroStage
+from ..plan.axes import Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, check_plan
-from ..sim.engine import SimResult, StageCosts, simulate_schedule
+from ..sim.engine import SimResult, StageCosts, simulate_schedules
 from ..sim.schedules import SPLIT_BACKWARD, placement, stage_rank
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -139,9 +139,10 @@ def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[rang
 
 # micro-batches per step up to which the pipeline is simulated whole (beyond: extrapolated)
 SIM_MICROBATCHES = 256
-# schedule tasks (one per chunk, micro-batch and pass) the event simulator runs for one
-# estimate at most: about 40 us and 0.7 KB each (a 500-stage pipeline of 500 micro-batches,
-# 500k tasks, took 19 s and 0.35 GB); past it the closed-form bubble stands (cost/bubbles.py)
+# schedule tasks (one per chunk, micro-batch and pass) the simulator runs for one estimate at
+# most: a 500-stage 1F1B pipeline of 500 micro-batches, 500k tasks, took 1.7 s and 0.3 GB
+# (sim/engine.py's waves; 19 s one event at a time); past it the closed-form bubble stands
+# (cost/bubbles.py)
 SIM_TASKS_MAX = 400_000
 
 
@@ -174,34 +175,69 @@ def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, m
             + written(mem.optimizer_bytes, o_dense, o_exp, o_rep_dense, o_rep_exp))
 
 
-def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
-           *, simulate_pipeline: bool = True) -> Estimate:
-    """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
+@dataclass(frozen=True)
+class PipelineRuns:
+    """The simulations that time a plan's pipeline: its stage costs at each micro-batch count
+    (its m, or m1 and 2·m1 when the line through them is extended to m), or none and why."""
+
+    counts: tuple[int, ...]
+    costs: StageCosts | None = None
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    note: str = ""
+
+    def wanted(self) -> list[tuple[Schedule, int, StageCosts]]:
+        """(schedule, micro-batches, stage costs) of each run (simulate_schedules' input)."""
+        return [(self.schedule, k, self.costs) for k in self.counts] if self.costs is not None else []
+
+
+def pipeline_runs(plan: Plan, costs: PlanCosts, simulate_pipeline: bool = True) -> PipelineRuns:
+    """What simulating the plan's pipeline takes (finish applies the runs' makespans)."""
     m = int(_batch_index(costs.num_microbatches))
-    time = costs.time.scalar(0)
-    sim, pipeline_note = None, ""
     m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
     tasks = schedule_tasks(plan, m if m <= 2 * m1 else 3 * m1)
-    if simulate_pipeline and plan.pp > 1 and tasks > SIM_TASKS_MAX:
-        pipeline_note = (f"pipeline not simulated: {plan.pp:,} stages × {m:,} micro-batches take {tasks:,} schedule "
-                         f"tasks, over the simulator's {SIM_TASKS_MAX:,}; the bubble is the closed form's")
-    elif simulate_pipeline and plan.pp > 1:
-        sc = stage_costs(costs, plan)
-        if m <= 2 * m1:
-            sim = simulate_schedule(plan.schedule, m, sc)
-            makespan = sim.step_time_s
-        else:
-            # every micro-batch costs the same, so past the warm-up each schedule repeats one
-            # period per micro-batch: the makespan is linear in m. Simulate m1 and 2·m1 (multiples
-            # of PP, as interleaving needs) and extend the line to m: exact once the steady state
-            # has set in by m1 (tests/test_estimate_many_microbatches.py checks it against the full
-            # simulation); no timeline is kept
-            t1 = simulate_schedule(plan.schedule, m1, sc).step_time_s
-            t2 = simulate_schedule(plan.schedule, 2 * m1, sc).step_time_s
-            makespan = t2 + (m - 2 * m1) * (t2 - t1) / m1
+    if not simulate_pipeline or plan.pp == 1:
+        return PipelineRuns(counts=())
+    if tasks > SIM_TASKS_MAX:
+        return PipelineRuns(counts=(), note=(
+            f"pipeline not simulated: {plan.pp:,} stages × {m:,} micro-batches take {tasks:,} schedule "
+            f"tasks, over the simulator's {SIM_TASKS_MAX:,}; the bubble is the closed form's"))
+    # past 2·m1 every micro-batch costs the same, so past the warm-up each schedule repeats one
+    # period per micro-batch: the makespan is linear in m. Simulate m1 and 2·m1 (multiples of
+    # PP, as interleaving needs) and extend the line to m: exact once the steady state has set
+    # in by m1 (tests/test_estimate_many_microbatches.py checks it against the full simulation)
+    return PipelineRuns(counts=(m,) if m <= 2 * m1 else (m1, 2 * m1), costs=stage_costs(costs, plan),
+                        schedule=plan.schedule)
+
+
+def finish_all(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans: list[Plan],
+               costs: list[PlanCosts]) -> list[Estimate]:
+    """finish for each plan, their pipelines simulated together (simulate_schedules: one pass
+    per schedule shape for all the plans of that shape)."""
+    runs = [pipeline_runs(plan, c) for plan, c in zip(plans, costs)]
+    sims = iter(simulate_schedules([w for r in runs for w in r.wanted()]))
+    return [finish(model, cluster, workload, plan, c, simulated=tuple(next(sims) for _ in r.counts))
+            for plan, c, r in zip(plans, costs, runs)]
+
+
+def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
+           *, simulate_pipeline: bool = True, simulated: tuple[SimResult, ...] | None = None) -> Estimate:
+    """Turn cost-model output for one plan into an Estimate (simulating the pipeline, or
+    taking `simulated`: the runs pipeline_runs asks for)."""
+    m = int(_batch_index(costs.num_microbatches))
+    time = costs.time.scalar(0)
+    runs = pipeline_runs(plan, costs, simulate_pipeline)
+    if simulated is None:
+        simulated = tuple(simulate_schedules(runs.wanted()))
+    sim = simulated[0] if len(simulated) == 1 else None  # the whole step's timeline
+    if simulated:
+        makespan = simulated[0].step_time_s
+        if len(simulated) == 2:  # the line through m1 and 2·m1, extended to m
+            (m1, m2), (t1, t2) = runs.counts, (r.step_time_s for r in simulated)
+            makespan = t2 + (m - m2) * (t2 - t1) / m1
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
         rest = makespan - _batch_index(costs.critical_stage_s) - time.pp_comm_s
         time = replace(time, bubble_s=max(rest, 0.0))
+    pipeline_note = runs.note
     step = float(time.total)
     mem = costs.memory.scalar(0)
     host = _batch_index(costs.host_bytes)

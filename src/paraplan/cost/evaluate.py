@@ -38,7 +38,7 @@ from .layout import Layout, end_chunk_slots, layout
 from .moe import MoELayerCosts, moe_layer_costs
 from .optimizer import ADAM_STEP, optimizer_step_s
 from .overlap import LayerTimes, layer_times
-from .pipeline import PipelineCosts, pipeline
+from .pipeline import PipelineCosts, critical_stage, pipeline
 from .recompute import Recomputation, recomputation
 from .stage_ends import LOSS_BWD_KERNELS, LOSS_FWD_KERNELS, loss_bytes_per_logit, stage_ends
 from .stage_memory import plan_memory, stage_memory
@@ -102,22 +102,14 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     critical stage holds the head and MTP blocks, its layers and those blocks, whose exposed
     collectives are communication and whose recomputation is recomputation, not compute)."""
     lay, tp, cp, ep, z, rc, pipe = x.lay, x.tp, x.cp, x.ep, x.zero, x.rc, x.pipe
-    m, L_s, t_max, per_mb = lay.num_microbatches, lay.stage_layers, pipe.critical_microbatch_s, pipe.stage_microbatch_s
-    crit_layers, rc_crit = L_s, 1.0
-    D = model.mtp_layers
-    if D:
-        ends = lay.first_holds_ends
-        head_crit = np.where(ends, t_max == per_mb[0], t_max == per_mb[2])
-        L_head = np.where(ends, lay.first_stage_layers, lay.last_stage_layers)
-        crit_layers = np.where(head_crit, L_head + D, L_s)
-        rc_crit = np.where(head_crit & (lay.recompute_code != Recompute.FIRST_K.code), (L_head + D) / L_s, 1.0)
+    m, t_max = lay.num_microbatches, pipe.critical_microbatch_s
+    crit_layers, rc_crit = _critical_layers(model, lay, t_max, pipe.stage_microbatch_s)
     crit_tp = crit_layers * (tp.forward_exposed_s + tp.backward_exposed_s) + rc_crit * rc.tp_s
     crit_cp = crit_layers * (cp.forward_exposed_s + cp.backward_exposed_s) + rc_crit * rc.cp_s
     crit_ep = crit_layers * (ep.forward_exposed_s + ep.backward_exposed_s) + rc_crit * rc.ep_s
     crit_wait = pipe.critical_host_wait_s
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
-                  - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s)
-                     + 2.0 * z.first_gather_s) - crit_wait)
+                  - _critical_zero_s(crit_layers, x.layer, z) - crit_wait)
     return TimeBreakdown(
         compute_s=m * compute_mb,
         host_wait_s=m * crit_wait,
@@ -130,6 +122,25 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
         bubble_s=pipe.bubble_s,
         optimizer_s=optimizer_s,
     )
+
+
+def _critical_layers(model: ModelSpec, lay: Layout, t_max, per_mb) -> tuple:
+    """(layers, recomputation share) of the critical stage: the fullest stage's, or where the
+    stage holding the head and the D multi-token-prediction blocks is critical, its layers
+    and those blocks (recomputed as its layers are, unless only the first k are)."""
+    L_s, D = lay.stage_layers, model.mtp_layers
+    if not D:
+        return L_s, 1.0
+    ends = lay.first_holds_ends
+    head_crit = np.where(ends, t_max == per_mb[0], t_max == per_mb[2])
+    L_head = np.where(ends, lay.first_stage_layers, lay.last_stage_layers)
+    return (np.where(head_crit, L_head + D, L_s),
+            np.where(head_crit & (lay.recompute_code != Recompute.FIRST_K.code), (L_head + D) / L_s, 1.0))
+
+
+def _critical_zero_s(crit_layers, layer: LayerTimes, z: ZeroTraffic):
+    """The critical stage's exposed ZeRO-3 gathers per micro-batch (counted as DP communication)."""
+    return crit_layers * (layer.zero_forward_exposed_s + layer.zero_backward_exposed_s) + 2.0 * z.first_gather_s
 
 
 def _overlapped(x: _Parts) -> OverlappedComm:
@@ -178,15 +189,33 @@ def _layer_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     return lc, tp, cp, ep, z, rc, layer
 
 
-def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
-    """The parts of a plan's step and its time: (parts, MoE layer costs, SP norm all-reduce,
-    optimizer step, TimeBreakdown)."""
+def _staged(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """A plan's layout, MoE layer costs, layer parts and stages: what its step is built from."""
     lay = layout(model, workload, plan)
     mc = (moe_layer_costs(model, cluster, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
           if model.is_moe else None)
     lc, tp, cp, ep, z, rc, layer = _layer_parts(model, cluster, workload, plan, lay, mc)
     ends = stage_ends(cluster, model, lay, lc, tp, z, layer, rc.total_s)
     stages = stage_times(model, cluster, workload, plan, lay, lc, layer, rc, z, ends, mc)
+    return lay, mc, (lc, tp, cp, ep, z, rc, layer), stages
+
+
+def step_floor_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> Num:
+    """A floor under plan_time(...).total, from the stages alone: m × (the critical stage's
+    time per micro-batch less its exposed ZeRO-3 gathers). The step adds to it only terms that
+    are never negative: the bubble, the exposed sends, DP sync (those gathers among it), the
+    SP norm all-reduce and the optimizer step (_time_breakdown). The search times in full only
+    the plans whose floor is under its fastest so far (search/planner.py)."""
+    lay, _, (*_, z, _, layer), stages = _staged(model, cluster, workload, plan)
+    per_mb, t_max = critical_stage(stages, lay.pp)
+    crit_layers, _ = _critical_layers(model, lay, t_max, per_mb)
+    return lay.num_microbatches * (t_max - _critical_zero_s(crit_layers, layer, z))
+
+
+def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """The parts of a plan's step and its time: (parts, MoE layer costs, SP norm all-reduce,
+    optimizer step, TimeBreakdown)."""
+    lay, mc, (lc, tp, cp, ep, z, rc, layer), stages = _staged(model, cluster, workload, plan)
     pipe = pipeline(cluster, model, plan, lay, stages)
     dp = dp_sync(cluster, plan, lay, stages.first, z, layer, mc is not None)
     optimizer = optimizer_step_s(cluster.gpu, workload, lay)

@@ -76,15 +76,20 @@ def _v_shape_bubble_s(sc, lay: Layout, st: Stages, p2p, t_max, per_mb):
     return zbv_idle, pp_zbv
 
 
+def critical_stage(st: Stages, p) -> tuple[list, Num]:
+    """([first, middle, last] stage's forward + backward per micro-batch, the slowest's) of p
+    stages: a middle stage exists from p = 3."""
+    per_mb = [x.forward_s + x.backward_s for x in (st.first, st.middle, st.last)]
+    return per_mb, np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
+
+
 def pipeline(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, st: Stages) -> PipelineCosts:
     """The critical stage, the bubble of the plan's schedule and the exposed sends."""
     p, v, m, only, vshape = lay.pp, lay.vp, lay.num_microbatches, lay.single_stage, lay.v_shape
     sc = np.asarray(plan.schedule_code)
     p2p = p2p_handoff_s(cluster, model, lay)
     first, middle, last = st.first, st.middle, st.last
-    per_mb = [x.forward_s + x.backward_s for x in (first, middle, last)]
-    # a middle stage exists from p = 3
-    t_max = np.maximum(np.maximum(per_mb[0], np.where(p > 2, per_mb[1], 0.0)), per_mb[2])
+    per_mb, t_max = critical_stage(st, p)
     # the critical stage's wait for its host, reported apart from its compute
     wait_first, wait_middle, wait_last = (f + b for f, b, _ in st.host_waits)
     crit_wait = np.where(t_max == per_mb[2], wait_last, np.where(t_max == per_mb[0], wait_first, wait_middle))

@@ -5,6 +5,7 @@ the simulated pipeline, so the top of the ranking is stable; see docs/model.md).
 from __future__ import annotations
 
 import os
+import threading
 import time as _time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
@@ -14,8 +15,8 @@ from typing import Callable, NoReturn
 
 import numpy as np
 
-from ..cost.estimate import Estimate, finish
-from ..cost.evaluate import evaluate, plan_memory, plan_time
+from ..cost.estimate import Estimate, finish_all
+from ..cost.evaluate import evaluate, plan_memory, plan_time, step_floor_s
 from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
@@ -30,6 +31,7 @@ from ..units import fmt_bytes
 CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search, per thread)
 SIMULATED_PLANS = 64  # the closed form's fastest plans the event simulator re-times (docs/model.md, Search)
 MAX_THREADS = 8  # slices priced at once (each holds up to CHUNK plans' arrays)
+FLOOR_SLACK = 1e-9  # a step floor above the bar by more than this share rules its plan out (_Bar)
 
 
 def search_threads() -> int:
@@ -70,6 +72,34 @@ class _Slice:
     smallest: tuple | None = None   # (bytes, plan) of its smallest-memory valid plan
     kept: PlanBatch | None = None   # its fastest plans and their closed-form step times
     kept_times: np.ndarray | None = None
+
+
+class _Bar:
+    """The n-th fastest closed-form step time seen so far in a search (inf until n are seen),
+    shared by the threads pricing its slices: a plan whose step floor (evaluate.step_floor_s)
+    is above it cannot be among the n fastest, so it is not timed in full. The bar only
+    falls, and any n plans' times bound the n-th fastest of the whole space from above, so
+    the plans ranked do not depend on when each slice read it."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._fastest = np.empty(0)
+        self._lock = threading.Lock()
+
+    @property
+    def seconds(self) -> float:
+        fastest = self._fastest
+        return float(fastest[-1]) if len(fastest) >= self.n else float("inf")
+
+    def offer(self, times: np.ndarray) -> None:
+        """Lower the bar by these plans' step times."""
+        with self._lock:
+            self._fastest = np.sort(np.concatenate([self._fastest, times]))[:self.n]
+
+    def hopeful(self, floor: np.ndarray) -> np.ndarray:
+        """Plans whose floor does not rule them out (a relative 1e-9 of slack for the
+        rounding of the two sums)."""
+        return ~(floor > self.seconds * (1.0 + FLOOR_SLACK))
 
 
 def _slices(blocks, size: int) -> list[list]:
@@ -133,10 +163,11 @@ def _check_capacity_factors(model: ModelSpec, limits: SpaceLimits) -> None:
 
 
 def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
-                part) -> _Slice:
+                bar: _Bar, part) -> _Slice:
     """Price one part of a block on its grid (SpaceBlock.grid: each cost term at the size of
-    the axes it reads), then flatten: the memory and, for the plans that fit, the time of its
-    valid plans; keep its `resimulate` fastest, ties in enumeration order."""
+    the axes it reads), then flatten: the memory and, for the plans that fit and the bar
+    does not rule out, the time of its valid plans; keep its `resimulate` fastest, ties in
+    enumeration order."""
     grid = part.grid()
     bad = part.invalid(model, cluster, workload, grid)
     out = _Slice(candidates=part.num_candidates, valid=int(bad.size - bad.sum()))
@@ -156,9 +187,13 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     timed = (fits if require_fit else ~bad).reshape(part.shape)
     if not timed.any():
         return out
-    # time only the rows, expert layouts and micro-batch sizes that hold a plan to time
-    keep = tuple(np.flatnonzero(timed.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3))
-    sub, sub_timed = _sub_grid(grid, keep), timed[np.ix_(*keep)]
+    sub, sub_timed = _sub_grid_of(grid, timed)
+    if np.isfinite(bar.seconds):
+        with np.errstate(all="ignore"):
+            floor = np.broadcast_to(step_floor_s(model, cluster, workload, sub), sub_timed.shape)
+        sub, sub_timed = _sub_grid_of(sub, sub_timed & bar.hopeful(floor))
+        if not sub_timed.any():
+            return out
     with np.errstate(all="ignore"):
         step = plan_time(model, cluster, workload, sub).total
     chosen = np.flatnonzero(sub_timed)
@@ -166,7 +201,15 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     times = np.broadcast_to(np.asarray(step, dtype=float), shape).ravel()[chosen]
     idx = _fastest_first(times, resimulate)
     out.kept, out.kept_times = grid_plans(sub, shape, chosen[idx]), times[idx]
+    bar.offer(out.kept_times)
     return out
+
+
+def _sub_grid_of(grid: PlanBatch, wanted: np.ndarray) -> tuple[PlanBatch, np.ndarray]:
+    """The grid on the rows, expert layouts and micro-batch sizes that hold a wanted plan,
+    and which of its plans are wanted."""
+    keep = tuple(np.flatnonzero(wanted.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3))
+    return _sub_grid(grid, keep), wanted[np.ix_(*keep)]
 
 
 def _sub_grid(grid: PlanBatch, keep: tuple) -> PlanBatch:
@@ -192,10 +235,10 @@ def _merge(into: _Slice, res: _Slice) -> None:
 
 
 def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
-                   parts) -> _Slice:
+                   bar: _Bar, parts) -> _Slice:
     """Materialize parts as columns and price them in one batch: the memory of their valid
-    plans and the time of those that fit; keep the `resimulate` fastest, ties in enumeration
-    order."""
+    plans and the time of those that fit and the bar does not rule out; keep the
+    `resimulate` fastest, ties in enumeration order."""
     batches = [b for b in (part.materialize(model, cluster, workload)[0] for part in parts) if len(b)]
     out = _Slice(candidates=sum(p.num_candidates for p in parts), valid=sum(len(b) for b in batches))
     if not batches:
@@ -213,9 +256,14 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
     out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
     if fits.any():
         sub = batch if fits.all() else batch.take(np.flatnonzero(fits))
+        if np.isfinite(bar.seconds):
+            hopeful = bar.hopeful(np.broadcast_to(step_floor_s(model, cluster, workload, sub), (len(sub),)))
+            sub = sub if hopeful.all() else sub.take(np.flatnonzero(hopeful))
+    if fits.any() and len(sub):
         step = np.asarray(plan_time(model, cluster, workload, sub).total)
         idx = _fastest_first(step, resimulate)
         out.kept, out.kept_times = sub.take(idx), step[idx]
+        bar.offer(out.kept_times)
     return out
 
 
@@ -245,17 +293,17 @@ def _on_grid(part) -> bool:
 
 
 def _price_slice(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resimulate: int, require_fit: bool,
-                 parts) -> _Slice:
+                 bar: _Bar, parts) -> _Slice:
     """Price a slice of the space, its parts in order: each MoE part on its grid, each run of
     dense parts as one batch of columns. Keep the slice's `resimulate` fastest, ties in
     enumeration order (stable sorts over results kept in enumeration order, so the kept plans
     do not depend on how the space is sliced or priced)."""
-    price = partial(_price_part, model, cluster, workload, resimulate, require_fit)
+    price = partial(_price_part, model, cluster, workload, resimulate, require_fit, bar)
     results = []
     for on_grid, run in groupby(parts, key=_on_grid):
         run = list(run)
         results += map(price, run) if on_grid else [_price_columns(model, cluster, workload, resimulate,
-                                                                    require_fit, run)]
+                                                                    require_fit, bar, run)]
     out = _Slice(candidates=0, valid=0)
     for res in results:
         _merge(out, res)
@@ -302,7 +350,7 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if phase:
         phase("search", total)
 
-    run = partial(_price_slice, model, cluster, workload, resimulate, require_fit)
+    run = partial(_price_slice, model, cluster, workload, resimulate, require_fit, _Bar(resimulate))
     # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
     # releases the GIL in its array operations) and merged in enumeration order
     for res in _map_in_order(run, _slices(blocks, CHUNK)):
@@ -326,7 +374,8 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
 def finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list[Estimate]:
     """Every plan of `batch` priced, its pipeline simulated, in the batch's order."""
     costs = evaluate(model, cluster, workload, batch)
-    return [finish(model, cluster, workload, batch.plan(i), _slice_costs(costs, i)) for i in range(len(batch))]
+    return finish_all(model, cluster, workload, [batch.plan(i) for i in range(len(batch))],
+                      [_slice_costs(costs, i) for i in range(len(batch))])
 
 
 def _slice_costs(costs, i):

@@ -1,4 +1,4 @@
-"""Heap-driven event loop that times a pipeline schedule (schedules as data, schedules.py).
+"""Times a pipeline schedule (schedules as data, schedules.py): every task's start and end.
 
 Notation as in schedules.py: p ranks, m micro-batches, v chunks per rank, V = v*p virtual
 stages; virtual stage j of (rank, chunk) by the schedule's Placement (looped: chunk*p + rank).
@@ -18,17 +18,19 @@ tasks wait for from outside it is there, runs its tasks back to back (its durati
 their sum: an overlap of the pair is priced into the costs, not here), and every task's
 output is ready, or sent, only when the whole action ends.
 
-The loop. A heap holds each rank's next task once its dependencies have finished, keyed
-by its start time; popping the earliest runs it, which may make the next task of its own
-rank and of the rank holding its successor stage ready. A rank keeps running its own
-tasks while each is still the earliest event, which saves heap traffic but keeps events
-in time order (so shared resources such as link contention can be added later). A rank
-whose next task can never become ready is a deadlock: RuntimeError names the stuck tasks.
+Waves. Start times are the unique solution of the rules above: with each rank's order
+fixed, a task's start is a longest path through the schedule's graph. The graph is cut once
+per shape into waves (_Graph.waves): wave k holds the actions whose longest chain of
+predecessors has k links, at most one per rank, so a wave's actions start together once
+the waves before it have ended. Each wave is a few numpy operations, over the runs of one
+shape at once (simulate_schedules: a search's re-timed plans share a few shapes), with the
+same additions and maxima in the same order as one task at a time, so the times are the
+same to the bit. A rank whose next action no wave reaches is a deadlock: RuntimeError
+names the stuck tasks.
 
 Tie-break rule (the only one): events that start at the same time are ordered by rank,
-then by position in the rank's list; it is the heap key (start_s, rank, position) and the
-order of `SimResult.events`. Start times are the unique solution of the rules above, so
-the tie-break decides the order events are processed and listed in, never a time.
+then by position in the rank's list: the order of `SimResult.events`. It decides the
+order events are listed in, never a time.
 
 Peak in-flight activations (memory) count a chunk's activation from its F until its last
 backward task: B, or W where the schedule splits the backward (ZB-H1 keeps the inputs
@@ -38,7 +40,6 @@ the weight gradient needs; Qi et al. 2024 Sec. 3.1).
 from __future__ import annotations
 
 import functools
-import heapq
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -157,7 +158,18 @@ class SimResult:
     busy_s: tuple[float, ...]         # per rank: sum of its task durations
     bubble_s: tuple[float, ...]       # per rank: step_time_s - busy_s
     peak_inflight: tuple[float, ...]  # per rank: max micro-batches held, counted in 1/v units
-    columns: EventColumns = field(repr=False)  # the timeline; `events` reads it as objects
+    timeline: tuple = field(repr=False, compare=False)  # (graph, start_s, end_s) by task: `columns` reads it
+
+    @cached_property
+    def columns(self) -> EventColumns:
+        """The timeline in the tie-break order, column-wise; `events` reads it as objects
+        (sorted when first read: a search reads only the step time of most runs)."""
+        g, start, end = self.timeline
+        ix = np.lexsort((np.arange(len(start)), g.rank, start))  # the tie-break rule
+        return EventColumns(**{name: _frozen(a[ix]) for name, a in (
+            ("rank", g.rank), ("phase_code", g.code), ("microbatch", g.microbatch),
+            ("chunk", g.chunk), ("virtual_stage", g.stage), ("start_s", start), ("end_s", end),
+        )})
 
     @cached_property
     def events(self) -> tuple[SimEvent, ...]:
@@ -196,7 +208,7 @@ def simulate(tasks_per_rank: Sequence[Sequence[Task]], costs: StageCosts,
     return _simulate(_Graph(tasks_per_rank, p, v, where), tasks_per_rank, costs)
 
 
-# a graph of p = 64, m = 256, v = 2 holds some 36 MB (tasks, arrays, the loop's lists): a few
+# a ZB-V graph of p = 64, m = 256, v = 2 holds some 19 MB (tasks, arrays, its waves): a few
 # shapes cover a search's simulated plans
 @functools.lru_cache(maxsize=8)
 def _prepared(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, _Graph]:
@@ -209,124 +221,61 @@ def _prepared(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, _Graph
 def simulate_schedule(schedule: Schedule, num_microbatches: int, costs: StageCosts) -> SimResult:
     """simulate(build_schedule(schedule, p, m, v), costs, placement(schedule)), the schedule's
     graph built once per shape (p, m, v from the costs)."""
-    tasks, g = _prepared(Schedule(schedule), costs.num_stages, num_microbatches, costs.num_chunks)
-    return _simulate(g, tasks, costs)
+    return simulate_schedules([(schedule, num_microbatches, costs)])[0]
+
+
+def simulate_schedules(runs: Sequence[tuple[Schedule, int, StageCosts]]) -> list[SimResult]:
+    """simulate_schedule for each (schedule, micro-batches, costs), in order: the runs of one
+    shape (schedule, p, m, v) timed together, one pass over its graph for all of them."""
+    shapes: dict[tuple, list[int]] = {}
+    for i, (schedule, m, costs) in enumerate(runs):
+        shapes.setdefault((Schedule(schedule), costs.num_stages, m, costs.num_chunks), []).append(i)
+    out: list[SimResult | None] = [None] * len(runs)
+    for shape, index in shapes.items():
+        tasks, g = _prepared(*shape)
+        for i, result in zip(index, _simulate_all(g, tasks, [runs[i][2] for i in index])):
+            out[i] = result
+    return out  # type: ignore[return-value]
 
 
 def _simulate(g: _Graph, tasks_per_rank, costs: StageCosts) -> SimResult:
-    p, v = costs.num_stages, costs.num_chunks
-    if not g.has_weight and any(w for row in costs.weight_s for w in row):
-        raise ScheduleError(
-            "stage costs: weight_s is nonzero but the schedule has no W tasks; "
-            "use costs.fuse_weight() to fold it into backward_s"
-        )
-    table = np.array([costs.forward_s, costs.backward_s, costs.weight_s], dtype=np.float64)
-    duration = table[g.code, g.rank, g.chunk]
-    start = np.array(_run(g, duration.tolist(), costs.p2p_s, tasks_per_rank))
-    end = start + duration
+    return _simulate_all(g, tasks_per_rank, [costs])[0]
 
-    busy_s = np.bincount(g.rank, weights=duration, minlength=p)
+
+def _simulate_all(g: _Graph, tasks_per_rank, costs: Sequence[StageCosts]) -> list[SimResult]:
+    """The schedule of graph g timed under each of `costs` (columns of one pass)."""
+    for c in costs:
+        if not g.has_weight and any(w for row in c.weight_s for w in row):
+            raise ScheduleError(
+                "stage costs: weight_s is nonzero but the schedule has no W tasks; "
+                "use costs.fuse_weight() to fold it into backward_s"
+            )
+    v = costs[0].num_chunks
+    # durations [task, run]
+    table = np.array([[c.forward_s, c.backward_s, c.weight_s] for c in costs], dtype=np.float64)
+    duration = np.ascontiguousarray(table[:, g.code, g.rank, g.chunk].T)
+    start = _start_times(g, duration, np.array([c.p2p_s for c in costs]), tasks_per_rank)
+    end = start + duration
     # Activations held: +1 when a chunk's F runs, -1 when its last backward task (B, or W
     # when the schedule splits the backward) runs; each rank runs its list in order.
     release = _WEIGHT if g.has_weight else _BACKWARD
     held = np.cumsum((g.code == _FORWARD).astype(np.int64) - (g.code == release))
     before = np.concatenate(([0], held))[g.first]  # running total where each rank starts
-    peak = [int((held[a:a + n] - base).max()) for a, n, base in zip(g.first, g.length, before)]
+    peak = tuple(int((held[a:a + n] - base).max()) / v for a, n, base in zip(g.first, g.length, before))
+    return [_result(g, start[:, k], end[:, k], duration[:, k], peak) for k in range(len(costs))]
+
+
+def _result(g: _Graph, start: np.ndarray, end: np.ndarray, duration: np.ndarray, peak: tuple) -> SimResult:
+    """One run's timeline as a SimResult."""
+    busy_s = np.bincount(g.rank, weights=duration, minlength=len(g.length))
     step_time_s = float(end.max())
-    ix = np.lexsort((np.arange(len(start)), g.rank, start))  # the tie-break rule
-    columns = EventColumns(**{name: _frozen(a[ix]) for name, a in (
-        ("rank", g.rank), ("phase_code", g.code), ("microbatch", g.microbatch),
-        ("chunk", g.chunk), ("virtual_stage", g.stage), ("start_s", start), ("end_s", end),
-    )})
     return SimResult(
         step_time_s=step_time_s,
         busy_s=tuple(busy_s.tolist()),
         bubble_s=tuple((step_time_s - busy_s).tolist()),
-        peak_inflight=tuple(x / v for x in peak),
-        columns=columns,
+        peak_inflight=peak,
+        timeline=(g, start, end),
     )
-
-
-def _run(g: _Graph, dur: list[float], p2p_s: float, tasks_per_rank) -> list[float]:
-    """The event loop: start time of every task (flat index, rank by rank; slots: _Graph)."""
-    avail = [_NOT_DONE] * (2 * g.num_keys) + [0.0]
-    slot, dep_a, dep_b, dep_c, first_task, last_task, notify, stop = g.loop_lists
-    next_unit = g.rank_first_unit.tolist()  # each rank's next action (advanced below)
-    p = len(next_unit)
-    rank_free = [0.0] * p
-    queued = [False] * p
-    start_s = [0.0] * len(dur)
-    heap: list[tuple[float, int, int]] = []  # (start_s, rank, action index): the tie-break
-    push, pop = heapq.heappush, heapq.heappop
-
-    def enqueue(rank: int) -> None:
-        # Queue the rank's next action at its start time once its dependencies have finished.
-        u = next_unit[rank]
-        if queued[rank] or u == stop[rank]:
-            return
-        ready, other, third = avail[dep_a[u]], avail[dep_b[u]], avail[dep_c[u]]
-        if ready < 0.0 or other < 0.0 or third < 0.0:
-            return
-        if other > ready:
-            ready = other
-        if third > ready:
-            ready = third
-        free = rank_free[rank]
-        push(heap, (ready if ready > free else free, rank, u))
-        queued[rank] = True
-
-    for rank in range(p):
-        enqueue(rank)
-    while heap:
-        start, rank, u = pop(heap)
-        queued[rank] = False
-        last = stop[rank]
-        while True:  # run this rank's actions while each is the earliest event
-            i, stop_i = first_task[u], last_task[u]
-            if stop_i - i == 1:  # one task (every schedule but DualPipeV's pairs)
-                end = start + dur[i]
-                start_s[i] = start
-                k = slot[i]
-                avail[k] = end
-                avail[k + 1] = end + p2p_s
-                if notify[i] >= 0:
-                    enqueue(notify[i])  # the rank of this task's successor stage
-            else:
-                end = start
-                for i in range(i, stop_i):  # back to back
-                    start_s[i] = end
-                    end += dur[i]
-                for i in range(first_task[u], stop_i):  # outputs leave when the action ends
-                    k = slot[i]
-                    avail[k] = end
-                    avail[k + 1] = end + p2p_s
-                for i in range(first_task[u], stop_i):
-                    if notify[i] >= 0:
-                        enqueue(notify[i])
-            u += 1
-            if u == last:
-                break
-            ready, other, third = avail[dep_a[u]], avail[dep_b[u]], avail[dep_c[u]]
-            if ready < 0.0 or other < 0.0 or third < 0.0:
-                break  # blocked: a finishing dependency will enqueue this rank
-            if other > ready:
-                ready = other
-            if third > ready:
-                ready = third
-            if end > ready:
-                ready = end
-            if heap:
-                top = heap[0]
-                if ready > top[0] or (ready == top[0] and rank > top[1]):
-                    push(heap, (ready, rank, u))
-                    queued[rank] = True
-                    break
-            start = ready
-        next_unit[rank], rank_free[rank] = u, end
-
-    if next_unit != stop:
-        raise _deadlock(tasks_per_rank, g, next_unit, stop, avail)
-    return start_s
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -340,8 +289,8 @@ class _Graph:
 
     A finished task k fills two slots: [2k] its end, read by a successor on its own rank, and
     [2k+1] end + p2p_s, read by one on the neighbouring virtual stage. A dependency is a
-    slot; the last slot is "no dependency", finished at time 0. The event loop (_run) runs
-    actions (unit_*): an action's tasks fill their slots when the action ends.
+    slot; the last slot is "no dependency", finished at time 0. The simulator runs actions
+    (unit_*) in waves: an action's tasks fill their slots when the action ends.
     """
 
     def __init__(self, tasks_per_rank: Sequence[Sequence[Task]], p: int, v: int, where: Placement):
@@ -405,7 +354,7 @@ class _Graph:
 
     def _dependencies(self, key: np.ndarray, num_stages: int, p: int, where: Placement) -> None:
         """What each task waits for and whom it may unblock."""
-        # Dependencies as slots (see _run): F needs F(j-1) + p2p, B needs its own F
+        # Dependencies as slots (see _start_times): F needs F(j-1) + p2p, B needs its own F
         # and B(j+1) + p2p, W needs its B; `notify` is the other rank a task may unblock.
         # A neighbouring stage on the task's own rank hands over without a send (slot 2k).
         m, none = self.m, 2 * self.num_keys
@@ -449,11 +398,125 @@ class _Graph:
             self.unit_dep_a[u], self.unit_dep_b[u], self.unit_dep_c[u] = outside
 
     @cached_property
-    def loop_lists(self) -> tuple[list, ...]:
-        """The event loop's read-only inputs as Python lists (it indexes them per task)."""
-        return ((2 * self.task_key).tolist(), self.unit_dep_a.tolist(), self.unit_dep_b.tolist(),
-                self.unit_dep_c.tolist(), self.unit_first.tolist(), (self.unit_first + self.unit_size).tolist(),
-                self.notify.tolist(), (self.rank_first_unit + self.rank_units).tolist())
+    def waves(self) -> tuple[list[_Wave], np.ndarray]:
+        """The actions in waves, each wave's actions on distinct ranks and waiting only on
+        earlier waves: wave k holds the actions whose longest chain of predecessors (the action
+        before on its rank, those whose outputs it waits for) has k links. And the actions no
+        wave reaches (a deadlock), empty unless the schedule cannot run."""
+        units = len(self.unit_first)
+        rank_of_unit = self.rank[self.unit_first]
+        unit_of_task = np.repeat(np.arange(units, dtype=np.int64), self.unit_size)
+        task_of_key = np.full(self.num_keys + 1, -1, dtype=np.int64)  # the last: "no dependency"
+        task_of_key[self.task_key] = np.arange(len(self.task_key), dtype=np.int64)
+        inputs = [[] for _ in range(units)]  # the actions each action waits for
+        for dep in (self.unit_dep_a, self.unit_dep_b, self.unit_dep_c):
+            producer = task_of_key[dep // 2]
+            for u in np.flatnonzero(producer >= 0).tolist():
+                inputs[u].append(int(unit_of_task[producer[u]]))
+        after = (np.arange(units) > self.rank_first_unit[rank_of_unit]).tolist()  # not a rank's first
+        waiting = [len(inputs[u]) + after[u] for u in range(units)]
+        consumers = [[] for _ in range(units)]
+        for u, ins in enumerate(inputs):
+            for w in ins:
+                consumers[w].append(u)
+        level = [-1] * units
+        wave = [u for u in range(units) if waiting[u] == 0]
+        depth = 0
+        while wave:
+            for u in wave:
+                level[u] = depth
+            ready = []
+            for u in wave:
+                for c in consumers[u] + ([u + 1] if u + 1 < units and after[u + 1] else []):
+                    waiting[c] -= 1
+                    if waiting[c] == 0:
+                        ready.append(c)
+            wave, depth = ready, depth + 1
+        level = np.array(level, dtype=np.int64)
+        order = np.argsort(level, kind="stable")
+        bounds = np.searchsorted(level[order], np.arange(depth + 1))
+        waves = [_Wave.of(self, order[a:b], rank_of_unit) for a, b in zip(bounds[:-1], bounds[1:])]
+        return waves, np.flatnonzero(level < 0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Wave:
+    """Actions that start once earlier waves have ended, one per rank: their ranks, the three
+    slots each waits for, and their tasks in run order (member k of the actions that have more
+    than k), with the slots those tasks fill."""
+
+    rank: np.ndarray
+    dep_a: np.ndarray
+    dep_b: np.ndarray
+    dep_c: np.ndarray
+    members: tuple[tuple[np.ndarray, np.ndarray | None], ...]  # (tasks, which actions; None: all)
+    slot: np.ndarray        # every task's end slot (2k; 2k + 1 is the sent copy)
+    slot_action: np.ndarray  # the action of each, whose end fills it
+
+    @classmethod
+    def of(cls, g: "_Graph", units: np.ndarray, rank_of_unit: np.ndarray) -> "_Wave":
+        first, size = g.unit_first[units], g.unit_size[units]
+        members = tuple((first[size > k] + k, None if k == 0 else np.flatnonzero(size > k))
+                        for k in range(int(size.max())))
+        tasks = np.concatenate([t for t, _ in members])
+        action = np.concatenate([np.arange(len(units)) if w is None else w for _, w in members])
+        return cls(rank=rank_of_unit[units], dep_a=g.unit_dep_a[units], dep_b=g.unit_dep_b[units],
+                   dep_c=g.unit_dep_c[units], members=members, slot=2 * g.task_key[tasks], slot_action=action)
+
+
+def _start_times(g: "_Graph", duration: np.ndarray, p2p_s: np.ndarray, tasks_per_rank) -> np.ndarray:
+    """Every task's start [task (flat index, rank by rank), run] for runs' `duration` [task,
+    run] and sends `p2p_s` [run], wave by wave (_Graph.waves): an action starts when its rank
+    is free and its inputs are there, its tasks run back to back, and each task's outputs are
+    ready when the action ends (sent: p2p_s later)."""
+    waves, stuck = g.waves
+    if stuck.size:
+        raise _deadlock_at(g, stuck, tasks_per_rank)
+    runs = duration.shape[1]
+    avail = np.full((2 * g.num_keys + 1, runs), _NOT_DONE)
+    avail[-1] = 0.0  # "no dependency"
+    rank_free = np.zeros((len(g.length), runs))
+    start_s = np.zeros_like(duration)
+    for w in waves:
+        ready = np.maximum(np.maximum(avail[w.dep_a], avail[w.dep_b]), np.maximum(avail[w.dep_c], rank_free[w.rank]))
+        if len(w.members) == 1:  # one task per action (every schedule but DualPipeV's pairs)
+            tasks = w.members[0][0]
+            start_s[tasks] = ready
+            end = ready + duration[tasks]
+            avail[w.slot] = end
+            avail[w.slot + 1] = end + p2p_s
+        else:
+            end = ready.copy()
+            for tasks, which in w.members:  # back to back
+                if which is None:
+                    start_s[tasks] = end
+                    end = end + duration[tasks]
+                else:
+                    start_s[tasks] = end[which]
+                    end[which] = end[which] + duration[tasks]
+            avail[w.slot] = end[w.slot_action]
+            avail[w.slot + 1] = end[w.slot_action] + p2p_s
+        rank_free[w.rank] = end
+    return start_s
+
+
+def _deadlock_at(g: "_Graph", stuck: np.ndarray, tasks_per_rank) -> RuntimeError:
+    """The deadlock error for the actions no wave reaches: each rank stopped at its first."""
+    units = len(g.unit_first)
+    stop = (g.rank_first_unit + g.rank_units).tolist()
+    next_unit = list(stop)
+    rank_of_unit = g.rank[g.unit_first]
+    for u in stuck.tolist():
+        r = int(rank_of_unit[u])
+        next_unit[r] = min(next_unit[r], u)
+    done = np.ones(units, dtype=bool)
+    done[stuck] = False
+    finished = np.repeat(done, g.unit_size)
+    avail = np.full(2 * g.num_keys + 1, _NOT_DONE)
+    avail[-1] = 0.0
+    avail[2 * g.task_key[finished]] = 0.0
+    avail[2 * g.task_key[finished] + 1] = 0.0
+    return _deadlock(tasks_per_rank, g, next_unit, stop, avail.tolist())
 
 
 def _deadlock(tasks_per_rank, g: _Graph, next_unit, stop, avail) -> RuntimeError:

@@ -1,0 +1,77 @@
+"""The search times in full only the plans whose step floor (evaluate.step_floor_s) is under
+the n-th fastest step it has seen (planner._Bar). That is exact only if the floor never
+exceeds the step: these tests check it on every valid plan of blocks across dense and MoE
+spaces (ZeRO-3, FSDP2, multi-token prediction, every schedule), and that a search ranks the
+same plans with the floor as without it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paraplan.cost.evaluate import plan_time, step_floor_s
+from paraplan.export.registry import exporter
+from paraplan.plan.space import SpaceLimits, space_blocks
+from paraplan.search import planner
+from paraplan.search.planner import search
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Precision, Workload
+
+CASES = {
+    # (model, cluster, GPUs, seq, global batch, precision, engine)
+    "llama3-8b": ("llama3-8b", "dgx-h100", 64, 8192, 256, "bf16", None),
+    "llama3-8b-torchtitan": ("llama3-8b", "dgx-h100", 64, 8192, 128, "bf16", "torchtitan"),
+    "gpt3-fp8": ("gpt3-175b", "dgx-h100", 256, 2048, 512, "fp8", None),
+    "mixtral": ("mixtral-8x7b", "dgx-h100", 64, 4096, 256, "bf16", None),
+    "qwen3-megatron": ("qwen3-30b-a3b", "dgx-h100", 32, 4096, 128, "bf16", "megatron"),
+    "deepseek-v3-mtp": ("deepseek-v3", "dgx-h100", 256, 4096, 1024, "fp8", None),
+}
+
+
+def _setup(case):
+    name, cluster, gpus, seq, batch, precision, engine = CASES[case]
+    limits = exporter(engine).SUPPORT.search_limits() if engine else SpaceLimits()
+    return (load_model(name), load_cluster(cluster, num_gpus=gpus),
+            Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision)), limits)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_floor_is_never_above_the_step(case):
+    model, cluster, workload, limits = _setup(case)
+    blocks = [b for b in space_blocks(model, cluster, workload, limits) if b.num_candidates]
+    ratios = []
+    for block in blocks[::max(1, len(blocks) // 12)]:  # a dozen blocks across the space
+        valid, _ = block.materialize(model, cluster, workload)
+        if not len(valid):
+            continue
+        floor = np.broadcast_to(np.asarray(step_floor_s(model, cluster, workload, valid), dtype=float), (len(valid),))
+        step = np.asarray(plan_time(model, cluster, workload, valid).total, dtype=float)
+        assert np.all(floor <= step * (1.0 + 1e-12)), valid.plan(int(np.argmax(floor / step))).describe()
+        ratios.append(step / floor)
+    ratios = np.concatenate(ratios)
+    # and it is close: the step's own terms beyond it (bubble, sends, DP sync, optimizer) are a share of it
+    assert np.median(ratios) < 1.5
+
+
+@pytest.mark.parametrize("case", ["llama3-8b", "mixtral", "qwen3-megatron", "llama3-8b-torchtitan"])
+def test_the_search_ranks_the_same_plans_with_and_without_the_floor(case, monkeypatch):
+    model, cluster, workload, limits = _setup(case)
+    with_floor = search(model, cluster, workload, limits=limits, resimulate=16)
+    monkeypatch.setattr(planner, "FLOOR_SLACK", float("inf"))  # no floor rules a plan out
+    without = search(model, cluster, workload, limits=limits, resimulate=16)
+    assert (with_floor.num_candidates, with_floor.num_valid, with_floor.num_fit) == \
+        (without.num_candidates, without.num_valid, without.num_fit)
+    assert [e.plan for e in with_floor.ranked] == [e.plan for e in without.ranked]
+    assert [e.step_time_s for e in with_floor.ranked] == [e.step_time_s for e in without.ranked]
+
+
+def test_the_bar_is_the_nth_fastest_offered():
+    bar = planner._Bar(3)
+    assert bar.seconds == float("inf")
+    bar.offer(np.array([5.0, 1.0]))
+    assert bar.seconds == float("inf")  # two plans seen: no third to bound the ranking
+    bar.offer(np.array([4.0, 9.0]))
+    assert bar.seconds == 5.0
+    bar.offer(np.array([2.0]))
+    assert bar.seconds == 4.0
+    assert list(bar.hopeful(np.array([3.9, 4.0, 4.1]))) == [True, True, False]
