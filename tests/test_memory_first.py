@@ -1,11 +1,12 @@
-"""The search checks memory before it times a plan: plan_memory must be evaluate's memory."""
+"""The search checks memory before it times a plan: plan_memory (and plan_memory_total, the
+search's total alone) must be evaluate's memory."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from paraplan.cost.evaluate import evaluate, plan_memory
+from paraplan.cost.evaluate import evaluate, plan_memory, plan_memory_total
 from paraplan.cost.memory import fits
 from paraplan.plan.space import PlanBatch, SpaceLimits, enumerate_space
 from paraplan.search.planner import search
@@ -26,6 +27,10 @@ def test_plan_memory_is_evaluates_memory(name, gpus, prec):
     for part, value in memory.parts().items():
         np.testing.assert_array_equal(value, costs.memory.parts()[part], err_msg=part)
     np.testing.assert_array_equal(host, costs.host_bytes)
+    # the search's total without the breakdown: the same bytes to the bit
+    total, total_host = plan_memory_total(model, cluster, wl, sample)
+    np.testing.assert_array_equal(total, memory.total)
+    np.testing.assert_array_equal(total_host, host)
 
 
 def test_the_search_counts_and_ranks_what_fits():

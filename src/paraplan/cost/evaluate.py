@@ -41,7 +41,7 @@ from .overlap import LayerTimes, layer_times
 from .pipeline import PipelineCosts, critical_stage, pipeline
 from .recompute import Recomputation, recomputation
 from .stage_ends import LOSS_BWD_KERNELS, LOSS_FWD_KERNELS, loss_bytes_per_logit, stage_ends
-from .stage_memory import plan_memory, stage_memory
+from .stage_memory import plan_memory, plan_memory_total, stage_memory
 from .stages import Stages, StageTimes, stage_times
 from .tp import TPComm, sp_norm_grad_all_reduce_s, tp_collectives_per_pass, tp_comm
 from .zero import (ZeroTraffic, fsdp2_gather_copy_s, fsdp2_pp_gathers_per_pass, fsdp2_reduce_copy_s,
@@ -52,7 +52,7 @@ __all__ = ["ADAM_STEP", "EW_BWD_KERNELS", "EW_FWD_KERNELS", "HOST_FORWARD_SHARE"
            "LOSS_FWD_KERNELS", "Layout", "PlanCosts", "StageTimes", "dualpipev_bubble_s", "eager_host_wait",
            "elementwise_bytes_per_token", "end_chunk_slots", "evaluate", "fsdp2_gather_copy_s",
            "fsdp2_pp_gathers_per_pass", "fsdp2_reduce_copy_s", "host_idle_s", "layout", "loss_bytes_per_logit",
-           "plan_memory", "split_host_s", "tp_collectives_per_pass", "zbv_bubble_s"]
+           "plan_memory", "plan_memory_total", "split_host_s", "tp_collectives_per_pass", "zbv_bubble_s"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +157,7 @@ def _overlapped(x: _Parts) -> OverlappedComm:
 
 def _layer_detail(x: _Parts, mc: MoELayerCosts | None) -> dict:
     """Per-layer op times for the trace, averaged over the stage's layers, by label."""
-    lc, lay, layer, z, waits = x.lc, x.lay, x.layer, x.zero, x.stages.host_wait_per_layer
+    lc, lay, layer, z, waits = x.lc, x.lay, x.layer, x.zero, x.stages.host_wait_per_layer()
     w_moe, w_dense = lay.moe_layer_share, lay.dense_layer_share
     moe = None
     if mc:

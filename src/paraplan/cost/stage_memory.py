@@ -38,9 +38,13 @@ def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     """(MemoryBreakdown, host bytes) of a plan or batch, without its time: what the search
     checks before it times only the plans that fit. evaluate() reports the same."""
     lay = layout(model, workload, plan)
-    moe = (moe_activation_bytes(model, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
-           if model.is_moe else (0.0, 0.0))
-    return stage_memory(model, cluster, workload, plan, lay, moe)
+    return stage_memory(model, cluster, workload, plan, lay, _moe_activations(model, workload, plan, lay))
+
+
+def _moe_activations(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple:
+    """An MoE layer's stored bytes and its activation function's outputs' share (moe.py)."""
+    return (moe_activation_bytes(model, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
+            if model.is_moe else (0.0, 0.0))
 
 
 def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> StageActivations:
@@ -168,10 +172,25 @@ def _lazy_gradient_peak(model: ModelSpec, lay: Layout, g, acts, lo):
             np.where(lazy & at_end, 0.0, lo))
 
 
-def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
-    """(MemoryBreakdown on the worst pipeline stage, host bytes); `moe_activations`: an MoE
-    layer's stored bytes and the part of them its activation function's outputs are (moe.py)."""
-    gpu, m, zc = cluster.gpu, lay.num_microbatches, lay.zero_code
+@dataclass(frozen=True, kw_only=True)
+class _StageStates:
+    """Each stage's bytes by part ([first, last, middle]: weights, gradients, optimizer,
+    activations, logits), the worst stage (0 first, 1 last, 2 middle), the communication
+    buffers beside it and the host bytes of offload."""
+
+    parts: tuple
+    totals: tuple
+    worst: Num
+    buffers: Num
+    host_bytes: Num
+
+    def pick(self, first, last, middle):
+        return np.where(self.worst == 0, first, np.where(self.worst == 1, last, middle))
+
+
+def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> _StageStates:
+    """The three stages' memory by part and which is worst."""
+    m, zc = lay.num_microbatches, lay.zero_code
     layer_params, expert_params, gather_bytes = lay.layer_params, lay.expert_params, lay.gather_bytes_per_param
     acts = stage_activations(model, workload, plan, lay, moe_activations)
     uncast_first, uncast_last = _uncast_params(model, lay)
@@ -204,15 +223,32 @@ def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     # the stage's own (counted above); in flight only one layer's gradient before it is added in
     buffers = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), (layer_params + expert_params) * gather_bytes,
                        buffers)
-    pick = lambda a, b_, c_: np.where(worst == 0, a, np.where(worst == 1, b_, c_))  # noqa: E731
-    alloc_parts = (pick(w1, wl, wm), pick(g1, gl, gm), pick(o1, ol, om),
-                   pick(acts_first, acts_last, acts.middle_bytes), pick(lo1, lol, 0.0))
-    weights, grads, opt, act, lg = alloc_parts
-    alloc = weights + grads + opt + act + lg + buffers
+    return _StageStates(parts=((w1, g1, o1, acts_first, lo1), (wl, gl, ol, acts_last, lol),
+                               (wm, gm, om, acts.middle_bytes, 0.0)),
+                        totals=(tot1, totl, totm), worst=worst, buffers=buffers, host_bytes=host_bytes)
+
+
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
+    """(MemoryBreakdown on the worst pipeline stage, host bytes); `moe_activations`: an MoE
+    layer's stored bytes and the part of them its activation function's outputs are (moe.py)."""
+    gpu = cluster.gpu
+    st = _stage_states(model, workload, plan, lay, moe_activations)
+    weights, grads, opt, act, lg = (st.pick(*by_stage) for by_stage in zip(*st.parts))
+    alloc = weights + grads + opt + act + lg + st.buffers
     memory = MemoryBreakdown(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=act,
-        logits_bytes=lg, comm_buffers_bytes=buffers,
+        logits_bytes=lg, comm_buffers_bytes=st.buffers,
         fragmentation_bytes=gpu.allocator_fragmentation * alloc,
         reserved_bytes=np.full(np.shape(alloc), gpu.reserved_bytes) if np.ndim(alloc) else gpu.reserved_bytes,
     )
-    return memory, host_bytes
+    return memory, st.host_bytes
+
+
+def plan_memory_total(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """(plan_memory's total, host bytes), without the breakdown: what the search checks. The
+    same sums in the same order as MemoryBreakdown.total, so the same bytes to the bit
+    (tests/test_memory_first.py)."""
+    gpu, lay = cluster.gpu, layout(model, workload, plan)
+    st = _stage_states(model, workload, plan, lay, _moe_activations(model, workload, plan, lay))
+    alloc = st.pick(*st.totals) + st.buffers
+    return alloc + gpu.allocator_fragmentation * alloc + gpu.reserved_bytes, st.host_bytes

@@ -46,7 +46,14 @@ class Stages:
     middle: StageTimes
     last: StageTimes
     host_waits: tuple     # (forward, backward, W pass) wait per micro-batch of each of the three
-    host_wait_per_layer: tuple  # (forward, backward, W pass): the stage that waits most per layer
+    layers: tuple         # layers of each of the three
+
+    def host_wait_per_layer(self) -> tuple:
+        """(forward, backward, W pass) per layer, for the breakdown: the stage that waits most
+        per layer (the last one's LM head lets its host catch up; a middle stage has nothing
+        to hide its host behind). Computed when asked: the search never reads it."""
+        return tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) / np.maximum(layers, 1.0)
+                                        for layers, w in zip(self.layers, self.host_waits)]) for i in (0, 1, 2))
 
 
 def _stage_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout,
@@ -127,8 +134,4 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
         bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s
         return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
     first, middle, last = (stage(layers, fwd, bwd, w) for (layers, fwd, bwd), w in zip(parts, waits))
-    # per layer, for the breakdown: the stage that waits most per layer (the last one's LM head
-    # lets its host catch up; a middle stage has nothing to hide its host behind)
-    per_layer = tuple(np.maximum.reduce([np.asarray(w[i], dtype=float) / np.maximum(p[0], 1.0)
-                                         for p, w in zip(parts, waits)]) for i in (0, 1, 2))
-    return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), host_wait_per_layer=per_layer)
+    return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), layers=tuple(p[0] for p in parts))

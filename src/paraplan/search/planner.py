@@ -16,7 +16,7 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from ..cost.estimate import Estimate, finish_all
-from ..cost.evaluate import evaluate, plan_memory, plan_time, step_floor_s
+from ..cost.evaluate import evaluate, plan_memory_total, plan_time, step_floor_s
 from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
@@ -175,8 +175,8 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
         return out
     # invalid plans are priced too (and dropped): the arithmetic may divide by their zeros
     with np.errstate(all="ignore"):
-        memory, host_bytes = plan_memory(model, cluster, workload, grid)
-        total = np.asarray(memory.total, dtype=float)
+        total, host_bytes = plan_memory_total(model, cluster, workload, grid)
+        total = np.asarray(total, dtype=float)
         mem_total = np.broadcast_to(total, part.shape).ravel()
         fits = np.broadcast_to(plan_fits(cluster, total, host_bytes), part.shape).ravel() & ~bad
     out.fit = int(fits.sum())
@@ -245,8 +245,8 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
         return out
     batch = PlanBatch.concat(batches)
     # memory first (a fraction of the cost): only the plans that fit are timed
-    memory, host_bytes = plan_memory(model, cluster, workload, batch)
-    mem_total = np.asarray(memory.total)
+    mem_total, host_bytes = plan_memory_total(model, cluster, workload, batch)
+    mem_total = np.asarray(mem_total)
     fits = plan_fits(cluster, mem_total, host_bytes)
     out.fit = int(fits.sum())
     out.device_fit = int((mem_total <= cluster.gpu.hbm_bytes).sum())
