@@ -50,3 +50,27 @@ def test_trace_refuses_a_micro_batch_cap_that_would_be_gigabytes(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == 2 and "--max-microbatches" in err and len(err.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_plans_finished_together_equal_each_finished_alone(monkeypatch):
+    # finish_all simulates the plans of one schedule shape in one pass (and extends two runs
+    # to m where m is large): each Estimate must be the one finish gives the plan alone
+    from paraplan.cost.estimate import finish, finish_all
+    from paraplan.cost.evaluate import evaluate
+    from paraplan.plan.space import PlanBatch
+
+    monkeypatch.setattr(est_mod, "SIM_MICROBATCHES", 16)  # 64 micro-batches > 2·8: extended
+    cluster = load_cluster("dgx-h100", num_gpus=32)
+    wl = Workload(global_batch_size=64, seq_len=2048)
+    plans = [make_plan(tp=8, pp=4, dp=1, vp=vp, micro_batch_size=mb, schedule=schedule)
+             for schedule, vp in ((Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED_1F1B, 2), (Schedule.ZERO_BUBBLE_V, 2))
+             for mb in (1, 2, 4)] + [make_plan(tp=8, pp=1, dp=4, micro_batch_size=2)]
+    costs = [evaluate(MODEL, cluster, wl, PlanBatch.from_plans([p])) for p in plans]
+    together = finish_all(MODEL, cluster, wl, plans, costs)
+    for plan, c, est in zip(plans, costs, together):
+        alone = finish(MODEL, cluster, wl, plan, c)
+        assert (est.step_time_s, est.time, est.num_microbatches) == (alone.step_time_s, alone.time, alone.num_microbatches)
+        assert (est.sim is None) == (alone.sim is None)
+        if est.sim is not None:
+            assert est.sim.step_time_s == alone.sim.step_time_s and est.sim.busy_s == alone.sim.busy_s
+    assert len({e.step_time_s for e in together}) > 3

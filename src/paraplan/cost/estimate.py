@@ -228,6 +228,8 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
     runs = pipeline_runs(plan, costs, simulate_pipeline)
     if simulated is None:
         simulated = tuple(simulate_schedules(runs.wanted()))
+    if len(simulated) != len(runs.counts):
+        raise ValueError(f"finish: {len(simulated)} simulations given; the plan's pipeline takes {len(runs.counts)}")
     sim = simulated[0] if len(simulated) == 1 else None  # the whole step's timeline
     if simulated:
         makespan = simulated[0].step_time_s

@@ -201,15 +201,19 @@ def _staged(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
 
 
 def step_floor_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> Num:
-    """A floor under plan_time(...).total, from the stages alone: m × (the critical stage's
-    time per micro-batch less its exposed ZeRO-3 gathers). The step adds to it only terms that
-    are never negative: the bubble, the exposed sends, DP sync (those gathers among it), the
-    SP norm all-reduce and the optimizer step (_time_breakdown). The search times in full only
-    the plans whose floor is under its fastest so far (search/planner.py)."""
-    lay, _, (*_, z, _, layer), stages = _staged(model, cluster, workload, plan)
+    """A floor under plan_time(...).total, from the stages alone: m × the critical stage's time
+    per micro-batch, and the optimizer step. The step (_time_breakdown) counts the critical
+    stage's exposed ZeRO-3 gathers as DP communication, those of the fullest stage's L_s
+    layers (dp_sync.py), so where the critical stage is the head's with its D multi-token-
+    prediction blocks (L_head + D layers) the floor takes off the difference; every other
+    term the step adds is never negative: the bubble, the exposed sends, the rest of DP sync,
+    the SP norm all-reduce. The search times in full only the plans whose floor is under the
+    n-th fastest step it has seen (search/planner.py)."""
+    lay, _, (*_, layer), stages = _staged(model, cluster, workload, plan)
     per_mb, t_max = critical_stage(stages, lay.pp)
     crit_layers, _ = _critical_layers(model, lay, t_max, per_mb)
-    return lay.num_microbatches * (t_max - _critical_zero_s(crit_layers, layer, z))
+    beyond_fullest = (crit_layers - lay.stage_layers) * (layer.zero_forward_exposed_s + layer.zero_backward_exposed_s)
+    return lay.num_microbatches * (t_max - beyond_fullest) + optimizer_step_s(cluster.gpu, workload, lay)
 
 
 def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):

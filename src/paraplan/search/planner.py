@@ -89,7 +89,7 @@ class _Bar:
     @property
     def seconds(self) -> float:
         fastest = self._fastest
-        return float(fastest[-1]) if len(fastest) >= self.n else float("inf")
+        return float(fastest[-1]) if self.n > 0 and len(fastest) >= self.n else float("inf")
 
     def offer(self, times: np.ndarray) -> None:
         """Lower the bar by these plans' step times."""

@@ -1,2 +1,2 @@
-"""Pipeline schedule simulation: schedules as data (schedules.py) and the event loop
+"""Pipeline schedule simulation: schedules as data (schedules.py) and the simulator
 that times them (engine.py)."""

@@ -150,7 +150,7 @@ class EventColumns:
 PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.WEIGHT)  # EventColumns.phase_code order
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, eq=False)
 class SimResult:
     """Timeline of one training step's pipeline."""
 
@@ -218,6 +218,10 @@ def _prepared(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple, _Graph
     return tasks, _Graph(tasks, p, v, placement(schedule))
 
 
+# task times (tasks × runs) one pass holds per array: a few 8M-float arrays (64 MB each) at most
+SIM_BATCH_TIMES = 8_000_000
+
+
 def simulate_schedule(schedule: Schedule, num_microbatches: int, costs: StageCosts) -> SimResult:
     """simulate(build_schedule(schedule, p, m, v), costs, placement(schedule)), the schedule's
     graph built once per shape (p, m, v from the costs)."""
@@ -233,8 +237,11 @@ def simulate_schedules(runs: Sequence[tuple[Schedule, int, StageCosts]]) -> list
     out: list[SimResult | None] = [None] * len(runs)
     for shape, index in shapes.items():
         tasks, g = _prepared(*shape)
-        for i, result in zip(index, _simulate_all(g, tasks, [runs[i][2] for i in index])):
-            out[i] = result
+        per_batch = max(1, SIM_BATCH_TIMES // len(g.rank))  # runs timed in one pass
+        for a in range(0, len(index), per_batch):
+            batch = index[a:a + per_batch]
+            for i, result in zip(batch, _simulate_all(g, tasks, [runs[i][2] for i in batch])):
+                out[i] = result
     return out  # type: ignore[return-value]
 
 
@@ -262,7 +269,8 @@ def _simulate_all(g: _Graph, tasks_per_rank, costs: Sequence[StageCosts]) -> lis
     held = np.cumsum((g.code == _FORWARD).astype(np.int64) - (g.code == release))
     before = np.concatenate(([0], held))[g.first]  # running total where each rank starts
     peak = tuple(int((held[a:a + n] - base).max()) / v for a, n, base in zip(g.first, g.length, before))
-    return [_result(g, start[:, k], end[:, k], duration[:, k], peak) for k in range(len(costs))]
+    # (each run's own copy: a result kept does not hold the batch's arrays)
+    return [_result(g, start[:, k].copy(), end[:, k].copy(), duration[:, k], peak) for k in range(len(costs))]
 
 
 def _result(g: _Graph, start: np.ndarray, end: np.ndarray, duration: np.ndarray, peak: tuple) -> SimResult:
@@ -353,10 +361,10 @@ class _Graph:
             )
 
     def _dependencies(self, key: np.ndarray, num_stages: int, p: int, where: Placement) -> None:
-        """What each task waits for and whom it may unblock."""
+        """What each task waits for."""
         # Dependencies as slots (see _start_times): F needs F(j-1) + p2p, B needs its own F
-        # and B(j+1) + p2p, W needs its B; `notify` is the other rank a task may unblock.
-        # A neighbouring stage on the task's own rank hands over without a send (slot 2k).
+        # and B(j+1) + p2p, W needs its B. A neighbouring stage on the task's own rank hands
+        # over without a send (slot 2k).
         m, none = self.m, 2 * self.num_keys
         block = num_stages * m  # task_key offset of one phase
         is_f, is_b = self.code == _FORWARD, self.code == _BACKWARD
@@ -366,8 +374,6 @@ class _Graph:
         forward_dep = np.where(first_stage, none, 2 * (key - m) + (prev_rank != self.rank))
         self.dep_a = np.where(is_f, forward_dep, 2 * (self.task_key - block))
         self.dep_b = np.where(is_b & ~last_stage, 2 * (block + key + m) + (next_rank != self.rank), none)
-        notify = np.where(is_f & ~last_stage, next_rank, np.where(is_b & ~first_stage, prev_rank, -1))
-        self.notify = np.where(notify == self.rank, -1, notify)  # own rank: checked anyway
 
     def _actions(self, flat: list, p: int) -> None:
         """Tasks grouped into the actions a rank starts, with the inputs each waits for."""
