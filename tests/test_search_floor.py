@@ -32,7 +32,7 @@ CASES = {
 SEARCHED = {
     "llama3-8b": ("llama3-8b", "dgx-h100", 32, 8192, 128, "bf16", None),
     "llama3-8b-torchtitan": CASES["llama3-8b-torchtitan"],
-    "mixtral": ("mixtral-8x7b", "dgx-h100", 16, 4096, 64, "bf16", None),
+    "mixtral": ("mixtral-8x7b", "dgx-h100", 8, 4096, 32, "bf16", None),
     "qwen3-megatron": ("qwen3-30b-a3b", "dgx-h100", 16, 4096, 64, "bf16", "megatron"),
 }
 
