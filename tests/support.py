@@ -28,6 +28,25 @@ def assert_bad_field_names_line(tmp_path, toml_text: str, old: str, new: str, fi
     assert "\n" not in str(e.value)
 
 
+def search_setup(model: str, cluster: str, gpus: int, seq: int, batch: int, precision: str, engine: str | None):
+    """(model, cluster, workload, limits) of a search case: presets, and the engine's bounds
+    and policy where one is named."""
+    from paraplan.export.registry import exporter
+    from paraplan.plan.space import SpaceLimits
+    from paraplan.specs.catalog import load_cluster, load_model
+    from paraplan.specs.workload import Precision, Workload
+    limits = exporter(engine).SUPPORT.search_limits() if engine else SpaceLimits()
+    return (load_model(model), load_cluster(cluster, num_gpus=gpus),
+            Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision)), limits)
+
+
+def spread_blocks(model, cluster, workload, limits, count: int = 12) -> list:
+    """About `count` of the space's non-empty blocks, spread across it."""
+    from paraplan.plan.space import space_blocks
+    blocks = [b for b in space_blocks(model, cluster, workload, limits) if b.num_candidates]
+    return blocks[::max(1, len(blocks) // count)]
+
+
 def closed_form_step_s(model, cluster, workload, plan) -> float:
     """The search's closed-form step time of one plan (cost/evaluate.py, no event simulation)."""
     from paraplan.cost.evaluate import evaluate

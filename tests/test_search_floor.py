@@ -9,13 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from support import search_setup, spread_blocks
+
 from paraplan.cost.evaluate import plan_time, step_floor_s
-from paraplan.export.registry import exporter
-from paraplan.plan.space import SpaceLimits, space_blocks
 from paraplan.search import planner
 from paraplan.search.planner import search
-from paraplan.specs.catalog import load_cluster, load_model
-from paraplan.specs.workload import Precision, Workload
 
 CASES = {
     # (model, cluster, GPUs, seq, global batch, precision, engine)
@@ -37,19 +35,11 @@ SEARCHED = {
 }
 
 
-def _setup(case, cases=CASES):
-    name, cluster, gpus, seq, batch, precision, engine = cases[case]
-    limits = exporter(engine).SUPPORT.search_limits() if engine else SpaceLimits()
-    return (load_model(name), load_cluster(cluster, num_gpus=gpus),
-            Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision)), limits)
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_floor_is_never_above_the_step(case):
-    model, cluster, workload, limits = _setup(case)
-    blocks = [b for b in space_blocks(model, cluster, workload, limits) if b.num_candidates]
+    model, cluster, workload, limits = search_setup(*CASES[case])
     ratios = []
-    for block in blocks[::max(1, len(blocks) // 12)]:  # a dozen blocks across the space
+    for block in spread_blocks(model, cluster, workload, limits):
         valid, _ = block.materialize(model, cluster, workload)
         if not len(valid):
             continue
@@ -64,7 +54,7 @@ def test_the_floor_is_never_above_the_step(case):
 
 @pytest.mark.parametrize("case", sorted(SEARCHED))
 def test_the_search_ranks_the_same_plans_with_and_without_the_floor(case, monkeypatch):
-    model, cluster, workload, limits = _setup(case, SEARCHED)
+    model, cluster, workload, limits = search_setup(*SEARCHED[case])
     monkeypatch.setattr(planner, "CHUNK", 5000)  # many slices: the bar is set before most are priced
     ruled_out = []
     hopeful = planner._Bar.hopeful

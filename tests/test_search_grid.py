@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from support import search_setup, spread_blocks
+
 from paraplan.cost.evaluate import plan_memory, plan_time
-from paraplan.export.registry import exporter
-from paraplan.plan.space import SpaceLimits, space_blocks
+from paraplan.plan.space import space_blocks
 from paraplan.search import planner
 from paraplan.search.planner import search
-from paraplan.specs.catalog import load_cluster, load_model
-from paraplan.specs.workload import Precision, Workload
 
 CASES = {
     # (model, cluster, GPUs, seq, global batch, precision, engine)
@@ -25,19 +24,11 @@ CASES = {
 }
 
 
-def _setup(case):
-    name, cluster, gpus, seq, batch, precision, engine = CASES[case]
-    limits = exporter(engine).SUPPORT.search_limits() if engine else SpaceLimits()
-    return (load_model(name), load_cluster(cluster, num_gpus=gpus),
-            Workload(global_batch_size=batch, seq_len=seq, precision=Precision(precision)), limits)
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_blocks_grid_prices_every_plan_as_its_columns_do(case):
-    model, cluster, workload, limits = _setup(case)
-    blocks = [b for b in space_blocks(model, cluster, workload, limits) if b.num_candidates]
-    assert any(len(b.experts["ep"]) > 1 for b in blocks)
-    for block in blocks[::max(1, len(blocks) // 12)]:  # a dozen blocks across the space
+    model, cluster, workload, limits = search_setup(*CASES[case])
+    assert any(len(b.experts["ep"]) > 1 for b in space_blocks(model, cluster, workload, limits))
+    for block in spread_blocks(model, cluster, workload, limits):
         grid, columns = block.grid(), block.candidates()
         bad = block.invalid(model, cluster, workload, grid)
         valid, rejected = block.materialize(model, cluster, workload)
@@ -55,7 +46,7 @@ def test_a_blocks_grid_prices_every_plan_as_its_columns_do(case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_search_ranks_the_same_plans_priced_on_grids_or_as_columns(case, monkeypatch):
-    model, cluster, workload, limits = _setup(case)
+    model, cluster, workload, limits = search_setup(*CASES[case])
     on_grids = search(model, cluster, workload, limits=limits, resimulate=16)
     monkeypatch.setattr(planner, "_on_grid", lambda part: False)
     as_columns = search(model, cluster, workload, limits=limits, resimulate=16)

@@ -215,21 +215,22 @@ def finish_all(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans
     per schedule shape for all the plans of that shape)."""
     runs = [pipeline_runs(plan, c) for plan, c in zip(plans, costs)]
     sims = iter(simulate_schedules([w for r in runs for w in r.wanted()]))
-    return [finish(model, cluster, workload, plan, c, simulated=tuple(next(sims) for _ in r.counts))
+    return [_finished(model, cluster, workload, plan, c, r, tuple(next(sims) for _ in r.counts))
             for plan, c, r in zip(plans, costs, runs)]
 
 
 def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
-           *, simulate_pipeline: bool = True, simulated: tuple[SimResult, ...] | None = None) -> Estimate:
-    """Turn cost-model output for one plan into an Estimate (simulating the pipeline, or
-    taking `simulated`: the runs pipeline_runs asks for)."""
+           *, simulate_pipeline: bool = True) -> Estimate:
+    """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
+    runs = pipeline_runs(plan, costs, simulate_pipeline)
+    return _finished(model, cluster, workload, plan, costs, runs, tuple(simulate_schedules(runs.wanted())))
+
+
+def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
+              runs: PipelineRuns, simulated: tuple[SimResult, ...]) -> Estimate:
+    """The Estimate of one plan whose pipeline `runs` were `simulated`."""
     m = int(_batch_index(costs.num_microbatches))
     time = costs.time.scalar(0)
-    runs = pipeline_runs(plan, costs, simulate_pipeline)
-    if simulated is None:
-        simulated = tuple(simulate_schedules(runs.wanted()))
-    if len(simulated) != len(runs.counts):
-        raise ValueError(f"finish: {len(simulated)} simulations given; the plan's pipeline takes {len(runs.counts)}")
     sim = simulated[0] if len(simulated) == 1 else None  # the whole step's timeline
     if simulated:
         makespan = simulated[0].step_time_s

@@ -109,7 +109,8 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     crit_ep = crit_layers * (ep.forward_exposed_s + ep.backward_exposed_s) + rc_crit * rc.ep_s
     crit_wait = pipe.critical_host_wait_s
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
-                  - _critical_zero_s(crit_layers, x.layer, z) - crit_wait)
+                  - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s)
+                     + 2.0 * z.first_gather_s) - crit_wait)
     return TimeBreakdown(
         compute_s=m * compute_mb,
         host_wait_s=m * crit_wait,
@@ -136,11 +137,6 @@ def _critical_layers(model: ModelSpec, lay: Layout, t_max, per_mb) -> tuple:
     L_head = np.where(ends, lay.first_stage_layers, lay.last_stage_layers)
     return (np.where(head_crit, L_head + D, L_s),
             np.where(head_crit & (lay.recompute_code != Recompute.FIRST_K.code), (L_head + D) / L_s, 1.0))
-
-
-def _critical_zero_s(crit_layers, layer: LayerTimes, z: ZeroTraffic):
-    """The critical stage's exposed ZeRO-3 gathers per micro-batch (counted as DP communication)."""
-    return crit_layers * (layer.zero_forward_exposed_s + layer.zero_backward_exposed_s) + 2.0 * z.first_gather_s
 
 
 def _overlapped(x: _Parts) -> OverlappedComm:

@@ -97,8 +97,8 @@ class _Bar:
             self._fastest = np.sort(np.concatenate([self._fastest, times]))[:self.n]
 
     def hopeful(self, floor: np.ndarray) -> np.ndarray:
-        """Plans whose floor does not rule them out (a relative 1e-9 of slack for the
-        rounding of the two sums)."""
+        """Plans whose floor does not rule them out (FLOOR_SLACK, relative, for the rounding
+        of the floor's and the step's sums)."""
         return ~(floor > self.seconds * (1.0 + FLOOR_SLACK))
 
 
@@ -254,17 +254,20 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
         fits = np.ones_like(fits)
     i_min = int(np.argmin(mem_total))
     out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
-    if fits.any():
-        sub = batch if fits.all() else batch.take(np.flatnonzero(fits))
-        if np.isfinite(bar.seconds):
-            hopeful = bar.hopeful(np.broadcast_to(step_floor_s(model, cluster, workload, sub), (len(sub),)))
-            sub = sub if hopeful.all() else sub.take(np.flatnonzero(hopeful))
-    if fits.any() and len(sub):
-        step = np.asarray(plan_time(model, cluster, workload, sub).total)
-        idx = _fastest_first(step, resimulate)
-        out.kept, out.kept_times = sub.take(idx), step[idx]
-        bar.offer(out.kept_times)
+    if not fits.any():
+        return out
+    sub = batch if fits.all() else batch.take(np.flatnonzero(fits))
+    if np.isfinite(bar.seconds):
+        hopeful = bar.hopeful(np.broadcast_to(step_floor_s(model, cluster, workload, sub), (len(sub),)))
+        if not hopeful.any():
+            return out
+        sub = sub if hopeful.all() else sub.take(np.flatnonzero(hopeful))
+    step = np.asarray(plan_time(model, cluster, workload, sub).total)
+    idx = _fastest_first(step, resimulate)
+    out.kept, out.kept_times = sub.take(idx), step[idx]
+    bar.offer(out.kept_times)
     return out
+
 
 
 def _fastest(results: list[_Slice], n: int) -> tuple[PlanBatch | None, np.ndarray | None]:

@@ -457,7 +457,7 @@ class _Wave:
     dep_c: np.ndarray
     members: tuple[tuple[np.ndarray, np.ndarray | None], ...]  # (tasks, which actions; None: all)
     slot: np.ndarray        # every task's end slot (2k; 2k + 1 is the sent copy)
-    slot_action: np.ndarray  # the action of each, whose end fills it
+    slot_action: np.ndarray | None  # the action of each, whose end fills it (None: one task per action)
 
     @classmethod
     def of(cls, g: "_Graph", units: np.ndarray, rank_of_unit: np.ndarray) -> "_Wave":
@@ -465,7 +465,8 @@ class _Wave:
         members = tuple((first[size > k] + k, None if k == 0 else np.flatnonzero(size > k))
                         for k in range(int(size.max())))
         tasks = np.concatenate([t for t, _ in members])
-        action = np.concatenate([np.arange(len(units)) if w is None else w for _, w in members])
+        action = (None if len(members) == 1 else
+                  np.concatenate([np.arange(len(units)) if w is None else w for _, w in members]))
         return cls(rank=rank_of_unit[units], dep_a=g.unit_dep_a[units], dep_b=g.unit_dep_b[units],
                    dep_c=g.unit_dep_c[units], members=members, slot=2 * g.task_key[tasks], slot_action=action)
 
@@ -484,24 +485,17 @@ def _start_times(g: "_Graph", duration: np.ndarray, p2p_s: np.ndarray, tasks_per
     rank_free = np.zeros((len(g.length), runs))
     start_s = np.zeros_like(duration)
     for w in waves:
-        ready = np.maximum(np.maximum(avail[w.dep_a], avail[w.dep_b]), np.maximum(avail[w.dep_c], rank_free[w.rank]))
-        if len(w.members) == 1:  # one task per action (every schedule but DualPipeV's pairs)
-            tasks = w.members[0][0]
-            start_s[tasks] = ready
-            end = ready + duration[tasks]
-            avail[w.slot] = end
-            avail[w.slot + 1] = end + p2p_s
-        else:
-            end = ready.copy()
-            for tasks, which in w.members:  # back to back
-                if which is None:
-                    start_s[tasks] = end
-                    end = end + duration[tasks]
-                else:
-                    start_s[tasks] = end[which]
-                    end[which] = end[which] + duration[tasks]
-            avail[w.slot] = end[w.slot_action]
-            avail[w.slot + 1] = end[w.slot_action] + p2p_s
+        end = np.maximum(np.maximum(avail[w.dep_a], avail[w.dep_b]), np.maximum(avail[w.dep_c], rank_free[w.rank]))
+        for tasks, which in w.members:  # back to back (more than one task: DualPipeV's actions)
+            if which is None:  # every action's first task (end: a new array from here on)
+                start_s[tasks] = end
+                end = end + duration[tasks]
+            else:
+                start_s[tasks] = end[which]
+                end[which] = end[which] + duration[tasks]
+        filled = end if w.slot_action is None else end[w.slot_action]
+        avail[w.slot] = filled
+        avail[w.slot + 1] = filled + p2p_s
         rank_free[w.rank] = end
     return start_s
 

@@ -64,7 +64,8 @@ class EngineSupport:
                        tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
                        fused_kernels=self.fused_kernels, compiled=self.compiled, compiled_loss=self.compiled_loss,
-                       loss_parallel=self.loss_parallel, autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp,
+                       loss_parallel=self.loss_parallel,
+                       autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp,
                                                            plan.zero.code, plan.dp_shard, plan.cp)))
 
     def search_limits(self) -> SpaceLimits:
