@@ -209,7 +209,7 @@ def test_nvfp4_first_and_last_layers_run_in_bf16():
 def test_nvfp4_moe_layers_price_their_experts_in_fp4():
     model = load_model("qwen3-30b-a3b")
     # routing padded to capacity: no dispatch synchronization, whose host bound would hide the
-    # GEMMs' precision at one sequence per micro-batch (cost/stages.py moe_dispatch_wait)
+    # GEMMs' precision at one sequence per micro-batch (cost/stages.py moe_dispatch_gaps)
     plan = make_plan(tp=1, pp=2, dp=32, ep=8, micro_batch_size=1, attention=AttentionKernel.FLASH3,
                      capacity_factor=1.0)
     fp8, fp4 = (_step_s("gb200-nvl72", p, plan, model="qwen3-30b-a3b") for p in (Precision.FP8, Precision.NVFP4))

@@ -35,10 +35,8 @@ def test_a_blocks_grid_prices_every_plan_as_its_columns_do(case):
         assert rejected == int(bad.sum()) and len(valid) == int((~bad).sum())
         ok = np.flatnonzero(~bad)
         with np.errstate(all="ignore"):  # the grid prices its invalid plans too
-            grid_memory = np.broadcast_to(np.asarray(plan_memory(model, cluster, workload, grid)[0].total),
-                                          block.shape).ravel()[ok]
-            grid_time = np.broadcast_to(np.asarray(plan_time(model, cluster, workload, grid).total),
-                                        block.shape).ravel()[ok]
+            grid_memory = block.flat(np.asarray(plan_memory(model, cluster, workload, grid)[0].total))[ok]
+            grid_time = block.flat(np.asarray(plan_time(model, cluster, workload, grid).total))[ok]
         assert np.array_equal(grid_memory, np.asarray(plan_memory(model, cluster, workload, valid)[0].total))
         assert np.array_equal(grid_time, np.asarray(plan_time(model, cluster, workload, valid).total))
         assert all(np.array_equal(getattr(columns.take(ok), f), getattr(valid, f)) for f in ("ep", "etp", "vp"))

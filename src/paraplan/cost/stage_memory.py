@@ -175,17 +175,24 @@ def _lazy_gradient_peak(model: ModelSpec, lay: Layout, g, acts, lo):
 @dataclass(frozen=True, kw_only=True)
 class _StageStates:
     """Each stage's bytes by part ([first, last, middle]: weights, gradients, optimizer,
-    activations, logits), the worst stage (0 first, 1 last, 2 middle), the communication
-    buffers beside it and the host bytes of offload."""
+    activations, logits) and in all, the communication buffers beside the worst stage's
+    and the host bytes of offload."""
 
     parts: tuple
     totals: tuple
-    worst: Num
     buffers: Num
     host_bytes: Num
 
+    def worst_total(self):
+        """The worst stage's bytes (the largest total: pick(*totals), to the bit)."""
+        first, last, middle = self.totals
+        return np.maximum(np.maximum(first, last), middle)
+
     def pick(self, first, last, middle):
-        return np.where(self.worst == 0, first, np.where(self.worst == 1, last, middle))
+        """Of a value per stage, the worst stage's: the middle where its total is larger than
+        both ends', else the first's unless the last's is larger."""
+        tot1, totl, totm = self.totals
+        return np.where((totm > tot1) & (totm > totl), middle, np.where(tot1 >= totl, first, last))
 
 
 def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> _StageStates:
@@ -216,7 +223,6 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     tot1 = w1 + g1 + o1 + acts_first + lo1
     totl = wl + gl + ol + acts_last + lol
     totm = np.where(has_mid, wm + gm + om + acts.middle_bytes, 0.0)
-    worst = np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
     buffers = np.where(lay.zero3, 2.0 * (layer_params + expert_params)
                        * (gather_bytes + mem.WEIGHT_BYTES * lay.casts_gathered + mem.GRAD_BYTES), 0.0)
     # FSDP2 under pipeline schedules: the gathered weights and the accumulated gradients are
@@ -225,7 +231,7 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
                        buffers)
     return _StageStates(parts=((w1, g1, o1, acts_first, lo1), (wl, gl, ol, acts_last, lol),
                                (wm, gm, om, acts.middle_bytes, 0.0)),
-                        totals=(tot1, totl, totm), worst=worst, buffers=buffers, host_bytes=host_bytes)
+                        totals=(tot1, totl, totm), buffers=buffers, host_bytes=host_bytes)
 
 
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
@@ -250,5 +256,5 @@ def plan_memory_total(model: ModelSpec, cluster: ClusterSpec, workload: Workload
     (tests/test_memory_first.py)."""
     gpu, lay = cluster.gpu, layout(model, workload, plan)
     st = _stage_states(model, workload, plan, lay, _moe_activations(model, workload, plan, lay))
-    alloc = st.pick(*st.totals) + st.buffers
+    alloc = st.worst_total() + st.buffers
     return alloc + gpu.allocator_fragmentation * alloc + gpu.reserved_bytes, st.host_bytes

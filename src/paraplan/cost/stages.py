@@ -91,9 +91,10 @@ def _host_wait(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, rc_stage, wgr
                            layer_wgrad_s=wgrad)
 
 
-def moe_dispatch_wait(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, mc: MoELayerCosts | None, layers):
-    """(forward, backward) wait per micro-batch of a stage's MoE layers for a host that blocks
-    at every dropless dispatch. Megatron-Core's token dispatchers copy the routed token counts
+def moe_dispatch_gaps(gpu: GPUSpec, plan, layer: LayerTimes, mc: MoELayerCosts | None):
+    """(forward, backward) wait of one MoE layer for a host that blocks at every dropless
+    dispatch, before the stage's share of MoE layers (stage_waits), or None where no host
+    blocks. Megatron-Core's token dispatchers copy the routed token counts
     to the host and synchronize on them in each MoE layer's forward before the all-to-all
     (token_dispatcher.py, MoEAlltoAllTokenDispatcher: cuda_sync_point "before_ep_alltoall", or
     "before_finish" without EP; none when dropping and padding to capacity): the GPU's queue
@@ -106,11 +107,24 @@ def moe_dispatch_wait(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, mc: Mo
     backward's data-parallel window holds only the backward's wait. Vectorized."""
     h = gpu.moe_dispatch_host_s
     if h <= 0.0 or mc is None:
-        return 0.0, 0.0
+        return None
     syncs = np.asarray(plan.fused_kernels, dtype=bool) & (np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0)
+    return syncs, np.maximum(h - layer.forward_s, 0.0), np.maximum(2.0 * h - layer.backward_s, 0.0)
+
+
+def stage_waits(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, rc_stage, wgrad, moe_gaps, layers, extra_fwd,
+                extra_bwd):
+    """A stage's (forward, backward, W pass) wait per micro-batch: for an eager host
+    (_host_wait) and, in its MoE layers, for the host a dropless dispatch blocks
+    (moe_dispatch_gaps)."""
+    host = _host_wait(gpu, plan, lay, layer, rc_stage, wgrad, layers, extra_fwd, extra_bwd)
+    if moe_gaps is None:
+        return host
+    syncs, gap_fwd, gap_bwd = moe_gaps
     moe_layers = np.where(syncs, layers * lay.moe_layer_share, 0.0)
-    return (moe_layers * np.maximum(h - layer.forward_s, 0.0),
-            moe_layers * np.maximum(2.0 * h - layer.backward_s, 0.0))
+    if gpu.eager_layer_host_s <= 0.0:  # (no host wait to add to)
+        return moe_layers * gap_fwd, moe_layers * gap_bwd, host[2]
+    return host[0] + moe_layers * gap_fwd, host[1] + moe_layers * gap_bwd, host[2]
 
 
 def _recompute_share(lay: Layout, layers):
@@ -125,9 +139,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     rc_stage, wgrad = rc.total_s, lc.weight_grad_s
     # (NVFP4's BF16 layers are priced against the layer's GEMMs and the gathered weights' cast)
     parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc.gemms_forward_s, z.gathered_cast_s, mc))
-    waits = [_host_wait(cluster.gpu, plan, lay, layer, rc_stage, wgrad, *p) for p in parts]
-    syncs = [moe_dispatch_wait(cluster.gpu, plan, lay, layer, mc, p[0]) for p in parts]
-    waits = [(w[0] + s[0], w[1] + s[1], w[2]) for w, s in zip(waits, syncs)]
+    gaps = moe_dispatch_gaps(cluster.gpu, plan, layer, mc)
+    waits = [stage_waits(cluster.gpu, plan, lay, layer, rc_stage, wgrad, gaps, *p) for p in parts]
 
     def stage(layers, extra_fwd, extra_bwd, wait):
         fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s

@@ -10,6 +10,7 @@ scalar `check_plan` runs every rule on a one-plan batch.
 from __future__ import annotations
 
 import functools
+from functools import cached_property
 import math
 from dataclasses import dataclass, fields, replace
 from types import SimpleNamespace
@@ -191,9 +192,12 @@ LAYOUT_AXES = ("tp", "cp", "pp", "dp")
 # the axes a SpaceBlock's rows bind, outermost first (their product, pruned, is the rows'
 # order; the rank order outermost keeps the plans with data parallelism outermost after the rest)
 ROW_AXES = ("rank_order_code", "vp", "schedule_code", "recompute_code", "recompute_num_layers", "sequence_parallel",
-            "zero_code", "dp_shard", "offload_optimizer", "tp_overlap", "cp_comm_type_code")
+            "tp_overlap", "cp_comm_type_code", "zero_code", "dp_shard", "offload_optimizer")
 EXPERT_AXES = ("etp", "ep", "capacity_factor_value", "a2a_hierarchical", "ep_overlap")
 MICRO_BATCH_AXES = ("micro_batch_size",)
+# the rows' innermost axes, how the model states are sharded: where every value of the other
+# row axes takes the same ZeRO choices, the grid gives them an axis of their own (SpaceBlock.grid)
+STATE_AXES = ("zero_code", "dp_shard", "offload_optimizer")
 _DTYPES = {c.name: c.dtype for c in COLUMNS}
 
 
@@ -245,6 +249,24 @@ def distinct(columns: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         key = key * len(values) + codes.ravel()
     _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     return np.stack([col[first] for col in columns], axis=1), inverse.ravel()
+
+
+def _states_per_row(rows: dict) -> int:
+    """The Z of rows that are the product of the other row axes' values with Z ZeRO choices
+    (STATE_AXES), each value taking the same Z in the same order; 1 where they are not."""
+    n = len(rows["vp"])
+    if not n:
+        return 1
+    _, index = distinct([rows[a] for a in STATE_AXES])
+    k = int(index.max()) + 1
+    if k == 1 or n % k:
+        return 1
+    for name, values in rows.items():
+        table = np.asarray(values).reshape(n // k, k)
+        same = table == (table[:1] if name in STATE_AXES else table[:, :1])
+        if not same.all():
+            return 1
+    return k
 
 
 def bind(cols: dict[str, np.ndarray], axis: Axis) -> dict[str, np.ndarray]:
@@ -320,46 +342,70 @@ class SpaceBlock:
     def num_candidates(self) -> int:
         return self.num_rows * len(self.experts["ep"]) * len(self.micro_batches)
 
+    @cached_property
+    def states_per_row(self) -> int:
+        """How many ZeRO choices (STATE_AXES) each value of the other row axes takes, where the
+        rows are the product of the two in that order (the grid's second axis); else 1."""
+        return _states_per_row(self.rows)
+
     def parts(self, max_candidates: int):
-        """The block in slices of its rows of at most about `max_candidates` plans each."""
+        """The block in slices of its rows of at most about `max_candidates` plans each (each
+        slice whole values of the other row axes, with every ZeRO choice of each)."""
         per_row = len(self.experts["ep"]) * len(self.micro_batches)
-        step = max(1, max_candidates // per_row)
+        k = self.states_per_row
+        step = max(1, max_candidates // (per_row * k)) * k
         for i in range(0, self.num_rows, step):
-            yield replace(self, rows={k: v[i:i + step] for k, v in self.rows.items()})
+            yield replace(self, rows={name: v[i:i + step] for name, v in self.rows.items()})
 
     def grid(self) -> PlanBatch:
-        """The block's candidates as a product of broadcastable columns: the row axes shaped
-        (R, 1, 1), the expert axes (1, E, 1), the micro-batch sizes (1, 1, M), the layout and
-        the engine's constants (1, 1, 1). The cost model's arithmetic is element-wise, so on a
-        grid numpy computes each term once per value of the axes it reads (a GEMM per
-        micro-batch size, an all-to-all per expert layout and micro-batch size) and only the
-        sums at R×E×M, with the same value each plan gets as a column. C order, rows × expert
-        layouts × micro-batch sizes, is the enumeration order."""
+        """The block's candidates as a product of broadcastable columns, on axes (micro-batch
+        sizes, expert layouts, ZeRO choices, rows): the micro-batch sizes shaped (M, 1, 1, 1),
+        the expert axes (1, E, 1, 1), the ZeRO choices (STATE_AXES) (1, 1, Z, 1) where the rows
+        are their product (else along the rows, Z = 1), the other row axes (1, 1, 1, R), the
+        layout and the engine's constants (1, 1, 1, 1). The cost model's arithmetic is
+        element-wise, so on a grid numpy computes each term once per value of the axes it reads
+        (a GEMM per micro-batch size, an all-to-all per expert layout and micro-batch size, a
+        layer's activations without the ZeRO choices) and only the sums at M×E×Z×R, with the
+        same value each plan gets as a column. The rows, which most terms read, are the axis
+        numpy runs innermost (a ufunc's inner loop over a short axis costs several times more
+        per element). The enumeration order, rows outermost, is the grid's Fortran order
+        (SpaceBlock.flat, grid_plans)."""
         limits = self.limits
-        n_rows, n_experts = self.num_rows, len(self.experts["ep"])
-        cols = {k: np.asarray(v).reshape(n_rows, 1, 1) for k, v in self.rows.items()}
-        cols.update({k: np.asarray(v).reshape(1, n_experts, 1) for k, v in self.experts.items()})
-        cols["micro_batch_size"] = np.array(self.micro_batches, dtype=np.int64).reshape(1, 1, -1)
-        cols.update({k: np.full((1, 1, 1), v, dtype=np.int64) for k, v in self.layout.items()})
+        n_states = self.states_per_row
+        n_rows, n_experts = self.num_rows // n_states, len(self.experts["ep"])
+        cols = {}
+        for name, values in self.rows.items():
+            values = np.asarray(values).reshape(n_rows, n_states)
+            cols[name] = (values[0].reshape(1, 1, n_states, 1) if name in STATE_AXES and n_states > 1
+                          else values[:, 0].reshape(1, 1, 1, n_rows))
+        cols.update({k: np.asarray(v).reshape(1, n_experts, 1, 1) for k, v in self.experts.items()})
+        cols["micro_batch_size"] = np.array(self.micro_batches, dtype=np.int64).reshape(-1, 1, 1, 1)
+        cols.update({k: np.full((1, 1, 1, 1), v, dtype=np.int64) for k, v in self.layout.items()})
         zero = cols["zero_code"]
 
         def const(value):
-            return np.full((1, 1, 1), value)
+            return np.full((1, 1, 1, 1), value)
         return PlanBatch(
-            **cols, dp_overlap=const(True), attention_code=np.full((1, 1, 1), self.kernel_code, dtype=np.int64),
+            **cols, dp_overlap=const(True), attention_code=np.full((1, 1, 1, 1), self.kernel_code, dtype=np.int64),
             grad_reduce_fp32=const(limits.grad_reduce_fp32), fp32_params=const(limits.fp32_params),
             checkpoint_early_stop=const(limits.checkpoint_early_stop),
             tp_async_backward=const(limits.tp_async_backward),
-            fsdp2_copies=const(limits.fsdp2_copies) & (zero != ZeroStage.NONE.code),
+            # (constants where the engine's policy is off: a term reading them stays off the ZeRO axis)
+            fsdp2_copies=(zero != ZeroStage.NONE.code) if limits.fsdp2_copies else const(False),
             fused_kernels=const(limits.fused_kernels), compiled=const(limits.compiled),
             compiled_loss=const(limits.compiled_loss), loss_parallel=const(limits.loss_parallel),
-            autocast=without_fsdp_autocast(limits.autocast_without_fsdp, cols["tp"], cols["pp"], zero,
-                                           cols["dp_shard"], cols["cp"]))
+            autocast=(without_fsdp_autocast(True, cols["tp"], cols["pp"], zero, cols["dp_shard"], cols["cp"])
+                      if limits.autocast_without_fsdp else const(False)))
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        """(rows, expert layouts, micro-batch sizes): the grid's shape."""
-        return self.num_rows, len(self.experts["ep"]), len(self.micro_batches)
+    def shape(self) -> tuple[int, int, int, int]:
+        """(micro-batch sizes, expert layouts, ZeRO choices, rows): the grid's shape."""
+        k = self.states_per_row
+        return len(self.micro_batches), len(self.experts["ep"]), k, self.num_rows // k
+
+    def flat(self, values) -> np.ndarray:
+        """Values on the block's grid (or broadcastable to it), flattened in enumeration order."""
+        return flatten(values, self.shape)
 
     def candidates(self) -> PlanBatch:
         """Every candidate of the block as columns: the grid, flattened in enumeration order."""
@@ -371,7 +417,7 @@ class SpaceBlock:
         bad = invalid_mask(grid, model, cluster, workload, counted_only=True)
         if self.limits.engine_rule is not None:
             bad = bad | self.limits.engine_rule(grid, model, workload)
-        return np.broadcast_to(bad, self.shape).ravel()
+        return self.flat(bad)
 
     def materialize(self, model: ModelSpec, cluster: ClusterSpec, workload: Workload):
         """(PlanBatch of the valid plans, number rejected): the pruning rules hold already, the
@@ -381,12 +427,20 @@ class SpaceBlock:
         return grid_plans(grid, self.shape, np.flatnonzero(~bad)), int(bad.sum())
 
 
+def flatten(values, shape: tuple) -> np.ndarray:
+    """Values on a grid of `shape` (SpaceBlock.grid, or broadcastable to it) in enumeration
+    order: the grid's Fortran order, its last axis (the rows) outermost."""
+    return np.broadcast_to(values, shape).ravel(order="F")
+
+
 def grid_plans(grid: PlanBatch, shape: tuple, flat_index: np.ndarray | None = None) -> PlanBatch:
-    """The plans of a grid of `shape` (SpaceBlock.grid) as columns: those at `flat_index` (C
-    order, the enumeration order), or every one."""
+    """The plans of a grid of `shape` (SpaceBlock.grid) as columns: those at `flat_index`
+    (positions in the enumeration order, SpaceBlock.flat), or every one."""
     def column(name):
-        whole = np.broadcast_to(getattr(grid, name), shape)
-        return whole.ravel() if flat_index is None else whole[np.unravel_index(flat_index, shape)]
+        values = getattr(grid, name)
+        if flat_index is None:
+            return flatten(values, shape)
+        return np.broadcast_to(values, shape)[np.unravel_index(flat_index, shape, order="F")]
     return PlanBatch(**{f.name: column(f.name) for f in fields(PlanBatch)})
 
 
@@ -492,12 +546,12 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         # first-k recomputation of a quarter, half or three quarters of the fullest stage
         Axis("recompute_num_layers", ("recompute_code",), lambda rc: ks if rc == Recompute.FIRST_K.code else (0,)),
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),
-        Axis("zero_code", (), lambda: [z.code for z in zeros]),
-        Axis("dp_shard", (), lambda: shards),
-        Axis("offload_optimizer", ("zero_code",), offloads),
         Axis("tp_overlap", ("sequence_parallel",), lambda sp: limits.tp_overlap if sp else (False,)),
         # CP = 1 exchanges nothing (counted as the ring: the cp_comm rule)
         Axis("cp_comm_type_code", (), lambda: [x.code for x in limits.cp_comm_types]),
+        Axis("zero_code", (), lambda: [z.code for z in zeros]),
+        Axis("dp_shard", (), lambda: shards),
+        Axis("offload_optimizer", ("zero_code",), offloads),
     ]
 
 

@@ -21,8 +21,8 @@ from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
-from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan, grid_plans,
-                          enumerate_space, space_blocks)
+from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan,
+                          enumerate_space, flatten, grid_plans, space_blocks)
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -177,14 +177,14 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     with np.errstate(all="ignore"):
         total, host_bytes = plan_memory_total(model, cluster, workload, grid)
         total = np.asarray(total, dtype=float)
-        mem_total = np.broadcast_to(total, part.shape).ravel()
-        fits = np.broadcast_to(plan_fits(cluster, total, host_bytes), part.shape).ravel() & ~bad
+        mem_total = part.flat(total)
+        fits = part.flat(plan_fits(cluster, total, host_bytes)) & ~bad
     out.fit = int(fits.sum())
     out.device_fit = int(((mem_total <= cluster.gpu.hbm_bytes) & ~bad).sum())
     valid = np.flatnonzero(~bad)
     i_min = valid[np.argmin(mem_total[valid])]
     out.smallest = (float(mem_total[i_min]), grid_plans(grid, part.shape, np.array([i_min])).plan(0))
-    timed = (fits if require_fit else ~bad).reshape(part.shape)
+    timed = (fits if require_fit else ~bad).reshape(part.shape, order="F")
     if not timed.any():
         return out
     sub, sub_timed = _sub_grid_of(grid, timed)
@@ -196,9 +196,9 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
             return out
     with np.errstate(all="ignore"):
         step = plan_time(model, cluster, workload, sub).total
-    chosen = np.flatnonzero(sub_timed)
     shape = sub_timed.shape
-    times = np.broadcast_to(np.asarray(step, dtype=float), shape).ravel()[chosen]
+    chosen = np.flatnonzero(flatten(sub_timed, shape))
+    times = flatten(np.asarray(step, dtype=float), shape)[chosen]
     idx = _fastest_first(times, resimulate)
     out.kept, out.kept_times = grid_plans(sub, shape, chosen[idx]), times[idx]
     bar.offer(out.kept_times)
@@ -206,15 +206,16 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
 
 
 def _sub_grid_of(grid: PlanBatch, wanted: np.ndarray) -> tuple[PlanBatch, np.ndarray]:
-    """The grid on the rows, expert layouts and micro-batch sizes that hold a wanted plan,
-    and which of its plans are wanted."""
-    keep = tuple(np.flatnonzero(wanted.any(axis=tuple(a for a in range(3) if a != axis))) for axis in range(3))
+    """The grid on the indices of each of its axes (rows, ZeRO choices, expert layouts,
+    micro-batch sizes) that hold a wanted plan, and which of its plans are wanted."""
+    axes = range(wanted.ndim)
+    keep = tuple(np.flatnonzero(wanted.any(axis=tuple(a for a in axes if a != axis))) for axis in axes)
     return _sub_grid(grid, keep), wanted[np.ix_(*keep)]
 
 
 def _sub_grid(grid: PlanBatch, keep: tuple) -> PlanBatch:
-    """The grid on the kept indices of each of its three axes (a column of length 1 on an axis
-    is the same for every index)."""
+    """The grid on the kept indices of each of its axes (a column of length 1 on an axis is the
+    same for every index)."""
     def pick(col):
         for axis, index in enumerate(keep):
             if col.shape[axis] > 1:
