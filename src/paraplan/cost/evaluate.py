@@ -205,11 +205,26 @@ def step_floor_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     term the step adds is never negative: the bubble, the exposed sends, the rest of DP sync,
     the SP norm all-reduce. The search times in full only the plans whose floor is under the
     n-th fastest step it has seen (search/planner.py)."""
+    stages_s, lay = _stage_floor(model, cluster, workload, plan)
+    return stages_s + optimizer_step_s(cluster.gpu, workload, lay)
+
+
+def stage_floor_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> Num:
+    """step_floor_s without the optimizer step: m × the critical stage's time per micro-batch
+    (less the head's extra ZeRO-3 gathers). ZeRO only adds to a stage's time per micro-batch
+    (gathers, reduce-scatters and their casts, exposed or slowing the compute they overlap),
+    so the plan without ZeRO has the least: the search prices it once for every ZeRO choice
+    (search/planner.py)."""
+    return _stage_floor(model, cluster, workload, plan)[0]
+
+
+def _stage_floor(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+    """(stage_floor_s, the plan's layout)."""
     lay, _, (*_, layer), stages = _staged(model, cluster, workload, plan)
     per_mb, t_max = critical_stage(stages, lay.pp)
     crit_layers, _ = _critical_layers(model, lay, t_max, per_mb)
     beyond_fullest = (crit_layers - lay.stage_layers) * (layer.zero_forward_exposed_s + layer.zero_backward_exposed_s)
-    return lay.num_microbatches * (t_max - beyond_fullest) + optimizer_step_s(cluster.gpu, workload, lay)
+    return lay.num_microbatches * (t_max - beyond_fullest), lay
 
 
 def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):

@@ -198,6 +198,7 @@ MICRO_BATCH_AXES = ("micro_batch_size",)
 # the rows' innermost axes, how the model states are sharded: where every value of the other
 # row axes takes the same ZeRO choices, the grid gives them an axis of their own (SpaceBlock.grid)
 STATE_AXES = ("zero_code", "dp_shard", "offload_optimizer")
+ZERO_AXIS = 2  # the ZeRO choices' axis of a block's grid (micro-batch sizes, expert layouts, ZeRO, rows)
 _DTYPES = {c.name: c.dtype for c in COLUMNS}
 
 
@@ -402,6 +403,18 @@ class SpaceBlock:
         """(micro-batch sizes, expert layouts, ZeRO choices, rows): the grid's shape."""
         k = self.states_per_row
         return len(self.micro_batches), len(self.experts["ep"]), k, self.num_rows // k
+
+    def without_zero(self, grid: PlanBatch) -> PlanBatch | None:
+        """`grid` (this block's, or a sub-grid of it) with ZeRO-0 in place of every ZeRO choice
+        (nothing sharded, nothing offloaded): one value on the ZeRO axis, what a step floor
+        under every choice is priced on (search/planner.py). None where the grid has no ZeRO
+        axis, or where the engine's policy changes with the choice (FSDP2's copies, autocast
+        without FSDP): there the plan without ZeRO is another program, not a floor."""
+        limits = self.limits
+        if self.states_per_row == 1 or limits.fsdp2_copies or limits.autocast_without_fsdp:
+            return None
+        values = {"zero_code": ZeroStage.NONE.code, "dp_shard": self.layout["dp"], "offload_optimizer": False}
+        return replace(grid, **{k: np.full((1, 1, 1, 1), v, dtype=_DTYPES[k]) for k, v in values.items()})
 
     def flat(self, values) -> np.ndarray:
         """Values on the block's grid (or broadcastable to it), flattened in enumeration order."""

@@ -16,12 +16,14 @@ from typing import Callable, NoReturn
 import numpy as np
 
 from ..cost.estimate import Estimate, finish_all
-from ..cost.evaluate import evaluate, plan_memory_total, plan_time, step_floor_s
+from ..cost.evaluate import evaluate, plan_memory_total, plan_time, stage_floor_s, step_floor_s
+from ..cost.layout import layout
+from ..cost.optimizer import optimizer_step_s
 from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
-from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan,
+from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan, ZERO_AXIS,
                           enumerate_space, flatten, grid_plans, space_blocks)
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -189,9 +191,7 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
         return out
     sub, sub_timed = _sub_grid_of(grid, timed)
     if np.isfinite(bar.seconds):
-        with np.errstate(all="ignore"):
-            floor = np.broadcast_to(step_floor_s(model, cluster, workload, sub), sub_timed.shape)
-        sub, sub_timed = _sub_grid_of(sub, sub_timed & bar.hopeful(floor))
+        sub, sub_timed = _hopeful(model, cluster, workload, part, bar, sub, sub_timed)
         if not sub_timed.any():
             return out
     with np.errstate(all="ignore"):
@@ -203,6 +203,36 @@ def _price_part(model: ModelSpec, cluster: ClusterSpec, workload: Workload, resi
     out.kept, out.kept_times = grid_plans(sub, shape, chosen[idx]), times[idx]
     bar.offer(out.kept_times)
     return out
+
+
+def _hopeful(model: ModelSpec, cluster: ClusterSpec, workload: Workload, part, bar: _Bar, sub: PlanBatch,
+             wanted: np.ndarray) -> tuple[PlanBatch, np.ndarray]:
+    """The sub-grid of the wanted plans the bar does not rule out: first (where the part has a
+    ZeRO axis) by a floor under all the ZeRO choices of a plan, then by each remaining plan's
+    own floor."""
+    with np.errstate(all="ignore"):
+        floor = floor_under_zero_choices(model, cluster, workload, part, sub, wanted.shape)
+        if floor is not None:
+            sub, wanted = _sub_grid_of(sub, wanted & bar.hopeful(floor))
+            if not wanted.any():
+                return sub, wanted
+        floor = np.broadcast_to(step_floor_s(model, cluster, workload, sub), wanted.shape)
+    return _sub_grid_of(sub, wanted & bar.hopeful(floor))
+
+
+def floor_under_zero_choices(model: ModelSpec, cluster: ClusterSpec, workload: Workload, part, grid: PlanBatch,
+                             shape: tuple) -> np.ndarray | None:
+    """Under the step floor (evaluate.step_floor_s) of each plan of `grid` (the part's, or a
+    sub-grid of it, of `shape`), priced once for all its ZeRO choices: the stage floor of the
+    plan without ZeRO (evaluate.stage_floor_s) and the fastest optimizer step of its choices.
+    None where the part has no ZeRO axis or the plan without ZeRO is no floor
+    (SpaceBlock.without_zero)."""
+    unsharded = part.without_zero(grid)
+    if unsharded is None:
+        return None
+    optimizer = np.broadcast_to(optimizer_step_s(cluster.gpu, workload, layout(model, workload, grid)), shape)
+    return np.broadcast_to(stage_floor_s(model, cluster, workload, unsharded)
+                           + optimizer.min(axis=ZERO_AXIS, keepdims=True), shape)
 
 
 def _sub_grid_of(grid: PlanBatch, wanted: np.ndarray) -> tuple[PlanBatch, np.ndarray]:
