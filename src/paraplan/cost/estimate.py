@@ -192,11 +192,11 @@ class PipelineRuns:
 
 def pipeline_runs(plan: Plan, costs: PlanCosts, simulate_pipeline: bool = True) -> PipelineRuns:
     """What simulating the plan's pipeline takes (finish applies the runs' makespans)."""
+    if not simulate_pipeline or plan.pp == 1:
+        return PipelineRuns(counts=())
     m = int(_batch_index(costs.num_microbatches))
     m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
     tasks = schedule_tasks(plan, m if m <= 2 * m1 else 3 * m1)
-    if not simulate_pipeline or plan.pp == 1:
-        return PipelineRuns(counts=())
     if tasks > SIM_TASKS_MAX:
         return PipelineRuns(counts=(), note=(
             f"pipeline not simulated: {plan.pp:,} stages × {m:,} micro-batches take {tasks:,} schedule "

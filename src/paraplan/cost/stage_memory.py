@@ -8,6 +8,7 @@ modules.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,16 +184,20 @@ class _StageStates:
     buffers: Num
     host_bytes: Num
 
+    @functools.cached_property
+    def worst(self):
+        """The stage with the most bytes (0 first, 1 last, 2 middle; the first on a tie with
+        the last, either end on a tie with the middle): computed where a breakdown asks."""
+        tot1, totl, totm = self.totals
+        return np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
+
     def worst_total(self):
-        """The worst stage's bytes (the largest total: pick(*totals), to the bit)."""
+        """The worst stage's bytes: the largest total (pick(*totals), to the bit)."""
         first, last, middle = self.totals
         return np.maximum(np.maximum(first, last), middle)
 
     def pick(self, first, last, middle):
-        """Of a value per stage, the worst stage's: the middle where its total is larger than
-        both ends', else the first's unless the last's is larger."""
-        tot1, totl, totm = self.totals
-        return np.where((totm > tot1) & (totm > totl), middle, np.where(tot1 >= totl, first, last))
+        return np.where(self.worst == 0, first, np.where(self.worst == 1, last, middle))
 
 
 def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> _StageStates:

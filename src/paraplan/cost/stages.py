@@ -122,8 +122,6 @@ def stage_waits(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, rc_stage, wg
         return host
     syncs, gap_fwd, gap_bwd = moe_gaps
     moe_layers = np.where(syncs, layers * lay.moe_layer_share, 0.0)
-    if gpu.eager_layer_host_s <= 0.0:  # (no host wait to add to)
-        return moe_layers * gap_fwd, moe_layers * gap_bwd, host[2]
     return host[0] + moe_layers * gap_fwd, host[1] + moe_layers * gap_bwd, host[2]
 
 

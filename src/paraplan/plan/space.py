@@ -10,7 +10,6 @@ scalar `check_plan` runs every rule on a one-plan batch.
 from __future__ import annotations
 
 import functools
-from functools import cached_property
 import math
 from dataclasses import dataclass, fields, replace
 from types import SimpleNamespace
@@ -343,7 +342,7 @@ class SpaceBlock:
     def num_candidates(self) -> int:
         return self.num_rows * len(self.experts["ep"]) * len(self.micro_batches)
 
-    @cached_property
+    @functools.cached_property
     def states_per_row(self) -> int:
         """How many ZeRO choices (STATE_AXES) each value of the other row axes takes, where the
         rows are the product of the two in that order (the grid's second axis); else 1."""

@@ -236,8 +236,8 @@ def floor_under_zero_choices(model: ModelSpec, cluster: ClusterSpec, workload: W
 
 
 def _sub_grid_of(grid: PlanBatch, wanted: np.ndarray) -> tuple[PlanBatch, np.ndarray]:
-    """The grid on the indices of each of its axes (rows, ZeRO choices, expert layouts,
-    micro-batch sizes) that hold a wanted plan, and which of its plans are wanted."""
+    """The grid on the indices of each of its axes (SpaceBlock.grid: micro-batch sizes, expert
+    layouts, ZeRO choices, rows) that hold a wanted plan, and which of its plans are wanted."""
     axes = range(wanted.ndim)
     keep = tuple(np.flatnonzero(wanted.any(axis=tuple(a for a in axes if a != axis))) for axis in axes)
     return _sub_grid(grid, keep), wanted[np.ix_(*keep)]
