@@ -82,6 +82,7 @@ def test_the_floor_under_the_zero_choices_is_never_above_a_plans_floor(case):
 def test_the_search_ranks_the_same_plans_with_and_without_the_floor(case, monkeypatch):
     model, cluster, workload, limits = search_setup(*SEARCHED[case])
     monkeypatch.setattr(planner, "CHUNK", 5000)  # many slices: the bar is set before most are priced
+    monkeypatch.setenv("PARAPLAN_WORKERS", "1")  # the bar's rulings counted in this process
     ruled_out = []
     hopeful = planner._Bar.hopeful
 

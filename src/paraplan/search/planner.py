@@ -4,10 +4,14 @@ the simulated pipeline, so the top of the ranking is stable; see docs/model.md).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import signal
+import sys
 import threading
 import time as _time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from itertools import groupby
@@ -30,37 +34,37 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import fmt_bytes
 
-CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search, per thread)
+CHUNK = 200_000  # plans per vectorized evaluation (bounds peak memory of the search, per worker)
 SIMULATED_PLANS = 64  # the closed form's fastest plans the event simulator re-times (docs/model.md, Search)
-MAX_THREADS = 8  # slices priced at once (each holds up to CHUNK plans' arrays)
+MAX_WORKERS = 8  # slices priced at once (each holds up to CHUNK plans' arrays)
 FLOOR_SLACK = 1e-9  # a step floor above the bar by more than this share rules its plan out (_Bar)
 
 
-def search_threads() -> int:
-    """Threads that price slices of the space at once: this process's CPUs (within a
-    container's quota, at most MAX_THREADS), or PARAPLAN_THREADS."""
-    env = os.environ.get("PARAPLAN_THREADS", "").strip()
+def search_workers() -> int:
+    """Workers that price slices of the space at once: this process's CPUs (within a
+    container's quota, at most MAX_WORKERS), or PARAPLAN_WORKERS."""
+    env = os.environ.get("PARAPLAN_WORKERS", "").strip()
     if env:
         try:
             n = int(env)
         except ValueError:
-            raise SpecError("environment", "PARAPLAN_THREADS", env, f"an integer from 1 to {MAX_THREADS}") from None
-        if not 1 <= n <= MAX_THREADS:
-            raise SpecError("environment", "PARAPLAN_THREADS", env, f"an integer from 1 to {MAX_THREADS}")
+            raise SpecError("environment", "PARAPLAN_WORKERS", env, f"an integer from 1 to {MAX_WORKERS}") from None
+        if not 1 <= n <= MAX_WORKERS:
+            raise SpecError("environment", "PARAPLAN_WORKERS", env, f"an integer from 1 to {MAX_WORKERS}")
         return n
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(MAX_THREADS, cpus, _cgroup_cpus()))
+    return max(1, min(MAX_WORKERS, cpus, _cgroup_cpus()))
 
 
 def _cgroup_cpus() -> int:
     """The CPUs a container's quota allows (cgroup v2 cpu.max 'quota period', rounded up);
-    MAX_THREADS where there is none or it cannot be read."""
+    MAX_WORKERS where there is none or it cannot be read."""
     try:
         with open("/sys/fs/cgroup/cpu.max") as f:
             quota, period = f.read().split()[:2]
-        return MAX_THREADS if quota == "max" else max(1, -(-int(quota) // int(period)))
+        return MAX_WORKERS if quota == "max" else max(1, -(-int(quota) // int(period)))
     except (OSError, ValueError):
-        return MAX_THREADS
+        return MAX_WORKERS
 
 
 @dataclass(kw_only=True)
@@ -78,25 +82,33 @@ class _Slice:
 
 class _Bar:
     """The n-th fastest closed-form step time seen so far in a search (inf until n are seen),
-    shared by the threads pricing its slices: a plan whose step floor (evaluate.step_floor_s)
-    is above it cannot be among the n fastest, so it is not timed in full. The bar only
-    falls, and any n plans' times bound the n-th fastest of the whole space from above, so
-    the plans ranked do not depend on when each slice read it."""
+    shared by the threads pricing its slices (a worker process keeps its own copy and is told
+    the search's, lower_to): a plan whose step floor (evaluate.step_floor_s) is above it
+    cannot be among the n fastest, so it is not timed in full. The bar only falls, and any n
+    plans' times bound the n-th fastest of the whole space from above, so the plans ranked do
+    not depend on when each slice read it."""
 
     def __init__(self, n: int):
         self.n = n
         self._fastest = np.empty(0)
+        self._elsewhere_s = float("inf")  # the lowest bar another copy of this one told it
         self._lock = threading.Lock()
 
     @property
     def seconds(self) -> float:
         fastest = self._fastest
-        return float(fastest[-1]) if self.n > 0 and len(fastest) >= self.n else float("inf")
+        own = float(fastest[-1]) if self.n > 0 and len(fastest) >= self.n else float("inf")
+        return min(own, self._elsewhere_s)
 
     def offer(self, times: np.ndarray) -> None:
-        """Lower the bar by these plans' step times."""
+        """Lower the bar by these plans' step times (plans not offered to it before)."""
         with self._lock:
             self._fastest = np.sort(np.concatenate([self._fastest, times]))[:self.n]
+
+    def lower_to(self, seconds: float) -> None:
+        """Lower the bar to another copy's (each bounds the n-th fastest, so the lower does;
+        their plans may overlap, so they are not offered)."""
+        self._elsewhere_s = min(self._elsewhere_s, seconds)
 
     def hopeful(self, floor: np.ndarray) -> np.ndarray:
         """Plans whose floor does not rule them out (FLOOR_SLACK, relative, for the rounding
@@ -118,26 +130,65 @@ def _slices(blocks, size: int) -> list[list]:
     return out
 
 
-def _map_in_order(fn, items: list):
-    """fn over items, results in the items' order: on threads where there is more than one
-    slice and one CPU (a pool's start costs more than a small search)."""
-    threads = min(search_threads(), len(items))
-    if threads <= 1:
-        yield from map(fn, items)
-        return
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="paraplan-search")
+def _priced_in_order(price, items: list, bar: _Bar):
+    """price over the slices, results in their order: where there is more than one slice
+    and one CPU, in worker processes where the platform forks them (Linux), else on threads
+    (numpy releases the interpreter in its array work, but an MoE grid's arrays are small
+    enough that two threads mostly wait for each other: docs/model/search.md)."""
+    workers = min(search_workers(), len(items))
+    if workers <= 1:
+        yield from map(price, items)
+    elif _FORK is not None:
+        yield from _on_processes(price, items, bar, workers)
+    else:
+        pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="paraplan-search")
+        yield from _in_order(pool, lambda i: pool.submit(price, items[i]), len(items), 2 * workers)
+
+
+_FORK = multiprocessing.get_context("fork") if sys.platform == "linux" else None
+
+
+def _in_order(pool, submit: Callable, count: int, queued: int):
+    """submit(i)'s results for i in range(count), in order, at most `queued` submitted and not
+    yet taken (a queued slice holds only its rows: about workers × CHUNK plans materialized at
+    once); the pool shut down after, or on an error or Ctrl-C (the slices not started dropped)."""
+    pending: deque = deque()
     try:
-        # two slices per thread queued (a queued one holds only its rows): about threads × CHUNK
-        # plans materialized at once
-        pending = []
-        for item in items:
-            pending.append(pool.submit(fn, item))
-            if len(pending) >= 2 * threads:
-                yield pending.pop(0).result()
-        for fut in pending:
-            yield fut.result()
-    finally:  # an error or Ctrl-C: the slices not started are dropped, not run
+        for i in range(count):
+            pending.append(submit(i))
+            if len(pending) >= queued:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _on_processes(price, items: list, bar: _Bar, workers: int):
+    """The slices priced by forked worker processes: each inherits the pricing and the slices
+    (only a slice's index and the bar go out, only its result comes back), keeps its own copy
+    of the bar and is told the search's before each slice."""
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_FORK, initializer=_start_worker,
+                               initargs=(price, items, bar))
+    for res in _in_order(pool, lambda i: pool.submit(_price_in_worker, i, bar.seconds), len(items), 2 * workers):
+        if res.kept_times is not None:
+            bar.offer(res.kept_times)
+        yield res
+
+
+_WORKER: tuple = ()  # in a worker process: (price, slices, bar), inherited at its fork
+
+
+def _start_worker(price, items: list, bar: _Bar) -> None:
+    global _WORKER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the search's to handle, in its process
+    _WORKER = (price, items, bar)
+
+
+def _price_in_worker(index: int, bar_seconds: float) -> _Slice:
+    price, items, bar = _WORKER
+    bar.lower_to(bar_seconds)
+    return price(items[index])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -384,10 +435,11 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     if phase:
         phase("search", total)
 
-    run = partial(_price_slice, model, cluster, workload, resimulate, require_fit, _Bar(resimulate))
-    # slices of consecutive parts, about CHUNK candidates each, priced on threads (numpy
-    # releases the GIL in its array operations) and merged in enumeration order
-    for res in _map_in_order(run, _slices(blocks, CHUNK)):
+    bar = _Bar(resimulate)
+    run = partial(_price_slice, model, cluster, workload, resimulate, require_fit, bar)
+    # slices of consecutive parts, about CHUNK candidates each, priced by workers and merged
+    # in enumeration order
+    for res in _priced_in_order(run, _slices(blocks, CHUNK), bar):
         _merge(seen, res)
         slices.append(res)
         done += res.candidates
