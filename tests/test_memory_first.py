@@ -39,6 +39,29 @@ def test_workers_rank_and_count_as_one_does(monkeypatch, name, gpus, prec, on):
     assert out["1"][1][0] > 10 * 20_000  # many slices
 
 
+@pytest.mark.parametrize("on", ["processes", "threads"])
+def test_an_error_in_a_worker_reaches_the_search_as_raised(monkeypatch, on):
+    """An error raised while a worker prices a slice is the search's error, its class, line
+    and fields intact (a worker process sends it back pickled)."""
+    import paraplan.search.planner as planner
+    from paraplan.errors import SpecError
+    if on == "processes" and planner._FORK is None:
+        pytest.skip("this platform does not fork worker processes")
+    if on == "threads":
+        monkeypatch.setattr(planner, "_FORK", None)
+    monkeypatch.setattr(planner, "CHUNK", 20_000)
+    monkeypatch.setenv("PARAPLAN_WORKERS", "2")
+
+    def fails(*args):
+        raise SpecError("search", "--probe", 7, "a value the test refuses")
+    monkeypatch.setattr(planner, "_price_slice", fails)
+    with pytest.raises(SpecError) as err:
+        search(load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=64),
+               Workload(global_batch_size=256, seq_len=4096, precision=Precision.BF16))
+    assert str(err.value) == "search: --probe=7 is not allowed; a value the test refuses"
+    assert err.value.field == "--probe"
+
+
 def test_a_worker_process_is_told_the_search_bar(monkeypatch):
     """A forked worker's copy of the bar takes the lower of its own and the search's, and
     offers stay its own (another copy's plans may be among them)."""

@@ -46,6 +46,17 @@ def shown_path(path: object) -> str:
 class ParaplanError(Exception):
     """A user's mistake or an impossible request; the CLI prints it in one line, exits 2."""
 
+    def __reduce__(self):
+        """Pickled as its class, line and fields, whatever its constructor takes (a search's
+        worker process sends its errors back to the search)."""
+        return _rebuilt, (type(self), self.args), self.__dict__
+
+
+def _rebuilt(cls: type, args: tuple) -> ParaplanError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    return err
+
 
 class SpecError(ParaplanError):
     """A field of a model, cluster, workload or plan has a value that is not allowed."""
