@@ -14,6 +14,54 @@ from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
 
 
+@pytest.mark.parametrize("name,gpus,prec", [("llama3-70b", 64, Precision.BF16), ("qwen3-30b-a3b", 16, Precision.FP8),
+                                            ("deepseek-v3", 64, Precision.FP8), ("llama3-8b", 16, Precision.FP32)])
+def test_plan_memory_is_evaluates_memory(name, gpus, prec):
+    model, cluster = load_model(name), load_cluster("dgx-h100", num_gpus=gpus)
+    wl = Workload(global_batch_size=256, seq_len=4096, precision=prec)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits()) if len(b)])
+    rng = np.random.default_rng(1)
+    sample = batch.take(np.sort(rng.choice(len(batch), size=min(len(batch), 3000), replace=False)))
+    memory, host = plan_memory(model, cluster, wl, sample)
+    costs = evaluate(model, cluster, wl, sample)
+    for part, value in memory.parts().items():
+        np.testing.assert_array_equal(value, costs.memory.parts()[part], err_msg=part)
+    np.testing.assert_array_equal(host, costs.host_bytes)
+    # the search's total without the breakdown: the same bytes to the bit
+    total, total_host = plan_memory_total(model, cluster, wl, sample)
+    np.testing.assert_array_equal(total, memory.total)
+    np.testing.assert_array_equal(total_host, host)
+
+
+def test_the_search_counts_and_ranks_what_fits():
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=32)
+    wl = Workload(global_batch_size=64, seq_len=8192)
+    res = search(model, cluster, wl, top_k=5, resimulate=8)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits()) if len(b)])
+    costs = evaluate(model, cluster, wl, batch)
+    ok = fits(cluster, np.asarray(costs.memory.total), costs.host_bytes)
+    assert res.num_fit == int(ok.sum()) > 0
+    # the fastest plan that fits by the closed form is among those the search re-timed
+    best = float(np.min(np.asarray(costs.time.total)[ok]))
+    assert min(e.step_time_s for e in res.ranked) <= best * 1.05
+    assert all(e.memory.total <= cluster.gpu.hbm_bytes for e in res.ranked)
+
+
+def test_the_ranking_does_not_depend_on_how_the_space_is_chunked(monkeypatch):
+    """Plans tied on time (ZeRO 0/1/2 with offload on one GPU row, TP overlap on or off)
+    are kept in enumeration order, whatever the chunk size."""
+    import paraplan.search.planner as planner
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=64, seq_len=4096)
+    ranked = {}
+    for chunk in (planner.CHUNK, 5000, 777):
+        monkeypatch.setattr(planner, "CHUNK", chunk)
+        res = search(model, cluster, wl, top_k=20, resimulate=32)
+        ranked[chunk] = [(e.plan, e.step_time_s) for e in res.ranked]
+    first, *others = ranked.values()
+    assert all(o == first for o in others)
+
+
 @pytest.mark.parametrize("name,gpus,prec", [("llama3-70b", 64, Precision.BF16), ("qwen3-30b-a3b", 16, Precision.FP8)])
 @pytest.mark.parametrize("on", ["processes", "threads"])
 def test_workers_rank_and_count_as_one_does(monkeypatch, name, gpus, prec, on):
@@ -25,6 +73,7 @@ def test_workers_rank_and_count_as_one_does(monkeypatch, name, gpus, prec, on):
         pytest.skip("this platform does not fork worker processes")
     if on == "threads":
         monkeypatch.setattr(planner, "_FORK", None)
+    assert planner._forks_workers() == (on == "processes")
     model, cluster = load_model(name), load_cluster("dgx-h100", num_gpus=gpus)
     wl = Workload(global_batch_size=256, seq_len=4096, precision=prec)
     monkeypatch.setattr(planner, "CHUNK", 20_000)
@@ -60,6 +109,52 @@ def test_an_error_in_a_worker_reaches_the_search_as_raised(monkeypatch, on):
                Workload(global_batch_size=256, seq_len=4096, precision=Precision.BF16))
     assert str(err.value) == "search: --probe=7 is not allowed; a value the test refuses"
     assert err.value.field == "--probe"
+
+
+def test_a_dead_worker_process_is_one_line(monkeypatch):
+    """A worker process that dies (the kernel's out-of-memory killer) ends the search with
+    one line that says what happened and what helps, not the pool's traceback."""
+    import os
+    import paraplan.search.planner as planner
+    from paraplan.errors import ParaplanError
+    if not planner._forks_workers():
+        pytest.skip("this platform does not fork worker processes")
+    monkeypatch.setattr(planner, "CHUNK", 20_000)
+    monkeypatch.setenv("PARAPLAN_WORKERS", "2")
+    monkeypatch.setattr(planner, "_price_slice", lambda *args: os._exit(9))
+    with pytest.raises(ParaplanError) as err:
+        search(load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=64),
+               Workload(global_batch_size=256, seq_len=4096, precision=Precision.BF16))
+    assert "worker process died" in str(err.value) and "PARAPLAN_WORKERS=1" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_workers_are_threads_where_a_fork_is_not_safe():
+    """No fork where another thread runs (its locks would stay held in the child) or in a
+    pool's worker process (a daemon has no children)."""
+    import threading
+    import paraplan.search.planner as planner
+    if planner._FORK is None:
+        pytest.skip("this platform does not fork worker processes")
+    assert planner._forks_workers()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not planner._forks_workers()
+    finally:
+        stop.set()
+        other.join()
+    assert planner._forks_workers()
+
+
+def test_the_old_name_of_the_worker_count_still_counts(monkeypatch):
+    import paraplan.search.planner as planner
+    monkeypatch.delenv("PARAPLAN_WORKERS", raising=False)
+    monkeypatch.setenv("PARAPLAN_THREADS", "1")
+    assert planner.search_workers() == 1
+    monkeypatch.setenv("PARAPLAN_WORKERS", "2")
+    assert planner.search_workers() == 2
 
 
 def test_a_worker_process_is_told_the_search_bar(monkeypatch):

@@ -12,6 +12,7 @@ import threading
 import time as _time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from itertools import groupby
@@ -25,7 +26,7 @@ from ..cost.layout import layout
 from ..cost.optimizer import optimizer_step_s
 from ..cost.memory import fits as plan_fits
 from ..argtypes import MAX_DEGREE
-from ..errors import NoPlanFitsError, SpecError
+from ..errors import NoPlanFitsError, ParaplanError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
 from ..plan.space import (PlanBatch, SpaceLimits, capacity_factor_ok, capacity_factor_rule, check_plan, ZERO_AXIS,
                           enumerate_space, flatten, grid_plans, space_blocks)
@@ -43,14 +44,16 @@ FLOOR_SLACK = 1e-9  # a step floor above the bar by more than this share rules i
 def search_workers() -> int:
     """Workers that price slices of the space at once: this process's CPUs (within a
     container's quota, at most MAX_WORKERS), or PARAPLAN_WORKERS."""
-    env = os.environ.get("PARAPLAN_WORKERS", "").strip()
-    if env:
+    # PARAPLAN_THREADS: its name before the workers could be processes
+    name = next((n for n in ("PARAPLAN_WORKERS", "PARAPLAN_THREADS") if os.environ.get(n, "").strip()), None)
+    if name:
+        env = os.environ[name].strip()
         try:
             n = int(env)
         except ValueError:
-            raise SpecError("environment", "PARAPLAN_WORKERS", env, f"an integer from 1 to {MAX_WORKERS}") from None
+            raise SpecError("environment", name, env, f"an integer from 1 to {MAX_WORKERS}") from None
         if not 1 <= n <= MAX_WORKERS:
-            raise SpecError("environment", "PARAPLAN_WORKERS", env, f"an integer from 1 to {MAX_WORKERS}")
+            raise SpecError("environment", name, env, f"an integer from 1 to {MAX_WORKERS}")
         return n
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(MAX_WORKERS, cpus, _cgroup_cpus()))
@@ -138,7 +141,7 @@ def _priced_in_order(price, items: list, bar: _Bar):
     workers = min(search_workers(), len(items))
     if workers <= 1:
         yield from map(price, items)
-    elif _FORK is not None:
+    elif _forks_workers():
         yield from _on_processes(price, items, bar, workers)
     else:
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="paraplan-search")
@@ -146,6 +149,13 @@ def _priced_in_order(price, items: list, bar: _Bar):
 
 
 _FORK = multiprocessing.get_context("fork") if sys.platform == "linux" else None
+
+
+def _forks_workers() -> bool:
+    """Whether the workers can be forked processes: on Linux, from a process that is no
+    pool's worker (a daemon process has no children) and runs no other thread (a fork
+    copies only the thread that forks: another's locks would stay held in the child)."""
+    return _FORK is not None and not multiprocessing.current_process().daemon and threading.active_count() == 1
 
 
 def _in_order(pool, submit: Callable, count: int, queued: int):
@@ -170,10 +180,14 @@ def _on_processes(price, items: list, bar: _Bar, workers: int):
     of the bar and is told the search's before each slice."""
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_FORK, initializer=_start_worker,
                                initargs=(price, items, bar))
-    for res in _in_order(pool, lambda i: pool.submit(_price_in_worker, i, bar.seconds), len(items), 2 * workers):
-        if res.kept_times is not None:
-            bar.offer(res.kept_times)
-        yield res
+    try:
+        for res in _in_order(pool, lambda i: pool.submit(_price_in_worker, i, bar.seconds), len(items), 2 * workers):
+            if res.kept_times is not None:
+                bar.offer(res.kept_times)
+            yield res
+    except BrokenProcessPool:
+        raise ParaplanError("a search worker process died (killed, or out of host memory); PARAPLAN_WORKERS=1 "
+                            "prices the search in this process, with less memory at once") from None
 
 
 _WORKER: tuple = ()  # in a worker process: (price, slices, bar), inherited at its fork
