@@ -115,6 +115,17 @@ def fit_to_pairs(gpus: str, csv_paths: list[str]) -> None:
     for label, j in (("usual fit", j_usual), ("fitted to the pairs", at_pairs)):
         print(f"  {label:20s} FP8 ratio {ratios[j]:.2f}: pairs' ratio error {pair_error(j):.2f}%, "
               f"mean |error| of every run {mean_error(j):.2f}%")
+    # the share each publication's dense 16-bit runs alone would take (the split the pairs point at)
+    by_source: dict[str, list] = defaultdict(list)
+    for i, run in enumerate(runs):
+        if not run.moe and run.precision.value == "bf16":
+            by_source[run.source].append(i)
+    print("  the share each source's dense BF16 runs alone fit:")
+    for source, idx in sorted(by_source.items()):
+        err = np.abs(100.0 * (fine[idx][:, :, j_usual] - measured[idx, None]) / measured[idx, None]).mean(axis=0)
+        best = int(np.argmin(err))
+        print(f"    {source[:40]:40s} {len(idx):3d} runs: {shares[best]:.2f} ({err[best]:.1f}%; "
+              f"{err[s]:.1f}% at {shares[s]:.2f})")
 
 
 if __name__ == "__main__":
