@@ -93,39 +93,41 @@ def twin_pairs(runs, rows: dict) -> list[tuple[int, int]]:
 def fit_to_pairs(gpus: str, csv_paths: list[str]) -> None:
     import numpy as np
     sys.path.insert(0, "src")
-    from paraplan.validate import fit as F
+    from paraplan.validate.fit import FINE_STEP, KNOBS, fit_knobs, predict_at, tabulate
+    share_knob, ratio_knob = (k.field for k in KNOBS)
     rows = {r["id"]: r for path in csv_paths for r in csv.DictReader(open(path, newline=""))}
-    runs, _ = F.tabulate(csv_paths, tuple(gpus.split(",")))
-    fine = F._interpolated(runs)
-    shares, ratios = F._fine(F.KNOBS[0]), F._fine(F.KNOBS[1])
+    runs, _ = tabulate(csv_paths, tuple(gpus.split(",")))
     measured = np.array([r.measured for r in runs])
-    usual = F.fit_knobs(runs, {k.field: k.high for k in F.KNOBS}, fine)
-    s = int(np.argmin(np.abs(shares - usual[F.KNOBS[0].field])))
+    usual = fit_knobs(runs, {k.field: k.high for k in KNOBS})
+    ratios = np.round(np.arange(KNOBS[1].low, KNOBS[1].high + FINE_STEP / 2, FINE_STEP), 6)
+    # every run's prediction at the usual share, for each FP8 ratio: (runs, ratios)
+    pred = np.array([[predict_at(r, {**usual, ratio_knob: f}) for f in ratios] for r in runs])
     pairs = twin_pairs(runs, rows)
 
     def pair_error(j):  # mean |predicted FP8/BF16 ratio / measured one - 1|, percent
-        return 100.0 * np.mean([abs(fine[f, s, j] / fine[b, s, j] / (measured[f] / measured[b]) - 1.0)
-                                for b, f in pairs])
+        return 100.0 * np.mean([abs(pred[f, j] / pred[b, j] / (measured[f] / measured[b]) - 1.0) for b, f in pairs])
 
     def mean_error(j):
-        return float(np.mean(np.abs(100.0 * (fine[:, s, j] - measured) / measured)))
+        return float(np.mean(np.abs(100.0 * (pred[:, j] - measured) / measured)))
     at_pairs = int(np.argmin([pair_error(j) for j in range(len(ratios))]))
-    j_usual = int(np.argmin(np.abs(ratios - usual[F.KNOBS[1].field])))
-    print(f"{gpus}: {len(runs)} runs, {len(pairs)} twin pairs; share {shares[s]:.2f}")
+    j_usual = int(np.argmin(np.abs(ratios - usual[ratio_knob])))
+    print(f"{gpus}: {len(runs)} runs, {len(pairs)} twin pairs; share {usual[share_knob]:.2f}")
     for label, j in (("usual fit", j_usual), ("fitted to the pairs", at_pairs)):
         print(f"  {label:20s} FP8 ratio {ratios[j]:.2f}: pairs' ratio error {pair_error(j):.2f}%, "
               f"mean |error| of every run {mean_error(j):.2f}%")
     # the share each publication's dense 16-bit runs alone would take (the split the pairs point at)
     by_source: dict[str, list] = defaultdict(list)
-    for i, run in enumerate(runs):
+    for run in runs:
         if not run.moe and run.precision.value == "bf16":
-            by_source[run.source].append(i)
+            by_source[run.source].append(run)
     print("  the share each source's dense BF16 runs alone fit:")
-    for source, idx in sorted(by_source.items()):
-        err = np.abs(100.0 * (fine[idx][:, :, j_usual] - measured[idx, None]) / measured[idx, None]).mean(axis=0)
-        best = int(np.argmin(err))
-        print(f"    {source[:40]:40s} {len(idx):3d} runs: {shares[best]:.2f} ({err[best]:.1f}%; "
-              f"{err[s]:.1f}% at {shares[s]:.2f})")
+    for source, group in sorted(by_source.items()):
+        own = fit_knobs(group, usual)
+
+        def error(values):
+            return np.mean([abs(predict_at(r, values) - r.measured) / r.measured * 100.0 for r in group])
+        print(f"    {source[:40]:40s} {len(group):3d} runs: {own[share_knob]:.2f} ({error(own):.1f}%; "
+              f"{error(usual):.1f}% at {usual[share_knob]:.2f})")
 
 
 if __name__ == "__main__":

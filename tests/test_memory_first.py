@@ -118,7 +118,7 @@ def test_a_dead_worker_process_is_one_line(monkeypatch):
     import paraplan.search.planner as planner
     from paraplan.errors import ParaplanError
     if not planner._forks_workers():
-        pytest.skip("this platform does not fork worker processes")
+        pytest.skip("this process does not fork worker processes (platform, or other threads running)")
     monkeypatch.setattr(planner, "CHUNK", 20_000)
     monkeypatch.setenv("PARAPLAN_WORKERS", "2")
     monkeypatch.setattr(planner, "_price_slice", lambda *args: os._exit(9))
@@ -157,7 +157,7 @@ def test_the_old_name_of_the_worker_count_still_counts(monkeypatch):
     assert planner.search_workers() == 2
 
 
-def test_a_worker_process_is_told_the_search_bar(monkeypatch):
+def test_a_worker_process_is_told_the_search_bar():
     """A forked worker's copy of the bar takes the lower of its own and the search's, and
     offers stay its own (another copy's plans may be among them)."""
     import paraplan.search.planner as planner

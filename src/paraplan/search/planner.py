@@ -45,9 +45,9 @@ def search_workers() -> int:
     """Workers that price slices of the space at once: this process's CPUs (within a
     container's quota, at most MAX_WORKERS), or PARAPLAN_WORKERS."""
     # PARAPLAN_THREADS: its name before the workers could be processes
-    name = next((n for n in ("PARAPLAN_WORKERS", "PARAPLAN_THREADS") if os.environ.get(n, "").strip()), None)
+    name, env = next(((n, os.environ[n].strip()) for n in ("PARAPLAN_WORKERS", "PARAPLAN_THREADS")
+                      if os.environ.get(n, "").strip()), (None, ""))
     if name:
-        env = os.environ[name].strip()
         try:
             n = int(env)
         except ValueError:
@@ -363,7 +363,6 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
     out.kept, out.kept_times = sub.take(idx), step[idx]
     bar.offer(out.kept_times)
     return out
-
 
 
 def _fastest(results: list[_Slice], n: int) -> tuple[PlanBatch | None, np.ndarray | None]:
