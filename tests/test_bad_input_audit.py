@@ -109,6 +109,8 @@ def test_engine_precision_names_are_read(text, expected):
     (["--storage-gb-per-s", "1e7"], "allowed: 0.001 to 1e+06 GB/s"),
     (["--price", "1e308"], "allowed: above 0 to 1e+06 $ per GPU-hour"),
     (["--tokens", "1e308"], "allowed: above 0 to 1e+18 tokens"),
+    (["--pue", "0.5"], "allowed: 1 to 3 (facility power over IT power)"),
+    (["--grid-kg-per-kwh", "-1"], "allowed: 0 to 2 kg CO2e per kWh"),
 ])
 def test_absurd_workload_numbers_are_refused(capsys, flags, allowed):
     line = _error(capsys, "search", *SMALL, *flags, "--json", "--top", "1")

@@ -21,6 +21,7 @@ BITS_PER_BYTE = 8
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
 SECONDS_PER_YEAR = 365.25 * SECONDS_PER_DAY  # Julian year
+JOULES_PER_KWH = 3.6e6
 
 
 def tflops(x: float) -> float:
@@ -128,7 +129,14 @@ def fmt_usd(x: float) -> str:
 
 
 def fmt_energy_j(joules: float) -> str:
-    mwh = joules / 3.6e9
+    mwh = joules / (1000.0 * JOULES_PER_KWH)
     if mwh >= 1:
         return f"{mwh:.1f} MWh"
-    return f"{joules / 3.6e6:.1f} kWh"
+    return f"{joules / JOULES_PER_KWH:.1f} kWh"
+
+
+def fmt_co2e_kg(kg: float) -> str:
+    """Carbon dioxide equivalent: tonnes from one tonne on, else kilograms."""
+    if kg >= 1000.0:
+        return f"{kg / 1000.0:,.1f} tCO2e"
+    return f"{kg:.1f} kg CO2e"

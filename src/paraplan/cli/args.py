@@ -31,8 +31,9 @@ from ..specs.files import MAX_COUNT
 from ..specs.hardware import ClusterSpec
 from ..specs.model import MAX_LAYERS, MAX_MTP_LAYERS, ModelSpec
 from ..specs.workload import (ASSUMED_RESTART_S, LLAMA3_INTERRUPTIONS_PER_GPU_DAY, LLAMA3_STORAGE_BYTES_PER_S,
-                              MAX_STORAGE_BYTES_PER_S, MAX_TOKEN_BUDGET, MAX_USD_PER_GPU_HOUR, MIN_STORAGE_BYTES_PER_S,
-                              Workload)
+                              MAX_KG_CO2E_PER_KWH, MAX_PUE, MAX_STORAGE_BYTES_PER_S, MAX_TOKEN_BUDGET,
+                              MAX_USD_PER_GPU_HOUR, MIN_STORAGE_BYTES_PER_S, PATTERSON_GPT3_KG_CO2E_PER_KWH,
+                              PATTERSON_GPT3_PUE, Workload)
 from ..units import GIGA as _GIGA
 from .progress import add_quiet, show_progress  # noqa: F401 (show_progress: validate, serve)
 
@@ -90,6 +91,14 @@ def add_specs(p: argparse.ArgumentParser) -> None:
                    default=LLAMA3_STORAGE_BYTES_PER_S / _GIGA,
                    help="checkpoint storage write bandwidth for the job "
                         f"(default {LLAMA3_STORAGE_BYTES_PER_S / _GIGA:g}: Llama 3's Tectonic)")
+    g.add_argument("--pue", type=number_within(1.0, MAX_PUE, "(facility power over IT power)"),
+                   default=PATTERSON_GPT3_PUE,
+                   help=f"the data center's power usage effectiveness, for energy and carbon (default "
+                        f"{PATTERSON_GPT3_PUE:g}: GPT-3's, Patterson et al. 2021)")
+    g.add_argument("--grid-kg-per-kwh", type=number_within(0.0, MAX_KG_CO2E_PER_KWH, "kg CO2e per kWh"),
+                   default=PATTERSON_GPT3_KG_CO2E_PER_KWH,
+                   help=f"the grid's carbon intensity, kg CO2e per kWh (default {PATTERSON_GPT3_KG_CO2E_PER_KWH:g}: "
+                        "the grid GPT-3 trained on, Patterson et al. 2021; your grid operator publishes yours)")
     g.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -333,7 +342,8 @@ def specs_from_args(args: argparse.Namespace,
                   **({} if args.moe_imbalance is None else {"moe_imbalance": args.moe_imbalance}),
                   restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
                   storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
-                  interruptions_per_gpu_day=args.interruptions_per_gpu_day)
+                  interruptions_per_gpu_day=args.interruptions_per_gpu_day,
+                  pue=args.pue, grid_kg_co2e_per_kwh=args.grid_kg_per_kwh)
     return model, cluster, wl
 
 

@@ -17,6 +17,7 @@ from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
+from .carbon import carbon_kg, facility_energy_j
 from .evaluate import PlanCosts, evaluate
 from .layout import end_chunk_slots, layout
 from .flops import model_flops_per_token
@@ -38,6 +39,11 @@ class Budget:
     gpu_hours: float
     usd: float
     energy_j: float  # at the GPUs' TDP (an upper bound; excludes host, network and PUE)
+    facility_energy_j: float  # energy_j × the workload's PUE (cost/carbon.py)
+    carbon_kg: float          # operational CO2e of facility_energy_j on the workload's grid
+    wall_carbon_kg: float     # the same through interruptions (with_failures' GPU-hours)
+    pue: float                   # what the two are priced at (the workload's)
+    grid_kg_co2e_per_kwh: float
     # the same budget through interruptions and checkpoints (cost/reliability.py)
     with_failures: Reliability
 
@@ -265,8 +271,8 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
                            interruptions_per_gpu_day=workload.interruptions_per_gpu_day,
                            restart_s=workload.restart_s, usd_per_gpu_hour=price,
                            min_interval_s=ckpt_bytes / workload.storage_bytes_per_s)
-    budget = Budget(tokens=workload.token_budget, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
-                    usd=gpu_hours * price, energy_j=n * gpu.tdp_watts * train_s, with_failures=failures)
+    budget = _budget(workload, gpu.tdp_watts, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
+                     usd=gpu_hours * price, with_failures=failures)
     overl = costs.overlapped.scalar(0)
     comm = {k: _batch_index(v) for k, v in costs.comm_detail.items()}
     comm["DP/ZeRO collectives"] = time.dp_comm_s
@@ -279,6 +285,18 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
                     tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=mfu, hfu=hfu,
                     model_tflops_per_gpu=mfu * peak / 1e12, budget=budget, comm_detail=comm,
                     layer_detail=detail, step_detail=step_detail, sim=sim, pipeline_note=pipeline_note)
+
+
+def _budget(workload: Workload, tdp_watts: float, *, gpu_hours: float, with_failures: Reliability, **rest) -> Budget:
+    """The budget with its energy at TDP and that energy's carbon, failure-free and through
+    interruptions (cost/carbon.py)."""
+    energy_j = tdp_watts * gpu_hours * SECONDS_PER_HOUR
+    wall_energy_j = tdp_watts * with_failures.wall_gpu_hours * SECONDS_PER_HOUR
+    pue, intensity = workload.pue, workload.grid_kg_co2e_per_kwh
+    return Budget(tokens=workload.token_budget, gpu_hours=gpu_hours, energy_j=energy_j,
+                  facility_energy_j=facility_energy_j(energy_j, pue), carbon_kg=carbon_kg(energy_j, pue, intensity),
+                  wall_carbon_kg=carbon_kg(wall_energy_j, pue, intensity), pue=pue, grid_kg_co2e_per_kwh=intensity,
+                  with_failures=with_failures, **rest)
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,

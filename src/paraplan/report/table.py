@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from ..cost.estimate import Estimate
-from ..units import fmt_bytes, fmt_count, fmt_energy_j, fmt_time, fmt_usd
+from ..units import fmt_bytes, fmt_co2e_kg, fmt_count, fmt_energy_j, fmt_time, fmt_usd
 from .legend import legend_line, split_shared
 from .width import DEFAULT_WIDTH, labelled, wrap
 
@@ -113,7 +113,9 @@ def _summary(est: Estimate) -> list[str]:
            if est.host_bytes > 0 else "")
         + ("" if est.fits else "  — DOES NOT FIT"),
         f"token budget    {fmt_count(b.tokens)} tokens: {fmt_time(b.time_s)}, {fmt_count(b.gpu_hours)} GPU-hours, "
-        f"{fmt_usd(b.usd)}, {fmt_energy_j(b.energy_j)} at TDP",
+        f"{fmt_usd(b.usd)}",
+        f"energy, carbon  {fmt_energy_j(b.energy_j)} at TDP, {fmt_energy_j(b.facility_energy_j)} at PUE "
+        f"{b.pue:.2f}: {fmt_co2e_kg(b.carbon_kg)} at {b.grid_kg_co2e_per_kwh:.3g} kg/kWh (--pue, --grid-kg-per-kwh)",
         failures_line(b.with_failures),
     ]
 
@@ -206,8 +208,8 @@ def scaling_table(result, width: int = DEFAULT_WIDTH) -> str:
             notes.append(f"{_where(pt, many)}: {pt.why_not}")
         rows.append(_scaling_row(pt, many, plan_of.get(id(pt), f"no plan (note {len(notes)})")))
     table = grid((["cluster"] if many else []) + ["GPUs", "best plan", "step", "tok/s/GPU", "MFU", "scaling",
-                                                  "time to\ntrain", "goodput", "cost"],
-                 rows, align=("l" if many else "") + "llrrrrrrr", width=width, wrap_col=2 if many else 1)
+                                                  "time to\ntrain", "goodput", "cost", "carbon"],
+                 rows, align=("l" if many else "") + "llrrrrrrrr", width=width, wrap_col=2 if many else 1)
     lines = [with_plans(table, descriptions, shared_line, width), ""]
     lines += [labelled(f"note {i}: ", n, width) for i, n in enumerate(notes, 1)] + ([""] if notes else [])
     return "\n".join(lines + [wrap(x, width, indent=2) for x in _scaling_footer(result, many)])
@@ -221,12 +223,19 @@ def _scaling_row(pt, many: bool, plan: str) -> list[str]:
     """A sweep point's row: its best plan's figures, or blanks beside `plan` (a note) for none."""
     head = [pt.cluster_name] if many else []
     if pt.best is None:
-        return head + [f"{pt.num_gpus:,}", plan, "", "", "", "", "", "", ""]
+        return head + [f"{pt.num_gpus:,}", plan, "", "", "", "", "", "", "", ""]
     e, r = pt.best, pt.best.budget.with_failures
     return head + [f"{pt.num_gpus:,}", plan, fmt_time(e.step_time_s),
                    f"{e.tokens_per_s_per_gpu:,.0f}", f"{100 * e.mfu:.1f}%", f"{100 * pt.efficiency:.0f}%",
-                   *((fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd))
-                     if r.goodput >= NO_PROGRESS_GOODPUT else ("no progress", f"{100 * r.goodput:.2g}%", "-"))]
+                   *((fmt_time(r.wall_time_s), f"{100 * r.goodput:.1f}%", fmt_usd(r.wall_usd),
+                      fmt_co2e_kg(e.budget.wall_carbon_kg))
+                     if r.goodput >= NO_PROGRESS_GOODPUT else ("no progress", f"{100 * r.goodput:.2g}%", "-", "-"))]
+
+
+def _carbon_basis(pt) -> str:
+    """What a sweep's carbon column is priced at (the workload's, the same at every point)."""
+    b = pt.best.budget
+    return f"carbon at the GPUs' TDP, PUE {b.pue:.2f}, {b.grid_kg_co2e_per_kwh:.3g} kg CO2e/kWh (--pue, --grid-kg-per-kwh)"
 
 
 def _scaling_footer(result, many: bool) -> list[str]:
@@ -252,5 +261,6 @@ def _scaling_footer(result, many: bool) -> list[str]:
                      f"cheapest: {_where(cheap, many)}, {fmt_time(c.wall_time_s)} for {fmt_usd(c.wall_usd)} "
                      f"(the soonest {more})")
     lines.append("scaling: tokens/s/GPU over the smallest count's" + (" on the same cluster" if many else "")
-                 + "; time and cost through interruptions (--interruptions-per-gpu-day; 0 for none)")
+                 + "; time, cost and carbon through interruptions (--interruptions-per-gpu-day; 0 for none); "
+                 + _carbon_basis(fast))
     return lines

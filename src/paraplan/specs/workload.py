@@ -49,6 +49,15 @@ LLAMA3_STORAGE_BYTES_PER_S = 2e12  # Dubey et al. 2024 Sec. 3.3.1 (see Workload.
 MIN_STORAGE_BYTES_PER_S, MAX_STORAGE_BYTES_PER_S = 1e6, 1e15
 MAX_TOKEN_BUDGET = 1e18
 MAX_USD_PER_GPU_HOUR = 1e6
+# A PUE is facility power over IT power, so at least 1; 3 is past the worst data centers
+# surveyed. No grid emits more than about 1.2 kg CO2e per kWh (lignite); 2 leaves room.
+MAX_PUE = 3.0
+# Patterson et al. 2021 ("Carbon Emissions and Large Neural Network Training", arXiv
+# 2104.10350) Table 4, GPT-3's row: the PUE of the Microsoft data center it trained in and the
+# carbon intensity of its grid. The defaults; set your own.
+PATTERSON_GPT3_PUE = 1.10
+PATTERSON_GPT3_KG_CO2E_PER_KWH = 0.429
+MAX_KG_CO2E_PER_KWH = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +83,11 @@ class Workload:
     # taken faster than it is written. 2 TB/s is Llama 3's Tectonic fabric ("a sustainable
     # throughput of 2 TB/s", Dubey et al. 2024, Sec. 3.3.1).
     storage_bytes_per_s: float = LLAMA3_STORAGE_BYTES_PER_S
+    # The facility's power usage effectiveness and its grid's carbon intensity, for the
+    # energy and carbon of the budget (cost/carbon.py; defaults: Patterson et al. 2021 Table
+    # 4, GPT-3's data center and grid)
+    pue: float = PATTERSON_GPT3_PUE
+    grid_kg_co2e_per_kwh: float = PATTERSON_GPT3_KG_CO2E_PER_KWH
 
     def __post_init__(self) -> None:
         # at most MAX_COUNT each: their product (tokens per step) stays within int64
@@ -100,6 +114,12 @@ class Workload:
         if self.usd_per_gpu_hour is not None and not 0 <= self.usd_per_gpu_hour <= MAX_USD_PER_GPU_HOUR:
             raise SpecError("workload", "usd_per_gpu_hour", self.usd_per_gpu_hour,
                             f"must be a number >= 0 and <= {MAX_USD_PER_GPU_HOUR:g} $ per GPU-hour (--price)")
+
+        if not 1.0 <= self.pue <= MAX_PUE:
+            raise SpecError("workload", "pue", self.pue, f"must be a number from 1 to {MAX_PUE:g} (--pue)")
+        if not 0.0 <= self.grid_kg_co2e_per_kwh <= MAX_KG_CO2E_PER_KWH:
+            raise SpecError("workload", "grid_kg_co2e_per_kwh", self.grid_kg_co2e_per_kwh,
+                            f"must be a number from 0 to {MAX_KG_CO2E_PER_KWH:g} kg CO2e per kWh (--grid-kg-per-kwh)")
 
     @property
     def tokens_per_step(self) -> int:
