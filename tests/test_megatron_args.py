@@ -66,6 +66,7 @@ CASES = {
     "dense-fp8": (LLAMA, plan(tp=2, dp=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER),
                   replace(WL, precision=Precision.FP8), 16),
     "dense-fp16": (LLAMA, plan(zero=ZeroStage.OPTIMIZER), replace(WL, precision=Precision.FP16), 16),
+    "dense-activation-offload": (LLAMA, plan(zero=ZeroStage.OPTIMIZER, activation_offload_layers=16), WL, 16),
     "mha-tp4-ddp": (LLAMA2, plan(tp=4, dp=4, sequence_parallel=True), WL, 16),
     "moe-ep8-modules": (MIXTRAL, plan(tp=2, dp=8, ep=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
                                       capacity_factor=1.25, recompute=Recompute.MODULES), WL, 16),

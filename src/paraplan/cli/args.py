@@ -119,6 +119,9 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        "with data or context parallelism, its FSDP default: 3, or 2 with --pp > 1)")
         g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
+        g.add_argument("--offload-activations", type=_int_up_to(MAX_LAYERS), default=0, metavar="LAYERS",
+                       help="layers per pipeline stage whose saved activations are copied to host memory and back, "
+                            "under compute (with --recompute none, selective, modules or full; default 0)")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
         g.add_argument("--attention", default=None,
@@ -206,7 +209,7 @@ def engine_rules_from_args(args: argparse.Namespace, workload: Workload, model: 
 # parser attributes of one plan (estimate, trace, export): how they choose it, as written or
 # narrowing a search, is cli/choice.py's rule
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
-              "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
+              "zero", "dp_shard", "offload", "offload_activations", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
               "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
 
 
@@ -222,7 +225,8 @@ _PLAN_TOKENS = (
     (r"rc:first(\d+)", lambda m: {"recompute": "first_k", "recompute_layers": int(m[1])}),
     (r"rc:([a-z_-]+)", lambda m: {"recompute": m[1]}),
     (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
-    (r"offload", lambda m: {"offload": True}), (r"tpov", lambda m: {"tp_overlap": True}),
+    (r"offload", lambda m: {"offload": True}), (r"aoff(\d+)", lambda m: {"offload_activations": int(m[1])}),
+    (r"tpov", lambda m: {"tp_overlap": True}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
     (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
     (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
@@ -378,7 +382,8 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
                      recompute=recompute,
-                     recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
+                     recompute_num_layers=args.recompute_layers, activation_offload_layers=args.offload_activations,
+                     sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
                      attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None

@@ -43,7 +43,7 @@ def searched_plan_note(args: argparse.Namespace) -> str:
 # one): with --rank, or to export, the plan they describe is given whole with --plan
 UNSEARCHED_FLAGS = (("offload", "--offload"), ("no_dp_overlap", "--no-dp-overlap"), ("dp_shard", "--dp-shard"),
                     ("recompute_layers", "--recompute-layers"), ("a2a_hierarchical", "--a2a-hierarchical"),
-                    ("ep_overlap", "--ep-overlap"))
+                    ("ep_overlap", "--ep-overlap"), ("offload_activations", "--offload-activations"))
 
 
 def narrowed_space(args: argparse.Namespace) -> tuple[dict, SpaceLimits]:

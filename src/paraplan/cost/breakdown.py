@@ -43,6 +43,7 @@ class TimeBreakdown(_Parts):
     bubble_s: float        # pipeline bubble (idle time of the critical stage)
     optimizer_s: float     # optimizer step (and host offload traffic)
     host_wait_s: float = 0.0  # the GPU idle while an eager engine's host issues kernels (host.eager_host_wait)
+    offload_s: float = 0.0    # exposed copies of offloaded activations to and from host memory
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +54,7 @@ class OverlappedComm(_Parts):
     cp_comm_s: float
     ep_comm_s: float
     dp_comm_s: float
+    offload_s: float = 0.0    # activation copies to and from host memory under compute
 
 
 @dataclass(frozen=True, kw_only=True)

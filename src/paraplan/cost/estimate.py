@@ -80,7 +80,7 @@ class Estimate:
             return (f"needs {fmt_bytes(self.memory.total)} per GPU by paraplan's memory model, more than the "
                     f"{fmt_bytes(self.hbm_bytes)} of {gpu_name}")
         if not self.fits:
-            return (f"keeps {fmt_bytes(self.host_bytes)} of offloaded optimizer state per GPU in host DRAM, more "
+            return (f"keeps {fmt_bytes(self.host_bytes)} of offloaded optimizer state and activations per GPU in host DRAM, more "
                     f"than the GPU's {fmt_bytes(self.host_capacity_bytes)} share of its host's")
         return ""
 

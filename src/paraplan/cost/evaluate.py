@@ -27,6 +27,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
+from .activation_offload import ActivationOffload, activation_offload
 from .bubbles import dualpipev_bubble_s, zbv_bubble_s
 from .cp import CPComm, cp_comm
 from .dp_sync import DPSync, dp_sync
@@ -84,6 +85,7 @@ class PlanCosts:
 class _Parts:
     """The parts of one evaluation, as the time breakdown and the labels read them."""
 
+    plan: object
     lay: Layout
     lc: LayerCompute
     tp: TPComm
@@ -95,6 +97,7 @@ class _Parts:
     stages: Stages
     pipe: PipelineCosts
     dp: DPSync
+    offload: ActivationOffload | None
 
 
 def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> TimeBreakdown:
@@ -108,9 +111,11 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     crit_cp = crit_layers * (cp.forward_exposed_s + cp.backward_exposed_s) + rc_crit * rc.cp_s
     crit_ep = crit_layers * (ep.forward_exposed_s + ep.backward_exposed_s) + rc_crit * rc.ep_s
     crit_wait = pipe.critical_host_wait_s
+    crit_offload = (0.0 if x.offload is None else x.offload.offloaded(x.plan, crit_layers)
+                    * (x.offload.forward_exposed_s + x.offload.backward_exposed_s))
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
                   - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s)
-                     + 2.0 * z.first_gather_s) - crit_wait)
+                     + 2.0 * z.first_gather_s) - crit_wait - crit_offload)
     return TimeBreakdown(
         compute_s=m * compute_mb,
         host_wait_s=m * crit_wait,
@@ -122,6 +127,7 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
         dp_comm_s=x.dp.exposed_s + x.dp.microbatch_exposed_s,
         bubble_s=pipe.bubble_s,
         optimizer_s=optimizer_s,
+        offload_s=m * crit_offload,
     )
 
 
@@ -148,6 +154,7 @@ def _overlapped(x: _Parts) -> OverlappedComm:
         cp_comm_s=m * L_s * ((cp.forward_s - cp.forward_exposed_s) + (cp.backward_s - cp.backward_exposed_s)),
         ep_comm_s=m * L_s * ((ep.forward_s - ep.forward_exposed_s) + (ep.backward_s - ep.backward_exposed_s)),
         dp_comm_s=x.dp.overlapped_s + x.dp.microbatch_overlapped_s,
+        offload_s=0.0 if x.offload is None else m * x.offload.offloaded(x.plan, L_s) * x.offload.hidden_s(),
     )
 
 
@@ -186,14 +193,17 @@ def _layer_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
 
 
 def _staged(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
-    """A plan's layout, MoE layer costs, layer parts and stages: what its step is built from."""
+    """A plan's layout, MoE layer costs, layer parts, stages and offloaded activations' copies:
+    what its step is built from."""
     lay = layout(model, workload, plan)
     mc = (moe_layer_costs(model, cluster, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
           if model.is_moe else None)
     lc, tp, cp, ep, z, rc, layer = _layer_parts(model, cluster, workload, plan, lay, mc)
+    offload = activation_offload(cluster, model, workload, plan, lay, layer,
+                                 (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
     ends = stage_ends(cluster, model, lay, lc, tp, z, layer, rc.total_s)
-    stages = stage_times(model, cluster, workload, plan, lay, lc, layer, rc, z, ends, mc)
-    return lay, mc, (lc, tp, cp, ep, z, rc, layer), stages
+    stages = stage_times(model, cluster, workload, plan, lay, lc, layer, rc, z, ends, mc, offload)
+    return lay, mc, (lc, tp, cp, ep, z, rc, layer), stages, offload
 
 
 def step_floor_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> Num:
@@ -220,7 +230,7 @@ def stage_floor_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pl
 
 def _stage_floor(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
     """(stage_floor_s, the plan's layout)."""
-    lay, _, (*_, layer), stages = _staged(model, cluster, workload, plan)
+    lay, _, (*_, layer), stages, _ = _staged(model, cluster, workload, plan)
     per_mb, t_max = critical_stage(stages, lay.pp)
     crit_layers, _ = _critical_layers(model, lay, t_max, per_mb)
     beyond_fullest = (crit_layers - lay.stage_layers) * (layer.zero_forward_exposed_s + layer.zero_backward_exposed_s)
@@ -230,12 +240,13 @@ def _stage_floor(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
 def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
     """The parts of a plan's step and its time: (parts, MoE layer costs, SP norm all-reduce,
     optimizer step, TimeBreakdown)."""
-    lay, mc, (lc, tp, cp, ep, z, rc, layer), stages = _staged(model, cluster, workload, plan)
+    lay, mc, (lc, tp, cp, ep, z, rc, layer), stages, offload = _staged(model, cluster, workload, plan)
     pipe = pipeline(cluster, model, plan, lay, stages)
     dp = dp_sync(cluster, plan, lay, stages.first, z, layer, mc is not None)
     optimizer = optimizer_step_s(cluster.gpu, workload, lay)
     sp_norm = sp_norm_grad_all_reduce_s(cluster, model, lay, tp, z.microbatch_reduce)
-    x = _Parts(lay=lay, lc=lc, tp=tp, cp=cp, ep=ep, zero=z, rc=rc, layer=layer, stages=stages, pipe=pipe, dp=dp)
+    x = _Parts(plan=plan, lay=lay, lc=lc, tp=tp, cp=cp, ep=ep, zero=z, rc=rc, layer=layer, stages=stages, pipe=pipe,
+               dp=dp, offload=offload)
     return x, mc, sp_norm, optimizer, _time_breakdown(model, x, sp_norm, optimizer)
 
 

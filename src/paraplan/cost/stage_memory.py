@@ -33,6 +33,18 @@ class StageActivations:
     middle_bytes: Num
     last_bytes: Num
     logits_bytes: Num       # one micro-batch's loss state (the head's logits, and each MTP module's)
+    host_bytes: tuple = (0.0, 0.0, 0.0)  # offloaded activations in host memory: first, middle, last stage
+
+
+def _offload_split(plan, layers, inflight, per_layer_bytes):
+    """(bytes kept on the GPU, bytes in host memory) of a stage's offloaded layers
+    (cost/activation_offload.py): each of the in-flight micro-batches' offloaded layers is on
+    the host; on the GPU, a staging buffer of two layers while any layer is offloaded -- one
+    layer's copy out in the forward, or in the backward the layer in use and the next one
+    fetched ahead (Megatron-Core's double buffering). Subtracted from the stage's kept bytes."""
+    off = np.minimum(np.asarray(plan.activation_offload_layers, dtype=float), layers)
+    staging = np.minimum(off, 2.0) * per_layer_bytes
+    return staging - inflight * off * per_layer_bytes, inflight * off * per_layer_bytes
 
 
 def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
@@ -99,8 +111,15 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
         acts_first = acts_first + inflight * np.where(lay.first_holds_ends, mtp_acts, 0.0)
         acts_last = acts_last + inflight_last * np.where(lay.v_shape, 0.0, mtp_acts)
         logits = logits * (1.0 + D)  # each MTP module's logits beside the head's
-    return StageActivations(first_bytes=acts_first, middle_bytes=inflight_mid * L_s * per_layer_stored
-                            + recompute_working, last_bytes=acts_last, logits_bytes=logits)
+    acts_mid = inflight_mid * L_s * per_layer_stored + recompute_working
+    if not np.any(plan.activation_offload_layers):
+        return StageActivations(first_bytes=acts_first, middle_bytes=acts_mid, last_bytes=acts_last,
+                                logits_bytes=logits)
+    splits = [_offload_split(plan, layers, n, per_layer_stored) for layers, n in
+              ((lay.first_stage_layers, inflight), (L_s, inflight_mid), (lay.last_stage_layers, inflight_last))]
+    return StageActivations(first_bytes=acts_first + splits[0][0], middle_bytes=acts_mid + splits[1][0],
+                            last_bytes=acts_last + splits[2][0], logits_bytes=logits,
+                            host_bytes=tuple(host for _, host in splits))
 
 
 def _uncast_params(model: ModelSpec, lay: Layout):
@@ -217,7 +236,8 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     wm, gm, om, hostm = _model_states(lay, lay.stage_layers * lay.dense_layer_params / lay.tp, 0.0,
                                       lay.expert_params_stage)
     has_mid = lay.pp > 2
-    host_bytes = np.maximum(np.maximum(host1, hostl), np.where(has_mid, hostm, 0.0))
+    act_host1, act_hostm, act_hostl = acts.host_bytes
+    host_bytes = np.maximum(np.maximum(host1 + act_host1, hostl + act_hostl), np.where(has_mid, hostm + act_hostm, 0.0))
     # the loss state: on the first rank where it holds the head (one stage, or ZB-V's V);
     # the last stage keeps each micro-batch's loss state until that micro-batch's backward:
     # several at once where the schedule runs every forward first (GPipe, breadth-first)

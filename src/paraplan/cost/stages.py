@@ -18,6 +18,7 @@ from ..plan.axes import Recompute
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
+from .activation_offload import ActivationOffload
 from .bf16_layers import bf16_layer_extra_s, bf16_layers_on_end_stages
 from .host import eager_host_wait
 from .layer_compute import LayerCompute
@@ -132,8 +133,9 @@ def _recompute_share(lay: Layout, layers):
 
 def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, lc: LayerCompute,
                 layer: LayerTimes, rc: Recomputation, z: ZeroTraffic, ends: StageEnds,
-                mc: MoELayerCosts | None) -> Stages:
-    """The three stages' per micro-batch times."""
+                mc: MoELayerCosts | None, offload: ActivationOffload | None = None) -> Stages:
+    """The three stages' per micro-batch times (with the exposed copies of their offloaded
+    layers' activations: activation_offload.py)."""
     rc_stage, wgrad = rc.total_s, lc.weight_grad_s
     # (NVFP4's BF16 layers are priced against the layer's GEMMs and the gathered weights' cast)
     parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc.gemms_forward_s, z.gathered_cast_s, mc))
@@ -143,6 +145,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     def stage(layers, extra_fwd, extra_bwd, wait):
         fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s
         bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s
+        if offload is not None:
+            fwd = fwd + offload.offloaded(plan, layers) * offload.forward_exposed_s
+            bwd = bwd + offload.offloaded(plan, layers) * offload.backward_exposed_s
         return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
     first, middle, last = (stage(layers, fwd, bwd, w) for (layers, fwd, bwd), w in zip(parts, waits))
     return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), layers=tuple(p[0] for p in parts))

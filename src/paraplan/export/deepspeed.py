@@ -91,7 +91,7 @@ SUPPORT = EngineSupport(
     limits=SpaceLimits(max_cp=1, max_vp=1, schedules=(Schedule.ONE_F_ONE_B,), recomputes=(Recompute.NONE, Recompute.FULL),
                        sequence_parallel=(False,), tp_overlap=(False,), hybrid_shard=False,
                        hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
-                       rank_orders=(RankOrder.TP_CP_DP_PP,)),
+                       rank_orders=(RankOrder.TP_CP_DP_PP,), activation_offload=False),
     grad_reduce_fp32=False,       # communication_data_type defaults to the model's 16-bit type
     checkpoint_early_stop=False,  # deepspeed.checkpointing re-runs the whole block
     tp_async_backward=False,
@@ -124,6 +124,10 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if plan.recompute not in (Recompute.NONE, Recompute.FULL):
         raise unsupported(ENGINE, "recompute", str(plan.recompute),
                           "none or full (deepspeed.checkpointing around each layer)")
+    if plan.activation_offload_layers:
+        raise unsupported(ENGINE, "activation_offload_layers", plan.activation_offload_layers,
+                          "0 (activation_checkpointing.cpu_checkpointing offloads the checkpoints of full "
+                          "recomputation, not a layer's saved activations)")
     if plan.zero is ZeroStage.PARAMETERS and plan.dp_shard != plan.dp:
         raise unsupported(ENGINE, "dp_shard", plan.dp_shard, f"dp_shard = DP = {plan.dp} (MiCS was removed in 0.19)")
     if plan.offload_optimizer and plan.zero is ZeroStage.NONE:

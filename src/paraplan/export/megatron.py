@@ -28,6 +28,9 @@ Mapping (paraplan -> Megatron-LM):
   `--pipeline-model-parallel-layout`, one `E`/`t`/`L` string per virtual stage (Megatron-Core
   PipelineParallelLayerLayout; Megatron-Bridge's DeepSeek-V3 recipes lay out its 61 layers so).
 - CP: `--cp-comm-type` p2p (ring), all_gather or a2a (Ulysses), Transformer Engine's names.
+- Activation offload: `--cpu-offloading-num-layers k` (Megatron-Core's layer-level CPU
+  offloading), which runs with one pipeline stage, no recomputation and k below the model's
+  layers only.
 """
 
 from __future__ import annotations
@@ -75,6 +78,16 @@ def _offload_refused(plan) -> object:
     return np.asarray(plan.offload_optimizer, dtype=bool) & (np.asarray(plan.zero_code) != ZeroStage.OPTIMIZER.code)
 
 
+def _activation_offload_refused(plan, model: ModelSpec) -> object:
+    """Megatron-Core's layer-level CPU offloading (--cpu-offloading-num-layers) refuses a
+    pipeline, recomputation and the model's every layer (core 0.16.1 transformer_config.py:
+    "no support for Pipeline parallelism with CPU offloading", "does not work when activation
+    recomputation is enabled", "only for layers less than num_layers"). Vectorized."""
+    j = np.asarray(plan.activation_offload_layers)
+    return (j > 0) & ((np.asarray(plan.pp) > 1) | (np.asarray(plan.recompute_code) != Recompute.NONE.code)
+                      | (j >= model.num_layers))
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
@@ -82,7 +95,8 @@ SUPPORT = EngineSupport(
                        hierarchical_a2a=False,
                        engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
                                                                    | _offload_refused(batch)
-                                                                   | _ep_overlap_mtp_refused(batch, model))),
+                                                                   | _ep_overlap_mtp_refused(batch, model)
+                                                                   | _activation_offload_refused(batch, model))),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
     checkpoint_early_stop=False,  # Megatron's checkpoint re-runs the whole layer
     tp_async_backward=True,       # Megatron-Core overlaps backward TP reductions with wgrad GEMMs
@@ -104,6 +118,10 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           "1 MTP layer and PP > 1 (Megatron-Core's --overlap-moe-expert-parallel-comm)")
     if plan.a2a_hierarchical:
         raise unsupported(ENGINE, "a2a_hierarchical", True, "the alltoall dispatcher's flat all-to-all")
+    if bool(_activation_offload_refused(plan, model)):
+        raise unsupported(ENGINE, "activation_offload_layers", plan.activation_offload_layers,
+                          f"1 to {model.num_layers - 1} with PP=1 and recompute none (Megatron-Core's "
+                          "--cpu-offloading-num-layers: no pipeline, no recomputation, fewer than all layers)")
     if bool(_tp_pp_dp_mapping_refused(plan)):
         raise unsupported(ENGINE, "rank_order", str(plan.rank_order),
                           f"{RankOrder.TP_CP_DP_PP} with CP or EP > 1 (--use-tp-pp-dp-mapping asserts CP·EP ≤ 1)")
@@ -240,6 +258,8 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     elif plan.recompute is Recompute.FIRST_K:
         a += ["--recompute-granularity", "full", "--recompute-method", "block",
               "--recompute-num-layers", plan.recompute_num_layers // plan.vp]
+    if plan.activation_offload_layers:
+        a += ["--cpu-offloading-num-layers", plan.activation_offload_layers]
     if plan.zero is ZeroStage.OPTIMIZER:
         a.append("--use-distributed-optimizer")
     elif plan.zero in FSDP_STRATEGY:

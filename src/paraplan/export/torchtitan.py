@@ -183,7 +183,8 @@ SUPPORT = EngineSupport(
     engine=ENGINE,
     limits=SpaceLimits(schedules=tuple(SCHEDULES), recomputes=tuple(RECOMPUTE_MODES),
                        zero_stages=(ZeroStage.NONE, ZeroStage.GRADIENTS, ZeroStage.PARAMETERS),
-                       allow_offload=False, sequence_parallel=(True,), cp_comm_types=tuple(CP_ROTATE),
+                       allow_offload=False, activation_offload=False, sequence_parallel=(True,),
+                       cp_comm_types=tuple(CP_ROTATE),
                        hierarchical_a2a=False, ep_overlap=False, engine_rule=unbuildable,
                        rank_orders=(RankOrder.TP_CP_DP_PP,)),
     grad_reduce_fp32=True,        # FSDP2 MixedPrecisionPolicy(reduce_dtype=float32): the only choice
@@ -223,6 +224,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if plan.offload_optimizer:
         raise unsupported(ENGINE, "offload_optimizer", True,
                           "no optimizer-only offload (training.enable_cpu_offload also moves parameters and gradients)")
+    if plan.activation_offload_layers:
+        raise unsupported(ENGINE, "activation_offload_layers", plan.activation_offload_layers,
+                          "0 (torchtitan 0.2 offloads no activations; training.enable_cpu_offload moves the model states)")
     if plan.tp_overlap and not plan.compiled:
         raise unsupported(ENGINE, "compiled", False, "torch.compile with async TP (tp_overlap)")
     if not plan.dp_overlap:

@@ -45,6 +45,14 @@ class Plan:
     recompute: Recompute = axis(Recompute.NONE, flag="--recompute")
     recompute_num_layers: int = axis(0, flag="--recompute-layers", unit="layers", bounds=(0, None),
                                      help="only for Recompute.FIRST_K: layers per stage recomputed")
+    # Activation offload (μ-two, Purandare et al. MLSys 2023; Megatron-Core cpu_offloading): the
+    # activations each of this many layers per stage saves for its backward are copied to host
+    # memory as the forward goes on and back ahead of the backward, under the neighbouring
+    # layers' compute (cost/activation_offload.py). The other layers keep theirs; recomputation
+    # applies to every layer, so offload combines with none, selective, module or full
+    # recomputation (whose kept layer inputs go to the host: DeepSpeed's cpu_checkpointing).
+    activation_offload_layers: int = axis(0, flag="--offload-activations", unit="layers", bounds=(0, None),
+                                          help="layers per stage whose saved activations go to host memory")
     sequence_parallel: bool = axis(False, flag="--sp")
     zero: ZeroStage = axis(ZeroStage.NONE, flag="--zero")
     dp_shard: int = axis(0, flag="--dp-shard", unit="replicas", bounds=(0, None),
@@ -179,6 +187,8 @@ class Plan:
         if self.recompute is Recompute.FIRST_K:
             rc = f"first{self.recompute_num_layers}"
         parts.append(f"rc:{rc}")
+        if self.activation_offload_layers:
+            parts.append(f"aoff{self.activation_offload_layers}")
         if self.zero is not ZeroStage.NONE:
             z = f"zero{self.zero}"
             if self.dp_shard != self.dp:

@@ -20,6 +20,7 @@ from ..specs.workload import Workload
 from .axes import V_SCHEDULES, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 
 V_CODES = [s.code for s in V_SCHEDULES]
+OFFLOAD_RECOMPUTES = [Recompute.NONE.code, Recompute.SELECTIVE.code, Recompute.MODULES.code, Recompute.FULL.code]
 MULTI_CHUNK_CODES = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code] + V_CODES
 
 
@@ -222,6 +223,14 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
          & ((B.recompute_num_layers < 1) | (B.recompute_num_layers >= L // np.maximum(B.pp, 1))),
          lambda P: f"recompute_num_layers={P.recompute_num_layers} must be in 1..{L // P.pp - 1} "
                    "(layers per stage − 1)"),
+        # offloaded layers keep what the recomputation policy keeps, on the host (under full
+        # recomputation the layer's input: DeepSpeed's cpu_checkpointing): the policies that keep
+        # every layer's alike (first-k's layers differ; per-op checkpointing is an eager engine's)
+        Rule("activation_offload", ("activation_offload_layers", "recompute_code", "pp"), True,
+             lambda B: (B.activation_offload_layers > 0)
+         & (~np.isin(B.recompute_code, OFFLOAD_RECOMPUTES) | (B.activation_offload_layers > -(-L // np.maximum(B.pp, 1)))),
+         lambda P: f"activation offload of {P.activation_offload_layers} layers per stage needs recompute none, "
+                   f"selective, modules or full (not {P.recompute}) and at most the stage's {-(-L // P.pp)} layers"),
         Rule("dp_shard", ("dp_shard", "dp"), True,
              lambda B: (B.dp_shard < 1) | (B.dp % np.maximum(B.dp_shard, 1) != 0),
          lambda P: f"dp_shard={P.dp_shard} must divide DP={P.dp}"),

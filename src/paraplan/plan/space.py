@@ -45,6 +45,7 @@ class PlanBatch:
     schedule_code: np.ndarray
     recompute_code: np.ndarray
     recompute_num_layers: np.ndarray
+    activation_offload_layers: np.ndarray
     sequence_parallel: np.ndarray
     zero_code: np.ndarray
     dp_shard: np.ndarray
@@ -152,6 +153,10 @@ class SpaceLimits:
     recomputes: tuple[Recompute, ...] = tuple(Recompute)
     zero_stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
     allow_offload: bool = True
+    # activation offload (Plan.activation_offload_layers): tried or not; None: where the GPU
+    # reaches host memory at NVLink-C2C rates (ClusterSpec.offload_bytes_per_s at least
+    # C2C_CLASS_BYTES_PER_S), where a layer's copies can hide under its compute
+    activation_offload: bool | None = None
     # attention kernels in order of preference: the first one the GPU runs is used
     attention: tuple[AttentionKernel, ...] = (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
     grad_reduce_fp32: bool = False   # the framework's precision policy (see Plan)
@@ -187,10 +192,15 @@ class SpaceLimits:
     engine_rule: Callable | None = None
 
 
+# Faster than any PCIe Gen5 x16 link one way (64 GB/s), slower than NVLink-C2C's 450 GB/s
+# (GH200, GB200, GB300) and as fast as PCIe Gen6 x16's 128 (B300)
+C2C_CLASS_BYTES_PER_S = 100e9
+OFFLOADED_RECOMPUTES = (Recompute.NONE.code, Recompute.MODULES.code, Recompute.FULL.code)
 LAYOUT_AXES = ("tp", "cp", "pp", "dp")
 # the axes a SpaceBlock's rows bind, outermost first (their product, pruned, is the rows'
 # order; the rank order outermost keeps the plans with data parallelism outermost after the rest)
-ROW_AXES = ("rank_order_code", "vp", "schedule_code", "recompute_code", "recompute_num_layers", "sequence_parallel",
+ROW_AXES = ("rank_order_code", "vp", "schedule_code", "recompute_code", "recompute_num_layers",
+            "activation_offload_layers", "sequence_parallel",
             "tp_overlap", "cp_comm_type_code", "zero_code", "dp_shard", "offload_optimizer")
 EXPERT_AXES = ("etp", "ep", "capacity_factor_value", "a2a_hierarchical", "ep_overlap")
 MICRO_BATCH_AXES = ("micro_batch_size",)
@@ -516,6 +526,9 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         sorted(x for x in set(_divisors(-(-L // pp))) | set(slots) if x <= limits.max_vp))
     L_s = -(-L // pp)
     ks = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s})) if L_s > 1 else ()
+    offload = (limits.activation_offload if limits.activation_offload is not None
+               else cluster.offload_bytes_per_s >= C2C_CLASS_BYTES_PER_S)
+    offloaded = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75, 1.0)})) if offload else ()
     shards = [dp]
     if limits.hybrid_shard:  # (a shard group of one rank, dp_shard·cp = 1, shards nothing)
         shards += [x for x in _divisors(dp) if x < dp and x * cp > 1
@@ -557,6 +570,11 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
                                             if not (limits.fused_kernels and x is Recompute.OP_SAC)]),
         # first-k recomputation of a quarter, half or three quarters of the fullest stage
         Axis("recompute_num_layers", ("recompute_code",), lambda rc: ks if rc == Recompute.FIRST_K.code else (0,)),
+        # activation offload of a quarter, half, three quarters or all of the fullest stage's
+        # layers, where every layer keeps the same (no, module or full recomputation; selective
+        # keeps what none does under FlashAttention)
+        Axis("activation_offload_layers", ("recompute_code",),
+             lambda rc: (0,) + offloaded if rc in OFFLOADED_RECOMPUTES else (0,)),
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),
         Axis("tp_overlap", ("sequence_parallel",), lambda sp: limits.tp_overlap if sp else (False,)),
         # CP = 1 exchanges nothing (counted as the ring: the cp_comm rule)

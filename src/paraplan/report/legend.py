@@ -60,6 +60,8 @@ TERMS = (
     _t("/hsdp", "HSDP shard group", "ZeRO-3 sharded over N of the DP ranks, replicated across the rest (HSDP)",
        r"zero\d/hsdp\d+"),
     _t("offload", "optimizer on host", "optimizer states (and their step) in host memory"),
+    _t("aoff", "activations on host", "activation offload: the saved activations of N layers per stage copied to "
+       "host memory and back, under compute", r"aoff\d+"),
     _t("tpov", "TP comm overlapped with GEMMs"),
     _t("compiled", "torch.compile", "an eager engine's layers under torch.compile"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",

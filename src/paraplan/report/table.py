@@ -67,12 +67,13 @@ def time_table(est: Estimate) -> str:
     names = {"compute_s": "compute (fwd+bwd)", "recompute_s": "recomputation", "tp_comm_s": "TP comm (exposed)",
              "cp_comm_s": "CP comm (exposed)", "ep_comm_s": "EP all-to-all (exposed)", "pp_comm_s": "PP send/recv (exposed)",
              "dp_comm_s": "DP/ZeRO comm (exposed)", "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step",
-             "host_wait_s": "GPU waiting for the host"}
+             "host_wait_s": "GPU waiting for the host", "offload_s": "activation offload (exposed)"}
     rows = [[names[k], fmt_time(v), _pct(v, total)] for k, v in parts.items()
-            if v > 0 or k not in ("ep_comm_s", "host_wait_s")]
+            if v > 0 or k not in ("ep_comm_s", "host_wait_s", "offload_s")]
     rows.append(["step total", fmt_time(total), "100.0%"])
     ov = est.overlapped.parts()
-    rows += [[f"  overlapped {k.split('_')[0].upper()} comm (hidden)", fmt_time(v), ""] for k, v in ov.items() if v > 0]
+    rows += [["  activation offload (hidden)" if k == "offload_s" else
+              f"  overlapped {k.split('_')[0].upper()} comm (hidden)", fmt_time(v), ""] for k, v in ov.items() if v > 0]
     return grid(["time per step", "seconds", "share"], rows)
 
 

@@ -182,6 +182,9 @@ def check_runnable(cfg: RunConfig) -> None:
         raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
     if p.offload_optimizer:
         raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
+    if p.activation_offload_layers:
+        raise SpecError("run", "--offload-activations", p.activation_offload_layers,
+                        "activation offload is not run (estimate it instead)")
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")

@@ -416,7 +416,7 @@ def _raise_nothing_fits(model: ModelSpec, cluster: ClusterSpec, workload: Worklo
         _explain_pins(model, cluster, workload, limits, fixed)
     if n_valid and n_device_fit:
         raise NoPlanFitsError(
-            f"every plan that fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU offloads more optimizer state "
+            f"every plan that fits in {fmt_bytes(cluster.gpu.hbm_bytes)} per GPU offloads more optimizer state or activations "
             f"than the GPU's {fmt_bytes(cluster.host_memory_bytes_per_gpu)} share of host DRAM; try more GPUs "
             "(a smaller shard per GPU)"
             + ("" if ZeroStage.PARAMETERS in limits.zero_stages and Recompute.FULL in limits.recomputes

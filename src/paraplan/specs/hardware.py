@@ -204,6 +204,9 @@ class ClusterSpec:
     # GPUs (0: the node's, as in a DGX; GB200: one Grace per two GPUs).
     host_memory_bytes_per_host: float = 0.0
     gpus_per_host: int = 0
+    # that DRAM's bandwidth (bytes/s, reads and writes together), shared by the host's GPUs
+    # when they offload at once. 0: not stated (offload then runs at the host link's rate).
+    host_memory_bw_bytes_per_s_per_host: float = 0.0
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -216,6 +219,9 @@ class ClusterSpec:
             raise SpecError(where, "gpus_per_node", self.gpus_per_node, "a positive integer is required")
         if not 0 <= self.host_memory_bytes_per_host < math.inf:
             raise SpecError(where, "host_memory_bytes_per_host", self.host_memory_bytes_per_host,
+                            "a finite number >= 0 is required (0: not stated)")
+        if not 0 <= self.host_memory_bw_bytes_per_s_per_host < math.inf:
+            raise SpecError(where, "host_memory_bw_bytes_per_s_per_host", self.host_memory_bw_bytes_per_s_per_host,
                             "a finite number >= 0 is required (0: not stated)")
         if self.gpus_per_host < 0 or (self.gpus_per_host and self.gpus_per_node % self.gpus_per_host):
             raise SpecError(where, "gpus_per_host", self.gpus_per_host,
@@ -233,6 +239,14 @@ class ClusterSpec:
     def host_memory_bytes_per_gpu(self) -> float:
         """A GPU's share of its host's DRAM (0: not stated)."""
         return self.host_memory_bytes_per_host / self.host_gpus
+
+    @property
+    def offload_bytes_per_s(self) -> float:
+        """One GPU's rate to and from host memory while every GPU of its host offloads: its
+        host link one way, or its share of the host's DRAM bandwidth where that is less."""
+        link = self.gpu.host_link_bw_unidir_bytes_per_s
+        dram = self.host_memory_bw_bytes_per_s_per_host / self.host_gpus
+        return min(link, dram) if dram > 0 else link
 
     def host_memory_holds(self, bytes_per_gpu):
         """Whether `bytes_per_gpu` (scalar or array) fit in a GPU's share of its host's DRAM;

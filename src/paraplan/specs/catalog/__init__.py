@@ -58,7 +58,7 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
                  "checked_against", "source", "aliases")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
-                     "host_memory_gb_per_host", "gpus_per_host")
+                     "host_memory_gb_per_host", "gpus_per_host", "host_memory_gb_per_s_per_host")
 # Physical bounds on bandwidths and latencies (a 1e-300 GB/s link would price a step at
 # centuries): 1 MB/s is slower than any network or memory, 1 PB/s a thousand times NVLink 5;
 # a latency from 1 ns to 1 s. Calibrated CPU profiles (gloo, DRAM) sit well inside them.
@@ -373,6 +373,9 @@ def _cluster_from_table(t: TomlTable, base_dir: Path | None) -> ClusterSpec:
         extra["host_memory_bytes_per_host"] = units.gbytes(t.num("host_memory_gb_per_host", within=_HOST_MEMORY_GB))
     if "gpus_per_host" in t.data:
         extra["gpus_per_host"] = t.int_("gpus_per_host")
+    if "host_memory_gb_per_s_per_host" in t.data:
+        extra["host_memory_bw_bytes_per_s_per_host"] = units.gbytes(
+            t.num("host_memory_gb_per_s_per_host", within=_GB_PER_S))
     try:
         return ClusterSpec(
             name=t.str_("name"), gpu=gpu, num_gpus=t.int_("num_gpus", gpus_per_node),
