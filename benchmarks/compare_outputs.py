@@ -5,6 +5,7 @@ exported file, compared against another commit's (by default the parent, HEAD~1)
     python benchmarks/compare_outputs.py                 # this tree against HEAD~1
     python benchmarks/compare_outputs.py --base main     # against another commit
     python benchmarks/compare_outputs.py --quick         # skip the slow cases (MoE search, --cv)
+    python benchmarks/compare_outputs.py --allow-new-keys  # JSON that only gained fields is unchanged
 
 The base commit is checked out in a temporary git worktree; both trees run the same
 commands with the same interpreter (`python -m paraplan`, PYTHONPATH pointing at each tree's
@@ -123,6 +124,24 @@ def run_tree(src: str, out_dir: str, quick: bool) -> dict[str, dict]:
     return results
 
 
+def without_new_keys(this, base):
+    """`this` JSON value without the object keys `base` lacks (an output that only gained
+    fields, such as a new breakdown line at 0, compares equal: --allow-new-keys)."""
+    if isinstance(this, dict) and isinstance(base, dict):
+        return {k: without_new_keys(v, base[k]) for k, v in this.items() if k in base}
+    if isinstance(this, list) and isinstance(base, list) and len(this) == len(base):
+        return [without_new_keys(x, y) for x, y in zip(this, base)]
+    return this
+
+
+def same_json_but_new_keys(base_text, this_text) -> bool:
+    try:
+        base, this = json.loads(base_text), json.loads(this_text)
+    except (TypeError, json.JSONDecodeError):
+        return False
+    return without_new_keys(this, base) == base
+
+
 def first_difference(a, b) -> str:
     a_lines, b_lines = str(a).splitlines(), str(b).splitlines()
     for i, (x, y) in enumerate(zip(a_lines, b_lines)):
@@ -135,6 +154,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="HEAD~1", help="commit to compare against (default HEAD~1)")
     parser.add_argument("--quick", action="store_true", help="skip the MoE search and --cv source")
+    parser.add_argument("--allow-new-keys", action="store_true",
+                        help="a JSON output that only gained keys the base lacks counts as unchanged")
     args = parser.parse_args()
     sha = subprocess.run(["git", "-C", REPO, "rev-parse", args.base], check=True, capture_output=True,
                          text=True).stdout.strip()
@@ -170,7 +191,8 @@ def main() -> int:
     differing = []
     for name in base:
         for key in base[name]:
-            if base[name][key] != this[name][key]:
+            if base[name][key] != this[name][key] and not (
+                    args.allow_new_keys and key == "stdout" and same_json_but_new_keys(base[name][key], this[name][key])):
                 differing.append(f"{name} {key}: {first_difference(base[name][key], this[name][key])}")
     for line in differing:
         print(line)

@@ -86,8 +86,23 @@ def test_offloaded_activations_must_fit_in_host_dram():
     assert "offloaded optimizer state and activations" in e.misfit("gb200")
 
 
+def test_first_k_recomputes_some_layers_offloads_the_next_and_keeps_the_rest():
+    first_k = _plan(recompute=Recompute.FIRST_K, recompute_num_layers=20)
+    kept = estimate(LLAMA70, GB200, WL, first_k)
+    whole = estimate(LLAMA70, GB200, WL, _plan())
+    for j in (10, 60):
+        e = estimate(LLAMA70, GB200, WL, replace(first_k, activation_offload_layers=j))
+        # an offloaded layer goes whole: as many bytes per layer as without recomputation
+        assert e.host_bytes / j == pytest.approx(estimate(LLAMA70, GB200, WL, _plan(activation_offload_layers=j))
+                                                 .host_bytes / j)
+        assert kept.memory.activations_bytes - e.memory.activations_bytes == pytest.approx(e.host_bytes * (j - 2) / j)
+    assert whole.memory.activations_bytes > kept.memory.activations_bytes
+
+
 @pytest.mark.parametrize("kw, words", [
-    (dict(recompute=Recompute.FIRST_K, recompute_num_layers=4, activation_offload_layers=4), "not first_k"),
+    (dict(recompute=Recompute.FIRST_K, recompute_num_layers=4, activation_offload_layers=77),
+     "at most the stage's 80 layers less the 4 first-k recomputes"),
+    (dict(recompute=Recompute.OP_SAC, fused_kernels=False, activation_offload_layers=4), "other than op-sac"),
     (dict(activation_offload_layers=81), "at most the stage's 80 layers"),
     (dict(pp=2, dp=2, activation_offload_layers=41), "at most the stage's 40 layers"),
 ])
@@ -140,6 +155,6 @@ def test_the_cli_estimates_it_and_refuses_a_bad_count(capsys):
     assert main(common + ["--offload-activations", "40"]) == 0
     out = capsys.readouterr().out
     assert "aoff40" in out and "activation offload (hidden)" in out and "host DRAM per GPU" in out
-    assert main(common + ["--offload-activations", "40", "--recompute", "first_k", "--recompute-layers", "2"]) == 2
+    assert main(common + ["--offload-activations", "40", "--recompute", "first_k", "--recompute-layers", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "activation offload" in err[0]

@@ -121,7 +121,7 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
         g.add_argument("--offload-activations", type=_int_up_to(MAX_LAYERS), default=0, metavar="LAYERS",
                        help="layers per pipeline stage whose saved activations are copied to host memory and back, "
-                            "under compute (with --recompute none, selective, modules or full; default 0)")
+                            "under compute (first_k's layers excepted; not with op-sac; default 0)")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
         g.add_argument("--attention", default=None,

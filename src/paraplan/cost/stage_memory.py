@@ -19,6 +19,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from . import memory as mem
+from .activation_offload import offloaded_layers
 from .bf16_layers import bf16_layer_extra_bytes, bf16_layers_on_end_stages
 from .breakdown import MemoryBreakdown
 from .layout import Layout, layout
@@ -36,13 +37,13 @@ class StageActivations:
     host_bytes: tuple = (0.0, 0.0, 0.0)  # offloaded activations in host memory: first, middle, last stage
 
 
-def _offload_split(plan, layers, inflight, per_layer_bytes):
+def _offload_split(plan, layers, recomputed, inflight, per_layer_bytes):
     """(bytes kept on the GPU, bytes in host memory) of a stage's offloaded layers
     (cost/activation_offload.py): each of the in-flight micro-batches' offloaded layers is on
     the host; on the GPU, a staging buffer of two layers while any layer is offloaded -- one
     layer's copy out in the forward, or in the backward the layer in use and the next one
     fetched ahead (Megatron-Core's double buffering). Subtracted from the stage's kept bytes."""
-    off = np.minimum(np.asarray(plan.activation_offload_layers, dtype=float), layers)
+    off = offloaded_layers(plan, layers, recomputed)
     staging = np.minimum(off, 2.0) * per_layer_bytes
     return staging - inflight * off * per_layer_bytes, inflight * off * per_layer_bytes
 
@@ -115,7 +116,8 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
     if not np.any(plan.activation_offload_layers):
         return StageActivations(first_bytes=acts_first, middle_bytes=acts_mid, last_bytes=acts_last,
                                 logits_bytes=logits)
-    splits = [_offload_split(plan, layers, n, per_layer_stored) for layers, n in
+    # (an offloaded layer is kept whole before it goes: `stored`, first-k's too)
+    splits = [_offload_split(plan, layers, k_rc, n, stored) for layers, n in
               ((lay.first_stage_layers, inflight), (L_s, inflight_mid), (lay.last_stage_layers, inflight_last))]
     return StageActivations(first_bytes=acts_first + splits[0][0], middle_bytes=acts_mid + splits[1][0],
                             last_bytes=acts_last + splits[2][0], logits_bytes=logits,

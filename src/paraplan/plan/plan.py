@@ -48,9 +48,9 @@ class Plan:
     # Activation offload (μ-two, Purandare et al. MLSys 2023; Megatron-Core cpu_offloading): the
     # activations each of this many layers per stage saves for its backward are copied to host
     # memory as the forward goes on and back ahead of the backward, under the neighbouring
-    # layers' compute (cost/activation_offload.py). The other layers keep theirs; recomputation
-    # applies to every layer, so offload combines with none, selective, module or full
-    # recomputation (whose kept layer inputs go to the host: DeepSpeed's cpu_checkpointing).
+    # layers' compute (cost/activation_offload.py). Each layer of a stage is recomputed
+    # (first-k's first k), offloaded (the next j) or kept; under full recomputation the kept
+    # layer inputs go to the host (DeepSpeed's cpu_checkpointing). Not with per-op checkpointing.
     activation_offload_layers: int = axis(0, flag="--offload-activations", unit="layers", bounds=(0, None),
                                           help="layers per stage whose saved activations go to host memory")
     sequence_parallel: bool = axis(False, flag="--sp")

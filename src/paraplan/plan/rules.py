@@ -20,7 +20,6 @@ from ..specs.workload import Workload
 from .axes import V_SCHEDULES, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
 
 V_CODES = [s.code for s in V_SCHEDULES]
-OFFLOAD_RECOMPUTES = [Recompute.NONE.code, Recompute.SELECTIVE.code, Recompute.MODULES.code, Recompute.FULL.code]
 MULTI_CHUNK_CODES = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code] + V_CODES
 
 
@@ -223,14 +222,18 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
          & ((B.recompute_num_layers < 1) | (B.recompute_num_layers >= L // np.maximum(B.pp, 1))),
          lambda P: f"recompute_num_layers={P.recompute_num_layers} must be in 1..{L // P.pp - 1} "
                    "(layers per stage − 1)"),
-        # offloaded layers keep what the recomputation policy keeps, on the host (under full
-        # recomputation the layer's input: DeepSpeed's cpu_checkpointing): the policies that keep
-        # every layer's alike (first-k's layers differ; per-op checkpointing is an eager engine's)
-        Rule("activation_offload", ("activation_offload_layers", "recompute_code", "pp"), True,
+        # each layer of a stage is recomputed (first-k's k), offloaded (the next j) or kept; an
+        # offloaded layer's host copy is what the policy keeps (under full recomputation the
+        # layer's input: DeepSpeed's cpu_checkpointing); per-op checkpointing is an eager engine's
+        Rule("activation_offload", ("activation_offload_layers", "recompute_code", "recompute_num_layers", "pp"), True,
              lambda B: (B.activation_offload_layers > 0)
-         & (~np.isin(B.recompute_code, OFFLOAD_RECOMPUTES) | (B.activation_offload_layers > -(-L // np.maximum(B.pp, 1)))),
-         lambda P: f"activation offload of {P.activation_offload_layers} layers per stage needs recompute none, "
-                   f"selective, modules or full (not {P.recompute}) and at most the stage's {-(-L // P.pp)} layers"),
+         & ((B.recompute_code == Recompute.OP_SAC.code)
+            | (B.activation_offload_layers + np.where(B.recompute_code == Recompute.FIRST_K.code,
+                                                      B.recompute_num_layers, 0) > -(-L // np.maximum(B.pp, 1)))),
+         lambda P: f"activation offload of {P.activation_offload_layers} layers per stage needs a policy other than "
+                   f"op-sac and at most the stage's {-(-L // P.pp)} layers"
+                   + (f" less the {P.recompute_num_layers} first-k recomputes" if P.recompute is Recompute.FIRST_K
+                      else "")),
         Rule("dp_shard", ("dp_shard", "dp"), True,
              lambda B: (B.dp_shard < 1) | (B.dp % np.maximum(B.dp_shard, 1) != 0),
          lambda P: f"dp_shard={P.dp_shard} must divide DP={P.dp}"),

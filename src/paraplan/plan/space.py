@@ -195,7 +195,7 @@ class SpaceLimits:
 # Faster than any PCIe Gen5 x16 link one way (64 GB/s), slower than NVLink-C2C's 450 GB/s
 # (GH200, GB200, GB300) and as fast as PCIe Gen6 x16's 128 (B300)
 C2C_CLASS_BYTES_PER_S = 100e9
-OFFLOADED_RECOMPUTES = (Recompute.NONE.code, Recompute.MODULES.code, Recompute.FULL.code)
+OFFLOADED_RECOMPUTES = (Recompute.NONE.code, Recompute.MODULES.code, Recompute.FULL.code, Recompute.FIRST_K.code)
 LAYOUT_AXES = ("tp", "cp", "pp", "dp")
 # the axes a SpaceBlock's rows bind, outermost first (their product, pruned, is the rows'
 # order; the rank order outermost keeps the plans with data parallelism outermost after the rest)
@@ -571,8 +571,8 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         # first-k recomputation of a quarter, half or three quarters of the fullest stage
         Axis("recompute_num_layers", ("recompute_code",), lambda rc: ks if rc == Recompute.FIRST_K.code else (0,)),
         # activation offload of a quarter, half, three quarters or all of the fullest stage's
-        # layers, where every layer keeps the same (no, module or full recomputation; selective
-        # keeps what none does under FlashAttention)
+        # layers (those first-k leaves whole: the activation_offload rule), with no, module,
+        # full or first-k recomputation (selective keeps what none does under FlashAttention)
         Axis("activation_offload_layers", ("recompute_code",),
              lambda rc: (0,) + offloaded if rc in OFFLOADED_RECOMPUTES else (0,)),
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),
