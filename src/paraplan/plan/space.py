@@ -195,7 +195,7 @@ class SpaceLimits:
 # Faster than any PCIe Gen5 x16 link one way (64 GB/s), slower than NVLink-C2C's 450 GB/s
 # (GH200, GB200, GB300) and as fast as PCIe Gen6 x16's 128 (B300)
 C2C_CLASS_BYTES_PER_S = 100e9
-OFFLOADED_RECOMPUTES = (Recompute.NONE.code, Recompute.MODULES.code, Recompute.FULL.code, Recompute.FIRST_K.code)
+OFFLOADED_RECOMPUTES = (Recompute.NONE.code, Recompute.FULL.code)
 LAYOUT_AXES = ("tp", "cp", "pp", "dp")
 # the axes a SpaceBlock's rows bind, outermost first (their product, pruned, is the rows'
 # order; the rank order outermost keeps the plans with data parallelism outermost after the rest)
@@ -528,7 +528,7 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
     ks = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s})) if L_s > 1 else ()
     offload = (limits.activation_offload if limits.activation_offload is not None
                else cluster.offload_bytes_per_s >= C2C_CLASS_BYTES_PER_S)
-    offloaded = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75, 1.0)})) if offload else ()
+    offloaded = tuple(sorted({max(1, round(L_s * q)) for q in (0.5, 1.0)})) if offload else ()
     shards = [dp]
     if limits.hybrid_shard:  # (a shard group of one rank, dp_shard·cp = 1, shards nothing)
         shards += [x for x in _divisors(dp) if x < dp and x * cp > 1
@@ -570,9 +570,10 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
                                             if not (limits.fused_kernels and x is Recompute.OP_SAC)]),
         # first-k recomputation of a quarter, half or three quarters of the fullest stage
         Axis("recompute_num_layers", ("recompute_code",), lambda rc: ks if rc == Recompute.FIRST_K.code else (0,)),
-        # activation offload of a quarter, half, three quarters or all of the fullest stage's
-        # layers (those first-k leaves whole: the activation_offload rule), with no, module,
-        # full or first-k recomputation (selective keeps what none does under FlashAttention)
+        # activation offload of half or all of the fullest stage's layers, with no or full
+        # recomputation (selective keeps what none does under FlashAttention; with module and
+        # first-k recomputation, and other counts, it is priced where pinned: each value
+        # multiplies the rows the search prices)
         Axis("activation_offload_layers", ("recompute_code",),
              lambda rc: (0,) + offloaded if rc in OFFLOADED_RECOMPUTES else (0,)),
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),
