@@ -9,7 +9,8 @@ Llama 3 70B on 512 H100 (seq 8192, 4M-token batch = 512 sequences), and a mixtur
 experts with its expert axes, DeepSeek-V3 on 1,024 H100 (FP8, seq 4096, batch 8192), and the CLI's default
 within torchtitan's bounds and policy (`paraplan search --engine torchtitan`: FSDP2, whose
 gathers under interleaved schedules with 4+ chunks per rank are counted by replaying the
-schedule). Each line reports the
+schedule), and the CLI's default problem on 512 GB200, whose NVLink-C2C host link the search
+also tries activation offload over (docs/model/memory.md). Each line reports the
 candidate plans enumerated, how many were valid and fit in memory, the wall time of the
 whole search (enumeration, vectorized cost model, event-simulated re-timing of the top
 candidates) and candidates per second. Timings belong here, never in unit tests.
@@ -38,6 +39,7 @@ CASES = (
     ("llama3-70b / 512 x H100 (CLI default)", "llama3-70b", "dgx-h100", 512, 8192, 512, "bf16", None),
     ("deepseek-v3 / 1024 x H100, fp8 (MoE)", "deepseek-v3", "dgx-h100", 1024, 4096, 8192, "fp8", None),
     ("llama3-70b / 512 x H100, torchtitan", "llama3-70b", "dgx-h100", 512, 8192, 512, "bf16", "torchtitan"),
+    ("llama3-70b / 512 x GB200 (offload)", "llama3-70b", "gb200-nvl72", 512, 8192, 512, "bf16", None),
 )
 
 
