@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
-from ..plan.axes import V_SCHEDULES, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
@@ -182,6 +182,9 @@ def check_runnable(cfg: RunConfig) -> None:
         raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
     if p.offload_optimizer:
         raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
+    if p.grad_compression is not GradCompression.NONE:
+        raise SpecError("run", "--grad-compression", str(p.grad_compression),
+                        "none (the runner reduces gradients uncompressed; estimate it instead)")
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
