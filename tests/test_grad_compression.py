@@ -211,3 +211,13 @@ def test_default_is_no_compression():
     assert p.grad_compression is NONE and "gc:" not in p.describe()
     batch = PlanBatch.from_plans([p])
     assert np.all(batch.grad_compression_code == NONE.code)
+
+
+def test_an_engine_search_keeps_the_pin(capsys):
+    # DeepSpeed runs qgZ: every plan it ranks has it; Megatron runs neither format: a one-line error
+    args = ("search", "--model", "llama3-8b", "--gpus", "16", "--batch", "32", "--seq", "2048", "--top", "2")
+    code, out, _ = run(capsys, *args, "--engine", "deepspeed", "--grad-compression", "int4")
+    rows = [line for line in out.splitlines() if "TP" in line and "PP" in line and "mb" in line]
+    assert code == 0 and rows and all("gc:int4" in line and "zero3" in line for line in rows)
+    code, out, err = run(capsys, *args, "--engine", "megatron", "--grad-compression", "powersgd")
+    assert code == 2 and "Traceback" not in err

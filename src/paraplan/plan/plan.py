@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
 from typing import Any, Callable
 
 import numpy as np
@@ -242,6 +243,21 @@ def _column(f) -> Column:
 
 
 COLUMNS: tuple[Column, ...] = tuple(_column(f) for f in fields(Plan))
+
+# fields a printed plan (JSON) names only where they leave their default: the gradients' wire
+# format, which a plan that does not compress them prints as before the knob existed
+QUIET_AT_DEFAULT = ("grad_compression", "powersgd_rank")
+
+
+def plan_fields(plan: Plan) -> dict:
+    """The plan's fields by name for JSON (enums as their strings), QUIET_AT_DEFAULT's only where set."""
+    out = {}
+    for f in fields(plan):
+        value = getattr(plan, f.name)
+        if f.name in QUIET_AT_DEFAULT and value == f.default:
+            continue
+        out[f.name] = str(value) if isinstance(value, StrEnum) else value
+    return out
 
 
 def make_plan(**kw) -> Plan:
