@@ -17,7 +17,7 @@ def test_the_batch_columns_are_the_plan_fields():
     assert {c.name for c in COLUMNS} == {f.name for f in fields(PlanBatch)}
     assert {c.name for c in COLUMNS if c.name != c.field} == {
         "cp_comm_type_code", "rank_order_code", "schedule_code", "recompute_code", "zero_code", "attention_code",
-        "capacity_factor_value"}
+        "capacity_factor_value", "grad_compression_code"}
 
 
 def test_plans_round_trip_through_a_batch():
@@ -34,7 +34,7 @@ def test_plans_round_trip_through_a_batch():
 def test_declared_metadata():
     meta = {f.name: f.metadata for f in fields(Plan)}
     assert meta["micro_batch_size"]["flag"] == "--mb" and meta["recompute_num_layers"]["flag"] == "--recompute-layers"
-    assert DEGREES == ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size")
+    assert DEGREES == ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "micro_batch_size", "powersgd_rank")
     model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=8)
     rejected = check_plan(make_plan(tp=8, vp=0), model, cluster, Workload(global_batch_size=8, seq_len=2048))
     assert rejected is not None and rejected.reason == "vp=0 must be >= 1"

@@ -131,7 +131,8 @@ def _plan(given: dict, cluster):
     from .plan import axes
     from .plan.plan import Plan, make_plan
     kinds = {"schedule": axes.Schedule, "recompute": axes.Recompute, "zero": axes.ZeroStage,
-             "attention": axes.AttentionKernel, "cp_comm_type": axes.CPCommType, "rank_order": axes.RankOrder}
+             "attention": axes.AttentionKernel, "cp_comm_type": axes.CPCommType, "rank_order": axes.RankOrder,
+             "grad_compression": axes.GradCompression}
     kw = {k: (kinds[k].parse(str(v), k) if k in kinds and not isinstance(v, Enum) else v) for k, v in given.items()}
     tp, pp, cp, vp = (kw.get(k, 1) for k in ("tp", "pp", "cp", "vp"))
     if "dp" not in kw:

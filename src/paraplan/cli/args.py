@@ -154,7 +154,17 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                             "(default: all; plans without a pipeline have none and stay in)")
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: search token dropping at this capacity factor instead of dropless")
+    _add_grad_compression(g)
     add_quiet(p)
+
+
+def _add_grad_compression(g) -> None:
+    """The DP gradient reduction's wire format: a plan's, or every plan's of a search (never searched)."""
+    g.add_argument("--grad-compression", default=None,
+                   help="DP gradient reduction: none (default), int4 (DeepSpeed ZeRO++ qgZ, ZeRO-3 across nodes) or "
+                        "powersgd (PyTorch DDP's PowerSGD hook, ZeRO 0); changes the numerics, never searched")
+    g.add_argument("--powersgd-rank", type=_degree, default=None, metavar="R",
+                   help="with --grad-compression powersgd: the rank of P and Q (default 1, torch's)")
 
 
 def add_plan_command(sub, name: str, help_text: str, *, required: bool) -> argparse.ArgumentParser:
@@ -209,8 +219,9 @@ def engine_rules_from_args(args: argparse.Namespace, workload: Workload, model: 
 # parser attributes of one plan (estimate, trace, export): how they choose it, as written or
 # narrowing a search, is cli/choice.py's rule
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
-              "zero", "dp_shard", "offload", "offload_activations", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
-              "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
+              "zero", "dp_shard", "offload", "offload_activations", "no_dp_overlap", "tp_overlap", "attention",
+              "capacity_factor", "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order", "grad_compression",
+              "powersgd_rank")
 
 
 # Plan.describe's tokens, each read back into the plan flags it stands for
@@ -227,6 +238,8 @@ _PLAN_TOKENS = (
     (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
     (r"offload", lambda m: {"offload": True}), (r"aoff(\d+)", lambda m: {"offload_activations": int(m[1])}),
     (r"tpov", lambda m: {"tp_overlap": True}),
+    (r"gc:([a-z0-9]+)(?:/r(\d+))?",
+     lambda m: {"grad_compression": m[1], "powersgd_rank": int(m[2]) if m[2] else None}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
     (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
     (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
@@ -378,7 +391,9 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
     sp = args.sp if args.sp is not None else tp > 1
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     order = RankOrder.parse(args.rank_order, "rank_order") if args.rank_order is not None else RankOrder.TP_CP_DP_PP
+    gc, gc_rank = grad_compression_from_args(args)
     return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, rank_order=order, ep=args.ep or 1, etp=args.etp or 1,
+                     grad_compression=gc, powersgd_rank=gc_rank,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
                      recompute=recompute,
@@ -388,6 +403,16 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
                      attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None
                      else cluster.gpu.attention_kernels[-1])
+
+
+def grad_compression_from_args(args: argparse.Namespace):
+    """(--grad-compression, --powersgd-rank) as plan values; a rank without PowerSGD is a one-line error."""
+    from ..plan.axes import GradCompression
+    gc = (GradCompression.parse(args.grad_compression, "grad_compression") if args.grad_compression is not None
+          else GradCompression.NONE)
+    if args.powersgd_rank is not None and gc is not GradCompression.POWERSGD:
+        raise SpecError("plan", "--powersgd-rank", args.powersgd_rank, "applies with --grad-compression powersgd only")
+    return gc, args.powersgd_rank or 1
 
 
 def check_recompute_layers(args: argparse.Namespace) -> None:
@@ -410,5 +435,6 @@ def search_pins(args: argparse.Namespace) -> tuple[dict, SpaceLimits]:
     orders = (RankOrder.parse(args.rank_order, "rank_order"),) if args.rank_order is not None else tuple(RankOrder)
     schedules = (tuple(dict.fromkeys(Schedule.parse(x.strip(), "schedule") for x in args.schedule.split(",")))
                  if args.schedule is not None else tuple(Schedule))
+    gc, gc_rank = grad_compression_from_args(args)
     return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms, rank_orders=orders,
-                              schedules=schedules)
+                              schedules=schedules, grad_compression=gc, powersgd_rank=gc_rank)

@@ -20,7 +20,9 @@ import numpy as np
 from ..num import Num, as_float
 from ..plan.axes import Schedule, ZeroStage
 from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
 from .comm import Collective, collective_time_s
+from .grad_compression import powersgd_reduce_s
 from .layout import Layout
 from .overlap import LayerTimes
 from .stages import StageTimes
@@ -36,6 +38,8 @@ class DPSync:
     overlapped_s: Num
     microbatch_exposed_s: Num
     microbatch_overlapped_s: Num
+    # PowerSGD's compression kernels after the pipeline (inside exposed_s; 0 without it)
+    compression_s: Num = 0.0
 
 
 def _fsdp2_pp_reduce_s(cluster: ClusterSpec, lay: Layout, kind, group, e_group, moe: bool):
@@ -114,11 +118,25 @@ def _fsdp2_step_copies_s(gpu, lay: Layout, z: ZeroTraffic, moe: bool):
     return np.where(f2 & ~lay.zero3, step_gather, 0.0), np.where(f2 & ~z.microbatch_reduce, step_reduce, 0.0)
 
 
-def dp_sync(cluster: ClusterSpec, plan, lay: Layout, first: StageTimes, z: ZeroTraffic, layer: LayerTimes,
-            moe: bool) -> DPSync:
+def _powersgd(cluster: ClusterSpec, model: ModelSpec, lay: Layout, g_ar):
+    """(ZeRO-0's reduction, compression kernels): DDP's PowerSGD hook where the plan runs it
+    (cost/grad_compression.py), else the all-reduce as it was and no kernels."""
+    psgd = lay.powersgd_rank > 0.0
+    if not np.any(psgd):
+        return g_ar, 0.0
+    comm, kernels = powersgd_reduce_s(cluster, model, lay, lay.dp * lay.cp, lay.tp,
+                                      dict(block=lay.dp_block, outer_stride=lay.dp_outer_stride))
+    return np.where(psgd, comm, g_ar), np.where(psgd, kernels, 0.0)
+
+
+def dp_sync(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, first: StageTimes, z: ZeroTraffic,
+            layer: LayerTimes, moe: bool) -> DPSync:
     """The step's data-parallel traffic by ZeRO stage, what overlaps, and what it slows."""
     gpu, zc, R, m, L_s = cluster.gpu, lay.zero_code, lay.hsdp_replicas, lay.num_microbatches, lay.stage_layers
     g_ar, g_rs, p_ag, hsdp_ar, pp_rs = gradient_collectives_s(cluster, plan, lay, moe)
+    # the hook's all-reduces overlap the backward as DDP's do; its kernels run on the compute
+    # stream between the backward's (DDP calls the hook as each bucket is ready): exposed
+    g_ar, compression = _powersgd(cluster, model, lay, g_ar)
     ovl = np.asarray(plan.dp_overlap, dtype=bool)
     red_window, last_fwd = _reduction_windows(plan, lay, first)
     last_bucket = 1.0 / np.maximum(L_s, 1.0)
@@ -147,10 +165,13 @@ def dp_sync(cluster: ClusterSpec, plan, lay: Layout, first: StageTimes, z: ZeroT
     if bool(np.any(lay.fsdp2)):
         step_gather, step_reduce = _fsdp2_step_copies_s(gpu, lay, z, moe)
         dp_exposed = dp_exposed + step_gather + step_reduce
+    dp_exposed = dp_exposed + compression
     # nothing to reduce with one data-parallel rank, unless experts replicate over their EDP
     dp_exposed = np.where((lay.dp * lay.cp > 1) | ((lay.edp > 1) if moe else False), dp_exposed, 0.0)
     # per-micro-batch ZeRO-2/3 exposed traffic is already inside the stage times
     z3_fwd_exp, z3_bwd_exp = layer.zero_forward_exposed_s, layer.zero_backward_exposed_s
     return DPSync(exposed_s=dp_exposed, overlapped_s=dp_overlapped_step,
-                  microbatch_exposed_s=m * L_s * (z3_fwd_exp + z3_bwd_exp) + m * 2.0 * z.first_gather_s,
-                  microbatch_overlapped_s=m * L_s * ((z.forward_s - z3_fwd_exp) + (z.backward_s - z3_bwd_exp)))
+                  microbatch_exposed_s=(m * L_s * (z3_fwd_exp + z3_bwd_exp + z.grad_compression_s)
+                                        + m * 2.0 * z.first_gather_s),
+                  microbatch_overlapped_s=m * L_s * ((z.forward_s - z3_fwd_exp) + (z.backward_s - z3_bwd_exp)),
+                  compression_s=compression)

@@ -114,7 +114,8 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     crit_offload = (0.0 if x.offload is None else x.offload.offloaded(x.plan, crit_layers)
                     * (x.offload.forward_exposed_s + x.offload.backward_exposed_s))
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
-                  - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s)
+                  - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s
+                                    + z.grad_compression_s)
                      + 2.0 * z.first_gather_s) - crit_wait - crit_offload)
     return TimeBreakdown(
         compute_s=m * compute_mb,
@@ -174,7 +175,8 @@ def _layer_detail(x: _Parts, mc: MoELayerCosts | None) -> dict:
         fsdp2_fwd_s=z.fsdp2_forward_s, host_wait_s=waits, gemms_fwd_s=lc.gemms_forward_s,
         attention_bwd_s=lc.attention_backward_s, elementwise_bwd_s=lc.elementwise_backward_s,
         tp_bwd_s=x.tp.backward_exposed_s, cp_bwd_s=x.cp.backward_exposed_s, zero_bwd_s=layer.zero_backward_exposed_s,
-        fsdp2_bwd_s=z.fsdp2_backward_s, grad_casts_s=lc.grad_casts_s, moe_wgrad_s=lc.moe_wgrad_s, moe=moe)
+        fsdp2_bwd_s=z.fsdp2_backward_s, grad_casts_s=lc.grad_casts_s, moe_wgrad_s=lc.moe_wgrad_s, moe=moe,
+        grad_compression_bwd_s=z.grad_compression_s)
 
 
 def _layer_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout,
@@ -242,7 +244,7 @@ def _timed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
     optimizer step, TimeBreakdown)."""
     lay, mc, (lc, tp, cp, ep, z, rc, layer), stages, offload = _staged(model, cluster, workload, plan)
     pipe = pipeline(cluster, model, plan, lay, stages)
-    dp = dp_sync(cluster, plan, lay, stages.first, z, layer, mc is not None)
+    dp = dp_sync(cluster, model, plan, lay, stages.first, z, layer, mc is not None)
     optimizer = optimizer_step_s(cluster.gpu, workload, lay)
     sp_norm = sp_norm_grad_all_reduce_s(cluster, model, lay, tp, z.microbatch_reduce)
     x = _Parts(plan=plan, lay=lay, lc=lc, tp=tp, cp=cp, ep=ep, zero=z, rc=rc, layer=layer, stages=stages, pipe=pipe,
@@ -266,7 +268,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
     memory, host_bytes = stage_memory(model, cluster, workload, plan, lay,
                                       (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
     hw = hardware_flops_per_step(model, lay, lc.flops, workload.seq_len, lc.flash, rc.early_stop)
-    step_detail = labels.step_detail(dp_exposed_s=dp.exposed_s, sp_norm_s=sp_norm, optimizer_s=optimizer)
+    step_detail = labels.step_detail(dp_exposed_s=dp.exposed_s, sp_norm_s=sp_norm, optimizer_s=optimizer,
+                                     compression_s=dp.compression_s)
     return PlanCosts(num_microbatches=lay.num_microbatches, first=stages.first, middle=stages.middle,
                      last=stages.last, p2p_s=pipe.p2p_s, time=time, host_bytes=host_bytes,
                      overlapped=_overlapped(x), memory=memory, dp_step_s=sum(step_detail.values()),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..num import Num, as_float
-from ..plan.axes import V_SCHEDULES, Recompute, RankOrder, ZeroStage
+from ..plan.axes import V_SCHEDULES, GradCompression, Recompute, RankOrder, ZeroStage
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from . import memory as mem
@@ -88,6 +88,8 @@ class Layout:
     optimizer_shard: Num    # optimizer-state shard of the dense parameters
     expert_optimizer_shard: Num  # and of the experts
     offload_optimizer: Num
+    qgz: Num                # ZeRO-3's reduce-scatter in int4 (plan.grad_compression int4; cost/grad_compression.py)
+    powersgd_rank: Num      # DDP's PowerSGD hook at this rank r (plan.grad_compression powersgd), else 0
 
 
 def end_chunk_slots(model: ModelSpec, per_chunk, slack):
@@ -211,4 +213,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         optimizer_shard=np.where(sharded, S, 1.0), expert_optimizer_shard=np.where(sharded, S_e, 1.0),
-        offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool))
+        offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool),
+        qgz=np.asarray(plan.grad_compression_code) == GradCompression.INT4.code,
+        powersgd_rank=np.where(np.asarray(plan.grad_compression_code) == GradCompression.POWERSGD.code,
+                               as_float(plan.powersgd_rank), 0.0))

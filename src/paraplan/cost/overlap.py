@@ -47,5 +47,5 @@ def layer_times(slowdown: float, forward_compute_s, backward_compute_s, tp: TPCo
         forward_s=(fwd_comp + tp.forward_exposed_s + cp.forward_exposed_s + ep.forward_exposed_s + z3_fwd_exp
                    + slow_fwd + z.fsdp2_forward_s),
         backward_s=(bwd_comp + tp.backward_exposed_s + cp.backward_exposed_s + ep.backward_exposed_s + z3_bwd_exp
-                    + slow_bwd + z.fsdp2_backward_s),
+                    + slow_bwd + z.fsdp2_backward_s + z.grad_compression_s),
         zero_forward_exposed_s=z3_fwd_exp, zero_backward_exposed_s=z3_bwd_exp)

@@ -22,6 +22,7 @@ from . import memory as mem
 from .activation_offload import offloaded_layers
 from .bf16_layers import bf16_layer_extra_bytes, bf16_layers_on_end_stages
 from .breakdown import MemoryBreakdown
+from .grad_compression import error_feedback_bytes
 from .layout import Layout, layout
 from .moe import moe_activation_bytes
 
@@ -237,6 +238,10 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     # when the embedding took one of the first stage's layer slots
     wm, gm, om, hostm = _model_states(lay, lay.stage_layers * lay.dense_layer_params / lay.tp, 0.0,
                                       lay.expert_params_stage)
+    if np.any(lay.powersgd_rank > 0.0):  # PowerSGD's error feedback: in the gradients line
+        g1 = g1 + error_feedback_bytes(model, lay, lay.params_first_stage)
+        gl = gl + error_feedback_bytes(model, lay, lay.params_last_stage)
+        gm = gm + error_feedback_bytes(model, lay, lay.stage_layers * lay.dense_layer_params / lay.tp)
     has_mid = lay.pp > 2
     act_host1, act_hostm, act_hostl = acts.host_bytes
     host_bytes = np.maximum(np.maximum(host1 + act_host1, hostl + act_hostl), np.where(has_mid, hostm + act_hostm, 0.0))

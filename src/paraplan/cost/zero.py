@@ -20,6 +20,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from . import memory as mem
 from .comm import Collective, collective_time_s
+from .grad_compression import qgz_reduce_scatter_s
 from .layout import Layout
 from .roofline import elementwise_time_s, memory_bound_time_s
 
@@ -108,6 +109,7 @@ class ZeroTraffic:
     forward_s: Num
     backward_s: Num
     first_gather_s: Num     # the first gather of a pass, which nothing prefetches
+    grad_compression_s: Num = 0.0  # qgZ's quantize / dequantize kernels per layer backward (exposed)
 
 
 def fsdp2_accumulate(gpu, lay: Layout, z: ZeroTraffic, params, tensors):
@@ -116,6 +118,16 @@ def fsdp2_accumulate(gpu, lay: Layout, z: ZeroTraffic, params, tensors):
         return 0.0
     return np.where(z.accumulate, fsdp2_accumulate_s(gpu, params, tensors, lay.reduce_bytes_per_param,
                                                      lay.gather_bytes_per_param, lay.num_microbatches), 0.0)
+
+
+def _qgz(cluster: ClusterSpec, model: ModelSpec, lay: Layout, fsdp_rs):
+    """(reduce-scatter, kernels) of a layer's gradients: ZeRO++ qgZ's int4 all-to-alls where the
+    plan runs it across nodes (cost/grad_compression.py), else the reduce-scatter as it was."""
+    if not np.any(lay.qgz):
+        return fsdp_rs, 0.0
+    comm, kernels, multi_node = qgz_reduce_scatter_s(cluster, model, lay)
+    on = lay.qgz & multi_node
+    return np.where(on, comm, fsdp_rs), np.where(on, kernels, 0.0)
 
 
 def _shard_collectives_s(cluster: ClusterSpec, lay: Layout, moe: bool):
@@ -160,6 +172,7 @@ def zero_traffic(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, moe:
     gpu = cluster.gpu
     m, zc, is_z3 = lay.num_microbatches, lay.zero_code, lay.zero3
     fsdp_ag, fsdp_rs = _shard_collectives_s(cluster, lay, moe)
+    fsdp_rs, qgz_kernels = _qgz(cluster, model, lay, fsdp_rs)
     # fp32 shards: autocast casts each gathered weight to 16 bits at every use (read 4 B,
     # write 2 B per parameter), once per forward and again in a recomputed forward
     # (a 32-bit workload computes on the gathered weights as they are)
@@ -194,4 +207,5 @@ def zero_traffic(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, moe:
                        fsdp2_forward_s=f2_fwd, fsdp2_backward_s=f2_bwd,
                        forward_s=gathers * fsdp_ag,
                        backward_s=gathers * fsdp_ag + np.where(mb_reduce, fsdp_rs, 0.0),
-                       first_gather_s=gathers * fsdp_ag)
+                       first_gather_s=gathers * fsdp_ag,
+                       grad_compression_s=np.where(mb_reduce, qgz_kernels, 0.0) if np.any(lay.qgz) else 0.0)

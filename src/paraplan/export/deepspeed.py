@@ -32,7 +32,7 @@ import shlex
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, batch_shape
 from ..specs.hardware import ClusterSpec
@@ -64,6 +64,10 @@ def _rules(model: ModelSpec) -> list:
         ("ep", lambda B: (B.tp * B.dp * B.cp * B.pp) % B.ep != 0, lambda P: P.ep, "a divisor of the GPUs"),
         ("capacity_factor", lambda B: B.capacity_factor_value != 0.0, lambda P: P.capacity_factor,
          "dropless MoE only (AutoEP drops no tokens)"),
+        # ZeRO++ qgZ is zero_optimization.zero_quantized_gradients (runtime/zero/config.py); PowerSGD
+        # is a torch DDP comm hook, and 0.19.8 ships no 1-bit optimizer (runtime/config.py DEEPSPEED_OPTIMIZERS)
+        ("grad_compression", lambda B: B.grad_compression_code == GradCompression.POWERSGD.code,
+         lambda P: str(P.grad_compression), "none or int4 (ZeRO++ qgZ: zero_quantized_gradients)"),
     ]
     if model.is_moe:
         rules += [
@@ -146,6 +150,8 @@ def config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
     zero: dict = {"stage": int(str(plan.zero)), "overlap_comm": plan.dp_overlap, "contiguous_gradients": True}
     if plan.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if plan.grad_compression is GradCompression.INT4:  # ZeRO++ qgZ (ZeRO-3: plan/rules.py gc_int4)
+        zero["zero_quantized_gradients"] = True
     cfg: dict = {
         "train_batch_size": workload.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,

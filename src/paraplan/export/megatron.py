@@ -41,7 +41,7 @@ import numpy as np
 
 from ..cost.estimate import chunk_layers
 from ..cost.moe import shared_expert_overlap
-from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -88,6 +88,12 @@ def _activation_offload_refused(plan, model: ModelSpec) -> object:
                       | (j >= model.num_layers))
 
 
+def _grad_compression_refused(plan) -> object:
+    """Megatron-Core's DDP reduces in the gradient buffer's dtype (bf16, or fp32 with
+    --accumulate-allreduce-grads-in-fp32): no quantized or low-rank gradient reduction. Vectorized."""
+    return np.asarray(plan.grad_compression_code) != GradCompression.NONE.code
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
@@ -95,6 +101,7 @@ SUPPORT = EngineSupport(
                        hierarchical_a2a=False,
                        engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
                                                                    | _offload_refused(batch)
+                                                                   | _grad_compression_refused(batch)
                                                                    | _ep_overlap_mtp_refused(batch, model)
                                                                    | _activation_offload_refused(batch, model))),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
@@ -113,6 +120,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if bool(_offload_refused(plan)):
         raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with zero=1 "
                           "(--optimizer-cpu-offload needs the distributed optimizer)")
+    if bool(_grad_compression_refused(plan)):
+        raise unsupported(ENGINE, "grad_compression", str(plan.grad_compression),
+                          "none (its DDP reduces bf16 or fp32 gradients; no compressed reduction)")
     if bool(_ep_overlap_mtp_refused(plan, model)):
         raise unsupported(ENGINE, "ep_overlap", True, f"EP overlap with {model.mtp_layers} MTP layer(s) only for "
                           "1 MTP layer and PP > 1 (Megatron-Core's --overlap-moe-expert-parallel-comm)")

@@ -44,7 +44,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..cost.estimate import chunk_layers, estimate
-from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, batch_shape, fsdp_shards
 from ..specs.hardware import ClusterSpec
@@ -150,6 +150,11 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
             # components/quantization/float8.py Float8GroupedMMConverter asserts both
             rules.append(("pp×cp", lambda B: (B.pp > 1) | (B.cp > 1), lambda P: f"{P.pp}×{P.cp}",
                           "PP = CP = 1 for an FP8 MoE (quantize.grouped_mm.float8 supports neither)"))
+    # FSDP2's reduce-scatter and DDP's all-reduce in the reduce dtype: torchtitan 0.3 registers
+    # no comm hook and has no quantized gradient reduction
+    rules.append(("grad_compression", lambda B: B.grad_compression_code != GradCompression.NONE.code,
+                  lambda P: str(P.grad_compression), "none (no compressed gradient reduction: no DDP comm hook, "
+                  "FSDP2 reduces in its reduce_dtype)"))
     return rules
 
 

@@ -74,3 +74,17 @@ class ZeroStage(_Coded):
     OPTIMIZER = "1"  # shard optimizer states (Megatron distributed optimizer)
     GRADIENTS = "2"  # + gradients
     PARAMETERS = "3"  # + parameters (FSDP FULL_SHARD); HSDP when dp_shard < dp
+
+
+class GradCompression(_Coded):
+    """The wire format of the data-parallel gradient reduction, as engines ship it (cost/grad_compression.py)."""
+
+    NONE = "none"          # the 16-bit (or fp32, Plan.grad_reduce_fp32) reduction of the gradients
+    # DeepSpeed ZeRO++ qgZ (Wang et al. 2023, "ZeRO++", Sec. 3.3; zero_optimization.zero_quantized_gradients,
+    # deepspeed/runtime/comm/coalesced_collectives.py all_to_all_quant_reduce): ZeRO-3's reduce-scatter
+    # as an int4 all-to-all inside the node, then one across the nodes; 1-D tensors as before
+    INT4 = "int4"
+    # PyTorch DDP's PowerSGD comm hook (Vogels et al. 2019, Alg. 1; torch/distributed/algorithms/
+    # ddp_comm_hooks/powerSGD_hook.py): rank-r factors P, Q of each gradient matrix all-reduced,
+    # error feedback; 1-D tensors all-reduced uncompressed
+    POWERSGD = "powersgd"

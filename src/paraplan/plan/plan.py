@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
 from typing import Any, Callable
 
 import numpy as np
 
 from ..enums import CodedEnum
 from ..specs.workload import Workload
-from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 
 
 def axis(default, *, flag: str | None = None, unit: str = "", bounds: tuple | None = None, help: str = "",
@@ -59,6 +60,13 @@ class Plan:
                          help="shard group size for ZeRO; equals dp unless HSDP (set by `make_plan`)")
     offload_optimizer: bool = axis(False, flag="--offload")
     dp_overlap: bool = axis(True, flag="--no-dp-overlap")
+    # The data-parallel gradient reduction's wire format (plan/axes.py GradCompression; priced in
+    # cost/grad_compression.py): ZeRO++ qgZ's int4 (ZeRO-3) or DDP's PowerSGD hook at rank
+    # powersgd_rank (torch's matrix_approximation_rank, default 1). Changes the numerics: never searched.
+    grad_compression: GradCompression = axis(GradCompression.NONE, flag="--grad-compression",
+                                             help="the DP gradient reduction's wire format")
+    powersgd_rank: int = axis(1, flag="--powersgd-rank", unit="columns", bounds=(1, None),
+                              help="with grad_compression=powersgd: the rank r of P and Q")
     tp_overlap: bool = axis(False, flag="--tp-overlap")
     # MoE token dispatch: dropless (None; MegaBlocks) or token dropping with each expert padded
     # to capacity_factor × its mean load (GShard / Switch); and the all-to-all algorithm, flat
@@ -145,6 +153,10 @@ class Plan:
         return self.cp_comm_type.code
 
     @property
+    def grad_compression_code(self) -> int:
+        return self.grad_compression.code
+
+    @property
     def rank_order_code(self) -> int:
         return self.rank_order.code
 
@@ -196,6 +208,9 @@ class Plan:
             parts.append(z)
         if self.offload_optimizer:
             parts.append("offload")
+        if self.grad_compression is not GradCompression.NONE:
+            rank = f"/r{self.powersgd_rank}" if self.powersgd_rank != 1 else ""
+            parts.append(f"gc:{self.grad_compression}{rank}")
         if self.tp_overlap:
             parts.append("tpov")
         if self.compiled and not self.fused_kernels:
@@ -238,6 +253,12 @@ def _column(f) -> Column:
 
 
 COLUMNS: tuple[Column, ...] = tuple(_column(f) for f in fields(Plan))
+
+
+def plan_fields(plan: Plan) -> dict:
+    """The plan's fields by name for JSON (enums as their strings)."""
+    values = {f.name: getattr(plan, f.name) for f in fields(plan)}
+    return {k: str(v) if isinstance(v, StrEnum) else v for k, v in values.items()}
 
 
 def make_plan(**kw) -> Plan:

@@ -17,7 +17,7 @@ import numpy as np
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import V_SCHEDULES, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from .axes import V_SCHEDULES, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 
 V_CODES = [s.code for s in V_SCHEDULES]
 MULTI_CHUNK_CODES = [Schedule.INTERLEAVED_1F1B.code, Schedule.BREADTH_FIRST.code] + V_CODES
@@ -51,7 +51,8 @@ def capacity_factor_rule(model: ModelSpec, cf) -> str:
 
 def rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) -> list[Rule]:
     """Every validity rule of a plan, in the order their reasons are reported."""
-    return expert_rules(model) + layout_rules(model, cluster, workload) + feature_rules(model, cluster, workload)
+    return (expert_rules(model) + layout_rules(model, cluster, workload) + feature_rules(model, cluster, workload)
+            + grad_compression_rules(model))
 
 
 def expert_rules(model: ModelSpec) -> list[Rule]:
@@ -244,4 +245,35 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
              lambda B: ~np.isin(B.attention_code, [k.code for k in cluster.gpu.attention_kernels]),
          lambda P: f"attention kernel {P.attention} does not run on {cluster.gpu.name} (runs: "
                    + ", ".join(map(str, cluster.gpu.attention_kernels)) + ")"),
+    ]
+
+
+def grad_compression_rules(model: ModelSpec) -> list[Rule]:
+    """Where a compressed gradient reduction (Plan.grad_compression) runs, as the engines ship it."""
+    int4, psgd = GradCompression.INT4.code, GradCompression.POWERSGD.code
+    keys = ("grad_compression_code", "powersgd_rank", "zero_code", "dp", "dp_shard", "tp", "pp", "cp")
+    return [
+        Rule("gc_rank", keys[:2], False,
+             lambda B: (B.grad_compression_code != psgd) & (B.powersgd_rank != 1),
+         lambda P: f"powersgd_rank={P.powersgd_rank} applies with grad_compression=powersgd only"),
+        Rule("gc_dp", keys[:1] + ("dp", "cp"), False,
+             lambda B: (B.grad_compression_code != GradCompression.NONE.code) & (B.dp * B.cp == 1),
+         lambda P: f"grad_compression={P.grad_compression} needs DP×CP > 1 (one replica reduces nothing)"),
+        # paraplan prices the dense layers' matrices only (an expert's gradients reduce over EDP)
+        Rule("gc_moe", keys[:1], False,
+             lambda B: (B.grad_compression_code != GradCompression.NONE.code) & np.full(np.shape(B.grad_compression_code),
+                                                                                        model.is_moe or model.is_mla),
+         lambda P: f"grad_compression={P.grad_compression} is priced for dense models without MLA; {model.name} is not"),
+        # DeepSpeed stage3.py: all_to_all_quant_reduce runs in ZeRO-3's reduce-scatter only, over
+        # groups built from the whole world (groups._get_local_all_to_all_group): no TP, PP, CP, HSDP
+        Rule("gc_int4", keys[:1] + keys[2:], False,
+             lambda B: (B.grad_compression_code == int4)
+         & ((B.zero_code != ZeroStage.PARAMETERS.code) | (B.dp_shard != B.dp) | (B.tp * B.pp * B.cp != 1)),
+         lambda P: "grad_compression=int4 (ZeRO++ qgZ) needs ZeRO-3 over all ranks (no HSDP, TP, PP or CP): "
+                   "DeepSpeed quantizes ZeRO-3's reduce-scatter over the whole world"),
+        # torch's PowerSGD is a DDP comm hook (DistributedDataParallel.register_comm_hook): replicated
+        # gradients, no ZeRO or FSDP sharding
+        Rule("gc_powersgd", keys[:1] + ("zero_code",), False,
+             lambda B: (B.grad_compression_code == psgd) & (B.zero_code != ZeroStage.NONE.code),
+         lambda P: f"grad_compression=powersgd is a DDP comm hook: needs ZeRO 0 (not {P.zero})"),
     ]

@@ -21,7 +21,7 @@ from ..errors import SpecError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from .placement import rank_orders_differ
 from .plan import COLUMNS, Plan, Rejected
 from .rules import Rule, capacity_factor_ok, capacity_factor_rule, rules  # noqa: F401  (re-exported)
@@ -51,6 +51,8 @@ class PlanBatch:
     dp_shard: np.ndarray
     offload_optimizer: np.ndarray
     dp_overlap: np.ndarray
+    grad_compression_code: np.ndarray
+    powersgd_rank: np.ndarray
     tp_overlap: np.ndarray
     attention_code: np.ndarray
     grad_reduce_fp32: np.ndarray
@@ -94,7 +96,9 @@ def invalid_mask(batch: PlanBatch, model: ModelSpec, cluster: ClusterSpec, workl
     bad = np.zeros(batch_shape(batch), dtype=bool)
     for rule in rules(model, cluster, workload):
         if not (counted_only and rule.prunes):
-            bad = bad | rule.invalid(batch)
+            broken = rule.invalid(batch)
+            if np.any(broken):  # (a rule no plan breaks, often on a few constant columns, costs no pass over the grid)
+                bad = bad | broken
     return bad
 
 
@@ -168,6 +172,10 @@ class SpaceLimits:
     compiled: bool = False      # eager blocks under torch.compile (see Plan)
     compiled_loss: bool = False  # an eager engine's loss under torch.compile (see Plan)
     loss_parallel: bool = False  # an eager engine's vocabulary-parallel loss, op by op (see Plan)
+    # the DP gradient reduction's wire format (Plan.grad_compression): pinned, never searched
+    # (a compressed format changes the numerics); every plan of the search takes this one
+    grad_compression: GradCompression = GradCompression.NONE
+    powersgd_rank: int = 1
     # the engine trains fp32 parameters under torch.autocast where it runs no FSDP (Plan.autocast;
     # torchtitan: DDP or one GPU): set per plan by without_fsdp_autocast
     autocast_without_fsdp: bool = False
@@ -404,6 +412,8 @@ class SpaceBlock:
             fsdp2_copies=(zero != ZeroStage.NONE.code) if limits.fsdp2_copies else const(False),
             fused_kernels=const(limits.fused_kernels), compiled=const(limits.compiled),
             compiled_loss=const(limits.compiled_loss), loss_parallel=const(limits.loss_parallel),
+            grad_compression_code=np.full((1, 1, 1, 1), limits.grad_compression.code, dtype=np.int64),
+            powersgd_rank=np.full((1, 1, 1, 1), limits.powersgd_rank, dtype=np.int64),
             autocast=(without_fsdp_autocast(True, cols["tp"], cols["pp"], zero, cols["dp_shard"], cols["cp"])
                       if limits.autocast_without_fsdp else const(False)))
 
@@ -418,9 +428,11 @@ class SpaceBlock:
         (nothing sharded, nothing offloaded): one value on the ZeRO axis, what a step floor
         under every choice is priced on (search/planner.py). None where the grid has no ZeRO
         axis, or where the engine's policy changes with the choice (FSDP2's copies, autocast
-        without FSDP): there the plan without ZeRO is another program, not a floor."""
+        without FSDP), or where the gradients go compressed (ZeRO-3's int4 reduction can beat
+        ZeRO-0's 16-bit one): there the plan without ZeRO is another program, not a floor."""
         limits = self.limits
-        if self.states_per_row == 1 or limits.fsdp2_copies or limits.autocast_without_fsdp:
+        if (self.states_per_row == 1 or limits.fsdp2_copies or limits.autocast_without_fsdp
+                or limits.grad_compression is not GradCompression.NONE):  # (ZeRO-3's qgZ can beat ZeRO-0)
             return None
         values = {"zero_code": ZeroStage.NONE.code, "dp_shard": self.layout["dp"], "offload_optimizer": False}
         return replace(grid, **{k: np.full((1, 1, 1, 1), v, dtype=_DTYPES[k]) for k, v in values.items()})

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from enum import StrEnum
 
 from ..cost.estimate import Estimate
+from ..plan.plan import plan_fields
 
 
 def plan_dict(plan) -> dict:
-    d = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(plan).items()}
+    d = plan_fields(plan)
     d["describe"] = plan.describe()
     return d
 

@@ -21,7 +21,7 @@ MOE_BWD = "MoE (experts, router, permute, shared)"
 
 def layer_detail(*, qkv_s, attention_fwd_s, out_s, up_s, down_s, elementwise_fwd_s, tp_fwd_s, cp_fwd_s, zero_fwd_s,
                  fsdp2_fwd_s, host_wait_s, gemms_fwd_s, attention_bwd_s, elementwise_bwd_s, tp_bwd_s, cp_bwd_s,
-                 zero_bwd_s, fsdp2_bwd_s, grad_casts_s, moe_wgrad_s, moe=None) -> dict:
+                 zero_bwd_s, fsdp2_bwd_s, grad_casts_s, moe_wgrad_s, moe=None, grad_compression_bwd_s=0.0) -> dict:
     """Per-layer op times by label, forward ("fwd"), backward ("bwd") and the weight-gradient
     GEMMs inside the backward ("wgrad": ZB-H1's W pass); `host_wait_s`: (fwd, bwd, W);
     `moe`: the MoE layers' (experts at λ = 1, imbalance, router/permute/shared forward,
@@ -44,6 +44,8 @@ def layer_detail(*, qkv_s, attention_fwd_s, out_s, up_s, down_s, elementwise_fwd
                               "MoE router, permute, shared": rest_fwd,
                               "EP all-to-all": a2a_fwd})
         detail["bwd"].update({MOE_BWD: moe_bwd, "EP all-to-all": a2a_bwd})
+    if np.any(np.asarray(grad_compression_bwd_s) > 0.0):  # ZeRO++ qgZ's int4 quantize / dequantize
+        detail["bwd"][GRAD_COMPRESSION] = grad_compression_bwd_s
     # the weight-gradient GEMMs inside each "bwd" entry: what ZB-H1 runs as its W pass
     detail["wgrad"] = {GEMMS_BWD: gemms_fwd_s, MOE_BWD: moe_wgrad_s,
                        "element-wise": grad_casts_s, HOST_WAIT: host_wait_s[2]}
@@ -64,7 +66,14 @@ def comm_detail(*, tp_s, cp_s, ep_s, pp_s, dp_s, sequence_parallel, cp_comm_type
     }
 
 
-def step_detail(*, dp_exposed_s, sp_norm_s, optimizer_s) -> dict:
-    """The work after the pipeline, in the order it runs (for the trace)."""
-    return {"DP/ZeRO collectives (exposed)": dp_exposed_s, "SP norm-gradient all-reduce": sp_norm_s,
-            "optimizer step": optimizer_s}
+GRAD_COMPRESSION = "gradient compression kernels"
+
+
+def step_detail(*, dp_exposed_s, sp_norm_s, optimizer_s, compression_s=0.0) -> dict:
+    """The work after the pipeline, in the order it runs (for the trace); `compression_s`, the
+    part of the DP time PowerSGD's kernels take, named apart where a plan has it."""
+    if not np.any(np.asarray(compression_s) > 0.0):
+        return {"DP/ZeRO collectives (exposed)": dp_exposed_s, "SP norm-gradient all-reduce": sp_norm_s,
+                "optimizer step": optimizer_s}
+    return {"DP/ZeRO collectives (exposed)": dp_exposed_s - compression_s, GRAD_COMPRESSION: compression_s,
+            "SP norm-gradient all-reduce": sp_norm_s, "optimizer step": optimizer_s}

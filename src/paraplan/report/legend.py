@@ -62,6 +62,8 @@ TERMS = (
     _t("offload", "optimizer on host", "optimizer states (and their step) in host memory"),
     _t("aoff", "activations on host", "activation offload: the saved activations of N layers per stage copied to "
        "host memory and back, under compute", r"aoff\d+"),
+    _t("gc", "compressed DP gradients", "DP gradient reduction's wire format: int4 (DeepSpeed ZeRO++ qgZ), "
+       "powersgd (PyTorch DDP's PowerSGD hook; /rN its rank)", r"gc:[a-z0-9]+(/r\d+)?"),
     _t("tpov", "TP comm overlapped with GEMMs"),
     _t("compiled", "torch.compile", "an eager engine's layers under torch.compile"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",

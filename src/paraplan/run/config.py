@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
-from ..plan.axes import V_SCHEDULES, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
@@ -185,6 +185,9 @@ def check_runnable(cfg: RunConfig) -> None:
     if p.activation_offload_layers:
         raise SpecError("run", "--offload-activations", p.activation_offload_layers,
                         "activation offload is not run (estimate it instead)")
+    if p.grad_compression is not GradCompression.NONE:
+        raise SpecError("run", "--grad-compression", str(p.grad_compression),
+                        "none (the runner reduces gradients uncompressed; estimate it instead)")
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")

@@ -104,7 +104,10 @@ def engine_space(support: EngineSupport, fixed: dict, limits: SpaceLimits) -> tu
         if not chosen[name]:
             raise unsupported(support.engine, flag, ",".join(map(_shown_choice, asked)),
                               ", ".join(map(_shown_choice, allowed)))
-    return {**support.pinned, **fixed}, replace(bounds, capacity_factors=limits.capacity_factors, **chosen)
+    # the user's model choices (token dropping, the gradients' wire format) pass through; the engine's masks judge them
+    return {**support.pinned, **fixed}, replace(bounds, capacity_factors=limits.capacity_factors,
+                                                grad_compression=limits.grad_compression,
+                                                powersgd_rank=limits.powersgd_rank, **chosen)
 
 
 def _shown_choice(value) -> str:
