@@ -119,6 +119,9 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
                        "with data or context parallelism, its FSDP default: 3, or 2 with --pp > 1)")
         g.add_argument("--dp-shard", type=_degree, default=None, help="ZeRO-3 shard group (HSDP when < DP)")
         g.add_argument("--offload", action="store_true", help="offload optimizer states to host")
+        g.add_argument("--adama", action="store_true",
+                       help="Adam accumulation (AdamA): fold each micro-batch's gradients into Adam's states and "
+                            "free them (no full gradient buffer; m state passes and m DP reductions a step)")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
         g.add_argument("--attention", default=None,
@@ -206,7 +209,7 @@ def engine_rules_from_args(args: argparse.Namespace, workload: Workload, model: 
 # parser attributes of one plan (estimate, trace, export): how they choose it, as written or
 # narrowing a search, is cli/choice.py's rule
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
-              "zero", "dp_shard", "offload", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
+              "zero", "dp_shard", "offload", "adama", "no_dp_overlap", "tp_overlap", "attention", "capacity_factor",
               "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order")
 
 
@@ -222,7 +225,7 @@ _PLAN_TOKENS = (
     (r"rc:first(\d+)", lambda m: {"recompute": "first_k", "recompute_layers": int(m[1])}),
     (r"rc:([a-z_-]+)", lambda m: {"recompute": m[1]}),
     (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
-    (r"offload", lambda m: {"offload": True}), (r"tpov", lambda m: {"tp_overlap": True}),
+    (r"offload", lambda m: {"offload": True}), (r"adama", lambda m: {"adama": True}), (r"tpov", lambda m: {"tp_overlap": True}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
     (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
     (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
@@ -380,6 +383,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      recompute=recompute,
                      recompute_num_layers=args.recompute_layers, sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
+                     adam_accumulation=args.adama,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
                      attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None
                      else cluster.gpu.attention_kernels[-1])

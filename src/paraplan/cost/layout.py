@@ -88,6 +88,7 @@ class Layout:
     optimizer_shard: Num    # optimizer-state shard of the dense parameters
     expert_optimizer_shard: Num  # and of the experts
     offload_optimizer: Num
+    adam_accumulation: Num  # AdamA: gradients folded into Adam's states per micro-batch (plan knob)
 
 
 def end_chunk_slots(model: ModelSpec, per_chunk, slack):
@@ -211,4 +212,5 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         optimizer_shard=np.where(sharded, S, 1.0), expert_optimizer_shard=np.where(sharded, S_e, 1.0),
-        offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool))
+        offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool),
+        adam_accumulation=np.asarray(plan.adam_accumulation, dtype=bool))

@@ -64,6 +64,9 @@ def _rules(model: ModelSpec) -> list:
         ("ep", lambda B: (B.tp * B.dp * B.cp * B.pp) % B.ep != 0, lambda P: P.ep, "a divisor of the GPUs"),
         ("capacity_factor", lambda B: B.capacity_factor_value != 0.0, lambda P: P.capacity_factor,
          "dropless MoE only (AutoEP drops no tokens)"),
+        # its engine steps the optimizer once per gradient_accumulation_steps on the summed gradients
+        ("adam_accumulation", lambda B: B.adam_accumulation, lambda P: P.adam_accumulation,
+         "no Adam accumulation (AdamA; the engine steps once on the accumulated gradients)"),
     ]
     if model.is_moe:
         rules += [

@@ -50,6 +50,12 @@ class Plan:
     dp_shard: int = axis(0, flag="--dp-shard", unit="replicas", bounds=(0, None),
                          help="shard group size for ZeRO; equals dp unless HSDP (set by `make_plan`)")
     offload_optimizer: bool = axis(False, flag="--offload")
+    # Adam accumulation (AdamA; Zhang et al. 2023, "AdamA: Adam Accumulation to Reduce Memory
+    # Footprints of both Activations and Gradients for Large-scale DNN Training", Algorithm 1):
+    # each micro-batch's gradients are folded into Adam's m and v as the backward makes them
+    # (m += (1-β1)·g_i/N, v += (1-β2)·g_i²/N) and released, the weights updated once per step
+    adam_accumulation: bool = axis(False, flag="--adama",
+                                   help="fold each micro-batch's gradients into Adam's states (AdamA)")
     dp_overlap: bool = axis(True, flag="--no-dp-overlap")
     tp_overlap: bool = axis(False, flag="--tp-overlap")
     # MoE token dispatch: dropless (None; MegaBlocks) or token dropping with each expert padded
@@ -186,6 +192,8 @@ class Plan:
             parts.append(z)
         if self.offload_optimizer:
             parts.append("offload")
+        if self.adam_accumulation:
+            parts.append("adama")
         if self.tp_overlap:
             parts.append("tpov")
         if self.compiled and not self.fused_kernels:

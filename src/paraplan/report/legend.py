@@ -60,6 +60,8 @@ TERMS = (
     _t("/hsdp", "HSDP shard group", "ZeRO-3 sharded over N of the DP ranks, replicated across the rest (HSDP)",
        r"zero\d/hsdp\d+"),
     _t("offload", "optimizer on host", "optimizer states (and their step) in host memory"),
+    _t("adama", "Adam accumulation", "AdamA: each micro-batch's gradients folded into Adam's states and freed "
+       "(a gradient buffer of about a layer; a state pass and a DP reduction per micro-batch)"),
     _t("tpov", "TP comm overlapped with GEMMs"),
     _t("compiled", "torch.compile", "an eager engine's layers under torch.compile"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",

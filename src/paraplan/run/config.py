@@ -182,6 +182,8 @@ def check_runnable(cfg: RunConfig) -> None:
         raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
     if p.offload_optimizer:
         raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
+    if p.adam_accumulation:
+        raise SpecError("run", "--adama", True, "Adam accumulation (AdamA) is not run (estimate it instead)")
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
