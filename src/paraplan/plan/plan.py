@@ -13,12 +13,13 @@ from .axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, Z
 
 
 def axis(default, *, flag: str | None = None, unit: str = "", bounds: tuple | None = None, help: str = "",
-         column: str | None = None):
+         column: str | None = None, listed_when_off: bool = True):
     """A Plan field with its metadata, declared once: the CLI flag that sets it, its unit, its
-    bounds (low, high; None: open), a help line, and the PlanBatch column that holds it (by
-    default the field's name, or `<name>_code` for an enum: see `Column`)."""
+    bounds (low, high; None: open), a help line, the PlanBatch column that holds it (by
+    default the field's name, or `<name>_code` for an enum: see `Column`), and whether a
+    switch that is off is listed in the plan's JSON (`plan_items`)."""
     return field(default=default, metadata={"flag": flag, "unit": unit, "bounds": bounds, "help": help,
-                                            "column": column})
+                                            "column": column, "listed_when_off": listed_when_off})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,7 +55,7 @@ class Plan:
     # Footprints of both Activations and Gradients for Large-scale DNN Training", Algorithm 1):
     # each micro-batch's gradients are folded into Adam's m and v as the backward makes them
     # (m += (1-β1)·g_i/N, v += (1-β2)·g_i²/N) and released, the weights updated once per step
-    adam_accumulation: bool = axis(False, flag="--adama",
+    adam_accumulation: bool = axis(False, flag="--adama", listed_when_off=False,
                                    help="fold each micro-batch's gradients into Adam's states (AdamA)")
     dp_overlap: bool = axis(True, flag="--no-dp-overlap")
     tp_overlap: bool = axis(False, flag="--tp-overlap")
@@ -206,6 +207,14 @@ class Plan:
             parts.append("epov")
         parts.append(f"attn:{self.attention}")
         return " ".join(parts)
+
+
+def plan_items(plan: Plan) -> dict:
+    """The plan's fields by name, as its JSON lists them: a switch declared
+    `listed_when_off=False` only where it is on (absent reads as off: the JSON of a plan
+    without it is what it was before the switch existed)."""
+    return {f.name: getattr(plan, f.name) for f in fields(plan)
+            if f.metadata["listed_when_off"] or getattr(plan, f.name) != f.default}
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from dataclasses import asdict
 from enum import StrEnum
 
 from ..cost.estimate import Estimate
+from ..plan.plan import plan_items
 
 
 def plan_dict(plan) -> dict:
-    d = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in asdict(plan).items()}
+    d = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in plan_items(plan).items()}
     d["describe"] = plan.describe()
     return d
 

@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
 from ..plan.axes import V_SCHEDULES, RankOrder, Recompute, Schedule, ZeroStage
-from ..plan.plan import Plan
+from ..plan.plan import Plan, plan_items
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -80,7 +80,7 @@ class RunConfig:
 
     def to_json(self) -> str:
         d = asdict(self)
-        d["plan"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in d["plan"].items()}
+        d["plan"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in plan_items(self.plan).items()}
         d["workload"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in d["workload"].items()}
         d["device"] = str(self.device)
         return json.dumps(d)

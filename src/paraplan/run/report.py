@@ -11,6 +11,7 @@ import statistics
 from dataclasses import asdict, replace
 
 from ..errors import ParaplanError
+from ..plan.plan import plan_items
 from ..specs.workload import Precision
 from .config import RUN_OPTIMIZER, RunConfig, runs_under_autocast
 from .report_format import (CPU_MEMORY_KIND, GPU_MEMORY_KIND, REPORT_KIND, REPORT_VERSION,
@@ -110,7 +111,7 @@ def repredict(report: dict, hardware: str, shown: str) -> dict:
 
 
 def _plan_dict(cfg: RunConfig) -> dict:
-    d = {k: (str(v) if hasattr(v, "value") else v) for k, v in asdict(cfg.plan).items()}
+    d = {k: (str(v) if hasattr(v, "value") else v) for k, v in plan_items(cfg.plan).items()}
     d["describe"] = cfg.plan.describe()
     return d
 
