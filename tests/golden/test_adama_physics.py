@@ -55,7 +55,8 @@ def test_the_optimizer_step_grows_by_m_minus_1_folds_of_20_bytes_a_parameter():
     m = 64 // 8
     gpu = load_cluster("dgx-h100", num_gpus=8).gpu
     shard_params = STAGE_PARAMS / 8  # ZeRO-1 over DP 8
-    fold_s = 20.0 * shard_params / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency) + 2 * gpu.kernel_launch_overhead_s
+    fold_s = (20.0 * shard_params / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
+              + 2 * gpu.kernel_launch_overhead_s)
     assert adama.time.optimizer_s - plain.time.optimizer_s == pytest.approx((m - 1) * fold_s, rel=1e-9)
     # one micro-batch: the fold is the step's own Adam kernel
     one, one_adama = _pair(gpus=8, dp=8, global_batch_size=8)

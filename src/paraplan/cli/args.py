@@ -225,7 +225,8 @@ _PLAN_TOKENS = (
     (r"rc:first(\d+)", lambda m: {"recompute": "first_k", "recompute_layers": int(m[1])}),
     (r"rc:([a-z_-]+)", lambda m: {"recompute": m[1]}),
     (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
-    (r"offload", lambda m: {"offload": True}), (r"adama", lambda m: {"adama": True}), (r"tpov", lambda m: {"tp_overlap": True}),
+    (r"offload", lambda m: {"offload": True}), (r"adama", lambda m: {"adama": True}),
+    (r"tpov", lambda m: {"tp_overlap": True}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
     (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
     (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
