@@ -94,7 +94,10 @@ def invalid_mask(batch: PlanBatch, model: ModelSpec, cluster: ClusterSpec, workl
     bad = np.zeros(batch_shape(batch), dtype=bool)
     for rule in rules(model, cluster, workload):
         if not (counted_only and rule.prunes):
-            bad = bad | rule.invalid(batch)
+            broken = rule.invalid(batch)
+            if np.size(broken) < bad.size and not np.any(broken):
+                continue  # (a mask over a few axes, all clear: no pass over the whole batch)
+            bad = bad | broken
     return bad
 
 
