@@ -134,6 +134,10 @@ def _plan(given: dict, cluster):
              "attention": axes.AttentionKernel, "cp_comm_type": axes.CPCommType, "rank_order": axes.RankOrder,
              "grad_compression": axes.GradCompression}
     kw = {k: (kinds[k].parse(str(v), k) if k in kinds and not isinstance(v, Enum) else v) for k, v in given.items()}
+    switches = {f.name for f in fields(Plan) if isinstance(f.default, bool)}
+    for k in switches & set(kw):
+        if isinstance(kw[k], str) or kw[k] not in (True, False):
+            raise SpecError("api", k, kw[k], "True or False")
     tp, pp, cp, vp = (kw.get(k, 1) for k in ("tp", "pp", "cp", "vp"))
     if "dp" not in kw:
         if cluster.num_gpus % (tp * pp * cp):

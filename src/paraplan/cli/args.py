@@ -122,6 +122,9 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--offload-activations", type=_int_up_to(MAX_LAYERS), default=0, metavar="LAYERS",
                        help="layers per pipeline stage whose saved activations are copied to host memory and back, "
                             "under compute (first_k's layers excepted; not with op-sac; default 0)")
+        g.add_argument("--adama", action="store_true",
+                       help="Adam accumulation (AdamA): fold each micro-batch's gradients into Adam's states and "
+                            "free them (no full gradient buffer; m state passes and m DP reductions a step)")
         g.add_argument("--no-dp-overlap", action="store_true", help="do not overlap DP communication")
         g.add_argument("--tp-overlap", action="store_true", help="overlap TP communication with GEMMs")
         g.add_argument("--attention", default=None,
@@ -219,9 +222,9 @@ def engine_rules_from_args(args: argparse.Namespace, workload: Workload, model: 
 # parser attributes of one plan (estimate, trace, export): how they choose it, as written or
 # narrowing a search, is cli/choice.py's rule
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
-              "zero", "dp_shard", "offload", "offload_activations", "no_dp_overlap", "tp_overlap", "attention",
-              "capacity_factor", "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order", "grad_compression",
-              "powersgd_rank")
+              "zero", "dp_shard", "offload", "offload_activations", "adama", "no_dp_overlap", "tp_overlap",
+              "attention", "capacity_factor", "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order",
+              "grad_compression", "powersgd_rank")
 
 
 # Plan.describe's tokens, each read back into the plan flags it stands for
@@ -237,7 +240,7 @@ _PLAN_TOKENS = (
     (r"rc:([a-z_-]+)", lambda m: {"recompute": m[1]}),
     (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
     (r"offload", lambda m: {"offload": True}), (r"aoff(\d+)", lambda m: {"offload_activations": int(m[1])}),
-    (r"tpov", lambda m: {"tp_overlap": True}),
+    (r"adama", lambda m: {"adama": True}), (r"tpov", lambda m: {"tp_overlap": True}),
     (r"gc:([a-z0-9]+)(?:/r(\d+))?",
      lambda m: {"grad_compression": m[1], "powersgd_rank": int(m[2]) if m[2] else None}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
@@ -400,6 +403,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      recompute_num_layers=args.recompute_layers, activation_offload_layers=args.offload_activations,
                      sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
+                     adam_accumulation=args.adama,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
                      attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None
                      else cluster.gpu.attention_kernels[-1])

@@ -41,7 +41,8 @@ def searched_plan_note(args: argparse.Namespace) -> str:
 
 # plan flags no search varies toward one value (the space tries each choice there, or only
 # one): with --rank, or to export, the plan they describe is given whole with --plan
-UNSEARCHED_FLAGS = (("offload", "--offload"), ("no_dp_overlap", "--no-dp-overlap"), ("dp_shard", "--dp-shard"),
+UNSEARCHED_FLAGS = (("offload", "--offload"), ("adama", "--adama"), ("no_dp_overlap", "--no-dp-overlap"),
+                    ("dp_shard", "--dp-shard"),
                     ("recompute_layers", "--recompute-layers"), ("a2a_hierarchical", "--a2a-hierarchical"),
                     ("ep_overlap", "--ep-overlap"), ("offload_activations", "--offload-activations"))
 

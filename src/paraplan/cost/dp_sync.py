@@ -4,7 +4,9 @@ traffic the stages already hold.
 
 DDP / ZeRO-1 gradient reduction overlaps the last micro-batch's backward (under ZB-H1 its W
 pass only); its last bucket (one layer) is exposed (FSDP2 under pipeline schedules: all of
-it, after the last backward). ZeRO-1/2 parameter all-gather overlaps the next forward.
+it, after the last backward). ZeRO-1/2 parameter all-gather overlaps the next forward. Under
+Adam accumulation (plan.adam_accumulation) every micro-batch's gradients are reduced so, m
+times a step.
 
 Legend: d data-parallel degree, c context-parallel degree, t tensor-parallel degree, S the
 ZeRO shard group, S_e the experts', R HSDP replicas, L_s layers of the critical stage, m
@@ -146,6 +148,11 @@ def dp_sync(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, first: St
         return np.where(ovl, exposed, comm), np.where(ovl, comm - exposed, 0.0)
     z0_exp, z0_ovl = hide(g_ar, red_window)
     z1_rs_exp, z1_rs_ovl = hide(g_rs, red_window)
+    if np.any(lay.adam_accumulation):
+        # Adam accumulation folds each micro-batch's reduced gradient (AdamA, Zhang et al. 2023):
+        # m reductions a step, as DDP without no_sync, each under its micro-batch's backward
+        n_red = np.where(lay.adam_accumulation, m, 1.0)
+        z0_exp, z0_ovl, z1_rs_exp, z1_rs_ovl = (n_red * x for x in (z0_exp, z0_ovl, z1_rs_exp, z1_rs_ovl))
     z1_ag_exp, z1_ag_ovl = hide(p_ag, last_fwd)
     z3_hsdp_exp, z3_hsdp_ovl = hide(hsdp_ar, red_window)
     is_z1 = zc == ZeroStage.OPTIMIZER.code

@@ -90,6 +90,7 @@ class Layout:
     offload_optimizer: Num
     qgz: Num                # ZeRO-3's reduce-scatter in int4 (plan.grad_compression int4; cost/grad_compression.py)
     powersgd_rank: Num      # DDP's PowerSGD hook at this rank r (plan.grad_compression powersgd), else 0
+    adam_accumulation: Num  # AdamA: gradients folded into Adam's states per micro-batch (plan knob)
 
 
 def end_chunk_slots(model: ModelSpec, per_chunk, slack):
@@ -216,4 +217,5 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool),
         qgz=np.asarray(plan.grad_compression_code) == GradCompression.INT4.code,
         powersgd_rank=np.where(np.asarray(plan.grad_compression_code) == GradCompression.POWERSGD.code,
-                               as_float(plan.powersgd_rank), 0.0))
+                               as_float(plan.powersgd_rank), 0.0),
+        adam_accumulation=np.asarray(plan.adam_accumulation, dtype=bool))

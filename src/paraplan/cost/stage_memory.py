@@ -175,6 +175,43 @@ def _model_states(lay: Layout, params, embedding, experts):
     return w, g, o, host
 
 
+def adama_layer_buckets(plan, lay: Layout):
+    """Layers' gradients alive at once under Adam accumulation (AdamA, Zhang et al. 2023,
+    Algorithm 1: each gradient is folded into m and v, then released, as the backward makes
+    it): one layer's without data parallelism; with an overlapped DP reduction a second one,
+    under its reduction while the next is made (DDP / Megatron buckets of about one layer);
+    with a reduction not overlapped, the whole stage's, which waits for the end of the
+    backward (inf: nothing saved)."""
+    reduces = (lay.dp * lay.cp > 1) | (lay.edp > 1)
+    overlapped = np.asarray(plan.dp_overlap, dtype=bool)
+    return np.where(reduces, np.where(overlapped, 2.0, np.inf), 1.0)
+
+
+def _adama_gradients(lay: Layout, g, params, experts, layers, buckets):
+    """A stage's gradient bytes at the peak under Adam accumulation (fp32, GRAD_BYTES a
+    parameter): `buckets` layers' gradients (adama_layer_buckets) and, whole, those of the
+    parameters outside the stage's `layers` (embedding, head, final norm, MTP blocks): the
+    head's is made at the start of the backward, beside the stored activations; the
+    embedding's at its end (conservative there); a tied table's collects both, across the
+    backward. Never more than the full gradients `g`; `g` where the knob is off."""
+    ends = np.maximum(params - layers * lay.layer_params, 0.0) + np.maximum(experts - layers * lay.expert_params, 0.0)
+    per_layer = lay.layer_params + lay.expert_params
+    held = mem.GRAD_BYTES * (ends + np.where(np.isinf(buckets), 0.0, buckets) * per_layer)
+    return np.where(lay.adam_accumulation & ~np.isinf(buckets), np.minimum(held, g), g)
+
+
+def _adama_stage_gradients(plan, lay: Layout, g1, gl, gm):
+    """(first, last, middle) stage's gradient bytes under Adam accumulation (_adama_gradients),
+    of the same parameters and experts as their _model_states."""
+    buckets = adama_layer_buckets(plan, lay)
+    experts_first = np.where(lay.first_holds_ends, lay.head_stage_expert_params, lay.expert_params_stage)
+    experts_last = np.where(lay.v_shape, lay.expert_params_stage, lay.head_stage_expert_params)
+    return (_adama_gradients(lay, g1, lay.params_first_stage, experts_first, lay.first_stage_layers, buckets),
+            _adama_gradients(lay, gl, lay.params_last_stage, experts_last, lay.last_stage_layers, buckets),
+            _adama_gradients(lay, gm, lay.stage_layers * lay.layer_params, lay.expert_params_stage,
+                             lay.stage_layers, buckets))
+
+
 def _lazy_gradient_peak(model: ModelSpec, lay: Layout, g, acts, lo):
     """(gradients, activations, loss state) at the peak where the backward allocates the
     gradients itself (eager torch without DDP's or Megatron's preallocated buffers: paraplan
@@ -242,6 +279,8 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
         g1 = g1 + error_feedback_bytes(model, lay, lay.params_first_stage)
         gl = gl + error_feedback_bytes(model, lay, lay.params_last_stage)
         gm = gm + error_feedback_bytes(model, lay, lay.stage_layers * lay.dense_layer_params / lay.tp)
+    if np.any(lay.adam_accumulation):
+        g1, gl, gm = _adama_stage_gradients(plan, lay, g1, gl, gm)
     has_mid = lay.pp > 2
     act_host1, act_hostm, act_hostl = acts.host_bytes
     host_bytes = np.maximum(np.maximum(host1 + act_host1, hostl + act_hostl), np.where(has_mid, hostm + act_hostm, 0.0))

@@ -68,6 +68,9 @@ def _rules(model: ModelSpec) -> list:
         # is a torch DDP comm hook, and 0.19.8 ships no 1-bit optimizer (runtime/config.py DEEPSPEED_OPTIMIZERS)
         ("grad_compression", lambda B: B.grad_compression_code == GradCompression.POWERSGD.code,
          lambda P: str(P.grad_compression), "none or int4 (ZeRO++ qgZ: zero_quantized_gradients)"),
+        # its engine steps the optimizer once per gradient_accumulation_steps on the summed gradients
+        ("adam_accumulation", lambda B: B.adam_accumulation, lambda P: P.adam_accumulation,
+         "no Adam accumulation (AdamA; the engine steps once on the accumulated gradients)"),
     ]
     if model.is_moe:
         rules += [

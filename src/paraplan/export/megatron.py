@@ -102,6 +102,7 @@ SUPPORT = EngineSupport(
                        engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
                                                                    | _offload_refused(batch)
                                                                    | _grad_compression_refused(batch)
+                                                                   | np.asarray(batch.adam_accumulation, dtype=bool)
                                                                    | _ep_overlap_mtp_refused(batch, model)
                                                                    | _activation_offload_refused(batch, model))),
     grad_reduce_fp32=True,        # bf16: validate_args sets accumulate_allreduce_grads_in_fp32; fp16: the flag
@@ -123,6 +124,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if bool(_grad_compression_refused(plan)):
         raise unsupported(ENGINE, "grad_compression", str(plan.grad_compression),
                           "none (its DDP reduces bf16 or fp32 gradients; no compressed reduction)")
+    if plan.adam_accumulation:
+        raise unsupported(ENGINE, "adam_accumulation", True, "no Adam accumulation (AdamA; its optimizer "
+                          "steps once on the main_grad buffers accumulated over the micro-batches)")
     if bool(_ep_overlap_mtp_refused(plan, model)):
         raise unsupported(ENGINE, "ep_overlap", True, f"EP overlap with {model.mtp_layers} MTP layer(s) only for "
                           "1 MTP layer and PP > 1 (Megatron-Core's --overlap-moe-expert-parallel-comm)")

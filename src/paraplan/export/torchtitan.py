@@ -133,6 +133,9 @@ def _mesh_rules(model: ModelSpec, workload: Workload) -> list:
         ("micro-batches", lambda B: (B.pp > 1) & (B.schedule_code == Schedule.ONE_F_ONE_B.code)
          & (gbs // (B.dp * B.micro_batch_size) < B.pp), lambda P: gbs // (P.dp * P.micro_batch_size),
          "at least PP micro-batches per step under 1F1B (torch's Schedule1F1B): a smaller --mb or gpipe"),
+        # its optimizers (torch.optim AdamW) step once on the accumulated gradients
+        ("adam_accumulation", lambda B: B.adam_accumulation, lambda P: P.adam_accumulation,
+         "no Adam accumulation (AdamA; torch.optim steps once on the accumulated gradients)"),
     ]
     if model.is_moe:
         rules += [

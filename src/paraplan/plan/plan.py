@@ -16,7 +16,7 @@ from .axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recom
 def axis(default, *, flag: str | None = None, unit: str = "", bounds: tuple | None = None, help: str = "",
          column: str | None = None):
     """A Plan field with its metadata, declared once: the CLI flag that sets it, its unit, its
-    bounds (low, high; None: open), a help line, and the PlanBatch column that holds it (by
+    bounds (low, high; None: open), a help line, the PlanBatch column that holds it (by
     default the field's name, or `<name>_code` for an enum: see `Column`)."""
     return field(default=default, metadata={"flag": flag, "unit": unit, "bounds": bounds, "help": help,
                                             "column": column})
@@ -59,6 +59,12 @@ class Plan:
     dp_shard: int = axis(0, flag="--dp-shard", unit="replicas", bounds=(0, None),
                          help="shard group size for ZeRO; equals dp unless HSDP (set by `make_plan`)")
     offload_optimizer: bool = axis(False, flag="--offload")
+    # Adam accumulation (AdamA; Zhang et al. 2023, "AdamA: Adam Accumulation to Reduce Memory
+    # Footprints of both Activations and Gradients for Large-scale DNN Training", Algorithm 1):
+    # each micro-batch's gradients are folded into Adam's m and v as the backward makes them
+    # (m += (1-β1)·g_i/N, v += (1-β2)·g_i²/N) and released, the weights updated once per step
+    adam_accumulation: bool = axis(False, flag="--adama",
+                                   help="fold each micro-batch's gradients into Adam's states (AdamA)")
     dp_overlap: bool = axis(True, flag="--no-dp-overlap")
     # The data-parallel gradient reduction's wire format (plan/axes.py GradCompression; priced in
     # cost/grad_compression.py): ZeRO++ qgZ's int4 (ZeRO-3) or DDP's PowerSGD hook at rank
@@ -211,6 +217,8 @@ class Plan:
         if self.grad_compression is not GradCompression.NONE:
             rank = f"/r{self.powersgd_rank}" if self.powersgd_rank != 1 else ""
             parts.append(f"gc:{self.grad_compression}{rank}")
+        if self.adam_accumulation:
+            parts.append("adama")
         if self.tp_overlap:
             parts.append("tpov")
         if self.compiled and not self.fused_kernels:

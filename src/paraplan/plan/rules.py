@@ -245,6 +245,32 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
              lambda B: ~np.isin(B.attention_code, [k.code for k in cluster.gpu.attention_kernels]),
          lambda P: f"attention kernel {P.attention} does not run on {cluster.gpu.name} (runs: "
                    + ", ".join(map(str, cluster.gpu.attention_kernels)) + ")"),
+    ] + adam_accumulation_rules()
+
+
+def adam_accumulation_rules() -> list[Rule]:
+    """What Adam accumulation (AdamA, Plan.adam_accumulation) does not combine with: each
+    micro-batch's whole reduced gradient is folded into states the rank keeps (all of them, or
+    its ZeRO-1 shard) right after that micro-batch's backward."""
+    return [
+        Rule("adama_zero", ("adam_accumulation", "zero_code"), False,
+             lambda B: B.adam_accumulation & (B.zero_code >= ZeroStage.GRADIENTS.code),
+         lambda P: f"adam accumulation (--adama) needs ZeRO 0 or 1, not {P.zero}: at ZeRO-1 it already "
+                   "reduce-scatters each micro-batch's gradients into the rank's state shard and keeps no "
+                   "gradient shard (what ZeRO-2 adds); with ZeRO-3's sharded weights it is not modeled"),
+        Rule("adama_offload", ("adam_accumulation", "offload_optimizer"), False,
+             lambda B: B.adam_accumulation & B.offload_optimizer,
+         lambda P: "adam accumulation (--adama) cannot run with --offload: the states it updates every "
+                   "micro-batch would cross the host link every micro-batch"),
+        Rule("adama_fsdp2", ("adam_accumulation", "fsdp2_copies", "zero_code"), False,
+             lambda B: B.adam_accumulation & B.fsdp2_copies & (B.zero_code != ZeroStage.NONE.code),
+         lambda P: "adam accumulation (--adama) cannot run on FSDP2 (fully_shard reduces and keeps sharded "
+                   "gradients; it has no per-micro-batch hook into the optimizer's states)"),
+        # its per-micro-batch reductions are priced uncompressed (compression is priced once a step)
+        Rule("adama_compression", ("adam_accumulation", "grad_compression_code"), False,
+             lambda B: B.adam_accumulation & (B.grad_compression_code != GradCompression.NONE.code),
+         lambda P: f"adam accumulation (--adama) with --grad-compression {P.grad_compression} is not modelled "
+                   "(it would compress a reduction per micro-batch)"),
     ]
 
 

@@ -50,6 +50,7 @@ class PlanBatch:
     zero_code: np.ndarray
     dp_shard: np.ndarray
     offload_optimizer: np.ndarray
+    adam_accumulation: np.ndarray
     dp_overlap: np.ndarray
     grad_compression_code: np.ndarray
     powersgd_rank: np.ndarray
@@ -404,7 +405,8 @@ class SpaceBlock:
         def const(value):
             return np.full((1, 1, 1, 1), value)
         return PlanBatch(
-            **cols, dp_overlap=const(True), attention_code=np.full((1, 1, 1, 1), self.kernel_code, dtype=np.int64),
+            **cols, dp_overlap=const(True), adam_accumulation=const(False),  # (not searched: cli/choice.py)
+            attention_code=np.full((1, 1, 1, 1), self.kernel_code, dtype=np.int64),
             grad_reduce_fp32=const(limits.grad_reduce_fp32), fp32_params=const(limits.fp32_params),
             checkpoint_early_stop=const(limits.checkpoint_early_stop),
             tp_async_backward=const(limits.tp_async_backward),

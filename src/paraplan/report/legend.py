@@ -64,6 +64,8 @@ TERMS = (
        "host memory and back, under compute", r"aoff\d+"),
     _t("gc", "compressed DP gradients", "DP gradient reduction's wire format: int4 (DeepSpeed ZeRO++ qgZ), "
        "powersgd (PyTorch DDP's PowerSGD hook; /rN its rank)", r"gc:[a-z0-9]+(/r\d+)?"),
+    _t("adama", "Adam accumulation", "AdamA: each micro-batch's gradients folded into Adam's states and freed "
+       "(a gradient buffer of about a layer; a state pass and a DP reduction per micro-batch)"),
     _t("tpov", "TP comm overlapped with GEMMs"),
     _t("compiled", "torch.compile", "an eager engine's layers under torch.compile"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",

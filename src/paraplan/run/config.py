@@ -14,7 +14,7 @@ from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
 from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
-from ..plan.plan import Plan
+from ..plan.plan import Plan, plan_fields
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
 from ..specs.workload import Optimizer, Precision, Workload
@@ -80,7 +80,7 @@ class RunConfig:
 
     def to_json(self) -> str:
         d = asdict(self)
-        d["plan"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in d["plan"].items()}
+        d["plan"] = plan_fields(self.plan)
         d["workload"] = {k: (str(v) if isinstance(v, StrEnum) else v) for k, v in d["workload"].items()}
         d["device"] = str(self.device)
         return json.dumps(d)
@@ -188,6 +188,8 @@ def check_runnable(cfg: RunConfig) -> None:
     if p.grad_compression is not GradCompression.NONE:
         raise SpecError("run", "--grad-compression", str(p.grad_compression),
                         "none (the runner reduces gradients uncompressed; estimate it instead)")
+    if p.adam_accumulation:
+        raise SpecError("run", "--adama", True, "Adam accumulation (AdamA) is not run (estimate it instead)")
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
