@@ -174,12 +174,8 @@ def check_world_size(ranks: int) -> None:
                         f"at most {MAX_LOCAL_RANKS} (torchrun starts every rank on this machine)")
 
 
-def check_runnable(cfg: RunConfig) -> None:
-    """SpecError for a plan this runner (torch's parallel APIs) cannot execute."""
-    p, m, wl = cfg.plan, cfg.model, cfg.workload
-    check_world_size(cfg.world_size)
-    if p.cp > 1 or p.ep > 1 or p.etp > 1:
-        raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
+def _check_estimated_only(p: Plan) -> None:
+    """SpecError for the memory and communication techniques paraplan prices but does not run."""
     if p.offload_optimizer:
         raise SpecError("run", "--offload", True, "optimizer offload is not run (estimate it instead)")
     if p.activation_offload_layers:
@@ -190,6 +186,15 @@ def check_runnable(cfg: RunConfig) -> None:
                         "none (the runner reduces gradients uncompressed; estimate it instead)")
     if p.adam_accumulation:
         raise SpecError("run", "--adama", True, "Adam accumulation (AdamA) is not run (estimate it instead)")
+
+
+def check_runnable(cfg: RunConfig) -> None:
+    """SpecError for a plan this runner (torch's parallel APIs) cannot execute."""
+    p, m, wl = cfg.plan, cfg.model, cfg.workload
+    check_world_size(cfg.world_size)
+    if p.cp > 1 or p.ep > 1 or p.etp > 1:
+        raise SpecError("run", "cp/ep/etp", (p.cp, p.ep, p.etp), "paraplan run executes TP, PP, DP/FSDP only (1)")
+    _check_estimated_only(p)
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
