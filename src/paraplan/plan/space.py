@@ -472,11 +472,19 @@ def flatten(values, shape: tuple) -> np.ndarray:
 def grid_plans(grid: PlanBatch, shape: tuple, flat_index: np.ndarray | None = None) -> PlanBatch:
     """The plans of a grid of `shape` (SpaceBlock.grid) as columns: those at `flat_index`
     (positions in the enumeration order, SpaceBlock.flat), or every one."""
+    # (the grid positions of `flat_index`, found once for every column; a column indexed on the
+    # axes it varies along only, a constant one filled)
+    at = None if flat_index is None else np.unravel_index(flat_index, shape, order="F")
+    count = int(np.prod(shape)) if flat_index is None else len(flat_index)
+
     def column(name):
-        values = getattr(grid, name)
-        if flat_index is None:
+        values = np.asarray(getattr(grid, name))
+        if values.size == 1:
+            return np.full(count, values.reshape(-1)[0], dtype=values.dtype)
+        if at is None:
             return flatten(values, shape)
-        return np.broadcast_to(values, shape)[np.unravel_index(flat_index, shape, order="F")]
+        values = values.reshape((1,) * (len(shape) - values.ndim) + values.shape)
+        return values[tuple(a if n > 1 else 0 for a, n in zip(at, values.shape))]
     return PlanBatch(**{f.name: column(f.name) for f in fields(PlanBatch)})
 
 
