@@ -158,3 +158,20 @@ def test_the_cli_estimates_it_and_refuses_a_bad_count(capsys):
     assert main(common + ["--offload-activations", "40", "--recompute", "first_k", "--recompute-layers", "50"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "activation offload" in err[0]
+
+
+def test_the_advice_names_offload_where_the_search_would_try_it():
+    from paraplan.search.advice import fitting_changes, memory_headroom
+    wl = Workload(global_batch_size=8, seq_len=65536)
+    plan = _plan(cp=4, dp=1)  # TP2 CP4 ZeRO-3: 344 GiB by the memory model, over a GB200's
+    changes = fitting_changes(LLAMA70, GB200, wl, plan)
+    assert [c.flags for c in changes] == ["--offload-activations 80"]
+    assert changes[0].estimate.fits
+    # on an H100 cluster (PCIe to the host) the advice does not offer it
+    h100 = load_cluster("dgx-h100", 8)
+    assert not any("offload-activations" in c.flags for c in fitting_changes(LLAMA70, h100, wl, plan))
+    # of a plan that fits, it frees the most where it moves every layer's activations off the GPU
+    fits = _plan(tp=1, pp=4, dp=2, zero=ZeroStage.OPTIMIZER, sequence_parallel=False)
+    room = memory_headroom(LLAMA70, GB200, Workload(global_batch_size=64, seq_len=8192),
+                           estimate(LLAMA70, GB200, Workload(global_batch_size=64, seq_len=8192), fits))
+    assert room.flags == "--offload-activations 20" and room.freed_bytes > 0

@@ -3,7 +3,8 @@ memory lever changed alone, priced.
 
 `paraplan estimate` and `paraplan trace` of a plan over the GPU's memory say which single
 change of its flags would fit (full recomputation, a smaller micro-batch, a higher ZeRO
-stage, optimizer offload, twice the TP, PP or CP on the same GPUs), each estimated with the
+stage, optimizer offload, activation offload where the host link is NVLink-C2C class, twice
+the TP, PP or CP on the same GPUs), each estimated with the
 cost model, fastest first; none of them is the answer "more GPUs" (the search says that).
 Of a plan that fits, `estimate` says how much of the GPU's memory it leaves and which one of
 those changes frees the most, at what step time (memory_headroom).
@@ -21,7 +22,7 @@ from ..cost.evaluate import evaluate
 from ..errors import ParaplanError
 from ..plan.axes import Recompute, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import PlanBatch, check_plan
+from ..plan.space import C2C_CLASS_BYTES_PER_S, PlanBatch, check_plan
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -37,8 +38,10 @@ class FitChange:
     estimate: Estimate
 
 
-def _changes(plan: Plan) -> list[tuple[str, Plan]]:
-    """(flags, plan) for each lever that lowers memory, changed alone from `plan`."""
+def _changes(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tuple[str, Plan]]:
+    """(flags, plan) for each lever that lowers memory, changed alone from `plan` (activation
+    offload of every layer recomputation leaves, where the search would try it: a host link
+    of NVLink-C2C class)."""
     out = []
     if plan.recompute is not Recompute.FULL:
         out.append(("--recompute full", replace(plan, recompute=Recompute.FULL, recompute_num_layers=0)))
@@ -50,6 +53,11 @@ def _changes(plan: Plan) -> list[tuple[str, Plan]]:
             out.append((f"--zero {z.value}", replace(plan, zero=z, dp_shard=plan.dp)))
     if not plan.offload_optimizer:
         out.append(("--offload", replace(plan, offload_optimizer=True)))
+    if not plan.activation_offload_layers and cluster.offload_bytes_per_s >= C2C_CLASS_BYTES_PER_S:
+        layers = -(-model.num_layers // plan.pp) - (plan.recompute_num_layers if plan.recompute is Recompute.FIRST_K
+                                                     else 0)
+        if layers > 0:
+            out.append((f"--offload-activations {layers}", replace(plan, activation_offload_layers=layers)))
     if plan.dp % 2 == 0:
         sp = plan.sequence_parallel or plan.tp == 1  # (the CLI turns SP on with TP > 1)
         dp = plan.dp // 2
@@ -66,7 +74,7 @@ def _valid_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
     """The single changes of `plan` (`_changes`) the plan rules allow and `check` (an engine's
     rules, raising for a plan the engine cannot run) accepts."""
     out = []
-    for flags, p in _changes(plan):
+    for flags, p in _changes(model, cluster, plan):
         if check_plan(p, model, cluster, workload) is not None:
             continue
         try:
@@ -130,7 +138,9 @@ def memory_headroom(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     if not valid:
         return Headroom(free_bytes=free, hbm_bytes=est.hbm_bytes, flags="", freed_bytes=0.0, step_ratio=1.0)
     costs = evaluate(model, cluster, workload, PlanBatch.from_plans([est.plan] + [p for _, p in valid]))
-    memory = np.asarray(costs.memory.total, dtype=float)
+    # (a change whose offloaded states or activations overflow host DRAM frees nothing usable)
+    memory = np.where(cluster.host_memory_holds(np.asarray(costs.host_bytes, dtype=float)),
+                      np.asarray(costs.memory.total, dtype=float), np.inf)
     step = np.asarray(costs.step_time_s, dtype=float)
     best = 1 + int(np.argmin(memory[1:]))
     return Headroom(free_bytes=free, hbm_bytes=est.hbm_bytes, flags=valid[best - 1][0],
