@@ -175,3 +175,15 @@ def test_the_advice_names_offload_where_the_search_would_try_it():
     room = memory_headroom(LLAMA70, GB200, Workload(global_batch_size=64, seq_len=8192),
                            estimate(LLAMA70, GB200, Workload(global_batch_size=64, seq_len=8192), fits))
     assert room.flags == "--offload-activations 20" and room.freed_bytes > 0
+
+
+def test_the_breakdown_counts_the_critical_stages_own_offloaded_layers():
+    # 32 layers over 3 stages: 11, 11 and 10 (the last holds the loss's slot) -- the last critical
+    model, h100, wl = load_model("llama3-8b"), load_cluster("dgx-h100", 6), Workload(global_batch_size=16, seq_len=4096)
+    base = dict(tp=2, pp=3, dp=1, sequence_parallel=True, attention=AttentionKernel.FLASH3)
+    kept = estimate(model, h100, wl, make_plan(**base))
+    offloaded = estimate(model, h100, wl, make_plan(**base, activation_offload_layers=11))
+    # copies add no compute: what the step gains is the exposed copies and the bubble they widen
+    assert offloaded.time.compute_s == pytest.approx(kept.time.compute_s)
+    assert offloaded.time.offload_s > 0.0
+    assert offloaded.time.total == pytest.approx(offloaded.step_time_s)

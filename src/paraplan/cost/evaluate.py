@@ -111,8 +111,8 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     crit_cp = crit_layers * (cp.forward_exposed_s + cp.backward_exposed_s) + rc_crit * rc.cp_s
     crit_ep = crit_layers * (ep.forward_exposed_s + ep.backward_exposed_s) + rc_crit * rc.ep_s
     crit_wait = pipe.critical_host_wait_s
-    crit_offload = (0.0 if x.offload is None else x.offload.offloaded(x.plan, crit_layers)
-                    * (x.offload.forward_exposed_s + x.offload.backward_exposed_s))
+    crit_offload = 0.0 if x.offload is None else _critical_offload_s(lay, x.offload, x.plan, t_max,
+                                                                      pipe.stage_microbatch_s)
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
                   - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s
                                     + z.grad_compression_s)
@@ -130,6 +130,14 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
         optimizer_s=optimizer_s,
         offload_s=m * crit_offload,
     )
+
+
+def _critical_offload_s(lay: Layout, offload: ActivationOffload, plan, t_max, per_mb):
+    """The exposed activation copies of the critical stage per micro-batch, of its own layers
+    (stages.py adds them so; the multi-token-prediction blocks are never offloaded)."""
+    layers = np.where(t_max == per_mb[0], lay.first_stage_layers,
+                      np.where(t_max == per_mb[2], lay.last_stage_layers, lay.stage_layers))
+    return offload.offloaded(plan, layers) * (offload.forward_exposed_s + offload.backward_exposed_s)
 
 
 def _critical_layers(model: ModelSpec, lay: Layout, t_max, per_mb) -> tuple:

@@ -41,8 +41,8 @@ class StageActivations:
 def _offload_split(plan, layers, recomputed, inflight, per_layer_bytes):
     """(bytes kept on the GPU, bytes in host memory) of a stage's offloaded layers
     (cost/activation_offload.py): each of the in-flight micro-batches' offloaded layers is on
-    the host; on the GPU, a staging buffer of two layers while any layer is offloaded -- one
-    layer's copy out in the forward, or in the backward the layer in use and the next one
+    the host; on the GPU, a staging buffer of two layers (one where one layer is offloaded) --
+    one layer's copy out in the forward, or in the backward the layer in use and the next one
     fetched ahead (Megatron-Core's double buffering). Subtracted from the stage's kept bytes."""
     off = offloaded_layers(plan, layers, recomputed)
     staging = np.minimum(off, 2.0) * per_layer_bytes
