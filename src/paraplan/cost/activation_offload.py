@@ -45,22 +45,17 @@ class ActivationOffload:
     copy_s: Num               # c: its saved activations over the host link, one way
     forward_exposed_s: Num
     backward_exposed_s: Num
-    recomputed_layers: Num    # first-k's k layers per stage, which keep only their input (0 otherwise)
-
-    def offloaded(self, plan, layers):
-        """A stage's offloaded layers: j, at most its `layers` less first-k's recomputed ones."""
-        return offloaded_layers(plan, layers, self.recomputed_layers)
 
     def hidden_s(self):
         """One offloaded layer's copies (out and back) hidden under compute."""
         return 2.0 * self.copy_s - self.forward_exposed_s - self.backward_exposed_s
 
 
-def offloaded_layers(plan, layers, recomputed_layers):
+def offloaded_layers(plan, lay: Layout, layers):
     """j of a stage's `layers`, at most those first-k recomputation leaves whole: each layer of
     a stage is recomputed (first-k's first k), offloaded (the next j) or kept (the rest)."""
     return np.minimum(np.asarray(plan.activation_offload_layers, dtype=float),
-                      np.maximum(layers - recomputed_layers, 0.0))
+                      np.maximum(layers - lay.first_k_layers, 0.0))
 
 
 def activation_offload(cluster: ClusterSpec, model: ModelSpec, workload: Workload, plan, lay: Layout,
@@ -77,5 +72,4 @@ def activation_offload(cluster: ClusterSpec, model: ModelSpec, workload: Workloa
         precision=lay.precision)
     copy_s = saved / cluster.offload_bytes_per_s
     return ActivationOffload(copy_s=copy_s, forward_exposed_s=np.maximum(copy_s - layer.forward_s, 0.0),
-                             backward_exposed_s=np.maximum(copy_s - layer.backward_s, 0.0),
-                             recomputed_layers=lay.first_k_layers)
+                             backward_exposed_s=np.maximum(copy_s - layer.backward_s, 0.0))

@@ -27,7 +27,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
-from .activation_offload import ActivationOffload, activation_offload
+from .activation_offload import ActivationOffload, activation_offload, offloaded_layers
 from .bubbles import dualpipev_bubble_s, zbv_bubble_s
 from .cp import CPComm, cp_comm
 from .dp_sync import DPSync, dp_sync
@@ -137,7 +137,7 @@ def _critical_offload_s(lay: Layout, offload: ActivationOffload, plan, t_max, pe
     (stages.py adds them so; the multi-token-prediction blocks are never offloaded)."""
     layers = np.where(t_max == per_mb[0], lay.first_stage_layers,
                       np.where(t_max == per_mb[2], lay.last_stage_layers, lay.stage_layers))
-    return offload.offloaded(plan, layers) * (offload.forward_exposed_s + offload.backward_exposed_s)
+    return offloaded_layers(plan, lay, layers) * (offload.forward_exposed_s + offload.backward_exposed_s)
 
 
 def _critical_layers(model: ModelSpec, lay: Layout, t_max, per_mb) -> tuple:
@@ -163,7 +163,7 @@ def _overlapped(x: _Parts) -> OverlappedComm:
         cp_comm_s=m * L_s * ((cp.forward_s - cp.forward_exposed_s) + (cp.backward_s - cp.backward_exposed_s)),
         ep_comm_s=m * L_s * ((ep.forward_s - ep.forward_exposed_s) + (ep.backward_s - ep.backward_exposed_s)),
         dp_comm_s=x.dp.overlapped_s + x.dp.microbatch_overlapped_s,
-        offload_s=0.0 if x.offload is None else m * x.offload.offloaded(x.plan, L_s) * x.offload.hidden_s(),
+        offload_s=0.0 if x.offload is None else m * offloaded_layers(x.plan, lay, L_s) * x.offload.hidden_s(),
     )
 
 

@@ -36,6 +36,17 @@ INT4_BYTES_PER_ELEMENT = 0.5   # two 4-bit values per byte (swizzle_quant's num_
 SCALE_BYTES = 4.0              # one fp32 scale per quantization group
 
 
+def _layer_matrix_and_vector_params(model: ModelSpec, lay: Layout):
+    """(matrix, 1-D) parameters of one layer on one GPU: the norms' are the 1-D tensors."""
+    vec = model.norm_params_per_layer / lay.tp
+    return lay.layer_params - vec, vec
+
+
+def _matrices_per_layer(model: ModelSpec) -> float:
+    """M_l: wq, wk, wv, wo and the MLP's, as the eager engines that run DDP hooks keep them."""
+    return 4.0 + model.num_mlp_matrices
+
+
 def qgz_wire_bytes_per_element(model: ModelSpec) -> float:
     """int4 plus its scales: all_to_all_quant_reduce quantizes a matrix in max(rows, cols,
     world) groups, one fp32 scale each, so a group holds min(rows, cols) ≈ h elements."""
@@ -48,8 +59,7 @@ def qgz_reduce_scatter_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout):
     int4 gradient (g−1)/g over NVLink, the network step its 1/g share; inside one node
     DeepSpeed falls back to the 16-bit reduce-scatter (N = 1: comm here 0, the caller keeps it)."""
     gpu, S, w = cluster.gpu, lay.zero_shard_group, lay.reduce_bytes_per_param
-    vec = model.norm_params_per_layer / lay.tp
-    mat = lay.layer_params - vec
+    mat, vec = _layer_matrix_and_vector_params(model, lay)
     g, N, I = group_span(cluster, S, 1)
     nodes = N * I
     wire = mat * qgz_wire_bytes_per_element(model)
@@ -71,9 +81,8 @@ def _matrix_sums(model: ModelSpec, lay: Layout):
     other matrices (embedding, head), their elements, how many) on one GPU: each matrix has one
     side h and the other split by TP, so Σ(n+m) = M_l·h + elements/h."""
     h, t = model.hidden_size, lay.tp
-    vec = model.norm_params_per_layer / t
-    mat = lay.layer_params - vec
-    M_l = 4.0 + model.num_mlp_matrices
+    mat, vec = _layer_matrix_and_vector_params(model, lay)
+    M_l = _matrices_per_layer(model)
     ends = np.maximum(lay.params_stage - lay.stage_layers * lay.layer_params - h, 0.0)
     ends_matrices = ends / (model.vocab_size * h / t)
     return M_l * h + mat / h, mat, vec, ends_matrices * h + ends / h, ends, ends_matrices
@@ -106,8 +115,7 @@ def powersgd_reduce_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, group
         return collective_time_s(cluster, Collective.ALL_REDUCE, num_bytes, group, stride, **runs)
     layer_comm = 2.0 * all_reduce(w * r * sum_nm / 2.0) + all_reduce(w * vec)
     ends_comm = np.where(ends > 0.0, 2.0 * all_reduce(w * r * ends_nm / 2.0) + all_reduce(w * model.hidden_size), 0.0)
-    M_l = 4.0 + model.num_mlp_matrices
-    layer_kernels = _powersgd_kernels_s(gpu, model, lay, sum_nm, mat, M_l)
+    layer_kernels = _powersgd_kernels_s(gpu, model, lay, sum_nm, mat, _matrices_per_layer(model))
     ends_kernels = np.where(ends > 0.0, _powersgd_kernels_s(gpu, model, lay, ends_nm, np.maximum(ends, 1.0),
                                                             np.maximum(ends_matrices, 1.0)), 0.0)
     return L_s * layer_comm + ends_comm, L_s * layer_kernels + ends_kernels

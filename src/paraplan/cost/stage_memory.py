@@ -38,13 +38,13 @@ class StageActivations:
     host_bytes: tuple = (0.0, 0.0, 0.0)  # offloaded activations in host memory: first, middle, last stage
 
 
-def _offload_split(plan, layers, recomputed, inflight, per_layer_bytes):
+def _offload_split(plan, lay: Layout, layers, inflight, per_layer_bytes):
     """(bytes kept on the GPU, bytes in host memory) of a stage's offloaded layers
     (cost/activation_offload.py): each of the in-flight micro-batches' offloaded layers is on
     the host; on the GPU, a staging buffer of two layers (one where one layer is offloaded) --
     one layer's copy out in the forward, or in the backward the layer in use and the next one
     fetched ahead (Megatron-Core's double buffering). Subtracted from the stage's kept bytes."""
-    off = offloaded_layers(plan, layers, recomputed)
+    off = offloaded_layers(plan, lay, layers)
     staging = np.minimum(off, 2.0) * per_layer_bytes
     return staging - inflight * off * per_layer_bytes, inflight * off * per_layer_bytes
 
@@ -118,7 +118,7 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
         return StageActivations(first_bytes=acts_first, middle_bytes=acts_mid, last_bytes=acts_last,
                                 logits_bytes=logits)
     # (an offloaded layer is kept whole before it goes: `stored`, first-k's too)
-    splits = [_offload_split(plan, layers, k_rc, n, stored) for layers, n in
+    splits = [_offload_split(plan, lay, layers, n, stored) for layers, n in
               ((lay.first_stage_layers, inflight), (L_s, inflight_mid), (lay.last_stage_layers, inflight_last))]
     return StageActivations(first_bytes=acts_first + splits[0][0], middle_bytes=acts_mid + splits[1][0],
                             last_bytes=acts_last + splits[2][0], logits_bytes=logits,

@@ -18,7 +18,7 @@ from ..plan.axes import Recompute
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
-from .activation_offload import ActivationOffload
+from .activation_offload import ActivationOffload, offloaded_layers
 from .bf16_layers import bf16_layer_extra_s, bf16_layers_on_end_stages
 from .host import eager_host_wait
 from .layer_compute import LayerCompute
@@ -146,8 +146,9 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
         fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s
         bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s
         if offload is not None:
-            fwd = fwd + offload.offloaded(plan, layers) * offload.forward_exposed_s
-            bwd = bwd + offload.offloaded(plan, layers) * offload.backward_exposed_s
+            offloaded = offloaded_layers(plan, lay, layers)
+            fwd = fwd + offloaded * offload.forward_exposed_s
+            bwd = bwd + offloaded * offload.backward_exposed_s
         return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
     first, middle, last = (stage(layers, fwd, bwd, w) for (layers, fwd, bwd), w in zip(parts, waits))
     return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), layers=tuple(p[0] for p in parts))

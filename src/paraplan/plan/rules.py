@@ -37,6 +37,11 @@ class Rule:
     reason: Callable
 
 
+def fullest_stage_layers(num_layers: int, pp):
+    """⌈l/PP⌉: the layers of a pipeline's fullest stage (scalar or vectorized)."""
+    return -(-num_layers // np.maximum(pp, 1))
+
+
 def capacity_factor_ok(model: ModelSpec, cf):
     """A token-dropping capacity factor from 1 (each expert holds its even share, T·k/E) to
     E/k (it holds every token: a larger factor only pads)."""
@@ -230,9 +235,9 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
              lambda B: (B.activation_offload_layers > 0)
          & ((B.recompute_code == Recompute.OP_SAC.code)
             | (B.activation_offload_layers + np.where(B.recompute_code == Recompute.FIRST_K.code,
-                                                      B.recompute_num_layers, 0) > -(-L // np.maximum(B.pp, 1)))),
+                                                      B.recompute_num_layers, 0) > fullest_stage_layers(L, B.pp))),
          lambda P: f"activation offload of {P.activation_offload_layers} layers per stage needs a policy other than "
-                   f"op-sac and at most the stage's {-(-L // P.pp)} layers"
+                   f"op-sac and at most the stage's {fullest_stage_layers(L, P.pp)} layers"
                    + (f" less the {P.recompute_num_layers} first-k recomputes" if P.recompute is Recompute.FIRST_K
                       else "")),
         Rule("dp_shard", ("dp_shard", "dp"), True,

@@ -24,7 +24,7 @@ from ..specs.workload import Workload
 from .axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from .placement import rank_orders_differ
 from .plan import COLUMNS, Plan, Rejected
-from .rules import Rule, capacity_factor_ok, capacity_factor_rule, rules  # noqa: F401  (re-exported)
+from .rules import Rule, capacity_factor_ok, capacity_factor_rule, fullest_stage_layers, rules  # noqa: F401  (re-exported)
 
 @dataclass(frozen=True, kw_only=True)
 class PlanBatch:
@@ -546,7 +546,7 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
     slots = [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v, model.mtp_layers)]
     vps = (fixed["vp"],) if "vp" in fixed else tuple(
         sorted(x for x in set(_divisors(-(-L // pp))) | set(slots) if x <= limits.max_vp))
-    L_s = -(-L // pp)
+    L_s = int(fullest_stage_layers(L, pp))
     ks = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s})) if L_s > 1 else ()
     offload = (limits.activation_offload if limits.activation_offload is not None
                else cluster.offload_bytes_per_s >= C2C_CLASS_BYTES_PER_S)

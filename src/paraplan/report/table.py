@@ -72,8 +72,9 @@ def time_table(est: Estimate) -> str:
             if v > 0 or k not in ("ep_comm_s", "host_wait_s", "offload_s")]
     rows.append(["step total", fmt_time(total), "100.0%"])
     ov = est.overlapped.parts()
-    rows += [["  activation offload (hidden)" if k == "offload_s" else
-              f"  overlapped {k.split('_')[0].upper()} comm (hidden)", fmt_time(v), ""] for k, v in ov.items() if v > 0]
+    hidden = {"offload_s": "  activation offload (hidden)"}
+    rows += [[hidden.get(k, f"  overlapped {k.split('_')[0].upper()} comm (hidden)"), fmt_time(v), ""]
+             for k, v in ov.items() if v > 0]
     return grid(["time per step", "seconds", "share"], rows)
 
 

@@ -22,7 +22,7 @@ from ..cost.evaluate import evaluate
 from ..errors import ParaplanError
 from ..plan.axes import Recompute, ZeroStage
 from ..plan.plan import Plan
-from ..plan.space import C2C_CLASS_BYTES_PER_S, PlanBatch, check_plan
+from ..plan.space import C2C_CLASS_BYTES_PER_S, PlanBatch, check_plan, fullest_stage_layers
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
@@ -54,8 +54,8 @@ def _changes(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tuple[s
     if not plan.offload_optimizer:
         out.append(("--offload", replace(plan, offload_optimizer=True)))
     if not plan.activation_offload_layers and cluster.offload_bytes_per_s >= C2C_CLASS_BYTES_PER_S:
-        layers = -(-model.num_layers // plan.pp) - (plan.recompute_num_layers if plan.recompute is Recompute.FIRST_K
-                                                     else 0)
+        layers = int(fullest_stage_layers(model.num_layers, plan.pp)) - (
+            plan.recompute_num_layers if plan.recompute is Recompute.FIRST_K else 0)
         if layers > 0:
             out.append((f"--offload-activations {layers}", replace(plan, activation_offload_layers=layers)))
     if plan.dp % 2 == 0:

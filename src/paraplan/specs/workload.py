@@ -49,8 +49,8 @@ LLAMA3_STORAGE_BYTES_PER_S = 2e12  # Dubey et al. 2024 Sec. 3.3.1 (see Workload.
 MIN_STORAGE_BYTES_PER_S, MAX_STORAGE_BYTES_PER_S = 1e6, 1e15
 MAX_TOKEN_BUDGET = 1e18
 MAX_USD_PER_GPU_HOUR = 1e6
-# A PUE is facility power over IT power, so at least 1; 3 is past the worst data centers
-# surveyed. No grid emits more than about 1.2 kg CO2e per kWh (lignite); 2 leaves room.
+# A PUE is facility power over IT power, so at least 1. The upper bounds (PUE 3, 2 kg CO2e per
+# kWh) are guards against a mistyped unit, not measurements: no figure here comes from them.
 MAX_PUE = 3.0
 # Patterson et al. 2021 ("Carbon Emissions and Large Neural Network Training", arXiv
 # 2104.10350) Table 4, GPT-3's row: the PUE of the Microsoft data center it trained in and the
