@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from paraplan.cost import memory as mem
+from paraplan.cost.allocator import allocated_bytes
 from paraplan.cost.estimate import estimate
 from paraplan.cost.evaluate import evaluate
 from paraplan.plan.axes import Recompute, Schedule
@@ -93,7 +94,9 @@ def test_zero_bubble_holds_p_microbatches_on_its_last_stage():
     assert zb.num_microbatches == 4
     assert zb.memory.logits_bytes == f1b.memory.logits_bytes > 0  # the last stage is the worst in both
     assert zb.memory.activations_bytes == pytest.approx(4 * f1b.memory.activations_bytes)
-    assert zb.memory.total > f1b.memory.total
+    # (live tensors: 1F1B's replayed allocator keeps its freed inputs' blocks cached between
+    # the loss's tensors, cost/lifetimes.py, so its reserved peak may reach ZB-H1's)
+    assert allocated_bytes(zb.memory) > allocated_bytes(f1b.memory)
 
 
 def test_zero_bubble_dp_reduction_hides_only_behind_the_last_w_pass():

@@ -99,6 +99,9 @@ def add_specs(p: argparse.ArgumentParser) -> None:
                    default=PATTERSON_GPT3_KG_CO2E_PER_KWH,
                    help=f"the grid's carbon intensity, kg CO2e per kWh (default {PATTERSON_GPT3_KG_CO2E_PER_KWH:g}: "
                         "the grid GPT-3 trained on, Patterson et al. 2021; your grid operator publishes yours)")
+    g.add_argument("--expandable-segments", action="store_true",
+                   help="price the allocator's fragmentation as PyTorch's expandable segments "
+                        "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, as torchtitan sets it)")
     g.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
@@ -363,7 +366,8 @@ def specs_from_args(args: argparse.Namespace,
                   restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
                   storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
                   interruptions_per_gpu_day=args.interruptions_per_gpu_day,
-                  pue=args.pue, grid_kg_co2e_per_kwh=args.grid_kg_per_kwh)
+                  pue=args.pue, grid_kg_co2e_per_kwh=args.grid_kg_per_kwh,
+                  expandable_segments=args.expandable_segments)
     return model, cluster, wl
 
 

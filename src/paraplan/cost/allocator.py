@@ -27,6 +27,9 @@ docs (expandable_segments).
 
 from __future__ import annotations
 
+import bisect
+import math
+from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
@@ -78,20 +81,177 @@ def allocated_bytes(memory: MemoryBreakdown):
     return memory.total - memory.fragmentation_bytes - memory.reserved_bytes
 
 
-def reserved_bytes(allocated, *, fragmentation_share, expandable: bool, streams: int = 1):
-    """Peak reserved for a peak of `allocated` bytes. Without expandable segments the cached
-    blocks no request fits add `fragmentation_share` of allocated (GPUSpec.allocator_fragmentation);
-    with them the pools' virtual ranges round up to whole 20-MiB pages (one partly used page per
-    stream's large pool and one 2-MiB page in its small pool). Vectorized."""
-    allocated = np.asarray(allocated, dtype=float)
-    if expandable:
-        return allocated + streams * (LARGE_BUFFER_BYTES + SMALL_BUFFER_BYTES)
-    return allocated * (1.0 + fragmentation_share)
-
-
-def peak_bytes(memory: MemoryBreakdown, stat: MemoryStat, *, fragmentation_share: float, expandable: bool):
-    """What torch's `stat` counter reads at the step's peak, per the breakdown."""
+def peak_bytes(memory: MemoryBreakdown, stat: MemoryStat):
+    """What torch's `stat` counter reads at the step's peak, per the breakdown: the live
+    tensors, plus for reserved the breakdown's fragmentation (the replayed allocator's, in an
+    Estimate: cost/lifetimes.py)."""
     alloc = allocated_bytes(memory)
-    if MemoryStat(stat) is MemoryStat.ALLOCATED:
-        return alloc
-    return reserved_bytes(alloc, fragmentation_share=fragmentation_share, expandable=expandable)
+    return alloc if MemoryStat(stat) is MemoryStat.ALLOCATED else alloc + memory.fragmentation_bytes
+
+
+# ---- the caching allocator replayed over a step's tensor lifetimes (cost/lifetimes.py) ----
+#
+# Fragmentation from lifetimes (MindSpore's memory-offset solver frames the same problem: where
+# each tensor of known size and lifetime sits in one address range). The replay follows
+# CUDACachingAllocator's large pool: a request takes the smallest cached free block it fits
+# (get_free_block, best fit by size then address), split when what is left exceeds kSmallSize
+# (should_split); a freed block merges with free neighbours of its segment (free_block,
+# try_merge_blocks); a request no free block fits opens a new segment (alloc_block,
+# get_allocation_size), or with expandable segments maps pages at the end of the one range,
+# taking in a free block at its end (ExpandableSegment::map). Reserved never shrinks within a
+# step (no empty_cache), except that a segment opening that would pass `capacity_bytes` first
+# releases every wholly free segment, as torch does before it reports out of memory
+# (release_cached_blocks).
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocatorPeaks:
+    """Peak allocated and reserved bytes of a replayed step."""
+
+    allocated_bytes: float
+    reserved_bytes: float
+
+    @property
+    def fragmentation_bytes(self) -> float:
+        """Reserved beyond allocated at their peaks: what the cached blocks cost."""
+        return max(self.reserved_bytes - self.allocated_bytes, 0.0)
+
+
+@dataclass(eq=False, slots=True)
+class _Block:
+    """A block of a segment, linked to its address neighbours."""
+
+    segment: int
+    offset: float
+    size: float
+    free: bool = True
+    prev: "_Block | None" = None
+    next: "_Block | None" = None
+
+    def key(self) -> tuple:
+        return (self.size, self.segment, self.offset)
+
+
+class _Pool:
+    """One stream's large pool: segments of linked blocks, and the free blocks sorted by
+    (size, segment, address) for best fit."""
+
+    def __init__(self, expandable: bool, capacity_bytes: float):
+        self.expandable, self.capacity = expandable, capacity_bytes
+        self.free_keys: list[tuple] = []
+        self.free_blocks: dict[tuple, _Block] = {}
+        self.tails: list[_Block] = []          # each segment's last block
+        self.segment_bytes: list[float] = []
+        self.reserved = self.allocated = 0.0
+        self.peak_reserved = self.peak_allocated = 0.0
+
+    def malloc(self, request_bytes: float) -> _Block:
+        size = max(math.ceil(request_bytes / MIN_BLOCK_BYTES), 1) * MIN_BLOCK_BYTES  # block_bytes, a scalar
+        i = bisect.bisect_left(self.free_keys, (size, -1, -1.0))
+        block = self.free_blocks[self.free_keys[i]] if i < len(self.free_keys) else self._grow(size)
+        self._unlist(block)
+        if block.size - size > SMALL_SIZE_BYTES:  # should_split: the rest stays cached
+            rest = _Block(block.segment, block.offset + size, block.size - size, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            elif self.tails[block.segment] is block:
+                self.tails[block.segment] = rest
+            block.next, block.size = rest, size
+            self._list(rest)
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block
+
+    def release(self, block: _Block) -> None:
+        self.allocated -= block.size
+        block.free = True
+        for other in (block.next, block.prev):
+            if other is not None and other.free:
+                self._unlist(other)
+                block = self._merged(block, other)
+        self._list(block)
+
+    def _merged(self, block: _Block, other: _Block) -> _Block:
+        """`block` and its free neighbour `other` as one block (the lower address keeps it)."""
+        low, high = (block, other) if block.offset < other.offset else (other, block)
+        low.size += high.size
+        low.next = high.next
+        if high.next is not None:
+            high.next.prev = low
+        if self.tails[high.segment] is high:
+            self.tails[high.segment] = low
+        return low
+
+    def _list(self, block: _Block) -> None:
+        key = block.key()
+        bisect.insort(self.free_keys, key)
+        self.free_blocks[key] = block
+
+    def _unlist(self, block: _Block) -> None:
+        key = block.key()
+        if self.free_blocks.pop(key, None) is not None:
+            del self.free_keys[bisect.bisect_left(self.free_keys, key)]
+
+    def _grow(self, size: float) -> _Block:
+        """A block of at least `size` past every free one: a new segment, or pages mapped at
+        the end of the expandable range (with the free block at its end, if any)."""
+        if self.expandable and self.tails:
+            tail = self.tails[0]
+            have = tail.size if tail.free else 0.0
+            pages = math.ceil((size - have) / LARGE_BUFFER_BYTES) * LARGE_BUFFER_BYTES
+            self._account(0, pages)
+            if tail.free:
+                self._unlist(tail)
+                tail.size += pages
+                return tail
+            block = _Block(0, tail.offset + tail.size, pages, prev=tail)
+            tail.next = block
+            self.tails[0] = block
+            return block
+        grown = float(_round_up(size, LARGE_BUFFER_BYTES) if self.expandable else segment_bytes(size))
+        if self.reserved + grown > self.capacity:
+            self._release_free_segments()
+        block = _Block(len(self.tails), 0.0, grown)
+        self.tails.append(block)
+        self.segment_bytes.append(0.0)
+        self._account(block.segment, grown)
+        return block
+
+    def _account(self, segment: int, grown: float) -> None:
+        self.reserved += grown
+        self.segment_bytes[segment] += grown
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def _release_free_segments(self) -> None:
+        """cudaFree every segment that is one free block (release_cached_blocks)."""
+        for seg, tail in enumerate(self.tails):
+            if tail.free and tail.prev is None and tail.size > 0.0:
+                self._unlist(tail)
+                self.reserved -= tail.size
+                self.segment_bytes[seg] = tail.size = 0.0
+
+
+def replay_step(events, *, expandable: bool, capacity_bytes: float = float("inf")) -> AllocatorPeaks:
+    """Replay `events` — (key, bytes) to allocate a tensor, (key, None) to free it, with an
+    optional third element naming the stream it is allocated on (0, the compute stream, if
+    absent) — through the caching allocator's large pools, one per stream (a block cached
+    for one stream never serves another: FSDP's all-gather and reduce-scatter streams keep
+    their own); the peaks of allocated and reserved bytes over all of them."""
+    pools: dict[int, _Pool] = {}
+    live = dict[object, tuple[_Pool, _Block]]()
+    allocated = reserved = peak_allocated = peak_reserved = 0.0
+    for key, size, *stream in events:
+        if size is None:
+            pool, block = live.pop(key)
+            allocated -= block.size
+            pool.release(block)
+        elif size > 0.0:
+            pool = pools.setdefault(stream[0] if stream else 0, _Pool(expandable, capacity_bytes))
+            before = pool.reserved
+            block = pool.malloc(size)
+            live[key] = pool, block
+            allocated += block.size
+            reserved += pool.reserved - before
+            peak_allocated, peak_reserved = max(peak_allocated, allocated), max(peak_reserved, reserved)
+    return AllocatorPeaks(allocated_bytes=peak_allocated, reserved_bytes=peak_reserved)

@@ -18,8 +18,10 @@ from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .carbon import carbon_kg, facility_energy_j
+from .chunks import chunk_layers
 from .evaluate import PlanCosts, evaluate
 from .layout import end_chunk_slots, layout
+from .lifetimes import allocator_peaks
 from .flops import model_flops_per_token
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES, fits
 from .reliability import Reliability, reliability
@@ -110,37 +112,6 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     bwd = tuple(tuple(rows[r][1] for _ in range(v)) for r in range(p))
     wgt = tuple(tuple(rows[r][2] for _ in range(v)) for r in range(p))
     return StageCosts(forward_s=fwd, backward_s=bwd, weight_s=wgt, p2p_s=_batch_index(costs.p2p_s))
-
-
-def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[range, ...]:
-    """The layers of each virtual stage j (looped: rank j % p, chunk j // p; ZB-V's V: sim/
-    schedules.py Placement), laid out as the cost model counts them (layout.layout):
-    ceil(l/(p·v)) per chunk, fewer on the last chunk where slots are left for the loss and the
-    multi-token-prediction modules, and on the first where another is left for the embedding
-    (layout.end_chunk_slots). Spare slots beyond those two come off
-    the middle ranks' chunks (the cost model times the middle stages full: conservative), last
-    chunks first; with no middle rank, off the other chunks."""
-    lay = layout(model, workload, PlanBatch.from_plans([plan]))
-    p, v, l = plan.pp, plan.vp, model.num_layers
-    L_s, slack = (int(round(_batch_index(x))) for x in (lay.stage_layers, lay.spare_chunk_slots))
-    # the loss's (and the MTP modules') slots off the last virtual stage, the embedding's off
-    # the first (under ZB-V both on the first rank)
-    counts = [L_s // v] * (p * v)
-    off_last, off_first = (int(x) for x in end_chunk_slots(model, L_s // v, slack))
-    counts[-1] -= off_last
-    counts[0] -= off_first
-    spare = sum(counts) - l
-    where = placement(plan.schedule)
-    rank_of = [int(stage_rank(where, p, j)) for j in range(p * v)]
-    inner = range(p * v - 2, 0, -1)
-    for j in [j for j in inner if 0 < rank_of[j] < p - 1] + [j for j in inner if rank_of[j] in (0, p - 1)]:
-        if spare <= 0:
-            break
-        counts[j] -= 1
-        spare -= 1
-    assert spare == 0 and min(counts) >= 0, (counts, l)
-    starts = [sum(counts[:j]) for j in range(p * v)]
-    return tuple(range(a, a + n) for a, n in zip(starts, counts))
 
 
 # micro-batches per step up to which the pipeline is simulated whole (beyond: extrapolated)
@@ -299,6 +270,15 @@ def _budget(workload: Workload, tdp_watts: float, *, gpu_hours: float, with_fail
                   with_failures=with_failures, **rest)
 
 
+def with_replayed_allocator(model: ModelSpec, cluster: ClusterSpec, workload: Workload, est: Estimate) -> Estimate:
+    """The estimate with its allocator fragmentation from the step's tensor lifetimes (the
+    caching allocator replayed over the worst stage's step: cost/lifetimes.py) in place of the
+    GPU's fixed share, which the search's vectorized screen keeps; `fits` again with it."""
+    peaks = allocator_peaks(model, cluster, workload, est.plan, expandable=workload.expandable_segments)
+    memory = replace(est.memory, fragmentation_bytes=peaks.fragmentation_bytes)
+    return replace(est, memory=memory, fits=bool(fits(cluster, memory.total, est.host_bytes)))
+
+
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
              *, simulate_pipeline: bool = True) -> Estimate:
     """Predict one plan; raises PlanRejectedError with the reason when it cannot run."""
@@ -306,4 +286,5 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: P
     if rej is not None:
         raise PlanRejectedError(f"invalid plan ({plan.describe()}): {rej.reason}")
     costs = evaluate(model, cluster, workload, PlanBatch.from_plans([plan]))
-    return finish(model, cluster, workload, plan, costs, simulate_pipeline=simulate_pipeline)
+    est = finish(model, cluster, workload, plan, costs, simulate_pipeline=simulate_pipeline)
+    return with_replayed_allocator(model, cluster, workload, est)

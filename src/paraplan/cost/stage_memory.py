@@ -53,19 +53,32 @@ def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     """(MemoryBreakdown, host bytes) of a plan or batch, without its time: what the search
     checks before it times only the plans that fit. evaluate() reports the same."""
     lay = layout(model, workload, plan)
-    return stage_memory(model, cluster, workload, plan, lay, _moe_activations(model, workload, plan, lay))
+    return stage_memory(model, cluster, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
 
 
-def _moe_activations(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple:
+def moe_stored_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple:
     """An MoE layer's stored bytes and its activation function's outputs' share (moe.py)."""
     return (moe_activation_bytes(model, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
             if model.is_moe else (0.0, 0.0))
 
 
-def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> StageActivations:
-    """Activations each stage holds at its peak; `moe_activations`: an MoE layer's stored
-    bytes and the part of them its activation function's outputs are (moe.py)."""
-    h, T, t, p, m = model.hidden_size, lay.tokens_per_microbatch, lay.tp, lay.pp, lay.num_microbatches
+@dataclass(frozen=True, kw_only=True)
+class LayerBytes:
+    """One micro-batch's bytes on a stage, per layer and at its ends, as the peak counts them."""
+
+    stored: Num              # a layer's saved activations under the plan's policy
+    stage_average: Num       # ... averaged over the stage's layers (first-k's k kept as their input)
+    kept_whole: Num          # a layer's saved activations without recomputation
+    recompute_working: Num   # what re-running a recomputed layer holds while it runs
+    stage_input: Num         # the first stage's input (the embedding's output), kept for its backward
+    logits_elements: Num     # the head's T·V/t logits
+    logits: Num              # their loss state at its backward (logits_bytes_per_element of them)
+
+
+def layer_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> LayerBytes:
+    """One micro-batch's LayerBytes; `moe_activations`: an MoE layer's stored bytes and the
+    part of them its activation function's outputs are (moe.py)."""
+    h, T, t = model.hidden_size, lay.tokens_per_microbatch, lay.tp
     prec, ab, rc, sp_div, L_s, k_rc = (lay.precision, lay.act_bytes_per_element, lay.recompute_code, lay.sp_divisor,
                                        lay.stage_layers, lay.first_k_layers)
     moe_act, moe_act_fn_out = moe_activations
@@ -73,27 +86,39 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
         model, plan, workload.seq_len, recompute_code=rc, mlp_weight=lay.dense_layer_share,
         extra_bytes=lay.moe_layer_share * moe_act, modules_extra_saving=lay.moe_layer_share * moe_act_fn_out,
         precision=prec)
-    # micro-batches in flight at each stage's peak, as the schedule simulator counts them
-    # (SimResult.peak_inflight): the first stage, the second (the fullest middle one) and the last
-    inflight = mem.inflight_microbatches(plan, m)
-    inflight_mid = mem.inflight_microbatches(plan, m, 1.0)
-    inflight_last = mem.inflight_microbatches(plan, m, p - 1.0)
     # a layer's input as kept: the residual stream, fp32 under autocast
     residual_bytes = mem.residual_bytes_per_element(ab, plan.autocast)
     per_layer_stored = np.where(rc == Recompute.FIRST_K.code,
                                 (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
-    logits = (mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel)
-              * (T * model.vocab_size / t))
+    logits_elements = T * model.vocab_size / t
+    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel) * logits_elements
+    # a recomputed layer's working set (per-op checkpointing re-creates what one layer did not keep)
+    working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act,
+                       np.where(rc == Recompute.OP_SAC.code, np.maximum(none_act - stored, 0.0), 0.0))
+    return LayerBytes(stored=stored, stage_average=per_layer_stored, kept_whole=none_act, recompute_working=working,
+                      stage_input=residual_bytes * T * h / sp_div, logits_elements=logits_elements, logits=logits)
+
+
+def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> StageActivations:
+    """Activations each stage holds at its peak; `moe_activations`: an MoE layer's stored
+    bytes and the part of them its activation function's outputs are (moe.py)."""
+    h, T, p, m = model.hidden_size, lay.tokens_per_microbatch, lay.pp, lay.num_microbatches
+    ab, rc, sp_div, L_s = lay.act_bytes_per_element, lay.recompute_code, lay.sp_divisor, lay.stage_layers
+    lb = layer_bytes(model, workload, plan, lay, moe_activations)
+    stored, none_act, per_layer_stored, logits = lb.stored, lb.kept_whole, lb.stage_average, lb.logits
+    # micro-batches in flight at each stage's peak, as the schedule simulator counts them
+    # (SimResult.peak_inflight): the first stage, the second (the fullest middle one) and the last
+    inflight = mem.inflight_microbatches(plan, m)
+    inflight_mid = mem.inflight_microbatches(plan, m, 1.0)
+    inflight_last = mem.inflight_microbatches(plan, m, p - 1.0)
     # a recomputed layer's working set: on the stage with the loss, only what exceeds the
     # logits, which the backward has freed before it re-runs the last layer
-    # (per-op checkpointing re-creates what one layer did not keep)
-    recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act,
-                                 np.where(rc == Recompute.OP_SAC.code, np.maximum(none_act - stored, 0.0), 0.0))
+    recompute_working = lb.recompute_working
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
     acts_first = (inflight * lay.first_stage_layers * per_layer_stored
                   + np.where(lay.first_holds_ends, working_past_loss, recompute_working)
-                  + inflight * residual_bytes * T * h / sp_div)
+                  + inflight * lb.stage_input)
     # (under ZB-V the last rank holds no loss: its recomputed layer's working set is whole)
     acts_last = (inflight_last * lay.last_stage_layers * per_layer_stored
                  + np.where(lay.v_shape, recompute_working, working_past_loss))
@@ -305,6 +330,15 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
                         totals=(tot1, totl, totm), buffers=buffers, host_bytes=host_bytes)
 
 
+def stage_memory_parts(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple[dict, int]:
+    """(the worst stage's model states by part: weights, gradients, optimizer; which stage it
+    is: 0 the first, 1 the last, 2 the fullest middle one) of one plan."""
+    st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
+    worst = int(np.asarray(st.worst).reshape(-1)[0])
+    weights, grads, opt = st.parts[worst][:3]
+    return {"weights": weights, "gradients": grads, "optimizer": opt}, worst
+
+
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
     """(MemoryBreakdown on the worst pipeline stage, host bytes); `moe_activations`: an MoE
     layer's stored bytes and the part of them its activation function's outputs are (moe.py)."""
@@ -326,6 +360,6 @@ def plan_memory_total(model: ModelSpec, cluster: ClusterSpec, workload: Workload
     same sums in the same order as MemoryBreakdown.total, so the same bytes to the bit
     (tests/test_memory_first.py)."""
     gpu, lay = cluster.gpu, layout(model, workload, plan)
-    st = _stage_states(model, workload, plan, lay, _moe_activations(model, workload, plan, lay))
+    st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
     alloc = st.worst_total() + st.buffers
     return alloc + gpu.allocator_fragmentation * alloc + gpu.reserved_bytes, st.host_bytes

@@ -132,7 +132,8 @@ def memory_headroom(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                     check: Callable[[Plan], None] | None = None) -> Headroom:
     """The plan's free memory, and which valid single change (`_valid_changes`) lowers its
     memory most, priced in one batch of the cost model
-    with the plan itself (the step ratio compares closed-form steps, the pipeline unsimulated)."""
+    with the plan itself (the step ratio compares closed-form steps, the pipeline unsimulated);
+    what it frees is the estimate's, with both allocators replayed (cost/lifetimes.py)."""
     valid = _valid_changes(model, cluster, workload, est.plan, check)
     free = est.hbm_bytes - est.memory.total
     if not valid:
@@ -143,8 +144,9 @@ def memory_headroom(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                       np.asarray(costs.memory.total, dtype=float), np.inf)
     step = np.asarray(costs.step_time_s, dtype=float)
     best = 1 + int(np.argmin(memory[1:]))
+    changed = estimate(model, cluster, workload, valid[best - 1][1]).memory.total
     return Headroom(free_bytes=free, hbm_bytes=est.hbm_bytes, flags=valid[best - 1][0],
-                    freed_bytes=float(memory[0] - memory[best]), step_ratio=float(step[best] / step[0]))
+                    freed_bytes=float(est.memory.total - changed), step_ratio=float(step[best] / step[0]))
 
 
 def headroom_line(h: Headroom) -> str:

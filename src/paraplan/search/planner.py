@@ -20,7 +20,7 @@ from typing import Callable, NoReturn
 
 import numpy as np
 
-from ..cost.estimate import Estimate, finish_all
+from ..cost.estimate import Estimate, finish_all, with_replayed_allocator
 from ..cost.evaluate import evaluate, plan_memory_total, plan_time, stage_floor_s, step_floor_s
 from ..cost.layout import layout
 from ..cost.optimizer import optimizer_step_s
@@ -465,9 +465,25 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
         phase("simulate", len(best))
     ests = finished(model, cluster, workload, best)
     ests.sort(key=lambda e: e.step_time_s)
-    return SearchResult(ranked=tuple(ests[:top_k]), num_candidates=seen.candidates, num_valid=seen.valid,
+    return SearchResult(ranked=_replayed(model, cluster, workload, ests, top_k, require_fit), num_candidates=seen.candidates, num_valid=seen.valid,
                         num_fit=seen.fit,
                         elapsed_s=_time.perf_counter() - t0)
+
+
+def _replayed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, ests: list[Estimate], top_k: int,
+              require_fit: bool) -> tuple[Estimate, ...]:
+    """The fastest `top_k` of `ests` with their fragmentation from the replayed allocator
+    (with_replayed_allocator; the screen priced the GPU's share), skipping, where plans must
+    fit, those the replay puts over the GPU's memory; if it puts every one over, the fastest
+    `top_k` as they are, marked as not fitting."""
+    shown = []
+    for est in ests:
+        est = with_replayed_allocator(model, cluster, workload, est)
+        if est.fits or not require_fit:
+            shown.append(est)
+        if len(shown) == top_k:
+            break
+    return tuple(shown) or tuple(with_replayed_allocator(model, cluster, workload, e) for e in ests[:top_k])
 
 
 def finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list[Estimate]:

@@ -88,6 +88,10 @@ class Workload:
     # 4, GPT-3's data center and grid)
     pue: float = PATTERSON_GPT3_PUE
     grid_kg_co2e_per_kwh: float = PATTERSON_GPT3_KG_CO2E_PER_KWH
+    # PyTorch's caching allocator with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (as
+    # torchtitan's launcher sets it): the allocator replay that prices fragmentation grows one
+    # range instead of opening segments (cost/allocator.py replay_step)
+    expandable_segments: bool = False
 
     def __post_init__(self) -> None:
         # at most MAX_COUNT each: their product (tokens per step) stays within int64

@@ -5,13 +5,14 @@ A row's `notes` say which of torch's counters the source reports: torchtitan and
 `torch.cuda.max_memory_reserved` (torchtitan metrics.py, "memory: ... GiB"), Megatron-LM
 `torch.cuda.memory_stats()['allocated_bytes.all.peak']` (training.py, mem-max-allocated-bytes).
 The prediction is the cost model's live tensors at the step's worst moment (peak allocated),
-and for reserved rows the caching allocator's segments around them (cost/allocator.py).
+and for reserved rows the caching allocator's segments around them: the allocator replayed
+over the step's tensor lifetimes, with or without expandable segments as the row ran
+(cost/lifetimes.py, cost/allocator.py replay_step).
 
 Tags in `notes`: `[CONFIG-INCOMPLETE…]` a needed input is not public, so the row is skipped
 with the tag as its reason; `[OOM-RUN]` the run ran out of memory, so the value is a lower
 bound: such a row is reported as at or above it, and left out of the mean and max error.
-Nothing is fitted to these rows: the allocator's constants are torch's, the fragmentation
-share the GPU preset's (GPUSpec.allocator_fragmentation).
+Nothing is fitted to these rows: the allocator's constants and rules are torch's.
 """
 
 from __future__ import annotations
@@ -77,18 +78,15 @@ def expandable_segments(row: dict) -> bool:
     return "torchtitan" in (row.get("framework") or "").lower()
 
 
-def predicted_peak(row: dict, memory, gpu) -> dict:
+def predicted_peak(row: dict, memory) -> dict:
     """The row's predicted peak (GiB) with what it is made of: the counter, the allocated
-    peak, the reserved one, and whether the measurement is a lower bound."""
+    peak, the reserved one (the allocator replayed with the row's segments: the estimate's
+    fragmentation), and whether the measurement is a lower bound."""
     stat = memory_stat(row)
-    expandable = expandable_segments(row)
-    reserved = peak_bytes(memory, MemoryStat.RESERVED, fragmentation_share=gpu.allocator_fragmentation,
-                          expandable=expandable)
-    return {"memory_stat": str(stat), "expandable_segments": expandable,
+    reserved = peak_bytes(memory, MemoryStat.RESERVED)
+    return {"memory_stat": str(stat), "expandable_segments": expandable_segments(row),
             "allocated_gib": float(allocated_bytes(memory)) / GIB, "reserved_gib": float(reserved) / GIB,
-            "lower_bound": is_lower_bound(row),
-            "predicted": float(peak_bytes(memory, stat, fragmentation_share=gpu.allocator_fragmentation,
-                                          expandable=expandable)) / GIB}
+            "lower_bound": is_lower_bound(row), "predicted": float(peak_bytes(memory, stat)) / GIB}
 
 
 def _errors(rows: list[dict]) -> dict:

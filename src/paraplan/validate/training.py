@@ -23,7 +23,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload, parse_precision
 from ..units import GIB, TERA
-from .memory import METRIC as PEAK_METRIC, check_complete, predicted_peak
+from .memory import METRIC as PEAK_METRIC, check_complete, expandable_segments, predicted_peak
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
@@ -422,7 +422,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     if c["precision"] is None:
         raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
     wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
-                  **({"moe_imbalance": 1.0} if balanced else {}))
+                  expandable_segments=expandable_segments(row), **({"moe_imbalance": 1.0} if balanced else {}))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
     limits = _row_limits(row, c, fixed, legacy, titan)
@@ -525,7 +525,7 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
     if metric == "total_memory_gib":
         return est.memory.total / GIB
     if metric == PEAK_METRIC:  # the counter the row's source reports (validate/memory.py)
-        return predicted_peak(row, est.memory, load_cluster(setup.cluster_name).gpu)["predicted"]
+        return predicted_peak(row, est.memory)["predicted"]
     raise AssertionError(metric)
 
 
@@ -571,7 +571,7 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
         return with_prediction(out, pred, plan, note)
     cluster = row_cluster(setup)
     est, note = best_estimate(row, setup, cluster)
-    details = predicted_peak(row, est.memory, cluster.gpu)
+    details = predicted_peak(row, est.memory)
     out = with_prediction(out, details.pop("predicted"), est.plan.describe(), note)
     out.update(details)
     return out
