@@ -433,7 +433,24 @@ def search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits
     plans), then ("simulate", plans re-timed by the event simulator).
 
     `require_fit=False` ranks plans that exceed HBM too (to report their memory).
-    """
+
+    Whether a plan fits is the replayed allocator's (cost/lifetimes.py), which runs on the plans
+    shown: the vectorized screen over the whole space counts the live tensors and the runtime
+    only, a bound no fitting plan exceeds. Where none of the plans it keeps fits once replayed,
+    the space is screened again with the GPU's `allocator_fragmentation` share of slack."""
+    kw = dict(limits=limits, fixed=fixed, top_k=top_k, resimulate=resimulate, progress=progress,
+              require_fit=require_fit, phase=phase)
+    screened = replace(cluster, gpu=replace(cluster.gpu, allocator_fragmentation=0.0))
+    result = _search(model, screened, workload, **kw)
+    if not require_fit or any(e.fits for e in result.ranked) or not cluster.gpu.allocator_fragmentation:
+        return result
+    return _search(model, cluster, workload, **kw)
+
+
+def _search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limits: SpaceLimits,
+            fixed: dict | None, top_k: int, resimulate: int, progress, require_fit: bool,
+            phase: Callable[[str, int], None] | None) -> SearchResult:
+    """search() with `cluster`'s GPU share of allocator slack in the screen."""
     t0 = _time.perf_counter()
     resimulate = max(resimulate, top_k)  # every plan shown is simulated
     _check_capacity_factors(model, limits)

@@ -111,7 +111,10 @@ class GPUSpec:
     sustained_compute_ratio: float = 1.0
     # Memory the framework cannot use for tensors: CUDA context, cuBLAS/NCCL workspaces.
     reserved_bytes: float = 2.0e9
-    # Caching-allocator fragmentation: fraction of allocated bytes lost (PyTorch allocator).
+    # The caching allocator's slack as a share of allocated bytes, for the vectorized memory
+    # screen only (cost/stage_memory.py): an estimate replays the allocator over the step's
+    # tensor lifetimes instead (cost/lifetimes.py); the search screens first with none and
+    # falls back to this share where no plan it keeps fits once replayed (search/planner.py).
     allocator_fragmentation: float = 0.05
     # Compute slowdown while a collective runs concurrently (SMs and HBM shared with NCCL).
     overlap_slowdown: float = 0.05
