@@ -112,9 +112,9 @@ def test_rules_refuse_what_offload_cannot_combine_with(kw, words):
 
 
 def test_search_finds_an_offloaded_plan_where_nothing_fits_otherwise():
-    # Llama 3 70B on 8 GB200 at 65,536 tokens, the optimizer kept on the GPU (Megatron-Core's
+    # Llama 3 70B on 8 GB200 at 131,072 tokens, the optimizer kept on the GPU (Megatron-Core's
     # default): without activation offload no plan fits
-    wl = Workload(global_batch_size=8, seq_len=65536)
+    wl = Workload(global_batch_size=4, seq_len=131072)
     with pytest.raises(NoPlanFitsError):
         api.search(LLAMA70, GB200, gpus=8, workload=wl, top=1,
                    limits=SpaceLimits(allow_offload=False, activation_offload=False))

@@ -452,7 +452,9 @@ def _search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limit
             phase: Callable[[str, int], None] | None) -> SearchResult:
     """search() with `cluster`'s GPU share of allocator slack in the screen."""
     t0 = _time.perf_counter()
-    resimulate = max(resimulate, top_k)  # every plan shown is simulated
+    # every plan shown is simulated, from twice as many as are asked for: those the replayed
+    # allocator puts over the memory are passed over (_replayed)
+    resimulate = max(resimulate, 2 * top_k)
     _check_capacity_factors(model, limits)
     # the counts, and the smallest-memory valid plan to explain a "nothing fits"
     seen = _Slice(candidates=0, valid=0)
