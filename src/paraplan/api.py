@@ -134,6 +134,10 @@ def _plan(given: dict, cluster):
              "attention": axes.AttentionKernel, "cp_comm_type": axes.CPCommType, "rank_order": axes.RankOrder,
              "grad_compression": axes.GradCompression}
     kw = {k: (kinds[k].parse(str(v), k) if k in kinds and not isinstance(v, Enum) else v) for k, v in given.items()}
+    if "recompute_ops" in kw:  # a set of ops ("qkv,act", or names in a list) implies recompute="set"
+        if not isinstance(kw["recompute_ops"], axes.RecomputeOps):
+            kw["recompute_ops"] = axes.RecomputeOps.parse(kw["recompute_ops"], "recompute_ops")
+        kw.setdefault("recompute", axes.Recompute.SET)
     switches = {f.name for f in fields(Plan) if isinstance(f.default, bool)}
     for k in switches & set(kw):
         if isinstance(kw[k], str) or kw[k] not in (True, False):

@@ -87,9 +87,10 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
               * (T * model.vocab_size / t))
     # a recomputed layer's working set: on the stage with the loss, only what exceeds the
     # logits, which the backward has freed before it re-runs the last layer
-    # (per-op checkpointing re-creates what one layer did not keep)
+    # (per-op checkpointing and a searched set re-create what one layer did not keep)
     recompute_working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act,
-                                 np.where(rc == Recompute.OP_SAC.code, np.maximum(none_act - stored, 0.0), 0.0))
+                                 np.where((rc == Recompute.OP_SAC.code) | (rc == Recompute.SET.code),
+                                          np.maximum(none_act - stored, 0.0), 0.0))
     working_past_loss = np.maximum(recompute_working - logits, 0.0)
     acts_first = (inflight * lay.first_stage_layers * per_layer_stored
                   + np.where(lay.first_holds_ends, working_past_loss, recompute_working)

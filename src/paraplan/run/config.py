@@ -198,9 +198,10 @@ def check_runnable(cfg: RunConfig) -> None:
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
-    if p.recompute is Recompute.MODULES:
+    if p.recompute in (Recompute.MODULES, Recompute.SET):
         raise SpecError("run", "--recompute", str(p.recompute),
-                        "none, selective, full or first_k (module recomputation is Megatron-Core's; estimate it instead)")
+                        "none, selective, full, first_k or op-sac (module recomputation and a searched set of ops "
+                        "are priced, not run: estimate them instead)")
     if p.tp > 1:
         for name, v in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
                         ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):
