@@ -20,7 +20,8 @@ from paraplan.specs.workload import Precision, Workload
 def test_plan_memory_is_evaluates_memory(name, gpus, prec):
     model, cluster = load_model(name), load_cluster("dgx-h100", num_gpus=gpus)
     wl = Workload(global_batch_size=256, seq_len=4096, precision=prec)
-    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, with_searched_sets(model, cluster, wl, SpaceLimits())) if len(b)])
+    limits = with_searched_sets(model, cluster, wl, SpaceLimits())  # (the search's: Recompute.SET's sets too)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, limits) if len(b)])
     rng = np.random.default_rng(1)
     sample = batch.take(np.sort(rng.choice(len(batch), size=min(len(batch), 3000), replace=False)))
     memory, host = plan_memory(model, cluster, wl, sample)
@@ -38,7 +39,8 @@ def test_the_search_counts_and_ranks_what_fits():
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=32)
     wl = Workload(global_batch_size=64, seq_len=8192)
     res = search(model, cluster, wl, top_k=5, resimulate=8)
-    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, with_searched_sets(model, cluster, wl, SpaceLimits())) if len(b)])
+    limits = with_searched_sets(model, cluster, wl, SpaceLimits())  # (the search's: Recompute.SET's sets too)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, limits) if len(b)])
     costs = evaluate(model, cluster, wl, batch)
     ok = fits(cluster, np.asarray(costs.memory.total), costs.host_bytes)
     assert res.num_fit == int(ok.sum()) > 0

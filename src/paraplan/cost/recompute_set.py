@@ -80,7 +80,8 @@ def op_costs(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCompute
     rope = np.where(compiled_blocks(plan), 0.0,  # (in the QKV GEMM's epilogue when compiled)
                     _elementwise_s(gpu, plan, T * a * (model.q_dim + model.kv_dim) / t,
                                    T * a * (model.q_dim + model.kv_dim) / t, 1))
-    add = np.where(compiled_blocks(plan), 0.0, _elementwise_s(gpu, plan, 2.0 * T * a * h / sp_div, T * a * h / sp_div, 1))
+    add = np.where(compiled_blocks(plan), 0.0,
+                   _elementwise_s(gpu, plan, 2.0 * T * a * h / sp_div, T * a * h / sp_div, 1))
     gated = model.gated_mlp
     act_in, act_out = a * f * (2.0 if gated else 1.0) / t, a * f / t
     act = _elementwise_s(gpu, plan, T * (act_in + np.where(eager & gated, act_out, 0.0)),
