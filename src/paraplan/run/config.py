@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
-from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, RecomputeOps, Schedule, ZeroStage
 from ..plan.plan import Plan, plan_fields
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
@@ -95,6 +95,8 @@ class RunConfig:
             for f in fields(Plan):  # every enum-valued plan field back from its string
                 if isinstance(f.default, StrEnum) and f.name in plan:
                     plan[f.name] = type(f.default)(plan[f.name])
+                elif isinstance(f.default, RecomputeOps) and f.name in plan:  # ("qkv,act")
+                    plan[f.name] = RecomputeOps.parse(plan[f.name], f.name)
             wl = d["workload"]
             wl["precision"] = Precision(wl["precision"])
             from ..specs.workload import Optimizer
