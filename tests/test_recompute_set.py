@@ -148,3 +148,11 @@ def test_the_cli_and_api_price_a_set_in_the_recomputation_row():
     none = api.estimate("llama3-8b", "dgx-h100", gpus=8, tp=2)
     assert est.time.recompute_s > 0.0 == none.time.recompute_s
     assert est.memory.activations_bytes < none.memory.activations_bytes
+
+
+def test_the_advice_for_a_set_that_does_not_fit_names_full_recomputation():
+    from paraplan.search.advice import fitting_changes
+    cluster, wl = load_cluster("dgx-h100", num_gpus=8), Workload(global_batch_size=48, seq_len=6144)
+    plan = make_plan(dp=8, zero=ZeroStage.OPTIMIZER, recompute=Recompute.SET,
+                     recompute_ops=RecomputeOps([RecomputeOp.ACT]))
+    assert "--recompute full" in [c.flags for c in fitting_changes(LLAMA, cluster, wl, plan)]
