@@ -235,8 +235,12 @@ def recompute_op_bytes_per_token(model: ModelSpec, plan, seq_len, mlp_weight=1.0
     `activation_terms` as layer_activation_bytes splits them (vectorized): together they are all
     a layer keeps without recomputation less its input, what full recomputation keeps
     (docs/model/memory.md, "Searched recomputation"). A dense, non-MLA layer's."""
-    terms = activation_terms(model, seq_len, mlp_weight, precision)
-    t, sp_div, eager, autocast, whole, silu_out = _layer_flags(plan)
+    return _op_bytes(model, plan, activation_terms(model, seq_len, mlp_weight, precision), _layer_flags(plan),
+                     mlp_weight, precision)
+
+
+def _op_bytes(model: ModelSpec, plan, terms: ActivationTerms, flags: tuple, mlp_weight, precision) -> dict:
+    t, sp_div, eager, autocast, whole, silu_out = flags
     h, f, w = model.hidden_size, model.ffn_hidden_size, np.asarray(mlp_weight, dtype=float)
     a, gi = _width(precision), saved_gemm_input_bytes(precision)
     casts = np.where(autocast & eager, 1.0, 0.0)
@@ -270,7 +274,8 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     `modules_extra_saving` under module recomputation (their activation-function outputs)."""
     terms = activation_terms(model, seq_len, mlp_weight, precision)
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
-    t, sp_div, eager, autocast, whole, silu_out = _layer_flags(plan)
+    flags = _layer_flags(plan)
+    t, sp_div, eager, autocast, whole, silu_out = flags
     base = (terms.replicated / sp_div + terms.split / t + np.where(silu_out, terms.eager_split / t, 0.0)
             + np.where(autocast, (terms.autocast_replicated + np.where(eager, terms.autocast_casts, 0.0)) / sp_div,
                        0.0)
@@ -288,7 +293,7 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     if np.any(rc == Recompute.SET.code):  # (a searched set drops its tensors of what none keeps)
         ops = np.asarray(plan.recompute_ops_code)
         dropped = sum(np.where(holds(ops, op), b, 0.0) for op, b in
-                      recompute_op_bytes_per_token(model, plan, seq_len, mlp_weight, precision).items())
+                      _op_bytes(model, plan, terms, flags, mlp_weight, precision).items())
         op_sac = np.where(rc == Recompute.SET.code, none - tokens * dropped, op_sac)
     stored = np.where(rc == Recompute.FULL.code, full,
                       np.where(rc == Recompute.SELECTIVE.code, selective,

@@ -92,7 +92,8 @@ def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCo
                         + (L_s * ops.compute_s if ops else 0.0)
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * lc.attention_forward_s, 0.0)
                         + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0)
-                        + np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, lay, lc), 0.0))
+                        + (np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, lay, lc), 0.0)
+                           if np.any(rc == Recompute.OP_SAC.code) else 0.0))  # (a fused engine's search has none)
     # per-op checkpointing keeps the reduce-scatters' outputs and re-runs the gathers that
     # feed its re-run matmuls (without SP, the attention output's all-reduce): about half of
     # the layer's forward TP traffic

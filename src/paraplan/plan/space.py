@@ -610,7 +610,10 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         Axis("recompute_ops_code", ("recompute_code", "sequence_parallel"),
              lambda rc, sp: (0,) if rc != Recompute.SET.code else
              tuple(limits.recompute_sets(tp, sp)) if sp or tp == 1 or "recompute_ops_code" in fixed else ()),
-        Axis("tp_overlap", ("sequence_parallel",), lambda sp: limits.tp_overlap if sp else (False,)),
+        # (a searched recomputation's rows overlap TP where they may: fewer rows to price)
+        Axis("tp_overlap", ("sequence_parallel", "recompute_code"),
+             lambda sp, rc: (False,) if not sp else (True,) if rc == Recompute.SET.code and True in limits.tp_overlap
+             else limits.tp_overlap),
         # CP = 1 exchanges nothing (counted as the ring: the cp_comm rule)
         Axis("cp_comm_type_code", (), lambda: [x.code for x in limits.cp_comm_types]),
         Axis("zero_code", (), lambda: [z.code for z in zeros]),
