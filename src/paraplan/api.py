@@ -24,7 +24,8 @@ name, a model TOML, a Hugging Face config.json or a ModelSpec; a cluster a prese
 cluster TOML or a ClusterSpec (resized to `gpus` when given). Workload fields (specs/workload.py
 Workload: seq_len, global_batch_size, precision, optimizer, token_budget, ...) are keyword
 arguments, or `workload=` a Workload. A plan is keyword arguments (Plan's fields: tp, pp, dp,
-schedule, recompute, zero, ...; enums may be given by name) or `plan=` a Plan. `engine=`
+schedule, recompute, zero, ...; enums may be given by name; recompute_ops="qkv,act", or a list of
+op names, is a searched recomputation set and implies recompute="set") or `plan=` a Plan. `engine=`
 ("torchtitan", "megatron", "deepspeed") predicts with that engine's policy and, in a search,
 ranks only the plans it runs. Mistakes raise paraplan.errors.ParaplanError (one line).
 """
