@@ -606,10 +606,10 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),
         # a searched recomputation's sets: the frontier of time against memory at this TP, with
         # sequence parallelism where TP > 1 (a plan short of memory shards its norms first; each
-        # set multiplies the rows the search prices: docs/model/search.md)
+        # set multiplies the rows the search prices: docs/model/memory.md, "Searched recomputation")
         Axis("recompute_ops_code", ("recompute_code", "sequence_parallel"),
              lambda rc, sp: (0,) if rc != Recompute.SET.code else
-             tuple(limits.recompute_sets(tp, sp)) if sp or tp == 1 or "recompute_ops_code" in fixed else ()),
+             tuple(limits.recompute_sets(tp, sp)) if sp or tp == 1 else ()),
         # (a searched recomputation's rows overlap TP where they may: fewer rows to price)
         Axis("tp_overlap", ("sequence_parallel", "recompute_code"),
              lambda sp, rc: (False,) if not sp else (True,) if rc == Recompute.SET.code and True in limits.tp_overlap
