@@ -22,7 +22,7 @@ import pytest
 
 from paraplan.export import megatron
 from paraplan.search.policy import best_exportable
-from paraplan.plan.axes import AttentionKernel, CPCommType, Recompute, Schedule, ZeroStage
+from paraplan.plan.axes import AttentionKernel, CPCommType, Recompute, RecomputeOps, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
@@ -67,6 +67,10 @@ CASES = {
                   replace(WL, precision=Precision.FP8), 16),
     "dense-fp16": (LLAMA, plan(zero=ZeroStage.OPTIMIZER), replace(WL, precision=Precision.FP16), 16),
     "dense-activation-offload": (LLAMA, plan(zero=ZeroStage.OPTIMIZER, activation_offload_layers=16), WL, 16),
+    # a searched set of ops that --recompute-modules expresses: the dense MLP module
+    "dense-tp2-set-mlp": (LLAMA, plan(tp=2, dp=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
+                                      recompute=Recompute.SET, recompute_ops=RecomputeOps.parse("ln2,up,act", "t")),
+                          WL, 16),
     "mha-tp4-ddp": (LLAMA2, plan(tp=4, dp=4, sequence_parallel=True), WL, 16),
     "moe-ep8-modules": (MIXTRAL, plan(tp=2, dp=8, ep=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
                                       capacity_factor=1.25, recompute=Recompute.MODULES), WL, 16),
@@ -160,6 +164,8 @@ def check_plan(args, cfg, p, model, workload) -> None:
     if args.use_rope_scaling:
         assert args.rope_scaling_factor == model.rope_llama3_scaling_factor
     assert args.mock_data
+    if p.recompute is Recompute.SET:
+        assert cfg.recompute_granularity == "selective" and sorted(cfg.recompute_modules) == ["mlp"]
 
 
 def exported_and_checked(front_end, p, model, cluster, wl, tmp_path, monkeypatch, est=None) -> None:

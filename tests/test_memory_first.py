@@ -10,6 +10,7 @@ import pytest
 
 from paraplan.cost.evaluate import evaluate, plan_memory, plan_memory_total
 from paraplan.cost.memory import fits
+from paraplan.cost.recompute_set import with_searched_sets
 from paraplan.plan.space import PlanBatch, SpaceLimits, enumerate_space
 from paraplan.search.planner import search
 from paraplan.specs.catalog import load_cluster, load_model
@@ -21,7 +22,8 @@ from paraplan.specs.workload import Precision, Workload
 def test_plan_memory_is_evaluates_memory(name, gpus, prec):
     model, cluster = load_model(name), load_cluster("dgx-h100", num_gpus=gpus)
     wl = Workload(global_batch_size=256, seq_len=4096, precision=prec)
-    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits()) if len(b)])
+    limits = with_searched_sets(model, cluster, wl, SpaceLimits())  # (the search's: Recompute.SET's sets too)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, limits) if len(b)])
     rng = np.random.default_rng(1)
     sample = batch.take(np.sort(rng.choice(len(batch), size=min(len(batch), 3000), replace=False)))
     memory, host = plan_memory(model, cluster, wl, sample)
@@ -39,7 +41,8 @@ def test_the_search_counts_and_ranks_what_fits():
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=32)
     wl = Workload(global_batch_size=64, seq_len=8192)
     res = search(model, cluster, wl, top_k=5, resimulate=8)
-    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, SpaceLimits()) if len(b)])
+    limits = with_searched_sets(model, cluster, wl, SpaceLimits())  # (the search's: Recompute.SET's sets too)
+    batch = PlanBatch.concat([b for b, _ in enumerate_space(model, cluster, wl, limits) if len(b)])
     # the screen counts the live tensors and the runtime, no allocator slack (the replay decides)
     screened = replace(cluster, gpu=replace(cluster.gpu, allocator_fragmentation=0.0))
     costs = evaluate(model, screened, wl, batch)

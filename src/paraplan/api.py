@@ -24,7 +24,8 @@ name, a model TOML, a Hugging Face config.json or a ModelSpec; a cluster a prese
 cluster TOML or a ClusterSpec (resized to `gpus` when given). Workload fields (specs/workload.py
 Workload: seq_len, global_batch_size, precision, optimizer, token_budget, ...) are keyword
 arguments, or `workload=` a Workload. A plan is keyword arguments (Plan's fields: tp, pp, dp,
-schedule, recompute, zero, ...; enums may be given by name) or `plan=` a Plan. `engine=`
+schedule, recompute, zero, ...; enums may be given by name; recompute_ops="qkv,act", or a list of
+op names, is a searched recomputation set and implies recompute="set") or `plan=` a Plan. `engine=`
 ("torchtitan", "megatron", "deepspeed") predicts with that engine's policy and, in a search,
 ranks only the plans it runs. Mistakes raise paraplan.errors.ParaplanError (one line).
 """
@@ -134,6 +135,10 @@ def _plan(given: dict, cluster):
              "attention": axes.AttentionKernel, "cp_comm_type": axes.CPCommType, "rank_order": axes.RankOrder,
              "grad_compression": axes.GradCompression}
     kw = {k: (kinds[k].parse(str(v), k) if k in kinds and not isinstance(v, Enum) else v) for k, v in given.items()}
+    if "recompute_ops" in kw:  # a set of ops ("qkv,act", or names in a list) implies recompute="set"
+        if not isinstance(kw["recompute_ops"], axes.RecomputeOps):
+            kw["recompute_ops"] = axes.RecomputeOps.parse(kw["recompute_ops"], "recompute_ops")
+        kw.setdefault("recompute", axes.Recompute.SET)
     switches = {f.name for f in fields(Plan) if isinstance(f.default, bool)}
     for k in switches & set(kw):
         if isinstance(kw[k], str) or kw[k] not in (True, False):

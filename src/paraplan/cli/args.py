@@ -117,6 +117,9 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--recompute", default=None,
                        help="none, selective, full, first_k, modules (Megatron-Core --recompute-modules), op-sac (torchtitan per-op SAC; eager engines) (default none)")
         g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
+        g.add_argument("--recompute-ops", default=None, metavar="OPS",
+                       help="recompute=set (implied): the tensors each layer drops and re-creates, comma-separated: "
+                            "ln1, qkv, scores, attn, resid, ln2, up, act (docs/model/memory.md, Searched recomputation)")
         g.add_argument("--sp", action=argparse.BooleanOptionalAction, default=None, help="sequence parallel (default on when TP>1)")
         g.add_argument("--zero", default=None, help="ZeRO stage 0-3 (3 = FSDP) (default 0; for torchtitan, "
                        "with data or context parallelism, its FSDP default: 3, or 2 with --pp > 1)")
@@ -224,7 +227,8 @@ def engine_rules_from_args(args: argparse.Namespace, workload: Workload, model: 
 
 # parser attributes of one plan (estimate, trace, export): how they choose it, as written or
 # narrowing a search, is cli/choice.py's rule
-PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers", "sp",
+PLAN_FLAGS = ("tp", "pp", "dp", "cp", "ep", "etp", "vp", "mb", "schedule", "recompute", "recompute_layers",
+              "recompute_ops", "sp",
               "zero", "dp_shard", "offload", "offload_activations", "adama", "no_dp_overlap", "tp_overlap",
               "attention", "capacity_factor", "a2a_hierarchical", "ep_overlap", "cp_comm", "rank_order",
               "grad_compression", "powersgd_rank")
@@ -240,6 +244,7 @@ _PLAN_TOKENS = (
     (r"mb(\d+)", lambda m: {"mb": int(m[1])}), (r"SP", lambda m: {"sp": True}),
     (r"(gpipe|1f1b|interleaved|bfs|zb|zbv|dualpipev)", lambda m: {"schedule": m[1]}),
     (r"rc:first(\d+)", lambda m: {"recompute": "first_k", "recompute_layers": int(m[1])}),
+    (r"rc:set\(([a-z0-9,]*)\)", lambda m: {"recompute": "set", "recompute_ops": m[1]}),
     (r"rc:([a-z_-]+)", lambda m: {"recompute": m[1]}),
     (r"zero(\d)(?:/hsdp(\d+))?", lambda m: {"zero": m[1], "dp_shard": int(m[2]) if m[2] else None}),
     (r"offload", lambda m: {"offload": True}), (r"aoff(\d+)", lambda m: {"offload_activations": int(m[1])}),
@@ -389,7 +394,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
     if (sched in (Schedule.INTERLEAVED_1F1B, Schedule.BREADTH_FIRST) or sched in V_SCHEDULES) and vp == 1 and pp > 1:
         raise SpecError("plan", "--vp", vp, f"--schedule {sched} runs several chunks per pipeline rank: give "
                         + ("--vp 2" if sched in V_SCHEDULES else "--vp 2 or more"))
-    recompute = Recompute.parse("none" if args.recompute is None else args.recompute, "recompute")
+    recompute, recompute_ops = recompute_from_args(args)
     if recompute is Recompute.FIRST_K and not args.recompute_layers:
         raise SpecError("plan", "--recompute-layers", 0, "--recompute first_k needs it: the layers of each "
                         "stage to recompute, at least 1")
@@ -403,7 +408,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      grad_compression=gc, powersgd_rank=gc_rank,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
-                     recompute=recompute,
+                     recompute=recompute, recompute_ops=recompute_ops,
                      recompute_num_layers=args.recompute_layers, activation_offload_layers=args.offload_activations,
                      sequence_parallel=sp, zero=zero,
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
@@ -421,6 +426,22 @@ def grad_compression_from_args(args: argparse.Namespace):
     if args.powersgd_rank is not None and gc is not GradCompression.POWERSGD:
         raise SpecError("plan", "--powersgd-rank", args.powersgd_rank, "applies with --grad-compression powersgd only")
     return gc, args.powersgd_rank or 1
+
+
+def recompute_from_args(args: argparse.Namespace):
+    """(--recompute, --recompute-ops) as plan values: a set of ops implies recompute=set, which
+    needs one; one-line errors otherwise."""
+    from ..plan.axes import Recompute, RecomputeOp, RecomputeOps
+    given = getattr(args, "recompute_ops", None)
+    recompute = Recompute.parse(args.recompute if args.recompute is not None
+                                else "set" if given is not None else "none", "recompute")
+    ops = RecomputeOps.parse(given, "--recompute-ops") if given is not None else RecomputeOps()
+    allowed = ", ".join(op.value for op in RecomputeOp) + " (comma-separated)"
+    if recompute is Recompute.SET and not ops:
+        raise SpecError("plan", "--recompute-ops", given or "", f"--recompute set needs the ops to recompute: {allowed}")
+    if ops and recompute is not Recompute.SET:
+        raise SpecError("plan", "--recompute-ops", given, f"applies with --recompute set only (not {recompute.value})")
+    return recompute, ops
 
 
 def check_recompute_layers(args: argparse.Namespace) -> None:

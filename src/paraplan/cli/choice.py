@@ -43,7 +43,8 @@ def searched_plan_note(args: argparse.Namespace) -> str:
 # one): with --rank, or to export, the plan they describe is given whole with --plan
 UNSEARCHED_FLAGS = (("offload", "--offload"), ("adama", "--adama"), ("no_dp_overlap", "--no-dp-overlap"),
                     ("dp_shard", "--dp-shard"),
-                    ("recompute_layers", "--recompute-layers"), ("a2a_hierarchical", "--a2a-hierarchical"),
+                    ("recompute_layers", "--recompute-layers"), ("recompute_ops", "--recompute-ops"),
+                    ("a2a_hierarchical", "--a2a-hierarchical"),
                     ("ep_overlap", "--ep-overlap"), ("offload_activations", "--offload-activations"))
 
 

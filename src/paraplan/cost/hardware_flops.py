@@ -13,7 +13,8 @@ from ..plan.axes import Recompute
 from ..specs.model import ModelSpec
 from .flops import LayerFlops, lm_head_forward_flops, moe_down_proj_flops, moe_forward_flops, mtp_forward_flops
 from .layout import Layout
-from .memory import op_sac_matmuls
+from ..plan.axes import RecomputeOp
+from .memory import holds, op_sac_matmuls
 
 
 def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_len, flash, early_stop):
@@ -35,6 +36,14 @@ def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_l
     attn_mm, mlp_mm = op_sac_matmuls(model, t, kept=False)
     rc_op = np.where(rc == Recompute.OP_SAC.code,
                      L_s * 2.0 * T * (sum(o * i for o, i in attn_mm) + w_dense * sum(o * i for o, i in mlp_mm)), 0.0)
+    # a searched set re-runs the GEMMs and attention of the tensors it drops (recompute_set.py)
+    ops = lay.recompute_ops_code
+    rc_set = L_s * (np.where(holds(ops, RecomputeOp.QKV), lf.qkv, 0.0)
+                    + np.where(holds(ops, RecomputeOp.ATTN) | holds(ops, RecomputeOp.SCORES), lf.attn_core, 0.0)
+                    + np.where(holds(ops, RecomputeOp.RESID), lf.out_proj, 0.0)
+                    + np.where(holds(ops, RecomputeOp.UP),
+                               w_dense * lf.mlp * (model.num_mlp_matrices - 1) / model.num_mlp_matrices, 0.0)) / t
+    rc_op = rc_op + rc_set
     # (the head, and each MTP block recomputed as a layer of its stage but under first-k, on one
     # stage of p: per GPU, a p-th)
     hw = m * (L_s * hw_layer + rc_layers * rc_layer_flops / t + rc_sel + rc_mod + rc_op

@@ -41,6 +41,7 @@ class Layout:
     sequence_parallel: Num
     sp_divisor: Num         # TP when sequence parallel, else 1
     recompute_code: Num
+    recompute_ops_code: Num  # Recompute.SET's set (plan/axes.py RecomputeOps), 0 under the other policies
     zero_code: Num
     stage_layers: Num       # layers of the critical stage
     first_stage_layers: Num
@@ -190,6 +191,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         tp=t, pp=p, dp=d, cp=c, vp=v, num_microbatches=np.floor(workload.global_batch_size / (d * b)),
         tokens_per_microbatch=b * workload.seq_len / c,
         sequence_parallel=sp, sp_divisor=np.where(sp, t, 1.0), recompute_code=rc, zero_code=zc,
+        recompute_ops_code=np.where(rc == Recompute.SET.code, np.asarray(plan.recompute_ops_code), 0),
         stage_layers=L_s, first_stage_layers=L_first, last_stage_layers=L_last, single_stage=only,
         spare_chunk_slots=slack, v_shape=vshape, first_holds_ends=ends,
         moe_layer_share=w_moe, dense_layer_share=w_dense, first_k_layers=k_rc,

@@ -194,7 +194,7 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
             return layer_input, working
         if rc is Recompute.FIRST_K:
             return whole, []
-        return kept, (working if rc is Recompute.OP_SAC else [])
+        return kept, (working if rc in (Recompute.OP_SAC, Recompute.SET) else [])
 
     gather = _scalar(lay.zero3 & ~lay.fsdp2_pp) * _scalar(
         (lay.layer_params + lay.expert_params) * (lay.gather_bytes_per_param + mem.WEIGHT_BYTES * lay.casts_gathered))

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..plan.axes import AttentionKernel, Recompute, Schedule
+from ..plan.axes import AttentionKernel, Recompute, RecomputeOp, Schedule
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision
 from .low_precision import LOW_PRECISIONS, gemm_operand_bytes
@@ -212,6 +212,59 @@ def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
             + np.where(sp & (t > 1), 2.0 * a * h / t, 0.0))
 
 
+def _layer_flags(plan):
+    """(t, SP divisor, eager, autocast, eager SP's whole-input share, SiLU output kept) of plans."""
+    t = np.asarray(plan.tp, dtype=float)
+    sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
+    eager = ~np.asarray(plan.fused_kernels, dtype=bool)
+    # eager SP keeps the projections' gathered inputs (and autocast's casts of them) whole
+    whole = np.where(eager, 1.0 - 1.0 / sp_div, 0.0)
+    # SiLU's output beside its input: eager only; a compiled block keeps what a fused one does
+    # (one H100: 20.27 -> 16.77 elements per token per hidden unit at Llama 3 8B's block, exactly
+    # 2f/h bytes less; calibration/h100_2026-11-23)
+    return t, sp_div, eager, np.asarray(plan.autocast, dtype=bool), whole, eager & ~compiled_blocks(plan)
+
+
+def holds(ops_code, op: RecomputeOp):
+    """Whether the sets of `ops_code` (RecomputeOps codes; vectorized) hold `op`."""
+    return (np.asarray(ops_code, dtype=np.int64) >> op.code) & 1 == 1
+
+
+def recompute_op_bytes_per_token(model: ModelSpec, plan, seq_len, mlp_weight=1.0, precision=None) -> dict:
+    """What each tensor of plan/axes.py RecomputeOp holds per token on one rank, the terms of
+    `activation_terms` as layer_activation_bytes splits them (vectorized): together they are all
+    a layer keeps without recomputation less its input, what full recomputation keeps
+    (docs/model/memory.md, "Searched recomputation"). A dense, non-MLA layer's."""
+    return _op_bytes(model, plan, activation_terms(model, seq_len, mlp_weight, precision), _layer_flags(plan),
+                     mlp_weight, precision)
+
+
+def _op_bytes(model: ModelSpec, plan, terms: ActivationTerms, flags: tuple, mlp_weight, precision) -> dict:
+    t, sp_div, eager, autocast, whole, silu_out = flags
+    h, f, w = model.hidden_size, model.ffn_hidden_size, np.asarray(mlp_weight, dtype=float)
+    a, gi = _width(precision), saved_gemm_input_bytes(precision)
+    casts = np.where(autocast & eager, 1.0, 0.0)
+    casts_qkv = 2.0 * a * h if a < AUTOCAST_RESIDUAL_BYTES else 0.0  # (wk's and wv's casts of the QKV input)
+    casts_mlp = terms.autocast_casts - casts_qkv
+
+    def norm_output(gemm_input, replicated_extra=0.0):
+        return (gemm_input + replicated_extra) / sp_div + whole * gemm_input
+
+    return {
+        RecomputeOp.LN1: norm_output(gi * h + casts * casts_qkv),
+        RecomputeOp.QKV: a * (model.q_dim + model.kv_pair_dim) / t,
+        RecomputeOp.SCORES: np.where(np.asarray(plan.attention_code) == AttentionKernel.UNFUSED.code,
+                                     terms.scores / t, 0.0),
+        RecomputeOp.ATTN: a * model.v_dim / t,
+        # the second norm's input (fp32 under autocast: half of autocast_replicated) and the masks
+        RecomputeOp.RESID: (a * h + (2.0 * h if model.dropout else 0.0)
+                            + np.where(autocast, terms.autocast_replicated / 2.0, 0.0)) / sp_div,
+        RecomputeOp.LN2: norm_output(w * gi * h + casts * casts_mlp, (1.0 - w) * a * h),
+        RecomputeOp.UP: w * a * f * (2 if model.gated_mlp else 1) / t,
+        RecomputeOp.ACT: (w * gi * f + np.where(silu_out, terms.eager_split, 0.0)) / t,
+    }
+
+
 def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, mlp_weight=1.0, extra_bytes=0.0,
                            modules_extra_saving=0.0, precision=None):
     """Stored activation bytes of one layer for one micro-batch (vectorized over plans).
@@ -220,17 +273,9 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     (the routed-expert activations of MoE layers, averaged over the stage), less
     `modules_extra_saving` under module recomputation (their activation-function outputs)."""
     terms = activation_terms(model, seq_len, mlp_weight, precision)
-    t = np.asarray(plan.tp, dtype=float)
-    sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
     tokens = np.asarray(plan.micro_batch_size, dtype=float) * seq_len / np.asarray(plan.cp)
-    eager = ~np.asarray(plan.fused_kernels, dtype=bool)
-    autocast = np.asarray(plan.autocast, dtype=bool)
-    # eager SP keeps the projections' gathered inputs (and autocast's casts of them) whole
-    whole = np.where(eager, 1.0 - 1.0 / sp_div, 0.0)
-    # SiLU's output beside its input: eager only; a compiled block keeps what a fused one does
-    # (one H100: 20.27 -> 16.77 elements per token per hidden unit at Llama 3 8B's block, exactly
-    # 2f/h bytes less; calibration/h100_2026-11-23)
-    silu_out = eager & ~compiled_blocks(plan)
+    flags = _layer_flags(plan)
+    t, sp_div, eager, autocast, whole, silu_out = flags
     base = (terms.replicated / sp_div + terms.split / t + np.where(silu_out, terms.eager_split / t, 0.0)
             + np.where(autocast, (terms.autocast_replicated + np.where(eager, terms.autocast_casts, 0.0)) / sp_div,
                        0.0)
@@ -245,10 +290,16 @@ def layer_activation_bytes(model: ModelSpec, plan, seq_len, *, recompute_code, m
     full = tokens * (residual * model.hidden_size) / sp_div
     op_sac = tokens * op_sac_bytes_per_token(model, plan, mlp_weight, residual) + extra_bytes
     rc = np.asarray(recompute_code)
+    if np.any(rc == Recompute.SET.code):  # (a searched set drops its tensors of what none keeps)
+        ops = np.asarray(plan.recompute_ops_code)
+        dropped = sum(np.where(holds(ops, op), b, 0.0) for op, b in
+                      _op_bytes(model, plan, terms, flags, mlp_weight, precision).items())
+        op_sac = np.where(rc == Recompute.SET.code, none - tokens * dropped, op_sac)
     stored = np.where(rc == Recompute.FULL.code, full,
                       np.where(rc == Recompute.SELECTIVE.code, selective,
                                np.where(rc == Recompute.MODULES.code, modules,
-                                        np.where(rc == Recompute.OP_SAC.code, op_sac, none))))
+                                        np.where((rc == Recompute.OP_SAC.code) | (rc == Recompute.SET.code),
+                                                 op_sac, none))))
     return stored, none, selective
 
 

@@ -1,4 +1,4 @@
-"""Recomputation per micro-batch on the critical stage: full, first-k, selective, modules, per-op.
+"""Recomputation per micro-batch on the critical stage: full, first-k, selective, modules, per-op, a set.
 
 Legend: L_s layers of the critical stage, T tokens per micro-batch on one CP rank, t
 tensor-parallel degree, h hidden size, qd query width, d_nope a head's non-RoPE width.
@@ -19,6 +19,7 @@ from .layer_compute import LayerCompute
 from .layout import Layout
 from .memory import op_sac_matmuls
 from .moe import MoELayerCosts
+from .recompute_set import op_costs, set_cost
 from .roofline import elementwise_time_s, gemm_time_s
 from .tp import TPComm
 
@@ -84,20 +85,26 @@ def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCo
     # re-run. The exposed TP/CP of recomputation is reported as TP/CP time, not recompute.
     early = np.asarray(plan.checkpoint_early_stop, dtype=bool)
     last_gemm = w_dense * lc.down_gemm_s + (lay.moe_layer_share * mc.last_gemm_s if mc else 0.0 * L_s)
+    # a searched set re-runs its tensors' producers (recompute_set.py), each layer of the stage
+    ops = (set_cost(lay.recompute_ops_code, op_costs(gpu, model, plan, lay, lc, tp, cp))
+           if np.any(rc == Recompute.SET.code) else None)
     rc_compute_stage = (rc_layers * (layer_forward_s - np.where(early, last_gemm, 0.0))
+                        + (L_s * ops.compute_s if ops else 0.0)
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * lc.attention_forward_s, 0.0)
                         + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0)
-                        + np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, lay, lc), 0.0))
+                        + (np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, lay, lc), 0.0)
+                           if np.any(rc == Recompute.OP_SAC.code) else 0.0))  # (a fused engine's search has none)
     # per-op checkpointing keeps the reduce-scatters' outputs and re-runs the gathers that
     # feed its re-run matmuls (without SP, the attention output's all-reduce): about half of
     # the layer's forward TP traffic
     rc_tp_stage = (rc_layers * np.where(early, 0.5, 1.0) * tp.forward_exposed_s
-                   + np.where(rc == Recompute.OP_SAC.code, 0.5 * L_s * tp.forward_exposed_s, 0.0))
+                   + np.where(rc == Recompute.OP_SAC.code, 0.5 * L_s * tp.forward_exposed_s, 0.0)
+                   + (L_s * ops.tp_s if ops else 0.0))
     # the attention core recomputed alone still holds the CP exchange (Transformer Engine's
     # context-parallel attention does its K/V traffic inside the checkpointed kernel)
     rc_attn = np.where(rc == Recompute.SELECTIVE.code, 1.0,
                        np.where((rc == Recompute.MODULES.code) & ~lc.flash, 1.0, 0.0))
-    rc_cp_stage = (rc_layers + L_s * rc_attn) * cp.forward_exposed_s
+    rc_cp_stage = (rc_layers + L_s * rc_attn) * cp.forward_exposed_s + (L_s * ops.cp_s if ops else 0.0)
     # the recomputed dispatch runs inside the backward pass, not under another micro-batch's
     # compute: it stays exposed even with EP overlap. Early stop skips the combine.
     rc_ep_stage = rc_layers * np.where(early, 0.5, 1.0) * ep_forward_exposed_s

@@ -93,9 +93,11 @@ def layer_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_act
                                 stored)
     logits_elements = T * model.vocab_size / t
     logits = mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel) * logits_elements
-    # a recomputed layer's working set (per-op checkpointing re-creates what one layer did not keep)
+    # a recomputed layer's working set (per-op checkpointing and a searched set re-create what
+    # one layer did not keep)
     working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act,
-                       np.where(rc == Recompute.OP_SAC.code, np.maximum(none_act - stored, 0.0), 0.0))
+                       np.where((rc == Recompute.OP_SAC.code) | (rc == Recompute.SET.code),
+                                np.maximum(none_act - stored, 0.0), 0.0))
     return LayerBytes(stored=stored, stage_average=per_layer_stored, kept_whole=none_act, recompute_working=working,
                       stage_input=residual_bytes * T * h / sp_div, logits_elements=logits_elements, logits=logits)
 

@@ -41,7 +41,8 @@ import numpy as np
 
 from ..cost.estimate import chunk_layers
 from ..cost.moe import shared_expert_overlap
-from ..plan.axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import (AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, RecomputeOp, RecomputeOps,
+                         Schedule, ZeroStage)
 from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
@@ -97,7 +98,9 @@ def _grad_compression_refused(plan) -> object:
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
+    # (a searched set of ops is exported where pinned and --recompute-modules expresses it)
     limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B),
+                       recomputes=tuple(r for r in Recompute if r is not Recompute.SET),
                        hierarchical_a2a=False,
                        engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
                                                                    | _offload_refused(batch)
@@ -111,6 +114,23 @@ SUPPORT = EngineSupport(
     trains_mtp=True)              # --mtp-num-layers
 
 
+# Recompute.SET's sets Megatron-Core's --recompute-modules express (a dense layer under
+# Transformer Engine, whose MLP module is LayerNormMLP: checkpointing "mlp" keeps its input,
+# the residual, and re-runs the norm, the up-projection and the activation; "core_attn"
+# re-runs the attention core, which keeps only the unfused scores)
+MEGATRON_MODULES = {"mlp": RecomputeOps([RecomputeOp.LN2, RecomputeOp.UP, RecomputeOp.ACT]),
+                    "core_attn": RecomputeOps([RecomputeOp.SCORES])}
+
+
+def recompute_modules(ops: RecomputeOps) -> list[str] | None:
+    """The --recompute-modules that drop exactly `ops`, or None where no union of modules does."""
+    for n in range(1, len(MEGATRON_MODULES) + 1):
+        for names in itertools.combinations(MEGATRON_MODULES, n):
+            if frozenset().union(*(MEGATRON_MODULES[x] for x in names)) == ops:
+                return sorted(names)
+    return None
+
+
 def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     """Raise a one-line error for what Megatron-LM cannot express."""
     if plan.pp > 1 and plan.schedule not in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
@@ -118,6 +138,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if plan.recompute is Recompute.FIRST_K and plan.recompute_num_layers % plan.vp:
         raise unsupported(ENGINE, "recompute_num_layers", plan.recompute_num_layers,
                           f"a multiple of VP={plan.vp} (--recompute-num-layers counts per virtual stage)")
+    if plan.recompute is Recompute.SET and recompute_modules(plan.recompute_ops) is None:
+        raise unsupported(ENGINE, "recompute_ops", str(plan.recompute_ops),
+                          "ln2,up,act (--recompute-modules mlp), scores (core_attn) or both")
     if bool(_offload_refused(plan)):
         raise unsupported(ENGINE, "offload_optimizer", True, "optimizer offload with zero=1 "
                           "(--optimizer-cpu-offload needs the distributed optimizer)")
@@ -267,6 +290,8 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         a += ["--recompute-granularity", "selective", "--recompute-modules"]
         a += (["core_attn"] if plan.attention is AttentionKernel.UNFUSED else []) + ["layernorm"]
         a += (["moe_act"] if model.is_moe else []) + (["mla_up_proj"] if model.is_mla else [])
+    elif plan.recompute is Recompute.SET:
+        a += ["--recompute-granularity", "selective", "--recompute-modules"] + recompute_modules(plan.recompute_ops)
     elif plan.recompute is Recompute.FULL:
         a += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", 1]
     elif plan.recompute is Recompute.FIRST_K:

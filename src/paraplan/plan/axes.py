@@ -41,6 +41,52 @@ class Recompute(_Coded):
     # and the TP reduce-scatters, and re-runs the rest (norms, RoPE, activation, the other
     # matmuls) in its backward. An eager engine's policy (torchtitan, paraplan run).
     OP_SAC = "op-sac"
+    # A searched set of the tensors each layer saves that it drops and re-creates in its
+    # backward (Plan.recompute_ops; fusion-aware checkpointing, He & Yu, MLSys 2023): the
+    # search tries the Pareto-optimal sets of time against memory (cost/recompute_set.py)
+    SET = "set"
+
+
+class RecomputeOp(_Coded):
+    """A tensor one layer saves for its backward that Recompute.SET may drop and re-create
+    from what it keeps (docs/model/memory.md, "Searched recomputation")."""
+
+    LN1 = "ln1"        # the attention norm's output: the QKV projection's input
+    QKV = "qkv"        # Q, K and V, after RoPE
+    SCORES = "scores"  # the unfused attention's scores, softmax and dropout (none under FlashAttention)
+    ATTN = "attn"      # the attention output (the out-projection's input)
+    RESID = "resid"    # the residual after attention (the MLP norm's input), with the dropout masks
+    LN2 = "ln2"        # the MLP norm's output: the up-projection's input
+    UP = "up"          # the up (and gate) projection's output: the activation function's input
+    ACT = "act"        # the activation function's output: the down-projection's input
+
+
+class RecomputeOps(frozenset):
+    """A set of RecomputeOp, held in a plan column as the bit mask of their codes."""
+
+    def __new__(cls, ops=()):
+        return super().__new__(cls, (RecomputeOp(op) for op in ops))
+
+    @property
+    def code(self) -> int:
+        return sum(1 << op.code for op in self)
+
+    @classmethod
+    def from_code(cls, code: int) -> "RecomputeOps":
+        return cls(op for op in RecomputeOp if int(code) >> op.code & 1)
+
+    @classmethod
+    def parse(cls, text, field: str) -> "RecomputeOps":
+        """Comma-separated op names ("qkv,act"); a one-line SpecError for an unknown one."""
+        if isinstance(text, (list, tuple, set, frozenset)):
+            return cls(RecomputeOp.parse(str(x), field) for x in text)
+        return cls(RecomputeOp.parse(x, field) for x in str(text).split(",") if x.strip())
+
+    def __str__(self) -> str:
+        return ",".join(op.value for op in sorted(self, key=lambda op: op.code))
+
+    def __repr__(self) -> str:
+        return f"RecomputeOps({str(self)!r})"
 
 
 class CPCommType(_Coded):

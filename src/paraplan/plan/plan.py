@@ -10,7 +10,7 @@ import numpy as np
 
 from ..enums import CodedEnum
 from ..specs.workload import Workload
-from .axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
+from .axes import AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, RecomputeOps, Schedule, ZeroStage
 
 
 def axis(default, *, flag: str | None = None, unit: str = "", bounds: tuple | None = None, help: str = "",
@@ -46,6 +46,10 @@ class Plan:
     recompute: Recompute = axis(Recompute.NONE, flag="--recompute")
     recompute_num_layers: int = axis(0, flag="--recompute-layers", unit="layers", bounds=(0, None),
                                      help="only for Recompute.FIRST_K: layers per stage recomputed")
+    # Recompute.SET: the tensors each layer drops and re-creates in its backward (plan/axes.py
+    # RecomputeOp; priced in cost/recompute_set.py); empty under every other policy
+    recompute_ops: RecomputeOps = axis(RecomputeOps(), flag="--recompute-ops", column="recompute_ops_code",
+                                       help="only for Recompute.SET: the tensors each layer recomputes")
     # Activation offload (μ-two, Purandare et al. MLSys 2023; Megatron-Core cpu_offloading): the
     # activations each of this many layers per stage saves for its backward are copied to host
     # memory as the forward goes on and back ahead of the backward, under the neighbouring
@@ -147,6 +151,10 @@ class Plan:
         return self.recompute.code
 
     @property
+    def recompute_ops_code(self) -> int:
+        return self.recompute_ops.code
+
+    @property
     def zero_code(self) -> int:
         return self.zero.code
 
@@ -204,6 +212,8 @@ class Plan:
         rc = str(self.recompute)
         if self.recompute is Recompute.FIRST_K:
             rc = f"first{self.recompute_num_layers}"
+        elif self.recompute is Recompute.SET:
+            rc = f"set({self.recompute_ops})"
         parts.append(f"rc:{rc}")
         if self.activation_offload_layers:
             parts.append(f"aoff{self.activation_offload_layers}")
@@ -248,6 +258,8 @@ class Column:
 
 def _column(f) -> Column:
     default = f.default
+    if isinstance(default, RecomputeOps):
+        return Column(f.name, f.metadata["column"], np.int64, lambda v: v.code, RecomputeOps.from_code)
     if isinstance(default, CodedEnum):
         enum = type(default)
         return Column(f.name, f.metadata["column"] or f"{f.name}_code", np.int64, lambda v: v.code, enum.from_code)
@@ -266,7 +278,7 @@ COLUMNS: tuple[Column, ...] = tuple(_column(f) for f in fields(Plan))
 def plan_fields(plan: Plan) -> dict:
     """The plan's fields by name for JSON (enums as their strings)."""
     values = {f.name: getattr(plan, f.name) for f in fields(plan)}
-    return {k: str(v) if isinstance(v, StrEnum) else v for k, v in values.items()}
+    return {k: str(v) if isinstance(v, (StrEnum, RecomputeOps)) else v for k, v in values.items()}
 
 
 def make_plan(**kw) -> Plan:

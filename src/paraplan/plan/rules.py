@@ -223,6 +223,18 @@ def feature_rules(model: ModelSpec, cluster: ClusterSpec, workload: Workload) ->
              lambda B: (B.recompute_code == Recompute.OP_SAC.code) & B.fused_kernels,
          lambda P: "recompute=op-sac is torchtitan's per-op checkpointing, an eager engine's policy: "
                    "Megatron's fused layers recompute by module (use selective, modules or full)"),
+        # a searched set names what each layer recomputes: empty is no recomputation, and it
+        # prices a dense layer's tensors only (an MoE layer's experts or MLA's latents are not
+        # in its table, cost/recompute_set.py)
+        Rule("recompute_set", ("recompute_code", "recompute_ops_code"), True,
+             lambda B: np.where(B.recompute_code == Recompute.SET.code,
+                                (B.recompute_ops_code == 0) | (model.is_moe or model.is_mla),
+                                B.recompute_ops_code != 0),
+         lambda P: ("recompute_ops applies with recompute=set only" if P.recompute is not Recompute.SET
+                    else "recompute=set needs at least one op (recompute_ops; none is recompute=none)"
+                    if not P.recompute_ops else
+                    f"recompute=set prices a dense, non-MLA layer; {model.name} is "
+                    + ("an MoE" if model.is_moe else "an MLA") + " model (use modules, selective or full)")),
         Rule("first_k", ("recompute_code", "recompute_num_layers", "pp"), True,
              lambda B: (B.recompute_code == Recompute.FIRST_K.code)
          & ((B.recompute_num_layers < 1) | (B.recompute_num_layers >= L // np.maximum(B.pp, 1))),

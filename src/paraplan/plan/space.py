@@ -45,6 +45,7 @@ class PlanBatch:
     schedule_code: np.ndarray
     recompute_code: np.ndarray
     recompute_num_layers: np.ndarray
+    recompute_ops_code: np.ndarray
     activation_offload_layers: np.ndarray
     sequence_parallel: np.ndarray
     zero_code: np.ndarray
@@ -156,6 +157,9 @@ class SpaceLimits:
     max_vp: int = 8
     schedules: tuple[Schedule, ...] = tuple(Schedule)
     recomputes: tuple[Recompute, ...] = tuple(Recompute)
+    # Recompute.SET's sets to try at a layout: f(tp, sequence_parallel) -> RecomputeOps codes
+    # (the search fills it with cost/recompute_set.py's Pareto frontier); None: SET is not tried
+    recompute_sets: Callable | None = None
     zero_stages: tuple[ZeroStage, ...] = tuple(ZeroStage)
     allow_offload: bool = True
     # activation offload (Plan.activation_offload_layers): tried or not; None: where the GPU
@@ -209,7 +213,7 @@ LAYOUT_AXES = ("tp", "cp", "pp", "dp")
 # the axes a SpaceBlock's rows bind, outermost first (their product, pruned, is the rows'
 # order; the rank order outermost keeps the plans with data parallelism outermost after the rest)
 ROW_AXES = ("rank_order_code", "vp", "schedule_code", "recompute_code", "recompute_num_layers",
-            "activation_offload_layers", "sequence_parallel",
+            "activation_offload_layers", "sequence_parallel", "recompute_ops_code",
             "tp_overlap", "cp_comm_type_code", "zero_code", "dp_shard", "offload_optimizer")
 EXPERT_AXES = ("etp", "ep", "capacity_factor_value", "a2a_hierarchical", "ep_overlap")
 MICRO_BATCH_AXES = ("micro_batch_size",)
@@ -589,7 +593,8 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         Axis("schedule_code", ("vp",), schedules),
         # per-op checkpointing is an eager engine's policy (the op_sac rule)
         Axis("recompute_code", (), lambda: [x.code for x in limits.recomputes
-                                            if not (limits.fused_kernels and x is Recompute.OP_SAC)]),
+                                            if not (limits.fused_kernels and x is Recompute.OP_SAC)
+                                            and not (x is Recompute.SET and limits.recompute_sets is None)]),
         # first-k recomputation of a quarter, half or three quarters of the fullest stage
         Axis("recompute_num_layers", ("recompute_code",), lambda rc: ks if rc == Recompute.FIRST_K.code else (0,)),
         # activation offload of half or all of the fullest stage's layers, with no or full
@@ -599,7 +604,16 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
         Axis("activation_offload_layers", ("recompute_code",),
              lambda rc: (0,) + offloaded if rc in OFFLOADED_RECOMPUTES else (0,)),
         Axis("sequence_parallel", (), lambda: limits.sequence_parallel if tp > 1 else (False,)),
-        Axis("tp_overlap", ("sequence_parallel",), lambda sp: limits.tp_overlap if sp else (False,)),
+        # a searched recomputation's sets: the frontier of time against memory at this TP, with
+        # sequence parallelism where TP > 1 (a plan short of memory shards its norms first; each
+        # set multiplies the rows the search prices: docs/model/memory.md, "Searched recomputation")
+        Axis("recompute_ops_code", ("recompute_code", "sequence_parallel"),
+             lambda rc, sp: (0,) if rc != Recompute.SET.code else
+             tuple(limits.recompute_sets(tp, sp)) if sp or tp == 1 else ()),
+        # (a searched recomputation's rows overlap TP where they may: fewer rows to price)
+        Axis("tp_overlap", ("sequence_parallel", "recompute_code"),
+             lambda sp, rc: (False,) if not sp else (True,) if rc == Recompute.SET.code and True in limits.tp_overlap
+             else limits.tp_overlap),
         # CP = 1 exchanges nothing (counted as the ring: the cp_comm rule)
         Axis("cp_comm_type_code", (), lambda: [x.code for x in limits.cp_comm_types]),
         Axis("zero_code", (), lambda: [z.code for z in zeros]),

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from enum import StrEnum
 
 from ..errors import FileFormatError, SpecError
-from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
+from ..plan.axes import V_SCHEDULES, GradCompression, RankOrder, Recompute, RecomputeOps, Schedule, ZeroStage
 from ..plan.plan import Plan, plan_fields
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.model import ModelSpec
@@ -95,6 +95,8 @@ class RunConfig:
             for f in fields(Plan):  # every enum-valued plan field back from its string
                 if isinstance(f.default, StrEnum) and f.name in plan:
                     plan[f.name] = type(f.default)(plan[f.name])
+                elif isinstance(f.default, RecomputeOps) and f.name in plan:  # ("qkv,act")
+                    plan[f.name] = RecomputeOps.parse(plan[f.name], f.name)
             wl = d["workload"]
             wl["precision"] = Precision(wl["precision"])
             from ..specs.workload import Optimizer
@@ -198,9 +200,10 @@ def check_runnable(cfg: RunConfig) -> None:
     if p.dp_outermost:
         raise SpecError("run", "rank_order", str(p.rank_order),
                         f"{RankOrder.TP_CP_DP_PP} (the runner's device mesh puts the pipeline outermost)")
-    if p.recompute is Recompute.MODULES:
+    if p.recompute in (Recompute.MODULES, Recompute.SET):
         raise SpecError("run", "--recompute", str(p.recompute),
-                        "none, selective, full or first_k (module recomputation is Megatron-Core's; estimate it instead)")
+                        "none, selective, full, first_k or op-sac (module recomputation and a searched set of ops "
+                        "are priced, not run: estimate them instead)")
     if p.tp > 1:
         for name, v in (("num_heads", m.num_heads), ("num_kv_heads", m.num_kv_heads),
                         ("ffn_hidden_size", m.ffn_hidden_size), ("vocab_size", m.vocab_size)):

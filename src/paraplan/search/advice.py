@@ -20,7 +20,7 @@ import numpy as np
 from ..cost.estimate import Estimate, estimate
 from ..cost.evaluate import evaluate
 from ..errors import ParaplanError
-from ..plan.axes import Recompute, ZeroStage
+from ..plan.axes import Recompute, RecomputeOps, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import C2C_CLASS_BYTES_PER_S, PlanBatch, check_plan, fullest_stage_layers
 from ..specs.hardware import ClusterSpec
@@ -44,7 +44,8 @@ def _changes(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tuple[s
     of NVLink-C2C class)."""
     out = []
     if plan.recompute is not Recompute.FULL:
-        out.append(("--recompute full", replace(plan, recompute=Recompute.FULL, recompute_num_layers=0)))
+        out.append(("--recompute full", replace(plan, recompute=Recompute.FULL, recompute_num_layers=0,
+                                                recompute_ops=RecomputeOps())))
     mb = plan.micro_batch_size
     for smaller in sorted({1, mb // 2} - {0, mb}):
         out.append((f"--mb {smaller}", replace(plan, micro_batch_size=smaller)))

@@ -25,6 +25,7 @@ from ..cost.evaluate import evaluate, plan_memory_total, plan_time, stage_floor_
 from ..cost.layout import layout
 from ..cost.optimizer import optimizer_step_s
 from ..cost.memory import fits as plan_fits
+from ..cost.recompute_set import with_searched_sets
 from ..argtypes import MAX_DEGREE
 from ..errors import NoPlanFitsError, ParaplanError, SpecError
 from ..plan.axes import CPCommType, Recompute, ZeroStage
@@ -456,6 +457,7 @@ def _search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limit
     # allocator puts over the memory are passed over (_replayed)
     resimulate = max(resimulate, 2 * top_k)
     _check_capacity_factors(model, limits)
+    limits = with_searched_sets(model, cluster, workload, limits)  # (Recompute.SET's frontier)
     # the counts, and the smallest-memory valid plan to explain a "nothing fits"
     seen = _Slice(candidates=0, valid=0)
     slices = []  # each slice's kept plans (its counts are merged into `seen`)

@@ -366,7 +366,9 @@ def _torchtitan_pipeline_default(row: dict, c: dict) -> dict:
 
 def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
     """The search space the row's engine and labels allow."""
-    recomputes = (c["recompute"],) if c["recompute"] is not None else tuple(Recompute)
+    # no published row recomputes a searched set of ops (Recompute.SET): only where it says so
+    recomputes = ((c["recompute"],) if c["recompute"] is not None
+                  else tuple(r for r in Recompute if r is not Recompute.SET))
     if "megatron-bridge" not in (row.get("framework") or "").lower():
         # module recomputation (--recompute-modules) came with Megatron-Core 0.12 (2025):
         # the NeMo 24.x, Megatron-LM and llm-foundry runs could not have used it
