@@ -113,6 +113,27 @@ def test_the_search_picks_a_set_that_fits_where_none_does_not_and_beats_full():
     assert chosen.step_time_s < 0.9 * best(Recompute.FULL).step_time_s
 
 
+def test_a_set_whose_plan_fits_without_recomputation_is_not_timed():
+    """A searched set only re-runs work: where the same plan without recomputation fits, the
+    search times the twin and passes the set over (search/planner.py); pinned to sets alone
+    (no twin in the space) it ranks them."""
+    from paraplan.plan.space import PlanBatch
+    from paraplan.search.planner import _set_with_a_fitting_twin
+    cluster, wl = load_cluster("dgx-h100", num_gpus=8), Workload(global_batch_size=16, seq_len=2048)
+    roomy = make_plan(tp=1, dp=8, recompute=Recompute.SET, recompute_ops=RecomputeOps.parse("ln2,act", "recompute_ops"), zero=ZeroStage.OPTIMIZER)
+    tight = make_plan(tp=1, dp=8, micro_batch_size=1, recompute=Recompute.SET, recompute_ops=RecomputeOps.parse("ln2,act", "recompute_ops"))
+    long_wl = Workload(global_batch_size=48, seq_len=6144)
+    batch = PlanBatch.from_plans([roomy])
+    assert _set_with_a_fitting_twin(LLAMA, cluster, wl, batch, np.array([True])).tolist() == [True]
+    # at 6k tokens nothing recomputed needs about 92 GiB: the set stays
+    assert _set_with_a_fitting_twin(LLAMA, cluster, long_wl, PlanBatch.from_plans([tight]),
+                                    np.array([True])).tolist() == [False]
+    only_sets = SpaceLimits(recomputes=(Recompute.SET,), max_micro_batch=1, allow_offload=False,
+                            activation_offload=False)
+    ranked = search(LLAMA, cluster, wl, limits=only_sets, fixed={"tp": 1, "pp": 1, "cp": 1}, top_k=1).ranked
+    assert ranked and ranked[0].plan.recompute is Recompute.SET
+
+
 def test_a_set_is_a_dense_layers_and_names_one_op():
     cluster, wl = load_cluster("dgx-h100", num_gpus=64), Workload(global_batch_size=64, seq_len=4096)
     rejected = check_plan(make_plan(tp=8, dp=8, sequence_parallel=True, recompute=Recompute.SET, recompute_ops=ALL),

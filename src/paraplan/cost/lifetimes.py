@@ -27,6 +27,8 @@ tensor, in bytes per logit; their largest live sum is logits_bytes_per_element e
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..plan.axes import Recompute, Schedule
@@ -248,6 +250,13 @@ def allocator_peaks(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
                     expandable: bool) -> AllocatorPeaks:
     """The caching allocator's peak allocated and reserved bytes over one step of the plan's
     worst stage (replay_step over step_events), the GPU's memory as the capacity."""
-    return replay_step(step_events(model, workload, plan), expandable=expandable,
-                       capacity_bytes=cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes)
+    return _replay(tuple(step_events(model, workload, plan)), expandable,
+                   cluster.gpu.hbm_bytes - cluster.gpu.reserved_bytes)
+
+
+@functools.lru_cache(maxsize=256)
+def _replay(events: tuple, expandable: bool, capacity_bytes: float) -> AllocatorPeaks:
+    """replay_step, once per distinct step: the plans a search shows often differ only in
+    knobs that move no tensor (overlap, kernels, rank order)."""
+    return replay_step(events, expandable=expandable, capacity_bytes=capacity_bytes)
 

@@ -351,6 +351,8 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
         fits = np.ones_like(fits)
     i_min = int(np.argmin(mem_total))
     out.smallest = (float(mem_total[i_min]), batch.plan(i_min))
+    if Recompute.NONE in parts[0].limits.recomputes:
+        fits = fits & ~_set_with_a_fitting_twin(model, cluster, workload, batch, fits)
     if not fits.any():
         return out
     sub = batch if fits.all() else batch.take(np.flatnonzero(fits))
@@ -363,6 +365,23 @@ def _price_columns(model: ModelSpec, cluster: ClusterSpec, workload: Workload, r
     idx = _fastest_first(step, resimulate)
     out.kept, out.kept_times = sub.take(idx), step[idx]
     bar.offer(out.kept_times)
+    return out
+
+
+def _set_with_a_fitting_twin(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch,
+                             fits: np.ndarray) -> np.ndarray:
+    """The plans under a searched recomputation set (Recompute.SET) whose twin without
+    recomputation fits too: the twin, in the space beside it, is at least as fast (a set only
+    re-runs work), so they need no timing; a set earns its place only where the layout does
+    not fit without one."""
+    candidates = np.flatnonzero(fits & (np.asarray(batch.recompute_code) == Recompute.SET.code))
+    out = np.zeros(len(batch), dtype=bool)
+    if len(candidates):
+        twins = batch.take(candidates)
+        twins = replace(twins, recompute_code=np.full(len(twins), Recompute.NONE.code),
+                        recompute_ops_code=np.zeros(len(twins), dtype=np.asarray(twins.recompute_ops_code).dtype))
+        total, host_bytes = plan_memory_total(model, cluster, workload, twins)
+        out[candidates] = plan_fits(cluster, np.asarray(total), host_bytes)
     return out
 
 
