@@ -27,7 +27,7 @@ from engine_checks import (SKIP_03, SKIP_022, SKIP_DS, installed, run_torchtitan
                            torchtitan_022_dir, torchtitan_version)
 from support import run
 
-from paraplan.cost.estimate import chunk_layers
+from paraplan.cost.chunks import chunk_layers
 from paraplan.errors import SpecError
 from paraplan.export import deepspeed, megatron, torchtitan
 from paraplan.specs.engine import Engine

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from support import run
 
-from paraplan.cost.estimate import chunk_layers, estimate
+from paraplan.cost.chunks import chunk_layers
+from paraplan.cost.estimate import estimate
 from paraplan.cost.layout import layout
 from paraplan.plan.axes import Schedule
 from paraplan.plan.plan import make_plan

@@ -14,3 +14,9 @@ Num = float | np.ndarray
 def as_float(x) -> np.ndarray:
     """`x` (a number, an array or a plan field) as a float array."""
     return np.asarray(x, dtype=float)
+
+
+def scalar(x, i: int = 0) -> float:
+    """The i-th plan's value of `x` (a number, or a batch's array) as a float."""
+    a = np.asarray(x, dtype=float)
+    return float(a if a.ndim == 0 else a.reshape(-1)[i])

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.cost.estimate import chunk_layers, estimate
+from paraplan.cost.chunks import chunk_layers
+from paraplan.cost.estimate import estimate
 from paraplan.cost.flops import model_flops_per_token
 from paraplan.export import megatron
 from paraplan.plan.axes import Recompute, Schedule, ZeroStage

@@ -53,7 +53,8 @@ def _chunk_labels(model, layers: list) -> list[str]:
 
 
 def cmd_trace(args) -> int:
-    from ..cost.estimate import SIM_TASKS_MAX, chunk_layers, estimate, schedule_tasks, stage_costs
+    from ..cost.chunks import chunk_layers
+    from ..cost.estimate import SIM_TASKS_MAX, estimate, schedule_tasks, stage_costs
     from ..cost.evaluate import evaluate
     from ..outfile import check_not_input, check_output, write_output
     from ..plan.axes import Schedule

@@ -140,10 +140,8 @@ class _Pool:
         self.expandable, self.capacity = expandable, capacity_bytes
         self.free_keys: list[tuple] = []
         self.free_blocks: dict[tuple, _Block] = {}
-        self.tails: list[_Block] = []          # each segment's last block
-        self.segment_bytes: list[float] = []
-        self.reserved = self.allocated = 0.0
-        self.peak_reserved = self.peak_allocated = 0.0
+        self.tails: list[_Block] = []  # each segment's last block
+        self.reserved = 0.0            # bytes of its segments (cudaMalloc'd or mapped)
 
     def malloc(self, request_bytes: float) -> _Block:
         size = max(math.ceil(request_bytes / MIN_BLOCK_BYTES), 1) * MIN_BLOCK_BYTES  # block_bytes, a scalar
@@ -159,12 +157,9 @@ class _Pool:
             block.next, block.size = rest, size
             self._list(rest)
         block.free = False
-        self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block
 
     def release(self, block: _Block) -> None:
-        self.allocated -= block.size
         block.free = True
         for other in (block.next, block.prev):
             if other is not None and other.free:
@@ -200,7 +195,7 @@ class _Pool:
             tail = self.tails[0]
             have = tail.size if tail.free else 0.0
             pages = math.ceil((size - have) / LARGE_BUFFER_BYTES) * LARGE_BUFFER_BYTES
-            self._account(0, pages)
+            self.reserved += pages
             if tail.free:
                 self._unlist(tail)
                 tail.size += pages
@@ -214,22 +209,16 @@ class _Pool:
             self._release_free_segments()
         block = _Block(len(self.tails), 0.0, grown)
         self.tails.append(block)
-        self.segment_bytes.append(0.0)
-        self._account(block.segment, grown)
-        return block
-
-    def _account(self, segment: int, grown: float) -> None:
         self.reserved += grown
-        self.segment_bytes[segment] += grown
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return block
 
     def _release_free_segments(self) -> None:
         """cudaFree every segment that is one free block (release_cached_blocks)."""
-        for seg, tail in enumerate(self.tails):
+        for tail in self.tails:
             if tail.free and tail.prev is None and tail.size > 0.0:
                 self._unlist(tail)
                 self.reserved -= tail.size
-                self.segment_bytes[seg] = tail.size = 0.0
+                tail.size = 0.0
 
 
 def replay_step(events, *, expandable: bool, capacity_bytes: float = float("inf")) -> AllocatorPeaks:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-import numpy as np
+from ..num import scalar
 
 
 class _Parts:
@@ -23,10 +23,7 @@ class _Parts:
 
     def scalar(self, i: int | None = None):
         """The i-th plan of a batch (or the float version of a single plan)."""
-        def pick(v):
-            a = np.asarray(v, dtype=float)
-            return float(a if a.ndim == 0 else a.reshape(-1)[i or 0])
-        return type(self)(**{k: pick(v) for k, v in self.parts().items()})
+        return type(self)(**{k: scalar(v, i or 0) for k, v in self.parts().items()})
 
 
 @dataclass(frozen=True, kw_only=True)

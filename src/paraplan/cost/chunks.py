@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from ..num import scalar
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch
 from ..sim.schedules import placement, stage_rank
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from .layout import end_chunk_slots, layout
-
-
-def _scalar(x) -> float:
-    return float(np.asarray(x, dtype=float).reshape(-1)[0])
 
 
 def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[range, ...]:
@@ -26,7 +21,7 @@ def chunk_layers(model: ModelSpec, workload: Workload, plan: Plan) -> tuple[rang
     chunks first; with no middle rank, off the other chunks."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     p, v, l = plan.pp, plan.vp, model.num_layers
-    L_s, slack = (int(round(_scalar(x))) for x in (lay.stage_layers, lay.spare_chunk_slots))
+    L_s, slack = (int(round(scalar(x))) for x in (lay.stage_layers, lay.spare_chunk_slots))
     # the loss's (and the MTP modules') slots off the last virtual stage, the embedding's off
     # the first (under ZB-V both on the first rank)
     counts = [L_s // v] * (p * v)

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
 
 from ..errors import ParaplanError
+from ..num import scalar
 from ..plan.axes import Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, check_plan
 from ..sim.engine import SimResult, StageCosts, simulate_schedules
-from ..sim.schedules import SPLIT_BACKWARD, placement, stage_rank
+from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
 from .carbon import carbon_kg, facility_energy_j
-from .chunks import chunk_layers
 from .evaluate import PlanCosts, evaluate
-from .layout import end_chunk_slots, layout
+from .layout import layout
 from .lifetimes import allocator_peaks
 from .flops import model_flops_per_token
 from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES, fits
@@ -87,11 +86,6 @@ class Estimate:
         return ""
 
 
-def _batch_index(costs_field, i=0):
-    a = np.asarray(costs_field, dtype=float)
-    return float(a if a.ndim == 0 else a.reshape(-1)[i])
-
-
 def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the rank
     of the last virtual stage: the last rank, or rank 0 in ZB-V's V; layout.layout)."""
@@ -99,9 +93,9 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     zb = plan.schedule in SPLIT_BACKWARD
 
     def row(st):
-        f = _batch_index(st.forward_s) / v
-        b = _batch_index(st.backward_s) / v
-        w = _batch_index(st.weight_grad_s) / v if zb else 0.0
+        f = scalar(st.forward_s) / v
+        b = scalar(st.backward_s) / v
+        w = scalar(st.weight_grad_s) / v if zb else 0.0
         return f, b - w, w
 
     rows = []
@@ -111,7 +105,7 @@ def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
     fwd = tuple(tuple(rows[r][0] for _ in range(v)) for r in range(p))
     bwd = tuple(tuple(rows[r][1] for _ in range(v)) for r in range(p))
     wgt = tuple(tuple(rows[r][2] for _ in range(v)) for r in range(p))
-    return StageCosts(forward_s=fwd, backward_s=bwd, weight_s=wgt, p2p_s=_batch_index(costs.p2p_s))
+    return StageCosts(forward_s=fwd, backward_s=bwd, weight_s=wgt, p2p_s=scalar(costs.p2p_s))
 
 
 # micro-batches per step up to which the pipeline is simulated whole (beyond: extrapolated)
@@ -137,12 +131,12 @@ def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, m
     optimizer shards over R (ZeRO-0: the whole DP×CP, or EDP for experts)."""
     lay = layout(model, workload, PlanBatch.from_plans([plan]))
     zero3, zero0 = plan.zero is ZeroStage.PARAMETERS, plan.zero is ZeroStage.NONE
-    r, edp = _batch_index(lay.hsdp_replicas), _batch_index(lay.edp)
-    dense, experts = _batch_index(lay.params_stage), _batch_index(lay.head_stage_expert_params)
+    r, edp = scalar(lay.hsdp_replicas), scalar(lay.edp)
+    dense, experts = scalar(lay.params_stage), scalar(lay.head_stage_expert_params)
     # this GPU's dense and expert parameters as its weights and optimizer hold them
-    w_dense = dense / (_batch_index(lay.zero_shard_group) if zero3 else 1.0)
-    w_exp = experts / (_batch_index(lay.expert_shard_group) if zero3 else 1.0)
-    o_dense, o_exp = dense / _batch_index(lay.optimizer_shard), experts / _batch_index(lay.expert_optimizer_shard)
+    w_dense = dense / (scalar(lay.zero_shard_group) if zero3 else 1.0)
+    w_exp = experts / (scalar(lay.expert_shard_group) if zero3 else 1.0)
+    o_dense, o_exp = dense / scalar(lay.optimizer_shard), experts / scalar(lay.expert_optimizer_shard)
     w_rep_dense, w_rep_exp = (r, r) if zero3 else (plan.dp * plan.cp, edp)
     o_rep_dense, o_rep_exp = (plan.dp * plan.cp, edp) if zero0 else (r, r)
 
@@ -171,7 +165,7 @@ def pipeline_runs(plan: Plan, costs: PlanCosts, simulate_pipeline: bool = True) 
     """What simulating the plan's pipeline takes (finish applies the runs' makespans)."""
     if not simulate_pipeline or plan.pp == 1:
         return PipelineRuns(counts=())
-    m = int(_batch_index(costs.num_microbatches))
+    m = int(scalar(costs.num_microbatches))
     m1 = max(2 * plan.pp, SIM_MICROBATCHES // 2 // plan.pp * plan.pp)
     tasks = schedule_tasks(plan, m if m <= 2 * m1 else 3 * m1)
     if tasks > SIM_TASKS_MAX:
@@ -206,7 +200,7 @@ def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Pla
 def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
               runs: PipelineRuns, simulated: tuple[SimResult, ...]) -> Estimate:
     """The Estimate of one plan whose pipeline `runs` were `simulated`."""
-    m = int(_batch_index(costs.num_microbatches))
+    m = int(scalar(costs.num_microbatches))
     time = costs.time.scalar(0)
     sim = simulated[0] if len(simulated) == 1 else None  # the whole step's timeline
     if simulated:
@@ -215,19 +209,19 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
             (m1, m2), (t1, t2) = runs.counts, (r.step_time_s for r in simulated)
             makespan = t2 + (m - m2) * (t2 - t1) / m1
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
-        rest = makespan - _batch_index(costs.critical_stage_s) - time.pp_comm_s
+        rest = makespan - scalar(costs.critical_stage_s) - time.pp_comm_s
         time = replace(time, bubble_s=max(rest, 0.0))
     pipeline_note = runs.note
     step = float(time.total)
     mem = costs.memory.scalar(0)
-    host = _batch_index(costs.host_bytes)
+    host = scalar(costs.host_bytes)
     n = plan.num_gpus
     tokens_per_step = workload.tokens_per_step
     tps = tokens_per_step / step
     gpu = cluster.gpu
     peak = gpu.peak(workload.precision)
     mfu = model_flops_per_token(model, workload.seq_len) * tps / (n * peak)
-    hfu = _batch_index(costs.hardware_flops_per_step) / step / peak
+    hfu = scalar(costs.hardware_flops_per_step) / step / peak
     steps = workload.token_budget / tokens_per_step
     train_s = steps * step
     gpu_hours = train_s / SECONDS_PER_HOUR * n
@@ -245,11 +239,11 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
     budget = _budget(workload, gpu.tdp_watts, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
                      usd=gpu_hours * price, with_failures=failures)
     overl = costs.overlapped.scalar(0)
-    comm = {k: _batch_index(v) for k, v in costs.comm_detail.items()}
+    comm = {k: scalar(v) for k, v in costs.comm_detail.items()}
     comm["DP/ZeRO collectives"] = time.dp_comm_s
     comm["PP send/recv"] = time.pp_comm_s
-    detail = {ph: {k: _batch_index(v) for k, v in d.items()} for ph, d in costs.layer_detail.items()}
-    step_detail = {k: _batch_index(v) for k, v in costs.step_detail.items()}
+    detail = {ph: {k: scalar(v) for k, v in d.items()} for ph, d in costs.layer_detail.items()}
+    step_detail = {k: scalar(v) for k, v in costs.step_detail.items()}
     return Estimate(plan=plan, num_gpus=n, num_microbatches=m, step_time_s=step, time=time, overlapped=overl,
                     memory=mem, fits=bool(fits(cluster, mem.total, host)), hbm_bytes=gpu.hbm_bytes,
                     host_bytes=host, host_capacity_bytes=cluster.host_memory_bytes_per_gpu,

@@ -4,33 +4,32 @@ lifetimes instead of a fixed share.
 
 The rank is the plan's worst stage (stage_memory: the first, the last or the fullest middle
 one). Its tasks come in the schedule's order (sim/schedules.py build_schedule), each model
-chunk's layers as the cost model lays them out (estimate.chunk_layers). Sizes are the static
-model's (stage_memory.LayerBytes, MemoryBreakdown), so the replay's allocated peak is the
-breakdown's within the few tensors it leaves out (autocast's casts, activation gradients);
-what the replay adds is where each tensor sits:
+chunk's layers as the cost model lays them out (chunks.chunk_layers). Sizes are the static
+model's (stage_memory.LayerBytes, the worst stage's model states), so the replay's allocated
+peak is the breakdown's up to the tensors it leaves out (autocast's casts); what the replay
+adds is where each tensor sits:
 
   before the step  weights, gradients and optimizer states (allocated once, never freed);
   forward (F)      the stage input on virtual stage 0; per layer the gathered weights under
                    ZeRO-3 (the next layer's prefetched before this one's are freed: two
-                   alive), the layer's saved activations, and under full or first-k
-                   recomputation its transient working set; on the chunk with the head, the
-                   loss's forward tensors (LOSS_FORWARD);
-  backward (B)     the loss's backward tensors (LOSS_BACKWARD), then per layer in reverse the
-                   gathered weights and the unsharded gradient under ZeRO-3, a recomputed
-                   layer's working set, and the layer's saved activations freed (under a
-                   split backward the weight pass W frees them).
+                   alive), the layer's saved activations (layer_tensors), and under
+                   recomputation what the layer does not keep, made and freed; on the chunk
+                   with the head, the loss's forward tensors (loss_sequences);
+  backward (B)     the loss's backward tensors, then per layer in reverse the gathered
+                   weights and the unsharded gradient under ZeRO-3, what recomputation
+                   re-creates, a residual-sized gradient per tensor, and the saved tensors
+                   freed (under a split backward the weight pass W frees them).
 
-The loss sequences are the eager and fused cross-entropies of docs/model/memory.md, tensor by
-tensor, in bytes per logit; their largest live sum is logits_bytes_per_element exactly
-(tests/test_lifetimes.py).
+ZeRO-3's buffers are allocated on their own stream (COMM_STREAM), as FSDP's all-gather and
+reduce-scatter streams allocate them. The loss sequences are the eager and fused
+cross-entropies of docs/model/memory.md, tensor by tensor, in bytes per logit; their largest
+live sum is logits_bytes_per_element exactly (tests/test_lifetimes.py).
 """
-
 from __future__ import annotations
 
 import functools
 
-import numpy as np
-
+from ..num import scalar
 from ..plan.axes import Recompute, Schedule
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch
@@ -75,13 +74,9 @@ def loss_kind(plan: Plan, lay) -> str:
     """Which cross-entropy the plan's engine runs (memory.logits_bytes_per_element's cases)."""
     if plan.fused_kernels:
         return "fused"
-    if bool(np.asarray(lay.compiled_loss).reshape(-1)[0]):
+    if scalar(lay.compiled_loss):
         return "compiled"
-    return "parallel" if bool(np.asarray(lay.loss_parallel).reshape(-1)[0]) else "eager"
-
-
-def _scalar(x) -> float:
-    return float(np.asarray(x, dtype=float).reshape(-1)[0])
+    return "parallel" if scalar(lay.loss_parallel) else "eager"
 
 
 def _replayed_microbatches(plan: Plan, m: int) -> int:
@@ -118,13 +113,10 @@ def _scaled(tensors, total_bytes: float) -> list[tuple[str, float]]:
 
 
 def _forward_layer(key, saved: list, transient: list) -> list:
-    """A layer's forward: its saved tensors made in order; under recomputation the whole
-    layer's tensors (`transient`) made and freed, all but the input it keeps."""
-    events = [((key, "saved", n), b) for n, b in saved]
-    for n, b in transient:
-        events += [((key, "tmp", n), b)]
-    events += [((key, "tmp", n), None) for n, _ in transient]
-    return events
+    """A layer's forward: its saved tensors made in order; under recomputation what it does
+    not keep (`transient`) made and freed."""
+    return ([((key, "saved", n), b) for n, b in saved] + [((key, "tmp", n), b) for n, b in transient]
+            + [((key, "tmp", n), None) for n, _ in transient])
 
 
 def _backward_layer(key, saved: list, recreated: list, free_saved: bool, grad_bytes: float) -> list:
@@ -152,16 +144,16 @@ def _backward_layer(key, saved: list, recreated: list, free_saved: bool, grad_by
 COMM_STREAM = 1  # ZeRO-3's all-gather and reduce-scatter buffers: allocated on their own stream
 
 
-def _gathered(gather_bytes: float, key, i: int, order) -> list:
-    """ZeRO-3's gathered weights of layer i: the next layer's prefetched, then i's freed, on
-    the all-gather stream (FSDP's, whose blocks the compute stream's requests never reuse)."""
+def _gathered(gather_bytes: float, key, order, at: int) -> list:
+    """ZeRO-3's gathered weights of layer order[at]: the next layer's prefetched, then this
+    one's freed, on the all-gather stream (FSDP's, whose blocks the compute stream's requests
+    never reuse)."""
     if not gather_bytes:
         return []
-    at = list(order).index(i)
-    events = [(("gather", key, i), gather_bytes, COMM_STREAM)] if at == 0 else []
+    events = [(("gather", key, order[0]), gather_bytes, COMM_STREAM)] if at == 0 else []
     if at + 1 < len(order):
         events.append((("gather", key, order[at + 1]), gather_bytes, COMM_STREAM))
-    events.append((("gather", key, i), None))
+    events.append((("gather", key, order[at]), None))
     return events
 
 
@@ -173,20 +165,20 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     parts, worst = stage_memory_parts(model, workload, batch, lay)
     p, v = plan.pp, plan.vp
     rank = {0: 0, 1: p - 1, 2: min(1, p - 1)}[worst]
-    m = _replayed_microbatches(plan, int(round(_scalar(lay.num_microbatches))))
+    m = _replayed_microbatches(plan, int(round(scalar(lay.num_microbatches))))
     layers = chunk_layers(model, workload, plan)
     where, head_stage = placement(plan.schedule), p * v - 1
     tasks = build_schedule(plan.schedule, p, m, v)[rank]
     loss_fwd, loss_bwd = loss_sequences(loss_kind(plan, lay), lay.act_bytes_per_element)
-    logits_el, stage_in = _scalar(lb.logits_elements), _scalar(lb.stage_input)
-    shapes = layer_tensors(model, _scalar(lay.tp), _scalar(lay.sp_divisor))
-    kept, whole = _scaled(shapes, _scalar(lb.stored)), _scaled(shapes, _scalar(lb.kept_whole))
-    working = _scaled(shapes[1:], _scalar(lb.recompute_working))
-    grad_bytes = _scalar(lb.stage_input) * lay.act_bytes_per_element / _scalar(mem.residual_bytes_per_element(
+    logits_el, stage_in = scalar(lb.logits_elements), scalar(lb.stage_input)
+    shapes = layer_tensors(model, scalar(lay.tp), scalar(lay.sp_divisor))
+    kept, whole = _scaled(shapes, scalar(lb.stored)), _scaled(shapes, scalar(lb.kept_whole))
+    working = _scaled(shapes[1:], scalar(lb.recompute_working))
+    grad_bytes = scalar(lb.stage_input) * lay.act_bytes_per_element / scalar(mem.residual_bytes_per_element(
         lay.act_bytes_per_element, plan.autocast))
-    layer_input = [("norm1_in", _scalar(lb.stage_input))]
+    layer_input = [("input", scalar(lb.stage_input))]
     rc = plan.recompute
-    first_k = int(round(_scalar(lay.first_k_layers))) if rc is Recompute.FIRST_K else 0
+    first_k = int(round(scalar(lay.first_k_layers))) if rc is Recompute.FIRST_K else 0
     rank_layers = [i for t in tasks if t.phase is Phase.FORWARD and t.microbatch == 0
                    for i in layers[int(virtual_stage(where, p, rank, t.chunk))]]
 
@@ -198,29 +190,29 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
             return whole, []
         return kept, (working if rc in (Recompute.OP_SAC, Recompute.SET) else [])
 
-    gather = _scalar(lay.zero3 & ~lay.fsdp2_pp) * _scalar(
+    gather = scalar(lay.zero3 & ~lay.fsdp2_pp) * scalar(
         (lay.layer_params + lay.expert_params) * (lay.gather_bytes_per_param + mem.WEIGHT_BYTES * lay.casts_gathered))
-    ugrad = gather and _scalar((lay.layer_params + lay.expert_params) * mem.GRAD_BYTES)
+    ugrad = gather and scalar((lay.layer_params + lay.expert_params) * mem.GRAD_BYTES)
     deferred = {(t.microbatch, t.chunk) for t in tasks if t.phase is Phase.WEIGHT}
-    events: list[tuple] = [(name, _scalar(b)) for name, b in parts.items()]
+    events: list[tuple] = [(name, scalar(b)) for name, b in parts.items()]
     for task in tasks:
         stage = int(virtual_stage(where, p, rank, task.chunk))
         key, chunk = (task.microbatch, task.chunk), layers[stage]
         if task.phase is Phase.FORWARD:
             events += [(("input", key), stage_in)] if stage == 0 else []
-            for i in chunk:
+            for at, i in enumerate(chunk):
                 saved, recreated = policy(i)
-                events += _gathered(gather, key, i, chunk)
-                events += _forward_layer((key, i), saved, recreated if recreated is working else [])
+                events += _gathered(gather, key, chunk, at)
+                events += _forward_layer((key, i), saved, recreated)
             if stage == head_stage:
                 events += [(("loss", key, n), None if b is None else b * logits_el) for n, b in loss_fwd]
         elif task.phase is Phase.BACKWARD:
             if stage == head_stage:  # the logits' gradient lives until the head's backward is done
                 events += [(("loss", key, n), None if b is None else b * logits_el) for n, b in loss_bwd]
                 events.append((("loss", key, "grad"), None))
-            for i in reversed(chunk):
+            for at, i in enumerate(chunk[::-1]):
                 saved, recreated = policy(i)
-                events += _gathered(gather, ("b",) + key, i, chunk[::-1])
+                events += _gathered(gather, ("b",) + key, chunk[::-1], at)
                 events += [(("ugrad", key, i), ugrad, COMM_STREAM)] if ugrad else []
                 events += _backward_layer((key, i), saved, recreated, key not in deferred, grad_bytes)
                 events += [(("ugrad", key, i), None)] if ugrad else []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..num import Num
+from ..num import Num, scalar
 from ..plan.axes import Recompute, ZeroStage
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
@@ -336,7 +336,7 @@ def stage_memory_parts(model: ModelSpec, workload: Workload, plan, lay: Layout) 
     """(the worst stage's model states by part: weights, gradients, optimizer; which stage it
     is: 0 the first, 1 the last, 2 the fullest middle one) of one plan."""
     st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
-    worst = int(np.asarray(st.worst).reshape(-1)[0])
+    worst = int(scalar(st.worst))
     weights, grads, opt = st.parts[worst][:3]
     return {"weights": weights, "gradients": grads, "optimizer": opt}, worst
 

@@ -22,7 +22,7 @@ Mapping (paraplan -> Megatron-LM):
 - Multi-token prediction: `--mtp-num-layers D`, the modules on the last stage (an 'm' each in
   a layout string).
 - Layers per virtual stage (`pipeline_args`): as the cost model and the simulator lay them out
-  (cost/estimate.py chunk_layers). Equal chunks as they are; one or two spare slots as
+  (cost/chunks.py chunk_layers). Equal chunks as they are; one or two spare slots as
   `--account-for-loss-in-pipeline-split` (and `--account-for-embedding-in-pipeline-split`),
   as Megatron-Bridge's Llama 3.1 405B recipe runs its 126 layers; any other split as
   `--pipeline-model-parallel-layout`, one `E`/`t`/`L` string per virtual stage (Megatron-Core
@@ -39,7 +39,7 @@ import itertools
 import shlex
 import numpy as np
 
-from ..cost.estimate import chunk_layers
+from ..cost.chunks import chunk_layers
 from ..cost.moe import shared_expert_overlap
 from ..plan.axes import (AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, RecomputeOp, RecomputeOps,
                          Schedule, ZeroStage)

@@ -18,7 +18,7 @@ Mapping (paraplan -> torchtitan):
   `_first_stage_less_layers` = 1 if s = 2 (0 otherwise): torchtitan's own split
   (generate_llm_fqn_per_model_part) then builds exactly PP × VP stages with the loss's and
   the embedding's slot taken off the last and the first virtual stage, as paraplan lays them
-  out (cost/estimate.py chunk_layers); with more spare slots, `module_fqns_per_model_part`
+  out (cost/chunks.py chunk_layers); with more spare slots, `module_fqns_per_model_part`
   names each virtual stage's modules as chunk_layers lays them out (0.3: comma-joined
   stages after `--parallelism.module_fqns_per_model_part`). torch's
   multi-stage schedules (Interleaved1F1B, LoopedBFS) need VP ≥ 2, Schedule1F1B at least PP
@@ -43,7 +43,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..cost.estimate import chunk_layers, estimate
+from ..cost.chunks import chunk_layers
+from ..cost.estimate import estimate
 from ..plan.axes import V_SCHEDULES, AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, batch_shape, fsdp_shards

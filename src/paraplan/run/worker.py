@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from ..cost.estimate import chunk_layers
+from ..cost.chunks import chunk_layers
 from ..plan.axes import ZeroStage
 from .attention import run_kernel
 from .checkpointing import apply_checkpointing

@@ -505,8 +505,8 @@ def _search(model: ModelSpec, cluster: ClusterSpec, workload: Workload, *, limit
         phase("simulate", len(best))
     ests = finished(model, cluster, workload, best)
     ests.sort(key=lambda e: e.step_time_s)
-    return SearchResult(ranked=_replayed(model, cluster, workload, ests, top_k, require_fit), num_candidates=seen.candidates, num_valid=seen.valid,
-                        num_fit=seen.fit,
+    return SearchResult(ranked=_replayed(model, cluster, workload, ests, top_k, require_fit),
+                        num_candidates=seen.candidates, num_valid=seen.valid, num_fit=seen.fit,
                         elapsed_s=_time.perf_counter() - t0)
 
 
@@ -516,14 +516,14 @@ def _replayed(model: ModelSpec, cluster: ClusterSpec, workload: Workload, ests: 
     (with_replayed_allocator; the screen priced the GPU's share), skipping, where plans must
     fit, those the replay puts over the GPU's memory; if it puts every one over, the fastest
     `top_k` as they are, marked as not fitting."""
-    shown = []
+    replayed, shown = [], []
     for est in ests:
-        est = with_replayed_allocator(model, cluster, workload, est)
-        if est.fits or not require_fit:
-            shown.append(est)
+        replayed.append(with_replayed_allocator(model, cluster, workload, est))
+        if replayed[-1].fits or not require_fit:
+            shown.append(replayed[-1])
         if len(shown) == top_k:
             break
-    return tuple(shown) or tuple(with_replayed_allocator(model, cluster, workload, e) for e in ests[:top_k])
+    return tuple(shown or replayed[:top_k])
 
 
 def finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list[Estimate]:
