@@ -6,6 +6,7 @@ import sys
 from dataclasses import replace
 
 from ..argtypes import positive_int as _positive_int
+from ..cost.chunks import chunk_layers
 from ..errors import SpecError
 from ..report.strict_json import json_text
 from .args import add_plan_command, engine_rules_from_args, specs_from_args
@@ -53,7 +54,6 @@ def _chunk_labels(model, layers: list) -> list[str]:
 
 
 def cmd_trace(args) -> int:
-    from ..cost.chunks import chunk_layers
     from ..cost.estimate import SIM_TASKS_MAX, estimate, schedule_tasks, stage_costs
     from ..cost.evaluate import evaluate
     from ..outfile import check_not_input, check_output, write_output
