@@ -152,6 +152,10 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--rank", type=_int_up_to(MAX_RANK), default=None, metavar="N",
                        help="the N-th plan of the search as `paraplan search` ranks it (1 = its first row), the "
                             "search narrowed by the plan flags given (docs/tutorial.md, Choosing the plan)")
+        g.add_argument("--stages", default=None, metavar="GROUP:TP:LAYERS,...",
+                       help="with a mixed cluster (--cluster with [[group]] tables): the pipeline's stages in "
+                            "order, e.g. h100:8:57,a100:8:23, with --dp (and --mb, --recompute, --zero 0|1, "
+                            "--schedule 1f1b|gpipe, --sp); without it, the search's --rank N plan")
     else:
         g.add_argument("--cp-comm", default=None,
                        help="context parallel K/V exchange to search: p2p, allgather or a2a (default: all three)")
@@ -338,21 +342,44 @@ def default_batch(seq: int) -> int:
 def specs_from_args(args: argparse.Namespace,
                     cluster_name: str | None = None) -> tuple[ModelSpec, ClusterSpec, Workload]:
     """The model, cluster (`cluster_name`, else --hardware or --cluster) and workload of the flags."""
-    from ..specs.catalog import load_cluster, load_model
+    from ..specs.catalog import load_cluster
+    model = model_from_args(args)
+    if cluster_name is None and not args.hardware and "," in args.cluster and not os.path.exists(args.cluster):
+        raise SpecError(args.command, "--cluster", args.cluster, "one cluster preset or TOML (a list of clusters "
+                        "is for paraplan scale)")
+    cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
+    return model, cluster, workload_from_args(args)
+
+
+def mixed_cluster_args(args: argparse.Namespace) -> bool:
+    """Whether --cluster names a mixed cluster (a TOML with [[group]] tables; specs/mixed.py);
+    --stages, which only such a cluster takes, otherwise a one-line error."""
+    from ..specs.catalog import is_mixed_cluster_file
+    mixed = not args.hardware and is_mixed_cluster_file(args.cluster)
+    if not mixed and getattr(args, "stages", None):
+        raise SpecError(args.command, "--stages", args.stages, "only with a mixed cluster (--cluster with [[group]] "
+                        "tables); for one cluster give --tp/--pp/--dp")
+    return mixed
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """The model of --model (with --mtp-layers), its --moe-imbalance checked."""
+    from ..specs.catalog import load_model
+    model = load_model(args.model)
+    if args.mtp_layers is not None:
+        model = replace(model, mtp_layers=args.mtp_layers)
+    check_moe_imbalance(args, model)
+    return model
+
+
+def workload_from_args(args: argparse.Namespace) -> Workload:
+    """The workload of the flags: batch, sequence, precision, optimizer, budget and costs."""
     from ..specs.workload import Optimizer, parse_precision
     try:
         optimizer = Optimizer(args.optimizer)
     except ValueError:
         raise SpecError("workload", "--optimizer", args.optimizer,
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
-    model = load_model(args.model)
-    if args.mtp_layers is not None:
-        model = replace(model, mtp_layers=args.mtp_layers)
-    check_moe_imbalance(args, model)
-    if cluster_name is None and not args.hardware and "," in args.cluster and not os.path.exists(args.cluster):
-        raise SpecError(args.command, "--cluster", args.cluster, "one cluster preset or TOML (a list of clusters "
-                        "is for paraplan scale)")
-    cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
     if args.batch:
         gbs = args.batch
     elif args.batch_tokens is None:
@@ -365,15 +392,14 @@ def specs_from_args(args: argparse.Namespace,
         gbs = tokens // args.seq
         if gbs > MAX_COUNT:
             raise SpecError("workload", "--batch-tokens", tokens, f"at most {MAX_COUNT} sequences of --seq {args.seq}")
-    wl = Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
-                  optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
-                  **({} if args.moe_imbalance is None else {"moe_imbalance": args.moe_imbalance}),
-                  restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
-                  storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
-                  interruptions_per_gpu_day=args.interruptions_per_gpu_day,
-                  pue=args.pue, grid_kg_co2e_per_kwh=args.grid_kg_per_kwh,
-                  expandable_segments=args.expandable_segments)
-    return model, cluster, wl
+    return Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
+                    optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
+                    **({} if args.moe_imbalance is None else {"moe_imbalance": args.moe_imbalance}),
+                    restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
+                    storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
+                    interruptions_per_gpu_day=args.interruptions_per_gpu_day,
+                    pue=args.pue, grid_kg_co2e_per_kwh=args.grid_kg_per_kwh,
+                    expandable_segments=args.expandable_segments)
 
 
 def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:

@@ -13,7 +13,7 @@ from ..report.whatif import whatif_dict, whatif_table
 from ..report.width import terminal_width, wrap
 from ..search.advice import headroom_line
 from ..search.whatif import what_if
-from .args import add_plan_command, add_whatif, engine_rules_from_args, specs_from_args
+from .args import add_plan_command, add_whatif, engine_rules_from_args, mixed_cluster_args, specs_from_args
 from .choice import chosen_plan, searched_plan_note
 from .notes import header, headroom_for, misfit_advice_for, seq_notes
 
@@ -25,6 +25,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_estimate(args) -> int:
+    if mixed_cluster_args(args):
+        from .mixed import cmd_estimate_mixed
+        return cmd_estimate_mixed(args)
     model, cluster, wl = specs_from_args(args)
     plan, source = chosen_plan(args, model, cluster, wl, engine=engine_rules_from_args(args, wl, model),
                                flags_narrow=False)

@@ -12,7 +12,8 @@ from ..report.width import terminal_width, wrap
 from ..search.planner import PIN_FLAGS
 from ..search.policy import bounded_space, fastest_or_none, nothing_fits_with_pins, ranked_search
 from ..search.whatif import WHATIF_CANDIDATES, what_if
-from .args import MAX_RANK as MAX_TOP, add_plan_command, add_whatif, engine_rules_from_args, specs_from_args
+from .args import (MAX_RANK as MAX_TOP, add_plan_command, add_whatif, engine_rules_from_args, mixed_cluster_args,
+                   specs_from_args)
 from ..argtypes import int_up_to as _int_up_to
 from .choice import narrowed_space
 from .notes import header, seq_notes
@@ -31,6 +32,9 @@ def add_parser(sub) -> None:
 
 
 def cmd_search(args) -> int:
+    if mixed_cluster_args(args):
+        from .mixed import cmd_search_mixed
+        return cmd_search_mixed(args)
     model, cluster, wl = specs_from_args(args)
     user_pins, user_limits = narrowed_space(args)
     engine = engine_rules_from_args(args, wl, model)

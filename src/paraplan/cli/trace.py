@@ -9,7 +9,7 @@ from ..argtypes import positive_int as _positive_int
 from ..cost.chunks import chunk_layers
 from ..errors import SpecError
 from ..report.strict_json import json_text
-from .args import add_plan_command, engine_rules_from_args, specs_from_args
+from .args import add_plan_command, engine_rules_from_args, mixed_cluster_args, specs_from_args
 from .choice import chosen_plan, searched_plan_note
 from .progress import progress_from_args
 from .notes import misfit_advice_for
@@ -62,6 +62,9 @@ def cmd_trace(args) -> int:
     from ..report.timeline import chrome_trace
     from ..sim.engine import simulate
     from ..sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement, virtual_stage
+    if mixed_cluster_args(args):
+        from .mixed import cmd_trace_mixed
+        return cmd_trace_mixed(args)
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
         check_not_input(args.output, args, "trace", "--output")

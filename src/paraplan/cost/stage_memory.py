@@ -365,3 +365,12 @@ def plan_memory_total(model: ModelSpec, cluster: ClusterSpec, workload: Workload
     st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
     alloc = st.worst_total() + st.buffers
     return alloc + gpu.allocator_fragmentation * alloc + gpu.reserved_bytes, st.host_bytes
+
+
+def stage_totals_bytes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> tuple:
+    """(first, last, middle) stage's bytes per GPU as plan_memory_total counts the worst
+    one's: allocated with the communication buffers, the GPU's fragmentation share and its
+    runtime reserve (a mixed pipeline prices each of its stages by its place: cost/mixed.py)."""
+    gpu, lay = cluster.gpu, layout(model, workload, plan)
+    st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
+    return tuple((t + st.buffers) * (1.0 + gpu.allocator_fragmentation) + gpu.reserved_bytes for t in st.totals)

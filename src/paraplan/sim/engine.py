@@ -66,6 +66,10 @@ class StageCosts:
     backward_s: PerRankChunk  # input-gradient backward; the whole backward unless split
     weight_s: PerRankChunk    # weight-gradient backward; zeros unless zero-bubble
     p2p_s: float              # one micro-batch's activation (or gradient) to the next stage
+    # per hop between virtual stages j and j+1 (V - 1 of them), that hop's send in place of
+    # p2p_s, both ways: stages on different GPU groups reshard there (cost/reshard.py).
+    # Empty: p2p_s on every hop.
+    hop_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         forward = _table("forward_s", self.forward_s)
@@ -80,6 +84,7 @@ class StageCosts:
                 )
             object.__setattr__(self, name, table)
         object.__setattr__(self, "p2p_s", _duration("p2p_s", self.p2p_s))
+        object.__setattr__(self, "hop_s", tuple(_duration("hop_s", h) for h in self.hop_s))
 
     @classmethod
     def uniform(
@@ -261,7 +266,7 @@ def _simulate_all(g: _Graph, tasks_per_rank, costs: Sequence[StageCosts]) -> lis
     # durations [task, run]
     table = np.array([[c.forward_s, c.backward_s, c.weight_s] for c in costs], dtype=np.float64)
     duration = np.ascontiguousarray(table[:, g.code, g.rank, g.chunk].T)
-    start = _start_times(g, duration, np.array([c.p2p_s for c in costs]), tasks_per_rank)
+    start = _start_times(g, duration, _sends(g, costs), tasks_per_rank)
     end = start + duration
     # Activations held: +1 when a chunk's F runs, -1 when its last backward task (B, or W
     # when the schedule splits the backward) runs; each rank runs its list in order.
@@ -271,6 +276,22 @@ def _simulate_all(g: _Graph, tasks_per_rank, costs: Sequence[StageCosts]) -> lis
     peak = tuple(int((held[a:a + n] - base).max()) / v for a, n, base in zip(g.first, g.length, before))
     # (each run's own copy: a result kept does not hold the batch's arrays)
     return [_result(g, start[:, k].copy(), end[:, k].copy(), duration[:, k], peak) for k in range(len(costs))]
+
+
+def _sends(g: "_Graph", costs: Sequence[StageCosts]) -> np.ndarray:
+    """Each run's send time [run], or, where a run prices its hops apart (hop_s), each task's
+    [task, run]: a forward at virtual stage j sends over hop j, a backward over hop j - 1."""
+    if not any(c.hop_s for c in costs):
+        return np.array([c.p2p_s for c in costs])
+    num_stages = int(g.stage.max()) + 1
+    sends = np.zeros((len(g.stage), len(costs)))
+    for k, c in enumerate(costs):
+        hops = np.asarray(c.hop_s if c.hop_s else (c.p2p_s,) * (num_stages - 1), dtype=np.float64)
+        if len(hops) != num_stages - 1:
+            raise ScheduleError(f"stage costs: hop_s has {len(hops)} hops; the schedule has {num_stages - 1}")
+        padded = np.concatenate(([0.0], hops, [0.0]))  # hop j at [j + 1]; none off either end
+        sends[:, k] = np.where(g.code == _FORWARD, padded[g.stage + 1], np.where(g.code == _BACKWARD, padded[g.stage], 0.0))
+    return sends
 
 
 def _result(g: _Graph, start: np.ndarray, end: np.ndarray, duration: np.ndarray, peak: tuple) -> SimResult:
@@ -456,6 +477,7 @@ class _Wave:
     dep_b: np.ndarray
     dep_c: np.ndarray
     members: tuple[tuple[np.ndarray, np.ndarray | None], ...]  # (tasks, which actions; None: all)
+    tasks: np.ndarray       # the tasks whose slots `slot` are, in that order
     slot: np.ndarray        # every task's end slot (2k; 2k + 1 is the sent copy)
     slot_action: np.ndarray | None  # the action of each, whose end fills it (None: one task per action)
 
@@ -468,14 +490,15 @@ class _Wave:
         action = (None if len(members) == 1 else
                   np.concatenate([np.arange(len(units)) if w is None else w for _, w in members]))
         return cls(rank=rank_of_unit[units], dep_a=g.unit_dep_a[units], dep_b=g.unit_dep_b[units],
-                   dep_c=g.unit_dep_c[units], members=members, slot=2 * g.task_key[tasks], slot_action=action)
+                   dep_c=g.unit_dep_c[units], members=members, tasks=tasks, slot=2 * g.task_key[tasks],
+                   slot_action=action)
 
 
 def _start_times(g: "_Graph", duration: np.ndarray, p2p_s: np.ndarray, tasks_per_rank) -> np.ndarray:
     """Every task's start [task (flat index, rank by rank), run] for runs' `duration` [task,
-    run] and sends `p2p_s` [run], wave by wave (_Graph.waves): an action starts when its rank
-    is free and its inputs are there, its tasks run back to back, and each task's outputs are
-    ready when the action ends (sent: p2p_s later)."""
+    run] and sends `p2p_s` ([run], or [task, run]: _sends), wave by wave (_Graph.waves): an
+    action starts when its rank is free and its inputs are there, its tasks run back to back,
+    and each task's outputs are ready when the action ends (sent: p2p_s later)."""
     waves, stuck = g.waves
     if stuck.size:
         raise _deadlock_at(g, stuck, tasks_per_rank)
@@ -495,7 +518,7 @@ def _start_times(g: "_Graph", duration: np.ndarray, p2p_s: np.ndarray, tasks_per
                 end[which] = end[which] + duration[tasks]
         filled = end if w.slot_action is None else end[w.slot_action]
         avail[w.slot] = filled
-        avail[w.slot + 1] = filled + p2p_s
+        avail[w.slot + 1] = filled + (p2p_s if p2p_s.ndim == 1 else p2p_s[w.tasks])
         rank_free[w.rank] = end
     return start_s
 

@@ -24,6 +24,7 @@ from ..curves import EfficiencyCurve
 from ..files import MAX_COUNT, parse_toml, read_toml
 from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
 from ..model import ModelSpec, make_model
+from ..mixed import GPUGroup, MixedCluster
 from ..workload import Precision
 
 __all__ = ["list_models", "list_gpus", "list_clusters", "load_model", "load_gpu", "load_cluster",
@@ -566,3 +567,52 @@ def load_cluster(name_or_path: str | os.PathLike, num_gpus: int | None = None) -
     if not isinstance(num_gpus, int) or isinstance(num_gpus, bool) or num_gpus <= 0:
         raise SpecError(f"cluster {cluster.name!r}", "num_gpus", num_gpus, "a positive integer is required")
     return cluster.with_num_gpus(num_gpus)
+
+
+# ---------------------------------------------------------------------------------------
+# Mixed clusters: several GPU groups (specs/mixed.py).
+# ---------------------------------------------------------------------------------------
+
+_MIXED_REQUIRED = ("name", "group", "between_groups")
+_MIXED_OPTIONAL = ("source", "aliases")
+_GROUP_REQUIRED = ("name", "cluster", "num_gpus")
+
+
+def is_mixed_cluster_file(name_or_path: str | os.PathLike) -> bool:
+    """Whether `name_or_path` is a TOML file with [[group]] tables (a mixed cluster)."""
+    path = Path(os.fspath(name_or_path)).expanduser()
+    if path.suffix.lower() != ".toml" or not path.is_file():
+        return False
+    data, _ = read_toml(path, str(path))
+    return isinstance(data.get("group"), list)
+
+
+def load_mixed_cluster(path: str | os.PathLike) -> MixedCluster:
+    """A mixed cluster from its TOML file: `name`, one [[group]] table per GPU group (`name`,
+    `cluster`: a preset or a cluster TOML relative to the file, `num_gpus`) and
+    [between_groups], the link between groups in the tier schema ([nvlink]/[scaleout]'s)."""
+    path = Path(os.fspath(path)).expanduser()
+    data, text = read_toml(path, str(path))
+    t = TomlTable(data, str(path), text)
+    t.check_keys(_MIXED_REQUIRED, _MIXED_OPTIONAL)
+    if not isinstance(data["group"], list) or not all(isinstance(g, dict) for g in data["group"]):
+        t._bad("group", data["group"], "[[group]] tables")
+    groups = tuple(_group_from_table(TomlTable(g, str(path), text, "group."), path.parent) for g in data["group"])
+    try:
+        return MixedCluster(name=t.str_("name"), groups=groups, between_groups=_tier_from_table(t, "between_groups"),
+                            source=t.str_("source"))
+    except SpecError as e:
+        t.fail("group", str(e))
+
+
+def _group_from_table(t: TomlTable, base_dir: Path) -> GPUGroup:
+    t.check_keys(_GROUP_REQUIRED, ())
+    where = t.str_("cluster")
+    cluster_path = Path(where).expanduser()
+    if where.lower().endswith(".toml") and not cluster_path.is_absolute():
+        where = str(base_dir / cluster_path)
+    try:
+        cluster = load_cluster(where, num_gpus=t.int_("num_gpus"))
+    except UnknownPresetError as e:
+        t.fail("cluster", f"field 'group.cluster': {e}")
+    return GPUGroup(name=t.str_("name"), cluster=cluster)

@@ -1,0 +1,214 @@
+"""A plan over a mixed cluster (plan/mixed.py): each stage priced on its own GPU group, the
+hand-offs between groups resharded (reshard.py), the step timed by the event simulator.
+
+Each stage is priced by the homogeneous cost model (evaluate.py) on its group's cluster, as
+a stage of a *proxy* pipeline that holds the stage's layers at every stage: same TP, data
+parallelism, micro-batch and policy, the stage's place deciding which of the proxy's stages
+it is. The first stage is the proxy's first (embedding, P micro-batches in flight under
+1F1B), the last its last (head and loss, one in flight); a middle stage at place s is the
+second stage of a proxy P − s + 1 deep, so that it holds P − s micro-batches, as 1F1B's
+stage s does (all m under GPipe). Its forward, backward, memory and what it runs after the
+pipeline (its data-parallel reduction and optimizer step: the proxy's dp_step_s) are that
+proxy stage's. The pipeline is then simulated with every stage's own times and every hop's
+own send (sim/engine.py StageCosts.hop_s): within a group the plain pipeline send, between
+groups or TP layouts the resharding. A rank's step ends when its own reduction and
+optimizer step after its last backward end; the step when the last rank's does.
+
+What is not modelled: interleaved, zero-bubble and V schedules (one chunk per rank only),
+context and expert parallelism, ZeRO-2/3 (the proxy prices them, but a stage's gathers
+across a group boundary are not), MoE and multi-token-prediction models (their layers are
+not uniform), and the allocator replay (each stage's slack is its GPU's fragmentation share).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import SpecError
+from ..plan.mixed import MixedPlan, MixedStage
+from ..plan.plan import make_plan
+from ..plan.space import PlanBatch, check_plan
+from ..sim.engine import SimResult, StageCosts, simulate_schedule
+from ..specs.hardware import ClusterSpec
+from ..specs.mixed import MixedCluster
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from .estimate import PlanRejectedError
+from .evaluate import evaluate, layout
+from .flops import model_flops_per_token
+from .pipeline import p2p_handoff_s
+from .reshard import BoundaryLayout, Resharding, reshard
+from .stage_memory import stage_totals_bytes
+
+FIRST, LAST, MIDDLE = 0, 1, 2  # stage_totals_bytes's order
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixedStageCost:
+    """One stage as priced on its group: per micro-batch times, what it runs after the
+    pipeline, its memory per GPU against the GPU's."""
+
+    group: str
+    gpu: str
+    tp: int
+    layers: int
+    forward_s: float
+    backward_s: float
+    after_pipeline_s: float
+    memory_bytes: float
+    capacity_bytes: float
+    pipeline_send_s: float  # its send to the next stage when both share group and layout
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixedEstimate:
+    """A mixed plan's step: each stage, each hop (None: a plain pipeline send), the pipeline."""
+
+    plan: MixedPlan
+    cluster: str
+    stages: tuple[MixedStageCost, ...]
+    reshardings: tuple[Resharding | None, ...]
+    hop_s: tuple[float, ...]
+    num_microbatches: int
+    step_time_s: float
+    tokens_per_s: float
+    num_gpus: int
+    mfu: float            # model FLOPs / (step × the used GPUs' summed peak)
+    usd_per_hour: float   # the used GPUs' hourly price
+    sim: SimResult
+
+    @property
+    def fits(self) -> bool:
+        return all(s.fits for s in self.stages)
+
+    @property
+    def resharding_s(self) -> float:
+        """One micro-batch's resharding over every boundary, one way."""
+        return sum(r.seconds for r in self.reshardings if r is not None)
+
+
+def check_mixed_plan(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan) -> int:
+    """The plan's micro-batches per step; SpecError where the plan cannot run on `mixed`."""
+    if model.is_moe or model.mtp_layers:
+        raise SpecError("mixed plan", "model", model.name,
+                        "a dense model without MTP (a mixed pipeline prices uniform layers)")
+    if plan.num_layers != model.num_layers:
+        raise SpecError("mixed plan", "stages.layers", plan.num_layers, f"{model.num_layers} layers in all")
+    for group in mixed.groups:
+        used = plan.gpus_of(group.name)
+        if used > group.num_gpus:
+            raise SpecError("mixed plan", "dp × stage TP", used, f"at most group {group.name!r}'s {group.num_gpus} GPUs")
+    for stage in plan.stages:
+        mixed.group(stage.group)  # a named group
+    per_step = plan.dp * plan.micro_batch_size
+    if workload.global_batch_size % per_step:
+        raise SpecError("mixed plan", "dp × micro_batch_size", per_step,
+                        f"a divisor of the global batch {workload.global_batch_size}")
+    return workload.global_batch_size // per_step
+
+
+def _proxy_depth(place: int, num_stages: int) -> tuple[int, int]:
+    """(proxy pipeline depth, which of its stages) for a stage at `place` of `num_stages`."""
+    if place == 0:
+        return num_stages, FIRST
+    if place == num_stages - 1:
+        return num_stages, LAST
+    return num_stages - place + 1, MIDDLE
+
+
+def _proxy_stage(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: MixedPlan, tp: int, layers: int,
+                 depth: int, which: int) -> tuple[float, float, float, float, float]:
+    """(forward, backward, after-pipeline seconds, bytes, pipeline send) of stage `which` of
+    a `depth`-deep homogeneous pipeline of `layers` layers a stage on `cluster`."""
+    proxy_model = replace(model, num_layers=layers * depth)
+    proxy = make_plan(tp=tp, pp=depth, dp=plan.dp, micro_batch_size=plan.micro_batch_size, schedule=plan.schedule,
+                      recompute=plan.recompute, zero=plan.zero, sequence_parallel=plan.sequence_parallel and tp > 1,
+                      attention=cluster.gpu.attention_kernels[-1])
+    sized = cluster.with_num_gpus(tp * depth * plan.dp)
+    rejected = check_plan(proxy, proxy_model, sized, workload)
+    if rejected is not None:
+        raise PlanRejectedError(f"a stage of TP{tp} with {layers} layers on {cluster.name}: {rejected.reason}")
+    batch = PlanBatch.from_plans([proxy])
+    costs = evaluate(proxy_model, sized, workload, batch)
+    times = (costs.first, costs.last, costs.middle)[which]
+    memory = stage_totals_bytes(proxy_model, sized, workload, batch)[which]
+    send = p2p_handoff_s(sized, proxy_model, layout(proxy_model, workload, batch))
+    return tuple(float(np.asarray(x).reshape(-1)[0]) for x in (times.forward_s, times.backward_s, costs.dp_step_s,
+                                                                memory, send))
+
+
+def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan, place: int,
+                cache: dict) -> MixedStageCost:
+    """Stage `place` of the plan; `cache` keeps proxy stages across the plans of one model,
+    cluster and workload (a search prices the same stage in many plans)."""
+    stage = plan.stages[place]
+    cluster = mixed.group(stage.group).cluster
+    depth, which = _proxy_depth(place, plan.pp)
+    key = (stage.group, stage.tp, stage.layers, depth, which, plan.dp, plan.micro_batch_size, plan.schedule,
+           plan.recompute, plan.zero, plan.sequence_parallel)
+    if key not in cache:
+        cache[key] = _proxy_stage(model, cluster, workload, plan, stage.tp, stage.layers, depth, which)
+    fwd, bwd, after, memory, send = cache[key]
+    return MixedStageCost(group=stage.group, gpu=cluster.gpu.name, tp=stage.tp, layers=stage.layers, forward_s=fwd,
+                          backward_s=bwd, after_pipeline_s=after, memory_bytes=memory,
+                          capacity_bytes=cluster.gpu.hbm_bytes, pipeline_send_s=send)
+
+
+def _layout(plan: MixedPlan, stage: MixedStage) -> BoundaryLayout:
+    return BoundaryLayout(tp=stage.tp, sequence_sharded=plan.sequence_parallel and stage.tp > 1)
+
+
+def boundary_bytes(model: ModelSpec, workload: Workload, micro_batch_size: int) -> float:
+    """One micro-batch's activation at a stage boundary: micro-batch × sequence × hidden,
+    in 16 bits."""
+    return 2.0 * micro_batch_size * workload.seq_len * model.hidden_size
+
+
+def _hops(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan,
+          stages: tuple[MixedStageCost, ...]) -> tuple[tuple[Resharding | None, ...], tuple[float, ...]]:
+    """Each hop's resharding (None: the group's plain pipeline send) and send time."""
+    reshardings, hop_s = [], []
+    for a, b, cost in zip(plan.stages, plan.stages[1:], stages):
+        if a.group == b.group and a.tp == b.tp:
+            reshardings.append(None)
+            hop_s.append(cost.pipeline_send_s)
+            continue
+        receiver = mixed.group(b.group).cluster
+        link = mixed.between_groups if a.group != b.group else receiver.scaleout
+        x = boundary_bytes(model, workload, plan.micro_batch_size)
+        r = reshard(link, receiver, _layout(plan, a), _layout(plan, b), x)
+        reshardings.append(r)
+        hop_s.append(r.seconds)
+    return tuple(reshardings), tuple(hop_s)
+
+
+def estimate_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan,
+                   cache: dict | None = None) -> MixedEstimate:
+    """Predict one mixed plan (SpecError / PlanRejectedError where it cannot run); `cache`:
+    proxy stages kept across calls with the same model, cluster and workload."""
+    m = check_mixed_plan(model, mixed, workload, plan)
+    cache = {} if cache is None else cache
+    stages = tuple(_stage_cost(model, mixed, workload, plan, place, cache) for place in range(plan.pp))
+    reshardings, hop_s = _hops(model, mixed, workload, plan, stages)
+    zeros = tuple((0.0,) for _ in stages)
+    costs = StageCosts(forward_s=tuple((s.forward_s,) for s in stages), backward_s=tuple((s.backward_s,) for s in stages),
+                       weight_s=zeros, p2p_s=0.0, hop_s=hop_s)
+    sim = simulate_schedule(plan.schedule, m, costs)
+    cols = sim.columns
+    last_end = np.zeros(plan.pp)
+    np.maximum.at(last_end, cols.rank, cols.end_s)
+    step = float(max(end + s.after_pipeline_s for end, s in zip(last_end, stages)))
+    tokens = workload.global_batch_size * workload.seq_len
+    gpus = {g.name: plan.gpus_of(g.name) for g in mixed.groups}
+    peak = sum(n * mixed.group(name).cluster.gpu.peak(workload.precision) for name, n in gpus.items())
+    usd = sum(n * (workload.usd_per_gpu_hour or mixed.group(name).cluster.usd_per_gpu_hour) for name, n in gpus.items())
+    return MixedEstimate(plan=plan, cluster=mixed.name, stages=stages, reshardings=reshardings, hop_s=hop_s,
+                         num_microbatches=m, step_time_s=step, tokens_per_s=tokens / step, num_gpus=sum(gpus.values()),
+                         mfu=model_flops_per_token(model, workload.seq_len) * tokens / step / peak, usd_per_hour=usd,
+                         sim=sim)

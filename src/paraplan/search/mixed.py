@@ -1,0 +1,243 @@
+"""Search plans over a mixed cluster (specs/mixed.py, plan/mixed.py): which groups hold which
+pipeline stages, each group's TP degree, and how many layers each stage takes.
+
+GiPH (Hu et al., MLSys 2023) places work on heterogeneous devices by its speed and memory;
+paraplan does it by enumeration and a greedy balance, without a learned policy:
+
+1. Shapes: data-parallel degree, micro-batch, recomputation, the order of the groups down
+   the pipeline and each group's TP degree; each group then holds as many stages as its
+   GPUs allow (dp × TP × stages ≤ its GPUs). Shapes with fewer micro-batches than stages are
+   left out (their bubble exceeds the step's work).
+2. Layers: every stage starts with one; each further layer goes to the stage whose time
+   after taking it is least, among those whose memory still fits. A stage's time and memory
+   are affine in its layers and in the micro-batches it holds (cost/mixed.py prices a stage
+   as a stage of a homogeneous proxy pipeline), so four vectorized evaluations per group
+   give every stage of every shape (`_GroupTable`); tests check the affine table against
+   the proxies themselves.
+3. Rank the shapes by the closed-form 1F1B step ((m − 1)·slowest stage + one pass through
+   every stage and hop + the slowest after-pipeline tail), then price the best few exactly
+   (cost/mixed.py estimate_mixed: each stage's proxy, the event simulator) and rank those.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, replace
+from itertools import permutations
+
+import numpy as np
+
+from ..errors import NoPlanFitsError, ParaplanError
+from ..plan.axes import Recompute, Schedule, ZeroStage
+from ..plan.mixed import MixedPlan, MixedStage
+from ..plan.plan import make_plan
+from ..plan.space import PlanBatch, check_plan
+from ..specs.mixed import GPUGroup, MixedCluster
+from ..specs.model import ModelSpec
+from ..specs.workload import Workload
+from ..cost.evaluate import evaluate, layout
+from ..cost.mixed import FIRST, LAST, MIDDLE, MixedEstimate, boundary_bytes, estimate_mixed
+from ..cost.pipeline import p2p_handoff_s
+from ..cost.reshard import BoundaryLayout, reshard
+from ..cost.stage_memory import stage_totals_bytes
+
+TP_DEGREES = (1, 2, 4, 8)
+MICRO_BATCHES = (1, 2, 4)
+RECOMPUTES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+EXACT_PLANS = 24  # shapes priced exactly (proxies and the simulator) after the closed-form rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class MixedSearchResult:
+    ranked: tuple[MixedEstimate, ...]
+    num_shapes: int     # shapes enumerated
+    num_fit: int        # shapes whose layers could all be placed within memory
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One stage of a shape, affine in its layers n: time(n) = t0 + n·t1, bytes(n) = m0 + n·m1."""
+
+    group: str
+    tp: int
+    t0: float
+    t1: float
+    m0: float
+    m1: float
+    after0: float
+    after1: float
+    capacity: float
+
+    def time_s(self, n: int) -> float:
+        return self.t0 + n * self.t1
+
+    def fits(self, n: int) -> bool:
+        return self.m0 + n * self.m1 <= self.capacity
+
+
+class _GroupTable:
+    """A group's stages for every (tp, dp, mb, recomputation) at once: forward + backward,
+    after-pipeline time and bytes, as affine functions of the layers n and the proxy depth d
+    (bytes: bilinear, a micro-batch in flight holds n layers' activations), from proxies at
+    n ∈ {1, 2} and d ∈ {3, 4} (cost/mixed.py's proxies, evaluated as one batch)."""
+
+    def __init__(self, model: ModelSpec, group: GPUGroup, workload: Workload, keys: list[tuple]):
+        self.index = {}
+        cluster = group.cluster
+        plans = []
+        for key in keys:
+            tp, dp, mb, rc = key
+            proxy = make_plan(tp=tp, pp=3, dp=dp, micro_batch_size=mb, schedule=Schedule.ONE_F_ONE_B, recompute=rc,
+                              zero=ZeroStage.OPTIMIZER, sequence_parallel=tp > 1,
+                              attention=cluster.gpu.attention_kernels[-1])
+            if check_plan(proxy, replace(model, num_layers=12), cluster.with_num_gpus(tp * 3 * dp), workload) is None:
+                self.index[key] = len(plans)
+                plans.append(proxy)
+        self.capacity = cluster.gpu.hbm_bytes
+        self.values = {}
+        if not plans:
+            return
+        for n in (1, 2):
+            for d in (3, 4):
+                batch = PlanBatch.from_plans([replace(p, pp=d) for p in plans])
+                proxy_model = replace(model, num_layers=n * d)
+                costs = evaluate(proxy_model, cluster, workload, batch)
+                stages = (costs.first, costs.last, costs.middle)
+                memory = stage_totals_bytes(proxy_model, cluster, workload, batch)
+                self.values[n, d] = [np.broadcast_to(np.asarray(a, dtype=float), (len(plans),)) for a in (
+                    *(s.forward_s + s.backward_s for s in stages), costs.dp_step_s, *memory,
+                    p2p_handoff_s(cluster, proxy_model, layout(proxy_model, workload, batch)))]
+
+    def stage(self, key: tuple, which: int, depth: float, group: str) -> _Stage | None:
+        """The stage `which` (FIRST, LAST, MIDDLE) of proxies `depth` deep, or None if the
+        proxy is not a valid plan."""
+        i = self.index.get(key)
+        if i is None:
+            return None
+        v = {k: [a[i] for a in arrays] for k, arrays in self.values.items()}
+        t = [v[1, 3][which], v[2, 3][which]]
+        after = [v[1, 3][3], v[2, 3][3]]
+        mem = {nd: v[nd][4 + which] for nd in v}
+        at_depth = [mem[n, 3] + (depth - 3.0) * (mem[n, 4] - mem[n, 3]) for n in (1, 2)]
+        return _Stage(group=group, tp=key[0], t0=2 * t[0] - t[1], t1=t[1] - t[0], m0=2 * at_depth[0] - at_depth[1],
+                      m1=at_depth[1] - at_depth[0], after0=2 * after[0] - after[1], after1=after[1] - after[0],
+                      capacity=self.capacity)
+
+    def send_s(self, key: tuple) -> float:
+        return float(self.values[1, 3][-1][self.index[key]])
+
+
+def _balanced_layers(stages: list[_Stage], num_layers: int) -> list[int] | None:
+    """Layers per stage: one each, then each further layer to the stage least slowed that
+    still fits; None when some layer fits nowhere."""
+    if len(stages) > num_layers or not all(s.fits(1) for s in stages):
+        return None
+    layers = [1] * len(stages)
+    heap = [(s.time_s(2), i) for i, s in enumerate(stages) if s.fits(2)]
+    heapq.heapify(heap)
+    for _ in range(num_layers - len(stages)):
+        if not heap:
+            return None
+        _, i = heapq.heappop(heap)
+        layers[i] += 1
+        if stages[i].fits(layers[i] + 1):
+            heapq.heappush(heap, (stages[i].time_s(layers[i] + 1), i))
+    return layers
+
+
+def _inflight_depth(place: int, num_stages: int, m: int) -> tuple[int, float]:
+    """(which proxy stage, proxy depth) for `place` under 1F1B: the first holds P micro-batches
+    (depth P), a middle one P − place (a proxy's second stage P − place + 1 deep), at most m."""
+    if place == 0:
+        return FIRST, float(min(num_stages, m))
+    if place == num_stages - 1:
+        return LAST, 3.0  # one in flight whatever the depth
+    return MIDDLE, float(min(num_stages - place, m) + 1)
+
+
+def _shape_stages(tables: dict, order: tuple[GPUGroup, ...], tps: tuple[int, ...], counts: tuple[int, ...],
+                  dp: int, mb: int, rc: Recompute, m: int) -> list[_Stage] | None:
+    places = [(g, tp) for g, tp, c in zip(order, tps, counts) for _ in range(c)]
+    stages = []
+    for place, (group, tp) in enumerate(places):
+        which, depth = _inflight_depth(place, len(places), m)
+        s = tables[group.name].stage((tp, dp, mb, rc), which, depth, group.name)
+        if s is None:
+            return None
+        stages.append(s)
+    return stages
+
+
+def _closed_form_s(model: ModelSpec, mixed: MixedCluster, workload: Workload, tables: dict, stages: list[_Stage],
+                   layers: list[int], dp: int, mb: int, rc: Recompute, m: int) -> float:
+    """1F1B's step from per-stage times: (m − 1)·slowest + a pass through all stages and
+    hops + the slowest after-pipeline tail (Narayanan et al. SC'21 Sec. 2.2.1, uneven stages)."""
+    times = [s.time_s(n) for s, n in zip(stages, layers)]
+    x = boundary_bytes(model, workload, mb)
+    hops = 0.0
+    for a, b in zip(stages, stages[1:]):
+        if a.group == b.group and a.tp == b.tp:
+            hops += tables[a.group].send_s((a.tp, dp, mb, rc))
+        else:
+            link = mixed.between_groups if a.group != b.group else mixed.group(b.group).cluster.scaleout
+            hops += reshard(link, mixed.group(b.group).cluster, BoundaryLayout(a.tp, a.tp > 1),
+                            BoundaryLayout(b.tp, b.tp > 1), x).seconds
+    tail = max(s.after0 + n * s.after1 for s, n in zip(stages, layers))
+    return (m - 1) * max(times) + sum(times) + 2.0 * hops + tail
+
+
+def _shapes(model: ModelSpec, mixed: MixedCluster, workload: Workload):
+    """Every (order, tps, stage counts, dp, mb, rc, m) whose groups each hold a stage."""
+    gb = workload.global_batch_size
+    for dp in range(1, gb + 1):
+        if gb % dp:
+            continue
+        for mb in MICRO_BATCHES:
+            if gb % (dp * mb):
+                continue
+            m = gb // (dp * mb)
+            for order in permutations(mixed.groups):
+                for tps in np.ndindex(*(len(TP_DEGREES),) * len(order)):
+                    tp = tuple(TP_DEGREES[i] for i in tps)
+                    counts = tuple(g.num_gpus // (dp * t) for g, t in zip(order, tp))
+                    if (min(counts) < 1 or sum(counts) > model.num_layers or sum(counts) > m
+                            or any(t > g.cluster.gpus_per_node for g, t in zip(order, tp))):
+                        continue
+                    for rc in RECOMPUTES:
+                        yield order, tp, counts, dp, mb, rc, m
+
+
+def search_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, *, top_k: int = 10) -> MixedSearchResult:
+    """Rank mixed plans by simulated step time (NoPlanFitsError if none fits)."""
+    t0 = time.perf_counter()
+    shapes = list(_shapes(model, mixed, workload))
+    keys = {g.name: sorted({(tp, dp, mb, rc) for order, tps, _, dp, mb, rc, _ in shapes
+                            for g2, tp in zip(order, tps) if g2.name == g.name}, key=str) for g in mixed.groups}
+    tables = {g.name: _GroupTable(model, g, workload, keys[g.name]) for g in mixed.groups}
+    scored = []
+    for order, tps, counts, dp, mb, rc, m in shapes:
+        stages = _shape_stages(tables, order, tps, counts, dp, mb, rc, m)
+        layers = None if stages is None else _balanced_layers(stages, model.num_layers)
+        if layers is None:
+            continue
+        plan = MixedPlan(dp=dp, micro_batch_size=mb, recompute=rc, stages=tuple(
+            MixedStage(group=s.group, tp=s.tp, layers=n) for s, n in zip(stages, layers)))
+        scored.append((_closed_form_s(model, mixed, workload, tables, stages, layers, dp, mb, rc, m), plan))
+    if not scored:
+        raise NoPlanFitsError(f"no plan over {mixed.name} fits: every shape of {len(shapes)} leaves a stage over its "
+                              f"GPU's memory; try a larger global batch, fewer layers or more GPUs")
+    scored.sort(key=lambda x: x[0])
+    cache: dict = {}
+    ranked = []
+    for _, plan in scored[:max(EXACT_PLANS, 2 * top_k)]:
+        try:
+            est = estimate_mixed(model, mixed, workload, plan, cache)
+        except ParaplanError:
+            continue
+        if est.fits:
+            ranked.append(est)
+    ranked.sort(key=lambda e: e.step_time_s)
+    return MixedSearchResult(ranked=tuple(ranked[:top_k]), num_shapes=len(shapes), num_fit=len(scored),
+                             elapsed_s=time.perf_counter() - t0)
