@@ -109,3 +109,21 @@ def test_action_rows_are_torch_actions():
     schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     parsed = [schedules._Action.from_str(a) for a in rows[1]]
     assert [str(a) for a in parsed] == list(rows[1]) and parsed[1].computation_type.value == "I"
+
+
+def test_estimate_shows_the_search_beside_a_1f1b_plan(capsys):
+    # docs/model/step.md: llama3-8b, TP2 PP4 1F1B, batch 16 on 8 H100: the searched order at
+    # the plan's own in-flight activations (4/3/2/1) shortens the pipeline and the step
+    import json
+    from paraplan.cli import main
+    assert main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--pp", "4", "--tp", "2",
+                 "--schedule", "1f1b", "--batch", "16", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    found = d["schedule_search"]
+    assert found["source"] == "repetend" and found["cap_inflight"] == [4.0, 3.0, 2.0, 1.0]
+    assert found["pipeline_s"] < found["named_pipeline_s"]["1f1b"]
+    assert found["named_pipeline_s"]["zb"] is None and found["step_time_s"] < d["step_time_s"]
+    # a plan with several chunks per rank has none
+    assert main(["estimate", "--model", "llama3-8b", "--gpus", "8", "--pp", "4", "--tp", "2", "--vp", "2",
+                 "--batch", "16", "--json"]) == 0
+    assert "schedule_search" not in json.loads(capsys.readouterr().out)
