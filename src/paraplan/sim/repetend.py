@@ -19,9 +19,9 @@ cap. Searched: the cyclic order (F B W or F W B; F B without W) and the depth pr
 either 1F1B's shift k_r = k + p − 1 − r or 1F1B's shape scaled to a depth k on the first
 rank, k_r = ⌈k·(p − r)/p⌉, each capped at the rank's cap, for k = 1 ... the largest cap; the
 lag takes the memory the depth leaves, d_r = cap_r − k_r (ZB-H1 is k = 1 at cap p). Flat
-and steeper profiles, and a lag one shorter, never won on uniform costs
-(p = 8, m = 32 at caps 6, 8, 12; p = 4, m = 16), so they are not searched. A deadlock (a rank waiting on a neighbour that
-waits on it) drops a candidate. The candidates are ranked on min(m, 2p) micro-batches
+and steeper profiles, and a lag one shorter, never won on uniform costs (p = 8, m = 32 at
+caps 6, 8, 12; p = 4, m = 16), so they are not searched. A deadlock (a rank waiting on a
+neighbour that waits on it) drops a candidate. The candidates are ranked on min(m, 2p) micro-batches
 (past the warm-up each repeats one period per micro-batch, as estimate.py's line
 through two simulations says) and the best few timed again on all m. The named schedules
 that run the costs' shape and fit the cap are candidates too, timed on all m and tried
