@@ -40,6 +40,9 @@ PLANS = {
     "pp_zbv": (["--pp", "2", "--vp", "2", "--schedule", "zbv"], 2, "TP1 PP2 DP1 VP2 mb1 zbv rc:none"),
     # DualPipeV: the same V, forward-backward pairs as one action (torch ScheduleDualPipeV)
     "pp_dualpipev": (["--pp", "2", "--vp", "2", "--schedule", "dualpipev"], 2, "TP1 PP2 DP1 VP2 mb1 dualpipev rc:none"),
+    # the schedule search's order (sim/repetend.py) at 1F1B's in-flight activations, B and W
+    # split, on torch's _PipelineScheduleRuntime from its action list (run/searched.py)
+    "pp_searched": (["--pp", "4", "--schedule-search"], 4, "TP1 PP4 DP1 mb1 1f1b rc:none"),
     "pp_fsdp_tp": (["--pp", "2", "--dp", "2", "--tp", "2", "--zero", "3"], 8, "TP2 PP2 DP2 mb1 1f1b SP rc:none zero3"),
     # uneven splits as the cost model lays them out: 4 layers on 3 stages (1, 2, 1: the
     # embedding's and the head's slots), and in 2 × 3 chunks (0, 1, 1, 1, 1, 0: the first
@@ -176,6 +179,9 @@ def test_scaled_model_keeps_ratios():
     (["--recompute", "first_k"], "--recompute-layers=0"),
     (["--lr", "inf"], "--lr=inf"),
     (["--tp", "2", "--compile"], "--compile"),
+    (["--schedule-search"], "--schedule-search=True"),                          # needs a pipeline
+    (["--pp", "2", "--vp", "2", "--schedule-search"], "--schedule-search=True"),  # one chunk per rank
+    (["--pp", "2", "--schedule-search", "--compile"], "--compile"),
 ])
 def test_bad_run_input_is_one_line_exit_2_before_any_process(flags, needle, tmp_path, capfd):
     out = tmp_path / "r.json"

@@ -12,6 +12,7 @@ from ..report.table import estimate_report, unchecked_gpus
 from ..report.whatif import whatif_dict, whatif_table
 from ..report.width import terminal_width, wrap
 from ..search.advice import headroom_line
+from ..search.schedule_search import searched_beside, searched_dict, searched_line
 from ..search.whatif import what_if
 from .args import add_plan_command, add_whatif, engine_rules_from_args, mixed_cluster_args, specs_from_args
 from .choice import chosen_plan, searched_plan_note
@@ -35,6 +36,7 @@ def cmd_estimate(args) -> int:
     wi = None if args.whatif is None else what_if(model, cluster, wl, [est], args.whatif / 100.0)
     advice, changes = misfit_advice_for(args, model, cluster, wl, est)
     headroom = headroom_for(args, model, cluster, wl, est)
+    searched = searched_beside(model, cluster, wl, est)
     if args.json:
         fits_with = [{"flags": c.flags, "plan": c.plan.describe(), "memory_bytes": c.estimate.memory.total,
                       "step_time_s": c.estimate.step_time_s} for c in changes]
@@ -44,6 +46,7 @@ def cmd_estimate(args) -> int:
                           "notes": seq_notes(model, wl) + ([est.pipeline_note] if est.pipeline_note else []),
                           **({"misfit": advice, "fits_with": fits_with} if advice else {}),
                           **({"memory_headroom": asdict(headroom)} if headroom else {}),
+                          **({"schedule_search": searched_dict(est, searched)} if searched else {}),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
     else:
         width = terminal_width()
@@ -54,6 +57,8 @@ def cmd_estimate(args) -> int:
             print(wrap(headroom_line(headroom), width))
         if est.pipeline_note:
             print(wrap("note: " + est.pipeline_note, width))
+        if searched:
+            print(wrap(searched_line(est, searched), width))
         if advice:
             print("\n" + wrap(advice, width))
         if wi:

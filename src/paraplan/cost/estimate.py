@@ -86,11 +86,12 @@ class Estimate:
         return ""
 
 
-def stage_costs(costs: PlanCosts, plan: Plan) -> StageCosts:
+def stage_costs(costs: PlanCosts, plan: Plan, split_backward: bool | None = None) -> StageCosts:
     """Per-rank, per-chunk times for the simulator (embedding on rank 0, LM head on the rank
-    of the last virtual stage: the last rank, or rank 0 in ZB-V's V; layout.layout)."""
+    of the last virtual stage: the last rank, or rank 0 in ZB-V's V; layout.layout); the
+    weight gradient split off as W where the plan's schedule splits it, or `split_backward` says."""
     p, v = plan.pp, plan.vp
-    zb = plan.schedule in SPLIT_BACKWARD
+    zb = plan.schedule in SPLIT_BACKWARD if split_backward is None else split_backward
 
     def row(st):
         f = scalar(st.forward_s) / v

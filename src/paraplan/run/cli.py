@@ -64,6 +64,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                       ("vp", "virtual stages per pipeline rank"), ("mb", "micro-batch size (sequences)")):
         g.add_argument(f"--{name}", type=_degree, default=1, help=hlp)
     g.add_argument("--schedule", default=None, help="gpipe, 1f1b, interleaved, bfs, zb, zbv, dualpipev (default 1f1b / interleaved if --vp>1)")
+    g.add_argument("--schedule-search", action="store_true",
+                   help="run the order the schedule search finds (sim/repetend.py) at the in-flight activations per "
+                        "rank of --schedule (gpipe, 1f1b or zb, --vp 1), on torch's pipeline runtime")
     g.add_argument("--recompute", default="none", help="none, selective, full, first_k, op-sac (torchtitan's "
                    "per-op policy; modules, Megatron-Core's module recomputation, is estimated, not run)")
     g.add_argument("--recompute-layers", type=_int_up_to(MAX_LAYERS), default=0, help="layers per stage for first_k")
@@ -139,7 +142,10 @@ def config_from_args(args) -> "RunConfig":
                   optimizer=RUN_OPTIMIZER)
     cfg = RunConfig(model=model, model_name=args.model, plan=plan, workload=wl, steps=args.steps,
                     warmup_steps=args.warmup, seed=args.seed, lr=args.lr, device=device, hardware=args.hardware,
-                    output=args.output, scaled=scaled or None)
+                    output=args.output, scaled=scaled or None, schedule_search=args.schedule_search)
+    if cfg.schedule_search:
+        from .searched import check_searchable
+        check_searchable(cfg.plan)
     check_runnable(cfg)
     if cfg.hardware:  # a bad profile or preset is the user's mistake: say so before starting
         from ..specs.catalog import load_flag_cluster

@@ -64,6 +64,8 @@ class RunConfig:
     hardware: str | None = None  # cluster preset or calibrated profile TOML for the prediction
     output: str = "paraplan-run.json"
     scaled: dict | None = None  # the --layers/--hidden/... overrides, for the command line
+    # run the order the schedule search finds at the schedule's in-flight activations (run/searched.py)
+    schedule_search: bool = False
 
     @property
     def world_size(self) -> int:
@@ -116,6 +118,8 @@ class RunConfig:
                                             ("mb", p.micro_batch_size)) if v != 1]
         if p.pp > 1:
             args.append(f"--schedule {p.schedule}")
+        if self.schedule_search:
+            args.append("--schedule-search")
         if p.recompute is not Recompute.NONE:
             args.append(f"--recompute {p.recompute}")
             if p.recompute is Recompute.FIRST_K:

@@ -15,6 +15,8 @@ paraplan schedule -> torch schedule (plan/axes.py Schedule):
   zbv -> ScheduleZBVZeroBubble (Qi et al. 2024 Sec. 6; two chunks per rank in a V);
   dualpipev -> ScheduleDualPipeV (DeepSeek-V3 report Sec. 3.2.1; the same V, forward-backward
   pairs run one after the other: no overlap callback is registered).
+A searched order (`paraplan run --schedule-search`, run/searched.py) runs as torch's action
+list on its `_PipelineScheduleRuntime` (SearchedPipeline), which adds the sends and receives.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                                     ScheduleInterleavedZeroBubble, ScheduleLoopedBFS,
-                                                    ScheduleDualPipeV, ScheduleZBVZeroBubble)
+                                                    ScheduleDualPipeV, ScheduleZBVZeroBubble, _Action,
+                                                    _PipelineScheduleRuntime)
 
 from ..plan.axes import Schedule
 from ..sim.schedules import placement, virtual_stage
@@ -45,8 +48,22 @@ def make_stage(module: nn.Module, stage: int, num_stages: int, device: torch.dev
     return PipelineStage(module, stage, num_stages, device, group=group)
 
 
-def make_schedule(schedule: Schedule, stages: list[PipelineStage], num_microbatches: int, loss_fn):
-    """The torch schedule object; its step() runs one optimizer step's forward and backward."""
+class SearchedPipeline(_PipelineScheduleRuntime):
+    """torch's runtime on an order given as action strings, one row per pipeline rank
+    (export/torch_pipeline.py), lowered with its sends and receives as torch's own
+    zero-bubble schedules are (their constructors set pipeline_order the same way)."""
+
+    def __init__(self, stages: list[PipelineStage], num_microbatches: int, loss_fn, actions):
+        super().__init__(stages, num_microbatches, loss_fn=loss_fn)
+        self.pipeline_order = {rank: [_Action.from_str(a) for a in row] for rank, row in enumerate(actions)}
+        self._prepare_schedule_with_comms(self.pipeline_order)
+
+
+def make_schedule(schedule: Schedule, stages: list[PipelineStage], num_microbatches: int, loss_fn, actions=None):
+    """The torch schedule object; its step() runs one optimizer step's forward and backward.
+    With `actions` (rows of torch action strings), that order on torch's runtime instead."""
+    if actions is not None:
+        return SearchedPipeline(stages, num_microbatches, loss_fn, actions)
     if schedule in _SINGLE:
         assert len(stages) == 1, "single-stage schedules hold one chunk per rank"
         return _SINGLE[schedule](stages[0], num_microbatches, loss_fn=loss_fn)

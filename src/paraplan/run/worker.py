@@ -26,6 +26,7 @@ from .data_parallel import apply_fsdp
 from .measure import grad_norm, now_s, peak_memory_bytes, peak_rss_bytes
 from .model import build_model, loss_fn
 from .pipeline import make_schedule, make_stage, stage_ids
+from .searched import run_actions
 from .tensor_parallel import apply_tensor_parallel, reduce_partial_grads
 
 
@@ -93,7 +94,8 @@ class Runner:
         if p.pp > 1:
             stages = [make_stage(m, sid, num_stages, device, self.mesh["pp"].get_group())
                       for m, sid in zip(self.modules, self.stage_ids)]
-            self.schedule = make_schedule(p.schedule, stages, cfg.num_microbatches, loss_fn)
+            actions = run_actions(p, cfg.num_microbatches) if cfg.schedule_search else None
+            self.schedule = make_schedule(p.schedule, stages, cfg.num_microbatches, loss_fn, actions)
         self.has_first = 0 in self.stage_ids
         self.has_last = num_stages - 1 in self.stage_ids
 
