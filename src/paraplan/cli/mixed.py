@@ -21,10 +21,10 @@ from .notes import seq_notes
 # flags of one homogeneous plan or cluster: a mixed plan's stages say where and how they run
 _NOT_FOR_MIXED = ("tp", "pp", "cp", "ep", "etp", "vp", "cp_comm", "rank_order", "capacity_factor",
                   "grad_compression", "powersgd_rank", "hardware", "engine", "whatif", "plan", "recompute_ops",
-                  "dp_shard", "offload", "offload_activations", "adama", "tp_overlap", "attention",
+                  "dp_shard", "offload", "offload_activations", "adama", "attention",
                   "a2a_hierarchical", "ep_overlap", "no_dp_overlap", "recompute_layers")
 # what `search` over a mixed cluster chooses itself
-_SEARCHED = ("dp", "mb", "schedule", "recompute", "zero", "sp", "stages")
+_SEARCHED = ("dp", "mb", "schedule", "recompute", "zero", "sp", "tp_overlap", "stages")
 
 
 def _check_flags(args, chosen: tuple[str, ...] = _SEARCHED) -> None:
@@ -32,7 +32,7 @@ def _check_flags(args, chosen: tuple[str, ...] = _SEARCHED) -> None:
         if getattr(args, name, None) not in (None, False, 0):
             raise SpecError(args.command, "--" + name.replace("_", "-"), getattr(args, name),
                             "not with a mixed cluster (--cluster with [[group]] tables): its plans are --stages "
-                            "with --dp, --mb, --recompute, --zero 0|1, --schedule 1f1b|gpipe, --sp")
+                            "with --dp, --mb, --recompute, --zero 0|1, --schedule 1f1b|gpipe, --sp, --tp-overlap")
 
 
 def parse_stages(text: str) -> tuple[MixedStage, ...]:
@@ -47,13 +47,14 @@ def parse_stages(text: str) -> tuple[MixedStage, ...]:
 
 
 def _plan_from_flags(args) -> MixedPlan:
+    stages = parse_stages(args.stages)
     if args.dp is None:
-        raise SpecError("plan", "--dp", None, "the data-parallel degree of the --stages pipeline")
+        raise SpecError("plan", "--dp", "(not given)", "the data-parallel degree of the --stages pipeline")
     zero = ZeroStage.parse(args.zero, "--zero") if args.zero is not None else ZeroStage.OPTIMIZER
-    return MixedPlan(dp=args.dp, micro_batch_size=args.mb or 1, stages=parse_stages(args.stages),
+    return MixedPlan(dp=args.dp, micro_batch_size=args.mb or 1, stages=stages,
                      schedule=Schedule.parse(args.schedule, "--schedule") if args.schedule else Schedule.ONE_F_ONE_B,
                      recompute=Recompute.parse(args.recompute, "--recompute") if args.recompute else Recompute.NONE,
-                     zero=zero, sequence_parallel=args.sp is not False)
+                     zero=zero, sequence_parallel=args.sp is not False, tp_overlap=args.tp_overlap)
 
 
 def chosen_mixed(args, model, mixed, workload) -> tuple[MixedEstimate, str]:

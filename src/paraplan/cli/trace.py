@@ -54,6 +54,13 @@ def _chunk_labels(model, layers: list) -> list[str]:
 
 
 def cmd_trace(args) -> int:
+    if mixed_cluster_args(args):
+        from .mixed import cmd_trace_mixed
+        return cmd_trace_mixed(args)
+    return _trace_plan(args)
+
+
+def _trace_plan(args) -> int:
     from ..cost.estimate import SIM_TASKS_MAX, estimate, schedule_tasks, stage_costs
     from ..cost.evaluate import evaluate
     from ..outfile import check_not_input, check_output, write_output
@@ -62,9 +69,6 @@ def cmd_trace(args) -> int:
     from ..report.timeline import chrome_trace
     from ..sim.engine import simulate
     from ..sim.schedules import SPLIT_BACKWARD, Phase, build_schedule, placement, virtual_stage
-    if mixed_cluster_args(args):
-        from .mixed import cmd_trace_mixed
-        return cmd_trace_mixed(args)
     if args.output != "-":  # a path that cannot be written fails before the simulation
         check_output(args.output, "trace", "--output")
         check_not_input(args.output, args, "trace", "--output")

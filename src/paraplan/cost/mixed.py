@@ -129,7 +129,7 @@ def _proxy_stage(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     proxy_model = replace(model, num_layers=layers * depth)
     proxy = make_plan(tp=tp, pp=depth, dp=plan.dp, micro_batch_size=plan.micro_batch_size, schedule=plan.schedule,
                       recompute=plan.recompute, zero=plan.zero, sequence_parallel=plan.sequence_parallel and tp > 1,
-                      attention=cluster.gpu.attention_kernels[-1])
+                      tp_overlap=plan.tp_overlap and tp > 1, attention=cluster.gpu.attention_kernels[-1])
     sized = cluster.with_num_gpus(tp * depth * plan.dp)
     rejected = check_plan(proxy, proxy_model, sized, workload)
     if rejected is not None:
@@ -151,7 +151,7 @@ def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan:
     cluster = mixed.group(stage.group).cluster
     depth, which = _proxy_depth(place, plan.pp)
     key = (stage.group, stage.tp, stage.layers, depth, which, plan.dp, plan.micro_batch_size, plan.schedule,
-           plan.recompute, plan.zero, plan.sequence_parallel)
+           plan.recompute, plan.zero, plan.sequence_parallel, plan.tp_overlap)
     if key not in cache:
         cache[key] = _proxy_stage(model, cluster, workload, plan, stage.tp, stage.layers, depth, which)
     fwd, bwd, after, memory, send = cache[key]

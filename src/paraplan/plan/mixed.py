@@ -45,6 +45,7 @@ class MixedPlan:
     recompute: Recompute = Recompute.NONE
     zero: ZeroStage = ZeroStage.OPTIMIZER
     sequence_parallel: bool = True
+    tp_overlap: bool = False  # TP communication overlapped with the GEMMs (Megatron --tp-comm-overlap)
 
     def __post_init__(self) -> None:
         for name in ("dp", "micro_batch_size"):
@@ -74,7 +75,7 @@ class MixedPlan:
     def describe(self) -> str:
         """e.g. `DP16 mb1 1f1b rc:full zero1 SP | h100 TP8 ×4 [22,22,22,22] | a100 TP8 ×4 [3,3,3,3]`."""
         head = (f"DP{self.dp} mb{self.micro_batch_size} {self.schedule} rc:{self.recompute} zero{self.zero.value}"
-                + (" SP" if self.sequence_parallel else ""))
+                + (" SP" if self.sequence_parallel else "") + (" tpov" if self.tp_overlap else ""))
         runs = []
         for (group, tp), stages in groupby(self.stages, key=lambda s: (s.group, s.tp)):
             layers = [s.layers for s in stages]

@@ -4,8 +4,8 @@ pipeline stages, each group's TP degree, and how many layers each stage takes.
 GiPH (Hu et al., MLSys 2023) places work on heterogeneous devices by its speed and memory;
 paraplan does it by enumeration and a greedy balance, without a learned policy:
 
-1. Shapes: data-parallel degree, micro-batch, recomputation, the order of the groups down
-   the pipeline and each group's TP degree; each group then holds as many stages as its
+1. Shapes: data-parallel degree, micro-batch, recomputation, TP overlap, the order of the
+   groups down the pipeline and each group's TP degree; each group then holds as many stages as its
    GPUs allow (dp × TP × stages ≤ its GPUs). Shapes with fewer micro-batches than stages are
    left out (their bubble exceeds the step's work).
 2. Layers: every stage starts with one; each further layer goes to the stage whose time
@@ -13,7 +13,8 @@ paraplan does it by enumeration and a greedy balance, without a learned policy:
    are affine in its layers and in the micro-batches it holds (cost/mixed.py prices a stage
    as a stage of a homogeneous proxy pipeline), so four vectorized evaluations per group
    give every stage of every shape (`_GroupTable`); tests check the affine table against
-   the proxies themselves.
+   the proxies themselves. (Its exposed reduction after the pipeline is not affine: the
+   closed form below takes it from two points.)
 3. Rank the shapes by the closed-form 1F1B step ((m − 1)·slowest stage + one pass through
    every stage and hop + the slowest after-pipeline tail), then price the best few exactly
    (cost/mixed.py estimate_mixed: each stage's proxy, the event simulator) and rank those.
@@ -45,6 +46,7 @@ from ..cost.stage_memory import stage_totals_bytes
 TP_DEGREES = (1, 2, 4, 8)
 MICRO_BATCHES = (1, 2, 4)
 RECOMPUTES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+TP_OVERLAPS = (False, True)
 EXACT_PLANS = 24  # shapes priced exactly (proxies and the simulator) after the closed-form rank
 
 
@@ -76,21 +78,27 @@ class _Stage:
     def fits(self, n: int) -> bool:
         return self.m0 + n * self.m1 <= self.capacity
 
+    def after_s(self, n: int) -> float:
+        """The reduction and optimizer step after the pipeline: from two points (the exposed
+        part of the reduction is not affine; the plans shown are priced exactly)."""
+        return max(self.after0 + n * self.after1, 0.0)
+
 
 class _GroupTable:
-    """A group's stages for every (tp, dp, mb, recomputation) at once: forward + backward,
-    after-pipeline time and bytes, as affine functions of the layers n and the proxy depth d
-    (bytes: bilinear, a micro-batch in flight holds n layers' activations), from proxies at
-    n ∈ {1, 2} and d ∈ {3, 4} (cost/mixed.py's proxies, evaluated as one batch)."""
+    """A group's stages for every (tp, dp, mb, recomputation, TP overlap) at once: forward + backward
+    and bytes, as affine functions of the layers n and the proxy depth d (bytes: bilinear, a
+    micro-batch in flight holds n layers' activations), from proxies at n ∈ {1, 2} and
+    d ∈ {3, 4} (cost/mixed.py's proxies, evaluated as one batch); the time after the pipeline
+    from the same two points of n."""
 
     def __init__(self, model: ModelSpec, group: GPUGroup, workload: Workload, keys: list[tuple]):
         self.index = {}
         cluster = group.cluster
         plans = []
         for key in keys:
-            tp, dp, mb, rc = key
+            tp, dp, mb, rc, tpov = key
             proxy = make_plan(tp=tp, pp=3, dp=dp, micro_batch_size=mb, schedule=Schedule.ONE_F_ONE_B, recompute=rc,
-                              zero=ZeroStage.OPTIMIZER, sequence_parallel=tp > 1,
+                              zero=ZeroStage.OPTIMIZER, sequence_parallel=tp > 1, tp_overlap=tpov and tp > 1,
                               attention=cluster.gpu.attention_kernels[-1])
             if check_plan(proxy, replace(model, num_layers=12), cluster.with_num_gpus(tp * 3 * dp), workload) is None:
                 self.index[key] = len(plans)
@@ -158,12 +166,12 @@ def _inflight_depth(place: int, num_stages: int, m: int) -> tuple[int, float]:
 
 
 def _shape_stages(tables: dict, order: tuple[GPUGroup, ...], tps: tuple[int, ...], counts: tuple[int, ...],
-                  dp: int, mb: int, rc: Recompute, m: int) -> list[_Stage] | None:
+                  dp: int, mb: int, rc: Recompute, tpov: bool, m: int) -> list[_Stage] | None:
     places = [(g, tp) for g, tp, c in zip(order, tps, counts) for _ in range(c)]
     stages = []
     for place, (group, tp) in enumerate(places):
         which, depth = _inflight_depth(place, len(places), m)
-        s = tables[group.name].stage((tp, dp, mb, rc), which, depth, group.name)
+        s = tables[group.name].stage((tp, dp, mb, rc, tpov), which, depth, group.name)
         if s is None:
             return None
         stages.append(s)
@@ -171,25 +179,27 @@ def _shape_stages(tables: dict, order: tuple[GPUGroup, ...], tps: tuple[int, ...
 
 
 def _closed_form_s(model: ModelSpec, mixed: MixedCluster, workload: Workload, tables: dict, stages: list[_Stage],
-                   layers: list[int], dp: int, mb: int, rc: Recompute, m: int) -> float:
+                   layers: list[int], key: tuple, m: int) -> float:
     """1F1B's step from per-stage times: (m − 1)·slowest + a pass through all stages and
     hops + the slowest after-pipeline tail (Narayanan et al. SC'21 Sec. 2.2.1, uneven stages)."""
     times = [s.time_s(n) for s, n in zip(stages, layers)]
+    dp, mb, rc, tpov = key
     x = boundary_bytes(model, workload, mb)
     hops = 0.0
     for a, b in zip(stages, stages[1:]):
         if a.group == b.group and a.tp == b.tp:
-            hops += tables[a.group].send_s((a.tp, dp, mb, rc))
+            hops += tables[a.group].send_s((a.tp, dp, mb, rc, tpov))
         else:
             link = mixed.between_groups if a.group != b.group else mixed.group(b.group).cluster.scaleout
             hops += reshard(link, mixed.group(b.group).cluster, BoundaryLayout(a.tp, a.tp > 1),
                             BoundaryLayout(b.tp, b.tp > 1), x).seconds
-    tail = max(s.after0 + n * s.after1 for s, n in zip(stages, layers))
+    tail = max(s.after_s(n) for s, n in zip(stages, layers))
     return (m - 1) * max(times) + sum(times) + 2.0 * hops + tail
 
 
 def _shapes(model: ModelSpec, mixed: MixedCluster, workload: Workload):
-    """Every (order, tps, stage counts, dp, mb, rc, m) whose groups each hold a stage."""
+    """Every (order, tps, stage counts, dp, mb, recomputation, TP overlap, m) whose groups each
+    hold a stage."""
     gb = workload.global_batch_size
     for dp in range(1, gb + 1):
         if gb % dp:
@@ -206,25 +216,28 @@ def _shapes(model: ModelSpec, mixed: MixedCluster, workload: Workload):
                             or any(t > g.cluster.gpus_per_node for g, t in zip(order, tp))):
                         continue
                     for rc in RECOMPUTES:
-                        yield order, tp, counts, dp, mb, rc, m
+                        for tpov in TP_OVERLAPS:
+                            yield order, tp, counts, dp, mb, rc, tpov, m
 
 
 def search_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, *, top_k: int = 10) -> MixedSearchResult:
     """Rank mixed plans by simulated step time (NoPlanFitsError if none fits)."""
     t0 = time.perf_counter()
     shapes = list(_shapes(model, mixed, workload))
-    keys = {g.name: sorted({(tp, dp, mb, rc) for order, tps, _, dp, mb, rc, _ in shapes
+    keys = {g.name: sorted({(tp, dp, mb, rc, tpov) for order, tps, _, dp, mb, rc, tpov, _ in shapes
                             for g2, tp in zip(order, tps) if g2.name == g.name}, key=str) for g in mixed.groups}
     tables = {g.name: _GroupTable(model, g, workload, keys[g.name]) for g in mixed.groups}
     scored = []
-    for order, tps, counts, dp, mb, rc, m in shapes:
-        stages = _shape_stages(tables, order, tps, counts, dp, mb, rc, m)
+    for order, tps, counts, dp, mb, rc, tpov, m in shapes:
+        if tpov and max(tps) == 1:
+            continue  # (no TP to overlap: the same plan as without)
+        stages = _shape_stages(tables, order, tps, counts, dp, mb, rc, tpov, m)
         layers = None if stages is None else _balanced_layers(stages, model.num_layers)
         if layers is None:
             continue
-        plan = MixedPlan(dp=dp, micro_batch_size=mb, recompute=rc, stages=tuple(
+        plan = MixedPlan(dp=dp, micro_batch_size=mb, recompute=rc, tp_overlap=tpov, stages=tuple(
             MixedStage(group=s.group, tp=s.tp, layers=n) for s, n in zip(stages, layers)))
-        scored.append((_closed_form_s(model, mixed, workload, tables, stages, layers, dp, mb, rc, m), plan))
+        scored.append((_closed_form_s(model, mixed, workload, tables, stages, layers, (dp, mb, rc, tpov), m), plan))
     if not scored:
         raise NoPlanFitsError(f"no plan over {mixed.name} fits: every shape of {len(shapes)} leaves a stage over its "
                               f"GPU's memory; try a larger global batch, fewer layers or more GPUs")
