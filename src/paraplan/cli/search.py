@@ -11,6 +11,7 @@ from ..report.whatif import whatif_dict, whatif_table
 from ..report.width import terminal_width, wrap
 from ..search.planner import PIN_FLAGS
 from ..search.policy import bounded_space, fastest_or_none, nothing_fits_with_pins, ranked_search
+from ..search.schedule_search import searched_beside, searched_dict, searched_line
 from ..search.whatif import WHATIF_CANDIDATES, what_if
 from .args import (MAX_RANK as MAX_TOP, add_plan_command, add_whatif, engine_rules_from_args, mixed_cluster_args,
                    specs_from_args)
@@ -56,6 +57,7 @@ def cmd_search(args) -> int:
                           "notes": seq_notes(model, wl),
                           "num_candidates": res.num_candidates, "num_valid": res.num_valid, "num_fit": res.num_fit,
                           "elapsed_s": res.elapsed_s, "ranked": [estimate_dict(e) for e in ranked],
+                          **_schedule_search(model, cluster, wl, ranked[0]),
                           **({"whatif": whatif_dict(wi)} if wi else {})}, indent=1))
         return 0
     width = terminal_width()
@@ -66,9 +68,18 @@ def cmd_search(args) -> int:
     print(ranking_table(ranked, width))
     print("\nbest plan:\n")
     print(estimate_report(ranked[0], width))
+    searched = searched_beside(model, cluster, wl, ranked[0])
+    if searched:
+        print(wrap(searched_line(ranked[0], searched), width))
     if wi:
         print("\n" + whatif_table(wi, ranked, width))
     return 0
+
+
+def _schedule_search(model, cluster, wl, best) -> dict:
+    """The schedule search beside the best plan (search/schedule_search.py), for --json."""
+    searched = searched_beside(model, cluster, wl, best)
+    return {"best_schedule_search": searched_dict(best, searched)} if searched else {}
 
 
 def _without_pins(args, exc, model, cluster, wl, user_pins, user_limits, engine,
