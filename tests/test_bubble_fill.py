@@ -198,6 +198,6 @@ def test_cli_estimate_fill_bubbles(capsys):
     assert len(fill["ranks"]) == 4 and {"warmup_s", "gaps_s", "cooldown_s", "exposed_s"} <= set(fill["ranks"][0])
     code, out, err = run(capsys, "estimate", *SMALL_PP, "--fill-bubbles")
     assert code == 0, err
-    assert "bubble filling (PipeFisher)" in out and "cool-down" in out
+    assert "bubble filling (PipeFisher)" in out and "idle before" in out
     code, out, _ = run(capsys, "estimate", *SMALL_PP, "--json")
     assert "bubble_fill" not in json.loads(out)

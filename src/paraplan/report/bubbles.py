@@ -15,15 +15,16 @@ BUBBLE_RANKS_SHOWN = 8  # ranks in the text table; a longer pipeline shows its f
 
 def bubble_fill_text(fill: BubbleFill, width: int = DEFAULT_WIDTH) -> str:
     """The steps with and without the work, and a table of the ranks' idle time and work."""
-    head = (f"bubble filling (PipeFisher): step {fmt_time(fill.plain_step_s)} without extra work; "
-            f"{fmt_time(fill.unfilled_step_s)} with it after the pipeline; {fmt_time(fill.filled_step_s)} with it "
-            "and each rank's own after-pipeline work in the bubbles")
-    lines = [wrap(head, width)]
+    own = "each rank's DP traffic and optimizer step from its own last task on"
     if fill.pieces:
-        lines.append(wrap(f"extra work {fmt_time(fill.extra_s)} per GPU per step, in {fill.pieces} pieces of "
-                          f"{fmt_time(fill.piece_s)} that a gap takes whole", width))
-    if fill.note:
-        lines.append(wrap("note: " + fill.note, width))
+        head = (f"bubble filling (PipeFisher): step {fmt_time(fill.plain_step_s)} without the extra work, "
+                f"{fmt_time(fill.unfilled_step_s)} with it after the pipeline, {fmt_time(fill.filled_step_s)} with it "
+                f"in the bubbles and {own}; the extra work {fmt_time(fill.extra_s)} per GPU, in {fill.pieces} "
+                f"pieces of {fmt_time(fill.piece_s)} that a gap takes whole")
+    else:
+        head = (f"bubble filling (PipeFisher): step {fmt_time(fill.plain_step_s)} with every rank's DP traffic and "
+                f"optimizer step after the pipeline, {fmt_time(fill.filled_step_s)} with {own}")
+    lines = [wrap(head, width)] + ([wrap("note: " + fill.note, width)] if fill.note else [])
     if not fill.ranks or fill.idle is None:
         return "\n".join(lines)
     rows = []
@@ -36,9 +37,10 @@ def bubble_fill_text(fill: BubbleFill, width: int = DEFAULT_WIDTH) -> str:
         rows.append([str(r), fmt_time(idle.warmup_s), fmt_time(idle.gaps_s), fmt_time(idle.cooldown_s),
                      fmt_time(work.after_s), fmt_time(work.in_gaps_s), fmt_time(work.exposed_s)
                      + (" *" if r == fill.binding_rank else "")])
-    table = grid(["rank", "idle:\nwarm-up", "gaps", "cool-down", "own work\nafter it", "extra\nin gaps",
-                  "exposed"], rows)
-    key = "(* sets the step; own work: DP traffic, SP norm all-reduce, optimizer step)"
+    table = grid(["rank", "idle before", "between", "after", "own work", "extra in gaps", "exposed"], rows)
+    key = ("(idle before its first task, between its tasks, after its last; own work: its DP traffic, SP "
+           "norm all-reduce and optimizer step; exposed: what its idle after and before its next step's first "
+           "task leave of that and of the extra work; * sets the step)")
     return "\n".join(lines) + "\n\n" + table + "\n" + wrap(key, width)
 
 
