@@ -182,7 +182,9 @@ def test_bad_bubble_work_is_a_one_line_error(kwargs):
 @pytest.mark.parametrize("argv", [["--fill-bubbles", "--bubble-work-tflop", "-1"],
                                   ["--fill-bubbles", "--bubble-work-gb", "nan"],
                                   ["--fill-bubbles", "--bubble-work-tflop", "1e10"],
-                                  ["--bubble-work-tflop", "2.5"]])
+                                  ["--bubble-work-tflop", "2.5"],
+                                  ["--fill-bubbles", "--bubble-work-tflop", "2.5", "--bubble-work-pieces", "0"],
+                                  ["--fill-bubbles", "--bubble-work-pieces", "4"]])
 def test_cli_bad_bubble_flags_exit_2(capsys, argv):
     line = assert_user_error(*run(capsys, "estimate", *SMALL_PP, *argv))
     assert "bubble-work" in line

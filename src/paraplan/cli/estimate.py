@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from ..argtypes import number_within
-from ..cost.bubble_fill import BubbleWork
+from ..argtypes import int_up_to, number_within
+from ..cost.bubble_fill import MAX_BUBBLE_WORK_PIECES, BubbleWork
 from ..cost.estimate import estimate
 from ..errors import SpecError
 from ..report.bubbles import bubble_fill_dict, bubble_fill_text
@@ -45,16 +45,25 @@ def add_bubble_fill(p) -> None:
                         "curvature and inverses (default 0)")
     g.add_argument("--bubble-work-gb", type=number_within(0.0, MAX_BUBBLE_WORK, "GB per GPU per step"),
                    default=0.0, metavar="GB", help="with --fill-bubbles: the extra work's HBM traffic (default 0)")
+    g.add_argument("--bubble-work-pieces", type=int_up_to(MAX_BUBBLE_WORK_PIECES), default=None, metavar="N",
+                   help="with --bubble-work-*: equal pieces the extra work splits into, each placed whole in a gap "
+                        "(default: one per layer of the stage, as PipeFisher assigns K-FAC's work by layer)")
 
 
 def bubble_work_from_args(args) -> BubbleWork | None:
     """--fill-bubbles and its extra work as a BubbleWork (None without the flag)."""
+    given = (("--bubble-work-tflop", args.bubble_work_tflop), ("--bubble-work-gb", args.bubble_work_gb),
+             ("--bubble-work-pieces", args.bubble_work_pieces))
+    for flag, value in given:
+        if value and not args.fill_bubbles:
+            raise SpecError("estimate", flag, value, "applies with --fill-bubbles only")
+    if args.bubble_work_pieces and not (args.bubble_work_tflop or args.bubble_work_gb):
+        raise SpecError("estimate", "--bubble-work-pieces", args.bubble_work_pieces,
+                        "applies with --bubble-work-tflop or --bubble-work-gb only (it splits that work)")
     if not args.fill_bubbles:
-        for flag, value in (("--bubble-work-tflop", args.bubble_work_tflop), ("--bubble-work-gb", args.bubble_work_gb)):
-            if value:
-                raise SpecError("estimate", flag, value, "applies with --fill-bubbles only")
         return None
-    return BubbleWork(extra_flops=args.bubble_work_tflop * TERA, extra_bytes=args.bubble_work_gb * GIGA)
+    return BubbleWork(extra_flops=args.bubble_work_tflop * TERA, extra_bytes=args.bubble_work_gb * GIGA,
+                      pieces=args.bubble_work_pieces)
 
 
 def cmd_estimate(args) -> int:
