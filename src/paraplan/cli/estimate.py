@@ -62,6 +62,9 @@ def bubble_work_from_args(args) -> BubbleWork | None:
                         "applies with --bubble-work-tflop or --bubble-work-gb only (it splits that work)")
     if not args.fill_bubbles:
         return None
+    if args.whatif is not None:  # its re-timed steps are the plain ones
+        raise SpecError("estimate", "--whatif", args.whatif, "prices the plan without filling its bubbles: "
+                        "not with --fill-bubbles")
     return BubbleWork(extra_flops=args.bubble_work_tflop * TERA, extra_bytes=args.bubble_work_gb * GIGA,
                       pieces=args.bubble_work_pieces)
 
