@@ -144,9 +144,9 @@ def priced_work(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     return PricedWork(piece_s=piece_s, pieces=pieces, after_s=after)
 
 
-def _rank_fill(after_s: float, window_s: float, gap_pieces: float, work: PricedWork) -> RankFill:
+def _rank_fill(after_s: float, window_s: float, gap_pieces: int, work: PricedWork) -> RankFill:
     """One rank's work: whole pieces into its gaps, the rest in its tail after its own work."""
-    placed = min(work.pieces, int(gap_pieces))
+    placed = min(work.pieces, gap_pieces)
     tail = after_s + (work.pieces - placed) * work.piece_s
     return RankFill(after_s=after_s, in_gaps_s=placed * work.piece_s, tail_s=tail, window_s=window_s,
                     exposed_s=max(tail - window_s, 0.0))

@@ -30,7 +30,7 @@ class RankIdle:
     warmup_s: float     # before its first task
     gaps_s: float       # between its tasks
     cooldown_s: float   # after its last task, until the pipeline ends
-    gap_pieces: float   # pieces of PipelineIdle.piece_s that fit whole in its gaps (0 when none asked)
+    gap_pieces: int     # pieces of PipelineIdle.piece_s that fit whole in its gaps (0 when none asked)
 
     @property
     def total_s(self) -> float:
@@ -55,10 +55,10 @@ def pipeline_idle(result: SimResult, piece_s: float = 0.0) -> PipelineIdle:
     for first, length in zip(graph.first.tolist(), graph.length.tolist()):
         s, e = start[first:first + length], end[first:first + length]  # the rank's list, in run order
         if length == 0:
-            ranks.append(RankIdle(warmup_s=makespan, gaps_s=0.0, cooldown_s=0.0, gap_pieces=0.0))
+            ranks.append(RankIdle(warmup_s=makespan, gaps_s=0.0, cooldown_s=0.0, gap_pieces=0))
             continue
         gaps = s[1:] - e[:-1]
-        pieces = float(np.floor(gaps / piece_s + FIT_TOLERANCE).sum()) if piece_s > 0 else 0.0
+        pieces = int(np.floor(gaps / piece_s + FIT_TOLERANCE).sum()) if piece_s > 0 else 0
         ranks.append(RankIdle(warmup_s=float(s[0]), gaps_s=float(gaps.sum()), cooldown_s=makespan - float(e[-1]),
                               gap_pieces=pieces))
     return PipelineIdle(makespan_s=makespan, piece_s=piece_s, ranks=tuple(ranks))
@@ -74,6 +74,6 @@ def extrapolated_idle(a: PipelineIdle, b: PipelineIdle, m1: int, m2: int, m: int
 
     ranks = tuple(RankIdle(warmup_s=line(r1.warmup_s, r2.warmup_s), gaps_s=line(r1.gaps_s, r2.gaps_s),
                            cooldown_s=line(r1.cooldown_s, r2.cooldown_s),
-                           gap_pieces=float(np.floor(line(r1.gap_pieces, r2.gap_pieces) + FIT_TOLERANCE)))
+                           gap_pieces=int(np.floor(line(r1.gap_pieces, r2.gap_pieces) + FIT_TOLERANCE)))
                   for r1, r2 in zip(a.ranks, b.ranks))
     return PipelineIdle(makespan_s=line(a.makespan_s, b.makespan_s), piece_s=b.piece_s, ranks=ranks)
