@@ -204,3 +204,27 @@ def test_cli_estimate_fill_bubbles(capsys):
     assert "bubble filling (PipeFisher)" in out and "idle before" in out
     code, out, _ = run(capsys, "estimate", *SMALL_PP, "--json")
     assert "bubble_fill" not in json.loads(out)
+
+
+def test_the_documented_cases_hold():
+    """docs/model/step.md, Bubble filling: what its two cases show."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=64)
+    wl = Workload(global_batch_size=64, seq_len=4096)
+    plan = make_plan(tp=8, pp=8, dp=1, micro_batch_size=1, sequence_parallel=True,
+                     attention=cluster.gpu.attention_kernels[-1])
+
+    def filled(tflop: float = 0.0, gb: float = 0.0, pieces: int | None = None):
+        return estimate(model, cluster, wl, plan, bubble_work=BubbleWork(extra_flops=tflop * 1e12,
+                                                                          extra_bytes=gb * 1e9, pieces=pieces))
+    alone = filled().step_time_s
+    assert filled(25, 10).step_time_s == pytest.approx(alone, rel=1e-12)  # hidden whole
+    coarse, fine = filled(250, 100).bubble_fill, filled(250, 100, 40).bubble_fill
+    assert coarse.plain_step_s < coarse.filled_step_s < coarse.unfilled_step_s  # per-layer pieces: partly
+    assert fine.filled_step_s == pytest.approx(alone, rel=1e-12)  # 40 pieces: hidden whole
+    small = replace(load_model("llama3-8b"), mtp_layers=2)
+    cluster = load_cluster("dgx-h100", num_gpus=16)
+    wl = Workload(global_batch_size=32, seq_len=4096)
+    plan = make_plan(tp=2, pp=4, dp=2, micro_batch_size=1, sequence_parallel=True, offload_optimizer=True,
+                     zero=ZeroStage.OPTIMIZER, attention=cluster.gpu.attention_kernels[-1])
+    fill = estimate(small, cluster, wl, plan, bubble_work=BubbleWork()).bubble_fill
+    assert 0.92 < fill.filled_step_s / fill.plain_step_s < 0.96  # the docs: −6%
