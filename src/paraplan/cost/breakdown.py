@@ -41,6 +41,7 @@ class TimeBreakdown(_Parts):
     optimizer_s: float     # optimizer step (and host offload traffic)
     host_wait_s: float = 0.0  # the GPU idle while an eager engine's host issues kernels (host.eager_host_wait)
     offload_s: float = 0.0    # exposed copies of offloaded activations to and from host memory
+    bubble_work_s: float = 0.0  # extra per-step work (--bubble-work-*) the bubbles did not hide (cost/bubble_fill.py)
 
 
 @dataclass(frozen=True, kw_only=True)

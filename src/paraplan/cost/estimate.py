@@ -11,12 +11,14 @@ from ..plan.axes import Schedule, ZeroStage
 from ..plan.plan import Plan
 from ..plan.space import PlanBatch, check_plan
 from ..sim.engine import SimResult, StageCosts, simulate_schedules
+from ..sim.idle import PipelineIdle, extrapolated_idle, pipeline_idle
 from ..sim.schedules import SPLIT_BACKWARD
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..units import SECONDS_PER_HOUR
 from .breakdown import MemoryBreakdown, OverlappedComm, TimeBreakdown
+from .bubble_fill import BubbleFill, BubbleWork, PricedWork, fill_bubbles, priced_work
 from .carbon import carbon_kg, facility_energy_j
 from .evaluate import PlanCosts, evaluate
 from .layout import layout
@@ -73,6 +75,15 @@ class Estimate:
     step_detail: dict          # per-step work after the pipeline (DP/ZeRO, SP norm all-reduce, optimizer)
     sim: SimResult | None = None
     pipeline_note: str = ""    # why the pipeline was not simulated ("" when it was, or has one stage)
+    idle: PipelineIdle | None = None       # each rank's idle time in the simulated step (None: not simulated)
+    bubble_fill: BubbleFill | None = None  # the step with work in the bubbles (estimate(bubble_work=...))
+
+    def time_parts(self) -> dict:
+        """The step by part (seconds), as reports show it: bubble_work_s only where bubbles were filled."""
+        parts = self.time.parts()
+        if self.bubble_fill is None:
+            del parts["bubble_work_s"]
+        return parts
 
     def misfit(self, gpu_name: str) -> str:
         """Why the plan does not fit, in one clause ("" when it fits)."""
@@ -192,27 +203,40 @@ def finish_all(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plans
 
 
 def finish(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
-           *, simulate_pipeline: bool = True) -> Estimate:
-    """Turn cost-model output for one plan into an Estimate (simulating the pipeline)."""
+           *, simulate_pipeline: bool = True, work: PricedWork | None = None) -> Estimate:
+    """Turn cost-model output for one plan into an Estimate (simulating the pipeline; with
+    `work`, placed in the pipeline's bubbles: cost/bubble_fill.py)."""
     runs = pipeline_runs(plan, costs, simulate_pipeline)
-    return _finished(model, cluster, workload, plan, costs, runs, tuple(simulate_schedules(runs.wanted())))
+    return _finished(model, cluster, workload, plan, costs, runs, tuple(simulate_schedules(runs.wanted())), work)
+
+
+def _idle(runs: PipelineRuns, simulated: tuple[SimResult, ...], m: int, piece_s: float) -> PipelineIdle | None:
+    """Each rank's idle time in the step at m micro-batches (the line through m1 and 2·m1
+    extended to m, as the makespan), with the pieces of `piece_s` its gaps hold."""
+    if not simulated:
+        return None
+    if len(simulated) == 1:
+        return pipeline_idle(simulated[0], piece_s)
+    (m1, m2), (a, b) = runs.counts, simulated
+    return extrapolated_idle(pipeline_idle(a, piece_s), pipeline_idle(b, piece_s), m1, m2, m)
 
 
 def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan, costs: PlanCosts,
-              runs: PipelineRuns, simulated: tuple[SimResult, ...]) -> Estimate:
-    """The Estimate of one plan whose pipeline `runs` were `simulated`."""
+              runs: PipelineRuns, simulated: tuple[SimResult, ...], work: PricedWork | None = None) -> Estimate:
+    """The Estimate of one plan whose pipeline `runs` were `simulated` (with `work` in its bubbles)."""
     m = int(scalar(costs.num_microbatches))
     time = costs.time.scalar(0)
     sim = simulated[0] if len(simulated) == 1 else None  # the whole step's timeline
-    if simulated:
-        makespan = simulated[0].step_time_s
-        if len(simulated) == 2:  # the line through m1 and 2·m1, extended to m
-            (m1, m2), (t1, t2) = runs.counts, (r.step_time_s for r in simulated)
-            makespan = t2 + (m - m2) * (t2 - t1) / m1
+    idle = _idle(runs, simulated, m, work.piece_s if work is not None else 0.0)
+    if idle is not None:
         # the simulated makespan replaces the closed-form bubble and fill/drain p2p
-        rest = makespan - scalar(costs.critical_stage_s) - time.pp_comm_s
+        rest = idle.makespan_s - scalar(costs.critical_stage_s) - time.pp_comm_s
         time = replace(time, bubble_s=max(rest, 0.0))
     pipeline_note = runs.note
+    step_detail = {k: scalar(v) for k, v in costs.step_detail.items()}
+    filled = None
+    if work is not None:
+        filled, time = fill_bubbles(time, step_detail, idle, work, pipeline_note)
     step = float(time.total)
     mem = costs.memory.scalar(0)
     host = scalar(costs.host_bytes)
@@ -244,13 +268,13 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
     comm["DP/ZeRO collectives"] = time.dp_comm_s
     comm["PP send/recv"] = time.pp_comm_s
     detail = {ph: {k: scalar(v) for k, v in d.items()} for ph, d in costs.layer_detail.items()}
-    step_detail = {k: scalar(v) for k, v in costs.step_detail.items()}
     return Estimate(plan=plan, num_gpus=n, num_microbatches=m, step_time_s=step, time=time, overlapped=overl,
                     memory=mem, fits=bool(fits(cluster, mem.total, host)), hbm_bytes=gpu.hbm_bytes,
                     host_bytes=host, host_capacity_bytes=cluster.host_memory_bytes_per_gpu,
                     tokens_per_s=tps, tokens_per_s_per_gpu=tps / n, mfu=mfu, hfu=hfu,
                     model_tflops_per_gpu=mfu * peak / 1e12, budget=budget, comm_detail=comm,
-                    layer_detail=detail, step_detail=step_detail, sim=sim, pipeline_note=pipeline_note)
+                    layer_detail=detail, step_detail=step_detail, sim=sim, pipeline_note=pipeline_note, idle=idle,
+                    bubble_fill=filled)
 
 
 def _budget(workload: Workload, tdp_watts: float, *, gpu_hours: float, with_failures: Reliability, **rest) -> Budget:
@@ -275,11 +299,15 @@ def with_replayed_allocator(model: ModelSpec, cluster: ClusterSpec, workload: Wo
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan,
-             *, simulate_pipeline: bool = True) -> Estimate:
-    """Predict one plan; raises PlanRejectedError with the reason when it cannot run."""
+             *, simulate_pipeline: bool = True, bubble_work: BubbleWork | None = None) -> Estimate:
+    """Predict one plan; raises PlanRejectedError with the reason when it cannot run. With
+    `bubble_work`, each rank's after-pipeline work and that extra work go into its bubbles
+    (Estimate.bubble_fill; the step is the filled one)."""
     rej = check_plan(plan, model, cluster, workload)
     if rej is not None:
         raise PlanRejectedError(f"invalid plan ({plan.describe()}): {rej.reason}")
     costs = evaluate(model, cluster, workload, PlanBatch.from_plans([plan]))
-    est = finish(model, cluster, workload, plan, costs, simulate_pipeline=simulate_pipeline)
+    work = (None if bubble_work is None
+            else priced_work(model, cluster, workload, plan, bubble_work, {k: scalar(v) for k, v in costs.step_detail.items()}))
+    est = finish(model, cluster, workload, plan, costs, simulate_pipeline=simulate_pipeline, work=work)
     return with_replayed_allocator(model, cluster, workload, est)

@@ -91,3 +91,14 @@ def elementwise_time_s(gpu: GPUSpec, num_bytes, num_kernels=1):
     """A layer's element-wise kernels (norms, RoPE, activation, residual, softmax, loss): the
     bytes the model counts at the bandwidth such kernels achieve, plus launches."""
     return memory_bound_time_s(gpu, num_bytes, num_kernels, gpu.elementwise_bw_efficiency)
+
+
+def work_time_s(gpu: GPUSpec, num_flops, num_bytes, precision: Precision, num_kernels=1):
+    """A kernel given only by its FLOPs and HBM bytes (a preconditioner's work: cost/bubble_fill.py):
+    max(FLOPs at the precision's peak × the GEMM curve at that many FLOPs × the sustained ratio,
+    bytes at achieved HBM bandwidth), plus launches. Vectorized."""
+    flops = np.asarray(num_flops, dtype=float)
+    rate = gpu.peak(precision) * gpu.gemm_efficiency.at(flops) * gpu.sustained_compute_ratio
+    compute = flops / rate
+    memory = np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
+    return np.maximum(compute, memory) + num_kernels * gpu.kernel_launch_overhead_s

@@ -32,7 +32,7 @@ def estimate_dict(est: Estimate) -> dict:
         "mfu": est.mfu,
         "hfu": est.hfu,
         "model_tflops_per_gpu": est.model_tflops_per_gpu,
-        "time_breakdown_s": est.time.parts(),
+        "time_breakdown_s": est.time_parts(),
         "overlapped_comm_s": est.overlapped.parts(),
         "exposed_comm_by_collective_s": est.comm_detail,
         "memory_bytes": {**est.memory.parts(), "total_bytes": est.memory.total},

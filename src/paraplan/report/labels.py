@@ -67,13 +67,15 @@ def comm_detail(*, tp_s, cp_s, ep_s, pp_s, dp_s, sequence_parallel, cp_comm_type
 
 
 GRAD_COMPRESSION = "gradient compression kernels"
+SP_NORM_ALL_REDUCE = "SP norm-gradient all-reduce"
+OPTIMIZER_STEP = "optimizer step"
 
 
 def step_detail(*, dp_exposed_s, sp_norm_s, optimizer_s, compression_s=0.0) -> dict:
     """The work after the pipeline, in the order it runs (for the trace); `compression_s`, the
     part of the DP time PowerSGD's kernels take, named apart where a plan has it."""
     if not np.any(np.asarray(compression_s) > 0.0):
-        return {"DP/ZeRO collectives (exposed)": dp_exposed_s, "SP norm-gradient all-reduce": sp_norm_s,
-                "optimizer step": optimizer_s}
+        return {"DP/ZeRO collectives (exposed)": dp_exposed_s, SP_NORM_ALL_REDUCE: sp_norm_s,
+                OPTIMIZER_STEP: optimizer_s}
     return {"DP/ZeRO collectives (exposed)": dp_exposed_s - compression_s, GRAD_COMPRESSION: compression_s,
-            "SP norm-gradient all-reduce": sp_norm_s, "optimizer step": optimizer_s}
+            SP_NORM_ALL_REDUCE: sp_norm_s, OPTIMIZER_STEP: optimizer_s}

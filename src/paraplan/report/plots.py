@@ -14,7 +14,8 @@ from ..units import SECONDS_PER_DAY
 # (tests/test_scale.py checks), so that each bar reaches the step
 STEP_PART_GROUPS = {"compute": ("compute_s",), "recompute": ("recompute_s",),
                     "exposed comm.": ("tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "offload_s"),
-                    "bubble": ("bubble_s",), "optimizer": ("optimizer_s",), "waiting for the host": ("host_wait_s",)}
+                    "bubble": ("bubble_s",), "optimizer": ("optimizer_s",), "waiting for the host": ("host_wait_s",),
+                    "work in the bubbles (exposed)": ("bubble_work_s",)}
 
 # what --plot writes, by extension (matplotlib's own writers, none needing LaTeX or more);
 # no extension: PNG, at exactly the path given

@@ -67,9 +67,10 @@ def time_table(est: Estimate) -> str:
     names = {"compute_s": "compute (fwd+bwd)", "recompute_s": "recomputation", "tp_comm_s": "TP comm (exposed)",
              "cp_comm_s": "CP comm (exposed)", "ep_comm_s": "EP all-to-all (exposed)", "pp_comm_s": "PP send/recv (exposed)",
              "dp_comm_s": "DP/ZeRO comm (exposed)", "bubble_s": "pipeline bubble", "optimizer_s": "optimizer step",
-             "host_wait_s": "GPU waiting for the host", "offload_s": "activation offload (exposed)"}
+             "host_wait_s": "GPU waiting for the host", "offload_s": "activation offload (exposed)",
+             "bubble_work_s": "work for the bubbles (exposed)"}
     rows = [[names[k], fmt_time(v), _pct(v, total)] for k, v in parts.items()
-            if v > 0 or k not in ("ep_comm_s", "host_wait_s", "offload_s")]
+            if v > 0 or k not in ("ep_comm_s", "host_wait_s", "offload_s", "bubble_work_s")]
     rows.append(["step total", fmt_time(total), "100.0%"])
     ov = est.overlapped.parts()
     hidden = {"offload_s": "  activation offload (hidden)"}

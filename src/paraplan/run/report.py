@@ -86,7 +86,7 @@ def predict(cfg: RunConfig, device: str, device_name: str) -> tuple[dict | None,
         return None, f"no prediction: {exc}"
     return {"step_time_s": est.step_time_s, "tokens_per_s": est.tokens_per_s,
             "memory_bytes": est.memory.total, "memory_parts_bytes": est.memory.parts(), "fits": est.fits,
-            "hardware": cluster.name, "time_breakdown_s": est.time.parts(),
+            "hardware": cluster.name, "time_breakdown_s": est.time_parts(),
             "sustained_compute_ratio": cluster.gpu.sustained_compute_ratio}, ""
 
 
