@@ -285,3 +285,12 @@ def test_search_estimate_and_trace_over_the_example(tmp_path):
 def test_bad_mixed_requests_exit_2_in_one_line(args, says):
     out = _paraplan(*args)
     assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_the_python_api_searches_a_mixed_cluster_as_the_cli_does(llama70b):
+    from paraplan import api
+    res = api.search_mixed("llama3-70b", EXAMPLE, global_batch_size=512, seq_len=8192, top=2)
+    cli = json.loads(_paraplan("search", "--cluster", str(EXAMPLE), "--top", "2", "--json").stdout)
+    assert [e.plan.describe() for e in res.ranked] == [e["plan"] for e in cli["ranked"]]
+    with pytest.raises(SpecError, match="bogus"):
+        api.search_mixed("llama3-70b", EXAMPLE, bogus=1)

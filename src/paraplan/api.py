@@ -126,6 +126,19 @@ def search(model: Any = DEFAULT_MODEL, cluster: Any = DEFAULT_CLUSTER, *, gpus: 
                         num_fit=res.num_fit, elapsed_s=res.elapsed_s, rejected_examples=res.rejected_examples)
 
 
+def search_mixed(model: Any, cluster: Any, *, workload: Any = None, top: int = 10, **kwargs: Any):
+    """Rank pipelines over a mixed cluster (search/mixed.py MixedSearchResult, best first):
+    `cluster` a mixed-cluster TOML ([[group]] tables) or a MixedCluster; workload fields as
+    keywords. Each ranked MixedEstimate has its stages, hops and step (cost/mixed.py)."""
+    from .search.mixed import search_mixed as search_plans
+    from .specs.catalog import load_mixed_cluster
+    from .specs.mixed import MixedCluster
+    from .specs.workload import Workload
+    (given,) = _split(kwargs, _names(Workload))
+    mixed = cluster if isinstance(cluster, MixedCluster) else load_mixed_cluster(cluster)
+    return search_plans(_model(model), mixed, _workload(workload, given), top_k=top)
+
+
 def _plan(given: dict, cluster):
     """A Plan of keyword arguments, with the CLI's defaults: DP the GPUs left, sequence
     parallelism with TP, the fastest attention kernel the GPU runs, interleaving with VP > 1."""

@@ -139,8 +139,9 @@ def _proxy_stage(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     times = (costs.first, costs.last, costs.middle)[which]
     memory = stage_totals_bytes(proxy_model, sized, workload, batch)[which]
     send = p2p_handoff_s(sized, proxy_model, layout(proxy_model, workload, batch))
-    return tuple(float(np.asarray(x).reshape(-1)[0]) for x in (times.forward_s, times.backward_s, costs.dp_step_s,
-                                                                memory, send))
+    fwd, bwd, after, total, hop = (float(np.asarray(x).reshape(-1)[0]) for x in (
+        times.forward_s, times.backward_s, costs.dp_step_s, memory, send))
+    return fwd, bwd, after, total, hop
 
 
 def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan, place: int,
@@ -173,7 +174,8 @@ def boundary_bytes(model: ModelSpec, workload: Workload, micro_batch_size: int) 
 def _hops(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan,
           stages: tuple[MixedStageCost, ...]) -> tuple[tuple[Resharding | None, ...], tuple[float, ...]]:
     """Each hop's resharding (None: the group's plain pipeline send) and send time."""
-    reshardings, hop_s = [], []
+    reshardings: list[Resharding | None] = []
+    hop_s: list[float] = []
     for a, b, cost in zip(plan.stages, plan.stages[1:], stages):
         if a.group == b.group and a.tp == b.tp:
             reshardings.append(None)
