@@ -287,10 +287,10 @@ def test_bad_mixed_requests_exit_2_in_one_line(args, says):
     assert out.returncode == 2 and says in out.stderr and out.stderr.count("\n") == 1
 
 
-def test_the_python_api_searches_a_mixed_cluster_as_the_cli_does(llama70b):
+def test_the_python_api_searches_a_mixed_cluster_as_the_search_does(llama70b, example):
     from paraplan import api
     res = api.search_mixed("llama3-70b", EXAMPLE, global_batch_size=512, seq_len=8192, top=2)
-    cli = json.loads(_paraplan("search", "--cluster", str(EXAMPLE), "--top", "2", "--json").stdout)
-    assert [e.plan.describe() for e in res.ranked] == [e["plan"] for e in cli["ranked"]]
+    direct = search_mixed(llama70b, example, WL, top_k=2)
+    assert [e.plan.describe() for e in res.ranked] == [e.plan.describe() for e in direct.ranked]
     with pytest.raises(SpecError, match="bogus"):
         api.search_mixed("llama3-70b", EXAMPLE, bogus=1)
