@@ -207,14 +207,15 @@ def test_the_search_table_is_the_proxies_themselves(llama70b, example, which, de
                      stages=(MixedStage(group=group.name, tp=8, layers=1),) * 2)
     fwd, bwd, after, memory, _ = _proxy_stage(llama70b, group.cluster, WL, plan, 8, n, depth, which)
     assert stage.time_s(n) == pytest.approx(fwd + bwd, rel=1e-9)
-    assert stage.m0 + n * stage.m1 == pytest.approx(memory, rel=1e-9)
+    assert stage.bytes_(n) == pytest.approx(memory, rel=1e-9)
     assert stage.after_s(n) >= 0.0
 
 
 def test_balanced_layers_fill_the_fastest_first_within_memory():
     from paraplan.search.mixed import _Stage
-    fast = _Stage(group="f", tp=1, t0=0.0, t1=1.0, m0=0.0, m1=1.0, after0=0.0, after1=0.0, capacity=6.0)
-    slow = _Stage(group="s", tp=1, t0=0.0, t1=2.0, m0=0.0, m1=1.0, after0=0.0, after1=0.0, capacity=100.0)
+    zero = dict(fixed_s=0.0, fixed_bytes=0.0, per_layer_bytes=1.0, after_fixed_s=0.0, after_per_layer_s=0.0)
+    fast = _Stage(group="f", tp=1, per_layer_s=1.0, capacity_bytes=6.0, **zero)
+    slow = _Stage(group="s", tp=1, per_layer_s=2.0, capacity_bytes=100.0, **zero)
     assert _balanced_layers([fast, slow], 9) == [6, 3]   # 6 fit on the fast one: times 6 and 6
     assert _balanced_layers([fast, slow], 6) == [4, 2]
     assert _balanced_layers([fast, replace_capacity(slow, 2.0)], 9) is None
@@ -222,7 +223,7 @@ def test_balanced_layers_fill_the_fastest_first_within_memory():
 
 def replace_capacity(stage, capacity):
     from dataclasses import replace
-    return replace(stage, capacity=capacity)
+    return replace(stage, capacity_bytes=capacity)
 
 
 @pytest.mark.parametrize("kw, field", [

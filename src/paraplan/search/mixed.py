@@ -60,28 +60,32 @@ class MixedSearchResult:
 
 @dataclass(frozen=True)
 class _Stage:
-    """One stage of a shape, affine in its layers n: time(n) = t0 + n·t1, bytes(n) = m0 + n·m1."""
+    """One stage of a shape, affine in its layers n: forward + backward per micro-batch
+    fixed_s + n·per_layer_s, memory fixed_bytes + n·per_layer_bytes."""
 
     group: str
     tp: int
-    t0: float
-    t1: float
-    m0: float
-    m1: float
-    after0: float
-    after1: float
-    capacity: float
+    fixed_s: float
+    per_layer_s: float
+    fixed_bytes: float
+    per_layer_bytes: float
+    after_fixed_s: float
+    after_per_layer_s: float
+    capacity_bytes: float
 
     def time_s(self, n: int) -> float:
-        return self.t0 + n * self.t1
+        return self.fixed_s + n * self.per_layer_s
+
+    def bytes_(self, n: int) -> float:
+        return self.fixed_bytes + n * self.per_layer_bytes
 
     def fits(self, n: int) -> bool:
-        return self.m0 + n * self.m1 <= self.capacity
+        return self.bytes_(n) <= self.capacity_bytes
 
     def after_s(self, n: int) -> float:
         """The reduction and optimizer step after the pipeline: from two points (the exposed
         part of the reduction is not affine; the plans shown are priced exactly)."""
-        return max(self.after0 + n * self.after1, 0.0)
+        return max(self.after_fixed_s + n * self.after_per_layer_s, 0.0)
 
 
 class _GroupTable:
@@ -103,7 +107,7 @@ class _GroupTable:
             if check_plan(proxy, replace(model, num_layers=12), cluster.with_num_gpus(tp * 3 * dp), workload) is None:
                 self.index[key] = len(plans)
                 plans.append(proxy)
-        self.capacity = cluster.gpu.hbm_bytes
+        self.capacity_bytes = cluster.gpu.hbm_bytes
         self.values = {}
         if not plans:
             return
@@ -129,9 +133,10 @@ class _GroupTable:
         after = [v[1, 3][3], v[2, 3][3]]
         mem = {nd: v[nd][4 + which] for nd in v}
         at_depth = [mem[n, 3] + (depth - 3.0) * (mem[n, 4] - mem[n, 3]) for n in (1, 2)]
-        return _Stage(group=group, tp=key[0], t0=2 * t[0] - t[1], t1=t[1] - t[0], m0=2 * at_depth[0] - at_depth[1],
-                      m1=at_depth[1] - at_depth[0], after0=2 * after[0] - after[1], after1=after[1] - after[0],
-                      capacity=self.capacity)
+        return _Stage(group=group, tp=key[0], fixed_s=2 * t[0] - t[1], per_layer_s=t[1] - t[0],
+                      fixed_bytes=2 * at_depth[0] - at_depth[1], per_layer_bytes=at_depth[1] - at_depth[0],
+                      after_fixed_s=2 * after[0] - after[1], after_per_layer_s=after[1] - after[0],
+                      capacity_bytes=self.capacity_bytes)
 
     def send_s(self, key: tuple) -> float:
         return float(self.values[1, 3][-1][self.index[key]])
