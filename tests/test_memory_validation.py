@@ -196,3 +196,18 @@ def test_the_dropout_a_megatron_row_states():
     assert not _megatron_default_dropout({**MEGATRON, "notes": "dropout: none"})
     assert _megatron_default_dropout({**MEGATRON, "notes": "dropout mask kept, TP 8"})  # no rate: the default
     assert not _megatron_default_dropout({**TORCHTITAN})  # not Megatron-LM
+
+
+def test_the_megatron_ci_moe_preset_is_the_configuration_its_rows_quote():
+    """mem-105/106's model (16 layers, the first dense, hidden 1024, 32 heads, MLA q-LoRA 1536 /
+    KV-LoRA 512 with Megatron-Core's default head dims 128 + 64 and 128, 32 experts of 1024 top-4
+    plus a shared one, untied 50,257-token embeddings) counted by hand: the norms apart, its
+    parameters are the preset's."""
+    from paraplan.specs.catalog import load_model
+    model = load_model("MoE 'gpt3_mcore_te_tp2_pp2_ep4_etp1_memory_speed' CI test model")
+    h, heads = 1024, 32
+    mla = h * 1536 + 1536 * heads * (128 + 64) + h * (512 + 64) + 512 * heads * (128 + 128) + heads * 128 * h
+    moe = 32 * 3 * h * 1024 + 3 * h * 1024 + 32 * h  # routed experts, the shared one, the router
+    norms = 16 * (2 * h + 1536 + 512) + h
+    assert model.num_params == 2 * 50257 * h + 16 * mla + 3 * h * 4096 + 15 * moe + norms
+    assert model.num_dense_layers == 1 and model.mtp_layers == 1
