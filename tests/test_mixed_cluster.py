@@ -267,6 +267,10 @@ def test_search_estimate_and_trace_over_the_example(tmp_path):
     assert est.returncode == 0, est.stderr
     got = json.loads(est.stdout)
     assert [s["layers"] for s in got["stages"]] == [56, 24] and got["plan_source"] == "flags"
+    # the budget's energy: every used GPU at its TDP (H100 700 W, A100 400 W) for the budget's time
+    b = got["token_budget"]
+    assert b["energy_j"] == pytest.approx((512 * 700 + 512 * 400) * b["time_s"])
+    assert b["gpu_hours"] == pytest.approx(1024 * b["time_s"] / 3600)
     assert any("resharding" in h for h in got["hops"])
     trace = tmp_path / "t.json"
     tr = _paraplan("trace", "--cluster", str(EXAMPLE), "--stages", "h100:8:56,a100:4:24", "--dp", "64", "-o",

@@ -76,11 +76,11 @@ def cmd_estimate_mixed(args) -> int:
     mixed = load_mixed_cluster(args.cluster)
     est, source = chosen_mixed(args, model, mixed, workload)
     if args.json:
-        print(json_text({**mixed_dict(est, workload.token_budget), "model": model.name, "plan_source": source},
+        print(json_text({**mixed_dict(est, workload), "model": model.name, "plan_source": source},
                         indent=1))
         return 0
     print(_header(model, mixed, workload, terminal_width()) + "\n")
-    print(summary(est, workload.token_budget) + ("" if est.fits else "\nmemory          DOES NOT FIT (see OVER below)"))
+    print(summary(est, workload) + ("" if est.fits else "\nmemory          DOES NOT FIT (see OVER below)"))
     print()
     print(stages_table(est))
     return 0
@@ -130,7 +130,7 @@ def cmd_search_mixed(args) -> int:
     if args.json:
         print(json_text({"model": model.name, "cluster": mixed.name, "num_shapes": res.num_shapes,
                          "num_fit": res.num_fit, "elapsed_s": res.elapsed_s,
-                         "ranked": [mixed_dict(e, workload.token_budget) for e in res.ranked],
+                         "ranked": [mixed_dict(e, workload) for e in res.ranked],
                          "alone": {name: (e if isinstance(e, str) else {"plan": e.plan.describe(),
                                                                         "step_time_s": e.step_time_s,
                                                                         "tokens_per_s": e.tokens_per_s,
@@ -143,7 +143,7 @@ def cmd_search_mixed(args) -> int:
                f"{res.elapsed_s:.1f} s\n", width))
     print(ranking(list(res.ranked), width))
     print("\nbest plan:\n")
-    print(summary(best, workload.token_budget))
+    print(summary(best, workload))
     print()
     print(stages_table(best))
     print("\nthe best plan on each group alone (paraplan search on that group's cluster):\n")

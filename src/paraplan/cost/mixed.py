@@ -81,6 +81,7 @@ class MixedEstimate:
     num_gpus: int
     mfu: float            # model FLOPs / (step × the used GPUs' summed peak)
     usd_per_hour: float   # the used GPUs' hourly price
+    power_watts: float    # the used GPUs' summed TDP (the budget's energy: cost/carbon.py)
     sim: SimResult
 
     @property
@@ -210,7 +211,8 @@ def estimate_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, pl
     gpus = {g.name: plan.gpus_of(g.name) for g in mixed.groups}
     peak = sum(n * mixed.group(name).cluster.gpu.peak(workload.precision) for name, n in gpus.items())
     usd = sum(n * (workload.usd_per_gpu_hour or mixed.group(name).cluster.usd_per_gpu_hour) for name, n in gpus.items())
+    watts = sum(n * mixed.group(name).cluster.gpu.tdp_watts for name, n in gpus.items())
     return MixedEstimate(plan=plan, cluster=mixed.name, stages=stages, reshardings=reshardings, hop_s=hop_s,
                          num_microbatches=m, step_time_s=step, tokens_per_s=tokens / step, num_gpus=sum(gpus.values()),
                          mfu=model_flops_per_token(model, workload.seq_len) * tokens / step / peak, usd_per_hour=usd,
-                         sim=sim)
+                         power_watts=watts, sim=sim)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ..cost.mixed import MixedEstimate
 from ..sim.schedules import Phase
-from ..units import GIB, MEGA, SECONDS_PER_HOUR, fmt_bytes, fmt_count, fmt_time, fmt_usd
+from ..cost.carbon import carbon_kg, facility_energy_j
+from ..units import GIB, MEGA, SECONDS_PER_HOUR, fmt_bytes, fmt_co2e_kg, fmt_count, fmt_energy_j, fmt_time, fmt_usd
 from .table import grid
 from .timeline import chrome_trace
 
@@ -13,6 +14,15 @@ def budget(est: MixedEstimate, token_budget: float) -> tuple[float, float]:
     """(seconds, dollars) to train `token_budget` tokens at the plan's throughput and price."""
     seconds = token_budget / est.tokens_per_s
     return seconds, seconds / SECONDS_PER_HOUR * est.usd_per_hour
+
+
+def energy(est: MixedEstimate, workload) -> tuple[float, float, float]:
+    """(GPU energy at TDP, facility energy at the workload's PUE, kg CO2e on its grid) of the
+    token budget (cost/carbon.py, Patterson et al. 2021)."""
+    seconds, _ = budget(est, workload.token_budget)
+    joules = est.power_watts * seconds
+    return joules, facility_energy_j(joules, workload.pue), carbon_kg(joules, workload.pue,
+                                                                      workload.grid_kg_co2e_per_kwh)
 
 
 def ranking(ests: list[MixedEstimate], width: int) -> str:
@@ -44,8 +54,10 @@ def stages_table(est: MixedEstimate) -> str:
         ["hop", "how", "crossing", "busiest NIC", "local gather", "ms"], hops, align="llrrrr")
 
 
-def summary(est: MixedEstimate, token_budget: float) -> str:
+def summary(est: MixedEstimate, workload) -> str:
+    token_budget = workload.token_budget
     seconds, usd = budget(est, token_budget)
+    joules, facility, co2 = energy(est, workload)
     return "\n".join([
         f"plan            {est.plan.describe()}",
         f"micro-batches   {est.num_microbatches} per step",
@@ -53,7 +65,9 @@ def summary(est: MixedEstimate, token_budget: float) -> str:
         f"throughput      {fmt_count(est.tokens_per_s)} tokens/s on {est.num_gpus} GPUs",
         f"MFU             {100 * est.mfu:.1f}% of the used GPUs' summed peak (6N + full-s² attention FLOPs)",
         f"token budget    {fmt_count(token_budget)} tokens: {fmt_time(seconds)}, {fmt_usd(usd)} "
-        f"at {fmt_usd(est.usd_per_hour)}/hour",
+        f"at {fmt_usd(est.usd_per_hour)}/hour, {fmt_count(est.num_gpus * seconds / SECONDS_PER_HOUR)} GPU-hours",
+        f"energy, carbon  {fmt_energy_j(joules)} at TDP, {fmt_energy_j(facility)} at PUE {workload.pue:.2f}: "
+        f"{fmt_co2e_kg(co2)} at {workload.grid_kg_co2e_per_kwh:.3g} kg/kWh (--pue, --grid-kg-per-kwh)",
     ])
 
 
@@ -72,13 +86,17 @@ def comparison(best: MixedEstimate, alone: list[tuple[str, object]], token_budge
     return grid(["where", "GPUs", "step (s)", "tokens/s", "budget time", "budget $", "plan"], rows, align="lrrrrrl")
 
 
-def mixed_dict(est: MixedEstimate, token_budget: float) -> dict:
-    """The plan as JSON: its step, each stage and each hop."""
+def mixed_dict(est: MixedEstimate, workload) -> dict:
+    """The plan as JSON: its step, its budget, each stage and each hop."""
+    token_budget = workload.token_budget
     seconds, usd = budget(est, token_budget)
+    joules, facility, co2 = energy(est, workload)
     return {"plan": est.plan.describe(), "cluster": est.cluster, "step_time_s": est.step_time_s,
             "tokens_per_s": est.tokens_per_s, "mfu": est.mfu, "num_gpus": est.num_gpus,
             "num_microbatches": est.num_microbatches, "usd_per_hour": est.usd_per_hour,
-            "token_budget": {"tokens": token_budget, "time_s": seconds, "usd": usd},
+            "token_budget": {"tokens": token_budget, "time_s": seconds, "usd": usd,
+                             "gpu_hours": est.num_gpus * seconds / SECONDS_PER_HOUR, "energy_j": joules,
+                             "facility_energy_j": facility, "carbon_kg": co2},
             "stages": [{"group": s.group, "gpu": s.gpu, "tp": s.tp, "layers": s.layers, "forward_s": s.forward_s,
                         "backward_s": s.backward_s, "after_pipeline_s": s.after_pipeline_s,
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes, "fits": s.fits}
