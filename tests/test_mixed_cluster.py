@@ -286,6 +286,8 @@ def test_search_estimate_and_trace_over_the_example(tmp_path):
     (["estimate", "--cluster", str(EXAMPLE), "--stages", "h100:8:56,a100:8:24"], "--dp"),
     (["estimate", "--cluster", str(EXAMPLE), "--stages", "h100:8:50,a100:8:24", "--dp", "64"], "80 layers"),
     (["estimate", "--stages", "h100:8:40,a100:8:40", "--dp", "8"], "only with a mixed cluster"),
+    (["search", "--cluster", str(EXAMPLE), "--model", "mixtral-8x7b"], "dense model"),
+    (["search", "--cluster", str(EXAMPLE), "--batch", "8"], "fewer micro-batches than stages"),
 ])
 def test_bad_mixed_requests_exit_2_in_one_line(args, says):
     out = _paraplan(*args)

@@ -94,11 +94,16 @@ class MixedEstimate:
         return sum(r.seconds for r in self.reshardings if r is not None)
 
 
-def check_mixed_plan(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan) -> int:
-    """The plan's micro-batches per step; SpecError where the plan cannot run on `mixed`."""
+def check_mixed_model(model: ModelSpec) -> None:
+    """SpecError unless a mixed pipeline can price `model`: dense, without MTP (uniform layers)."""
     if model.is_moe or model.mtp_layers:
         raise SpecError("mixed plan", "model", model.name,
                         "a dense model without MTP (a mixed pipeline prices uniform layers)")
+
+
+def check_mixed_plan(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan) -> int:
+    """The plan's micro-batches per step; SpecError where the plan cannot run on `mixed`."""
+    check_mixed_model(model)
     if plan.num_layers != model.num_layers:
         raise SpecError("mixed plan", "stages.layers", plan.num_layers, f"{model.num_layers} layers in all")
     for group in mixed.groups:

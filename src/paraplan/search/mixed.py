@@ -38,7 +38,7 @@ from ..specs.mixed import GPUGroup, MixedCluster
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..cost.evaluate import evaluate, layout
-from ..cost.mixed import FIRST, LAST, MIDDLE, MixedEstimate, boundary_bytes, estimate_mixed
+from ..cost.mixed import FIRST, LAST, MIDDLE, MixedEstimate, boundary_bytes, check_mixed_model, estimate_mixed
 from ..cost.pipeline import p2p_handoff_s
 from ..cost.reshard import BoundaryLayout, reshard
 from ..cost.stage_memory import stage_totals_bytes
@@ -228,7 +228,13 @@ def _shapes(model: ModelSpec, mixed: MixedCluster, workload: Workload):
 def search_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, *, top_k: int = 10) -> MixedSearchResult:
     """Rank mixed plans by simulated step time (NoPlanFitsError if none fits)."""
     t0 = time.perf_counter()
+    check_mixed_model(model)
     shapes = list(_shapes(model, mixed, workload))
+    if not shapes:
+        raise NoPlanFitsError(f"no pipeline over {mixed.name}: with every group holding a stage of DP × TP GPUs, "
+                              f"the global batch of {workload.global_batch_size} gives fewer micro-batches than "
+                              f"stages (or the {model.num_layers} layers fewer than stages) in every shape; try a "
+                              "larger global batch")
     keys = {g.name: sorted({(tp, dp, mb, rc, tpov) for order, tps, _, dp, mb, rc, tpov, _ in shapes
                             for g2, tp in zip(order, tps) if g2.name == g.name}, key=str) for g in mixed.groups}
     tables = {g.name: _GroupTable(model, g, workload, keys[g.name]) for g in mixed.groups}
@@ -256,6 +262,10 @@ def search_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, *, t
             continue
         if est.fits:
             ranked.append(est)
+    if not ranked:
+        raise NoPlanFitsError(f"no plan over {mixed.name} fits: the {len(scored)} shapes whose layers fit by the "
+                              f"search's table do not once priced stage by stage; try a larger global batch or "
+                              "more GPUs")
     ranked.sort(key=lambda e: e.step_time_s)
     return MixedSearchResult(ranked=tuple(ranked[:top_k]), num_shapes=len(shapes), num_fit=len(scored),
                              elapsed_s=time.perf_counter() - t0)
