@@ -80,6 +80,7 @@ def test_example_loads_with_each_groups_preset_and_count(example):
      "no-such"),
     (TWO_H100.replace("num_gpus = 256", "num_gpus = 0", 1), "num_gpus"),
     ('name = "one"\n[[group]]\nname = "a"\ncluster = "dgx-h100"\nnum_gpus = 8\n' + LINK, "at least two"),
+    ('name = "x"\ngroup = 3\n' + LINK, "[[group]] tables"),
 ])
 def test_bad_cluster_files_get_one_line_errors(tmp_path, text, says):
     with pytest.raises((FileFormatError, SpecError)) as e:

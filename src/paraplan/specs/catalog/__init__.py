@@ -579,12 +579,13 @@ _GROUP_REQUIRED = ("name", "cluster", "num_gpus")
 
 
 def is_mixed_cluster_file(name_or_path: str | os.PathLike) -> bool:
-    """Whether `name_or_path` is a TOML file with [[group]] tables (a mixed cluster)."""
+    """Whether `name_or_path` is a TOML file of the mixed-cluster schema (a `group` or a
+    `between_groups` key at its top level)."""
     path = Path(os.fspath(name_or_path)).expanduser()
     if path.suffix.lower() != ".toml" or not path.is_file():
         return False
     data, _ = read_toml(path, str(path))
-    return isinstance(data.get("group"), list)
+    return "group" in data or "between_groups" in data
 
 
 def load_mixed_cluster(path: str | os.PathLike) -> MixedCluster:
