@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.cost.estimate import estimate
-from paraplan.cost.mixed import FIRST, LAST, MIDDLE, _proxy_stage, estimate_mixed
+from paraplan.cost.mixed import FIRST, LAST, MIDDLE, estimate_mixed, price_proxies, proxy_key
 from paraplan.cost.reshard import BoundaryLayout, crossing_volumes, direct_volumes, reshard
 from paraplan.cost.stage_memory import plan_memory_total
 from paraplan.errors import FileFormatError, SpecError
@@ -202,11 +202,10 @@ def test_the_search_table_is_the_proxies_themselves(llama70b, example, which, de
     reduction after the pipeline, which overlaps with the last backward: the closed form
     takes it from two points, the plans shown are priced exactly.)"""
     group = example.groups[1]
-    key = (8, 16, 1, Recompute.SELECTIVE, True)
-    stage = _GroupTable(llama70b, group, WL, [key]).stage(key, which, float(depth), group.name)
-    plan = MixedPlan(dp=16, micro_batch_size=1, recompute=Recompute.SELECTIVE, tp_overlap=True,
-                     stages=(MixedStage(group=group.name, tp=8, layers=1),) * 2)
-    fwd, bwd, after, memory, _ = _proxy_stage(llama70b, group.cluster, WL, plan, 8, n, depth, which)
+    table_key = (8, 16, 1, Recompute.SELECTIVE, True)
+    stage = _GroupTable(llama70b, group, WL, [table_key]).stage(table_key, which, float(depth), group.name)
+    key = (group.name, 8, n, depth, 16, 1, Schedule.ONE_F_ONE_B, Recompute.SELECTIVE, ZeroStage.OPTIMIZER, True, True)
+    fwd, bwd, after, memory, _ = price_proxies(llama70b, example, WL, [key])[key][which]
     assert stage.time_s(n) == pytest.approx(fwd + bwd, rel=1e-9)
     assert stage.bytes_(n) == pytest.approx(memory, rel=1e-9)
     assert stage.after_s(n) >= 0.0
@@ -302,3 +301,13 @@ def test_the_python_api_searches_a_mixed_cluster_as_the_search_does(llama70b, ex
     assert [e.plan.describe() for e in res.ranked] == [e.plan.describe() for e in direct.ranked]
     with pytest.raises(SpecError, match="bogus"):
         api.search_mixed("llama3-70b", EXAMPLE, bogus=1)
+
+
+def test_proxies_priced_in_one_batch_are_those_priced_one_by_one(llama70b, example):
+    """The search prices its finalists' stages in batches (price_proxies over many keys):
+    to the bit what each stage priced alone gives."""
+    res = search_mixed(llama70b, example, WL, top_k=3)
+    keys = [proxy_key(e.plan, place) for e in res.ranked for place in range(e.plan.pp)]
+    together = price_proxies(llama70b, example, WL, keys)
+    for key in keys:
+        assert price_proxies(llama70b, example, WL, [key])[key] == together[key]

@@ -128,40 +128,73 @@ def _proxy_depth(place: int, num_stages: int) -> tuple[int, int]:
     return num_stages - place + 1, MIDDLE
 
 
-def _proxy_stage(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: MixedPlan, tp: int, layers: int,
-                 depth: int, which: int) -> tuple[float, float, float, float, float]:
-    """(forward, backward, after-pipeline seconds, bytes, pipeline send) of stage `which` of
-    a `depth`-deep homogeneous pipeline of `layers` layers a stage on `cluster`."""
-    proxy_model = replace(model, num_layers=layers * depth)
-    proxy = make_plan(tp=tp, pp=depth, dp=plan.dp, micro_batch_size=plan.micro_batch_size, schedule=plan.schedule,
-                      recompute=plan.recompute, zero=plan.zero, sequence_parallel=plan.sequence_parallel and tp > 1,
-                      tp_overlap=plan.tp_overlap and tp > 1, attention=cluster.gpu.attention_kernels[-1])
-    sized = cluster.with_num_gpus(tp * depth * plan.dp)
-    rejected = check_plan(proxy, proxy_model, sized, workload)
-    if rejected is not None:
-        raise PlanRejectedError(f"a stage of TP{tp} with {layers} layers on {cluster.name}: {rejected.reason}")
-    batch = PlanBatch.from_plans([proxy])
-    costs = evaluate(proxy_model, sized, workload, batch)
-    times = (costs.first, costs.last, costs.middle)[which]
-    memory = stage_totals_bytes(proxy_model, sized, workload, batch)[which]
-    send = p2p_handoff_s(sized, proxy_model, layout(proxy_model, workload, batch))
-    fwd, bwd, after, total, hop = (float(np.asarray(x).reshape(-1)[0]) for x in (
-        times.forward_s, times.backward_s, costs.dp_step_s, memory, send))
-    return fwd, bwd, after, total, hop
+def proxy_key(plan: MixedPlan, place: int) -> tuple:
+    """What prices stage `place` of `plan`: its group, TP, layers, proxy depth and the policy."""
+    stage = plan.stages[place]
+    depth, _ = _proxy_depth(place, plan.pp)
+    return (stage.group, stage.tp, stage.layers, depth, plan.dp, plan.micro_batch_size, plan.schedule,
+            plan.recompute, plan.zero, plan.sequence_parallel, plan.tp_overlap)
+
+
+def price_proxies(model: ModelSpec, mixed: MixedCluster, workload: Workload, keys) -> dict:
+    """Each proxy_key's (first, last, middle) stages, each (forward, backward, after-pipeline
+    seconds, bytes, pipeline send), or the reason its proxy is not a valid plan: one batched
+    evaluation per group, layers and depth (the proxies of a search's plans share them)."""
+    out: dict = {}
+    by_shape: dict = {}
+    for key in dict.fromkeys(keys):
+        group, _, layers, depth = key[:4]
+        by_shape.setdefault((group, layers, depth), []).append(key)
+    for (group, layers, depth), shape_keys in by_shape.items():
+        cluster = mixed.group(group).cluster
+        proxy_model = replace(model, num_layers=layers * depth)
+        plans, valid = [], []
+        for key in shape_keys:
+            _, tp, _, _, dp, mb, schedule, recompute, zero, sp, tpov = key
+            proxy = make_plan(tp=tp, pp=depth, dp=dp, micro_batch_size=mb, schedule=schedule, recompute=recompute,
+                              zero=zero, sequence_parallel=sp and tp > 1, tp_overlap=tpov and tp > 1,
+                              attention=cluster.gpu.attention_kernels[-1])
+            rejected = check_plan(proxy, proxy_model, cluster.with_num_gpus(tp * depth * dp), workload)
+            if rejected is not None:
+                out[key] = f"a stage of TP{tp} with {layers} layers on {cluster.name}: {rejected.reason}"
+                continue
+            plans.append(proxy)
+            valid.append(key)
+        if plans:
+            out.update(zip(valid, _proxy_stages(proxy_model, cluster, workload, PlanBatch.from_plans(plans))))
+    return out
+
+
+def _proxy_stages(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list:
+    """Per plan of `batch` (homogeneous proxy pipelines), its (first, last, middle) stages as
+    (forward, backward, after-pipeline seconds, bytes, pipeline send)."""
+    costs = evaluate(model, cluster, workload, batch)
+    memory = stage_totals_bytes(model, cluster, workload, batch)
+    send = np.broadcast_to(np.asarray(p2p_handoff_s(cluster, model, layout(model, workload, batch)), dtype=float),
+                           (len(batch),))
+    after = np.broadcast_to(np.asarray(costs.dp_step_s, dtype=float), (len(batch),))
+
+    def column(x) -> np.ndarray:
+        return np.broadcast_to(np.asarray(x, dtype=float), (len(batch),))
+
+    stages = [(column(t.forward_s), column(t.backward_s), column(m)) for t, m in
+              zip((costs.first, costs.last, costs.middle), memory)]
+    return [tuple((float(f[i]), float(b[i]), float(after[i]), float(m[i]), float(send[i])) for f, b, m in stages)
+            for i in range(len(batch))]
 
 
 def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan, place: int,
                 cache: dict) -> MixedStageCost:
     """Stage `place` of the plan; `cache` keeps proxy stages across the plans of one model,
-    cluster and workload (a search prices the same stage in many plans)."""
+    cluster and workload (a search prices the same stage in many plans: price_proxies)."""
     stage = plan.stages[place]
     cluster = mixed.group(stage.group).cluster
-    depth, which = _proxy_depth(place, plan.pp)
-    key = (stage.group, stage.tp, stage.layers, depth, which, plan.dp, plan.micro_batch_size, plan.schedule,
-           plan.recompute, plan.zero, plan.sequence_parallel, plan.tp_overlap)
+    key = proxy_key(plan, place)
     if key not in cache:
-        cache[key] = _proxy_stage(model, cluster, workload, plan, stage.tp, stage.layers, depth, which)
-    fwd, bwd, after, memory, send = cache[key]
+        cache.update(price_proxies(model, mixed, workload, [key]))
+    if isinstance(cache[key], str):
+        raise PlanRejectedError(cache[key])
+    fwd, bwd, after, memory, send = cache[key][_proxy_depth(place, plan.pp)[1]]
     return MixedStageCost(group=stage.group, gpu=cluster.gpu.name, tp=stage.tp, layers=stage.layers, forward_s=fwd,
                           backward_s=bwd, after_pipeline_s=after, memory_bytes=memory,
                           capacity_bytes=cluster.gpu.hbm_bytes, pipeline_send_s=send)

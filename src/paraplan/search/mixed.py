@@ -38,7 +38,8 @@ from ..specs.mixed import GPUGroup, MixedCluster
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from ..cost.evaluate import evaluate, layout
-from ..cost.mixed import FIRST, LAST, MIDDLE, MixedEstimate, boundary_bytes, check_mixed_model, estimate_mixed
+from ..cost.mixed import (FIRST, LAST, MIDDLE, MixedEstimate, boundary_bytes, check_mixed_model, estimate_mixed,
+                          price_proxies, proxy_key)
 from ..cost.pipeline import p2p_handoff_s
 from ..cost.reshard import BoundaryLayout, reshard
 from ..cost.stage_memory import stage_totals_bytes
@@ -253,9 +254,10 @@ def search_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, *, t
         raise NoPlanFitsError(f"no plan over {mixed.name} fits: every shape of {len(shapes)} leaves a stage over its "
                               f"GPU's memory; try a larger global batch, fewer layers or more GPUs")
     scored.sort(key=lambda x: x[0])
-    cache: dict = {}
+    finalists = [plan for _, plan in scored[:max(EXACT_PLANS, 2 * top_k)]]
+    cache = price_proxies(model, mixed, workload, [proxy_key(p, place) for p in finalists for place in range(p.pp)])
     ranked = []
-    for _, plan in scored[:max(EXACT_PLANS, 2 * top_k)]:
+    for plan in finalists:
         try:
             est = estimate_mixed(model, mixed, workload, plan, cache)
         except ParaplanError:
