@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import SpecError
+from ..plan.axes import ZeroStage
 from ..plan.mixed import MixedPlan, MixedStage
 from ..plan.plan import make_plan
 from ..plan.space import PlanBatch, check_plan
@@ -38,9 +39,11 @@ from ..specs.workload import Workload
 from .estimate import PlanRejectedError
 from .evaluate import evaluate, layout
 from .flops import model_flops_per_token
+from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from .pipeline import p2p_handoff_s
+from .reliability import Reliability, reliability
 from .reshard import BoundaryLayout, Resharding, reshard
-from .stage_memory import stage_totals_bytes
+from .stage_memory import stage_state_bytes, stage_totals_bytes
 
 FIRST, LAST, MIDDLE = 0, 1, 2  # stage_totals_bytes's order
 
@@ -60,6 +63,7 @@ class MixedStageCost:
     memory_bytes: float
     capacity_bytes: float
     pipeline_send_s: float  # its send to the next stage when both share group and layout
+    checkpoint_s: float     # its GPUs' stall copying their share of a checkpoint to host memory
 
     @property
     def fits(self) -> bool:
@@ -82,6 +86,7 @@ class MixedEstimate:
     mfu: float            # model FLOPs / (step × the used GPUs' summed peak)
     usd_per_hour: float   # the used GPUs' hourly price
     power_watts: float    # the used GPUs' summed TDP (the budget's energy: cost/carbon.py)
+    with_failures: Reliability  # the token budget through interruptions (cost/reliability.py)
     sim: SimResult
 
     @property
@@ -138,7 +143,8 @@ def proxy_key(plan: MixedPlan, place: int) -> tuple:
 
 def price_proxies(model: ModelSpec, mixed: MixedCluster, workload: Workload, keys) -> dict:
     """Each proxy_key's (first, last, middle) stages, each (forward, backward, after-pipeline
-    seconds, bytes, pipeline send), or the reason its proxy is not a valid plan: one batched
+    seconds, bytes, pipeline send, checkpoint bytes per GPU), or the reason its proxy is not a
+    valid plan: one batched
     evaluation per group, layers and depth (the proxies of a search's plans share them)."""
     out: dict = {}
     by_shape: dict = {}
@@ -167,9 +173,10 @@ def price_proxies(model: ModelSpec, mixed: MixedCluster, workload: Workload, key
 
 def _proxy_stages(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list:
     """Per plan of `batch` (homogeneous proxy pipelines), its (first, last, middle) stages as
-    (forward, backward, after-pipeline seconds, bytes, pipeline send)."""
+    (forward, backward, after-pipeline seconds, bytes, pipeline send, checkpoint bytes)."""
     costs = evaluate(model, cluster, workload, batch)
     memory = stage_totals_bytes(model, cluster, workload, batch)
+    states = stage_state_bytes(model, workload, batch)
     send = np.broadcast_to(np.asarray(p2p_handoff_s(cluster, model, layout(model, workload, batch)), dtype=float),
                            (len(batch),))
     after = np.broadcast_to(np.asarray(costs.dp_step_s, dtype=float), (len(batch),))
@@ -177,10 +184,15 @@ def _proxy_stages(model: ModelSpec, cluster: ClusterSpec, workload: Workload, ba
     def column(x) -> np.ndarray:
         return np.broadcast_to(np.asarray(x, dtype=float), (len(batch),))
 
-    stages = [(column(t.forward_s), column(t.backward_s), column(m)) for t, m in
-              zip((costs.first, costs.last, costs.middle), memory)]
-    return [tuple((float(f[i]), float(b[i]), float(after[i]), float(m[i]), float(send[i])) for f, b, m in stages)
-            for i in range(len(batch))]
+    # a checkpoint writes each tensor once over its replicas (DCP dedup, Megatron's fully-parallel
+    # save; estimate.py checkpoint_bytes_per_gpu): weights over DP, the optimizer over DP at ZeRO-0
+    dp = column(batch.dp)
+    zero0 = np.asarray(batch.zero_code) == ZeroStage.NONE.code
+    ckpt = [column(w) / dp + column(o) / np.where(zero0, dp, 1.0) for w, o in states]
+    stages = [(column(t.forward_s), column(t.backward_s), column(m), c) for t, m, c in
+              zip((costs.first, costs.last, costs.middle), memory, ckpt)]
+    return [tuple((float(f[i]), float(b[i]), float(after[i]), float(m[i]), float(send[i]), float(c[i]))
+                  for f, b, m, c in stages) for i in range(len(batch))]
 
 
 def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan, place: int,
@@ -194,10 +206,11 @@ def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan:
         cache.update(price_proxies(model, mixed, workload, [key]))
     if isinstance(cache[key], str):
         raise PlanRejectedError(cache[key])
-    fwd, bwd, after, memory, send = cache[key][_proxy_depth(place, plan.pp)[1]]
+    fwd, bwd, after, memory, send, ckpt = cache[key][_proxy_depth(place, plan.pp)[1]]
     return MixedStageCost(group=stage.group, gpu=cluster.gpu.name, tp=stage.tp, layers=stage.layers, forward_s=fwd,
                           backward_s=bwd, after_pipeline_s=after, memory_bytes=memory,
-                          capacity_bytes=cluster.gpu.hbm_bytes, pipeline_send_s=send)
+                          capacity_bytes=cluster.gpu.hbm_bytes, pipeline_send_s=send,
+                          checkpoint_s=ckpt / cluster.gpu.host_link_bw_unidir_bytes_per_s)
 
 
 def _layout(plan: MixedPlan, stage: MixedStage) -> BoundaryLayout:
@@ -250,7 +263,16 @@ def estimate_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, pl
     peak = sum(n * mixed.group(name).cluster.gpu.peak(workload.precision) for name, n in gpus.items())
     usd = sum(n * (workload.usd_per_gpu_hour or mixed.group(name).cluster.usd_per_gpu_hour) for name, n in gpus.items())
     watts = sum(n * mixed.group(name).cluster.gpu.tdp_watts for name, n in gpus.items())
+    num_gpus = sum(gpus.values())
+    train_s = workload.token_budget / tokens * step
+    # the slowest stage's checkpoint stall holds every rank (estimate.py prices one cluster so)
+    failures = reliability(num_gpus=num_gpus, step_s=step, work_s=train_s,
+                           checkpoint_s=max(s.checkpoint_s for s in stages),
+                           interruptions_per_gpu_day=workload.interruptions_per_gpu_day,
+                           restart_s=workload.restart_s, usd_per_gpu_hour=usd / num_gpus,
+                           min_interval_s=model.num_params * (WEIGHT_BYTES + OPTIMIZER_BYTES)
+                           / workload.storage_bytes_per_s)
     return MixedEstimate(plan=plan, cluster=mixed.name, stages=stages, reshardings=reshardings, hop_s=hop_s,
-                         num_microbatches=m, step_time_s=step, tokens_per_s=tokens / step, num_gpus=sum(gpus.values()),
+                         num_microbatches=m, step_time_s=step, tokens_per_s=tokens / step, num_gpus=num_gpus,
                          mfu=model_flops_per_token(model, workload.seq_len) * tokens / step / peak, usd_per_hour=usd,
-                         power_watts=watts, sim=sim)
+                         power_watts=watts, with_failures=failures, sim=sim)

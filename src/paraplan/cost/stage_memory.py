@@ -374,3 +374,11 @@ def stage_totals_bytes(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     gpu, lay = cluster.gpu, layout(model, workload, plan)
     st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
     return tuple((t + st.buffers) * (1.0 + gpu.allocator_fragmentation) + gpu.reserved_bytes for t in st.totals)
+
+
+def stage_state_bytes(model: ModelSpec, workload: Workload, plan) -> tuple:
+    """(first, last, middle) stage's (weights, optimizer) bytes per GPU, as _stage_states
+    counts them (what a checkpoint of the stage writes: cost/mixed.py)."""
+    lay = layout(model, workload, plan)
+    st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
+    return tuple((parts[0], parts[2]) for parts in st.parts)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
+from ..cost.carbon import carbon_kg, facility_energy_j
 from ..cost.mixed import MixedEstimate
 from ..sim.schedules import Phase
-from ..cost.carbon import carbon_kg, facility_energy_j
 from ..units import GIB, MEGA, SECONDS_PER_HOUR, fmt_bytes, fmt_co2e_kg, fmt_count, fmt_energy_j, fmt_time, fmt_usd
-from .table import grid
+from .table import failures_line, grid
 from .timeline import chrome_trace
 
 
@@ -68,6 +70,7 @@ def summary(est: MixedEstimate, workload) -> str:
         f"at {fmt_usd(est.usd_per_hour)}/hour, {fmt_count(est.num_gpus * seconds / SECONDS_PER_HOUR)} GPU-hours",
         f"energy, carbon  {fmt_energy_j(joules)} at TDP, {fmt_energy_j(facility)} at PUE {workload.pue:.2f}: "
         f"{fmt_co2e_kg(co2)} at {workload.grid_kg_co2e_per_kwh:.3g} kg/kWh (--pue, --grid-kg-per-kwh)",
+        failures_line(est.with_failures),
     ])
 
 
@@ -96,7 +99,8 @@ def mixed_dict(est: MixedEstimate, workload) -> dict:
             "num_microbatches": est.num_microbatches, "usd_per_hour": est.usd_per_hour,
             "token_budget": {"tokens": token_budget, "time_s": seconds, "usd": usd,
                              "gpu_hours": est.num_gpus * seconds / SECONDS_PER_HOUR, "energy_j": joules,
-                             "facility_energy_j": facility, "carbon_kg": co2},
+                             "facility_energy_j": facility, "carbon_kg": co2,
+                             "with_failures": asdict(est.with_failures)},
             "stages": [{"group": s.group, "gpu": s.gpu, "tp": s.tp, "layers": s.layers, "forward_s": s.forward_s,
                         "backward_s": s.backward_s, "after_pipeline_s": s.after_pipeline_s,
                         "memory_bytes": s.memory_bytes, "capacity_bytes": s.capacity_bytes, "fits": s.fits}
