@@ -7,7 +7,7 @@ import pytest
 from support import assert_user_error, run
 
 from paraplan.cli import main
-from paraplan.plan.space import _divisors
+from paraplan.plan.space import divisors
 
 BASE = ["search", "--model", "llama3-8b", "--gpus", "8", "--batch", "64", "--seq", "2048"]
 
@@ -48,7 +48,7 @@ def test_batch_too_small_for_the_gpu_count_says_what_must_divide(capsys):
 
 @pytest.mark.parametrize("n", [1, 2, 12, 36, 97, 1024, 1_000_000])
 def test_divisors_match_the_definition(n):
-    assert list(_divisors(n)) == [x for x in range(1, n + 1) if n % x == 0]
+    assert list(divisors(n)) == [x for x in range(1, n + 1) if n % x == 0]
 
 
 @pytest.mark.parametrize("flags", [["--tokens", "inf"], ["--price", "nan"], ["--tokens", "-1"]])

@@ -134,7 +134,9 @@ def p2p_time_s(cluster: ClusterSpec, num_bytes, stride):
     return t
 
 
-def _send_s(tier: LinkTier, num_bytes, rate_scale=1.0):
+def send_s(tier: LinkTier, num_bytes, rate_scale=1.0):
+    """One point-to-point send of `num_bytes` over `tier`: latency + bytes / (bandwidth ×
+    `rate_scale` × efficiency at that size)."""
     B = np.asarray(num_bytes, dtype=float)
     return tier.latency_s + B / (tier.bw_unidir_bytes_per_s * rate_scale * tier.efficiency.at(B))
 
@@ -159,14 +161,14 @@ def pipeline_hops_s(cluster: ClusterSpec, num_bytes, p, stride, block, v=1, repl
         n = pipeline_crossings(p, st, block, D, replicas, spacing)
         return v * n + (v - 1.0) * (n > 0)
     n_node = crossing(cluster.gpus_per_node)
-    near = _send_s(cluster.nvlink, num_bytes)
-    far = _send_s(cluster.scaleout, num_bytes)
+    near = send_s(cluster.nvlink, num_bytes)
+    far = send_s(cluster.scaleout, num_bytes)
     if cluster.dcn is not None and cluster.gpus_per_island:
         I = float(cluster.gpus_per_island)
         n_isl = crossing(cluster.gpus_per_island)
         pooled = np.minimum(I / np.minimum(st, I),
                             cluster.scaleout.bw_unidir_bytes_per_s / cluster.dcn.bw_unidir_bytes_per_s)
-        across = _send_s(cluster.dcn, num_bytes, np.maximum(pooled, 1.0))
+        across = send_s(cluster.dcn, num_bytes, np.maximum(pooled, 1.0))
     else:
         n_isl, across = np.zeros_like(hops), far
     total = (hops - n_node) * near + (n_node - n_isl) * far + n_isl * across

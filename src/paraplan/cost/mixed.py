@@ -29,9 +29,10 @@ import numpy as np
 from ..errors import SpecError
 from ..plan.axes import ZeroStage
 from ..plan.mixed import MixedPlan, MixedStage
-from ..plan.plan import make_plan
+from ..plan.plan import Plan, make_plan
 from ..plan.space import PlanBatch, check_plan
 from ..sim.engine import SimResult, StageCosts, simulate_schedule
+from ..sim.idle import pipeline_idle
 from ..specs.hardware import ClusterSpec
 from ..specs.mixed import MixedCluster
 from ..specs.model import ModelSpec
@@ -43,9 +44,9 @@ from .memory import OPTIMIZER_BYTES, WEIGHT_BYTES
 from .pipeline import p2p_handoff_s
 from .reliability import Reliability, reliability
 from .reshard import BoundaryLayout, Resharding, reshard
-from .stage_memory import stage_state_bytes, stage_totals_bytes
+from .stage_memory import stage_bytes
 
-FIRST, LAST, MIDDLE = 0, 1, 2  # stage_totals_bytes's order
+FIRST, LAST, MIDDLE = 0, 1, 2  # stage_bytes's order (stage_memory.py)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,16 +88,13 @@ class MixedEstimate:
     usd_per_hour: float   # the used GPUs' hourly price
     power_watts: float    # the used GPUs' summed TDP (the budget's energy: cost/carbon.py)
     with_failures: Reliability  # the token budget through interruptions (cost/reliability.py)
+    rank_end_s: tuple[float, ...]  # each rank's last task's end; its after-pipeline work follows
     sim: SimResult
 
     @property
     def fits(self) -> bool:
         return all(s.fits for s in self.stages)
 
-    @property
-    def resharding_s(self) -> float:
-        """One micro-batch's resharding over every boundary, one way."""
-        return sum(r.seconds for r in self.reshardings if r is not None)
 
 
 def check_mixed_model(model: ModelSpec) -> None:
@@ -124,7 +122,7 @@ def check_mixed_plan(model: ModelSpec, mixed: MixedCluster, workload: Workload, 
     return workload.global_batch_size // per_step
 
 
-def _proxy_depth(place: int, num_stages: int) -> tuple[int, int]:
+def proxy_depth(place: int, num_stages: int) -> tuple[int, int]:
     """(proxy pipeline depth, which of its stages) for a stage at `place` of `num_stages`."""
     if place == 0:
         return num_stages, FIRST
@@ -136,16 +134,24 @@ def _proxy_depth(place: int, num_stages: int) -> tuple[int, int]:
 def proxy_key(plan: MixedPlan, place: int) -> tuple:
     """What prices stage `place` of `plan`: its group, TP, layers, proxy depth and the policy."""
     stage = plan.stages[place]
-    depth, _ = _proxy_depth(place, plan.pp)
+    depth, _ = proxy_depth(place, plan.pp)
     return (stage.group, stage.tp, stage.layers, depth, plan.dp, plan.micro_batch_size, plan.schedule,
             plan.recompute, plan.zero, plan.sequence_parallel, plan.tp_overlap)
 
 
+def proxy_plan(cluster: ClusterSpec, *, tp: int, depth: int, dp: int, micro_batch_size: int, schedule, recompute,
+               zero, sequence_parallel: bool, tp_overlap: bool) -> Plan:
+    """The homogeneous pipeline `depth` deep on `cluster` whose stages a mixed stage is priced
+    as: its TP, the pipeline's DP and policy, the GPU's fastest attention kernel."""
+    return make_plan(tp=tp, pp=depth, dp=dp, micro_batch_size=micro_batch_size, schedule=schedule,
+                     recompute=recompute, zero=zero, sequence_parallel=sequence_parallel and tp > 1,
+                     tp_overlap=tp_overlap and tp > 1, attention=cluster.gpu.attention_kernels[-1])
+
+
 def price_proxies(model: ModelSpec, mixed: MixedCluster, workload: Workload, keys) -> dict:
-    """Each proxy_key's (first, last, middle) stages, each (forward, backward, after-pipeline
-    seconds, bytes, pipeline send, checkpoint bytes per GPU), or the reason its proxy is not a
-    valid plan: one batched
-    evaluation per group, layers and depth (the proxies of a search's plans share them)."""
+    """Each proxy_key's (first, last, middle) stages (proxy_stages), or the reason its proxy is
+    not a valid plan: one batched evaluation per group, layers and depth (the proxies of a
+    search's plans share them)."""
     out: dict = {}
     by_shape: dict = {}
     for key in dict.fromkeys(keys):
@@ -157,9 +163,8 @@ def price_proxies(model: ModelSpec, mixed: MixedCluster, workload: Workload, key
         plans, valid = [], []
         for key in shape_keys:
             _, tp, _, _, dp, mb, schedule, recompute, zero, sp, tpov = key
-            proxy = make_plan(tp=tp, pp=depth, dp=dp, micro_batch_size=mb, schedule=schedule, recompute=recompute,
-                              zero=zero, sequence_parallel=sp and tp > 1, tp_overlap=tpov and tp > 1,
-                              attention=cluster.gpu.attention_kernels[-1])
+            proxy = proxy_plan(cluster, tp=tp, depth=depth, dp=dp, micro_batch_size=mb, schedule=schedule,
+                               recompute=recompute, zero=zero, sequence_parallel=sp, tp_overlap=tpov)
             rejected = check_plan(proxy, proxy_model, cluster.with_num_gpus(tp * depth * dp), workload)
             if rejected is not None:
                 out[key] = f"a stage of TP{tp} with {layers} layers on {cluster.name}: {rejected.reason}"
@@ -167,23 +172,21 @@ def price_proxies(model: ModelSpec, mixed: MixedCluster, workload: Workload, key
             plans.append(proxy)
             valid.append(key)
         if plans:
-            out.update(zip(valid, _proxy_stages(proxy_model, cluster, workload, PlanBatch.from_plans(plans))))
+            out.update(zip(valid, proxy_stages(proxy_model, cluster, workload, PlanBatch.from_plans(plans))))
     return out
 
 
-def _proxy_stages(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list:
+def proxy_stages(model: ModelSpec, cluster: ClusterSpec, workload: Workload, batch: PlanBatch) -> list:
     """Per plan of `batch` (homogeneous proxy pipelines), its (first, last, middle) stages as
     (forward, backward, after-pipeline seconds, bytes, pipeline send, checkpoint bytes)."""
     costs = evaluate(model, cluster, workload, batch)
-    memory = stage_totals_bytes(model, cluster, workload, batch)
-    states = stage_state_bytes(model, workload, batch)
-    send = np.broadcast_to(np.asarray(p2p_handoff_s(cluster, model, layout(model, workload, batch)), dtype=float),
-                           (len(batch),))
-    after = np.broadcast_to(np.asarray(costs.dp_step_s, dtype=float), (len(batch),))
+    memory, states = stage_bytes(model, cluster, workload, batch)
 
     def column(x) -> np.ndarray:
         return np.broadcast_to(np.asarray(x, dtype=float), (len(batch),))
 
+    send = column(p2p_handoff_s(cluster, model, layout(model, workload, batch)))
+    after = column(costs.dp_step_s)
     # a checkpoint writes each tensor once over its replicas (DCP dedup, Megatron's fully-parallel
     # save; estimate.py checkpoint_bytes_per_gpu): weights over DP, the optimizer over DP at ZeRO-0
     dp = column(batch.dp)
@@ -206,7 +209,7 @@ def _stage_cost(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan:
         cache.update(price_proxies(model, mixed, workload, [key]))
     if isinstance(cache[key], str):
         raise PlanRejectedError(cache[key])
-    fwd, bwd, after, memory, send, ckpt = cache[key][_proxy_depth(place, plan.pp)[1]]
+    fwd, bwd, after, memory, send, ckpt = cache[key][proxy_depth(place, plan.pp)[1]]
     return MixedStageCost(group=stage.group, gpu=cluster.gpu.name, tp=stage.tp, layers=stage.layers, forward_s=fwd,
                           backward_s=bwd, after_pipeline_s=after, memory_bytes=memory,
                           capacity_bytes=cluster.gpu.hbm_bytes, pipeline_send_s=send,
@@ -218,9 +221,9 @@ def _layout(plan: MixedPlan, stage: MixedStage) -> BoundaryLayout:
 
 
 def boundary_bytes(model: ModelSpec, workload: Workload, micro_batch_size: int) -> float:
-    """One micro-batch's activation at a stage boundary: micro-batch × sequence × hidden,
-    in 16 bits."""
-    return 2.0 * micro_batch_size * workload.seq_len * model.hidden_size
+    """One micro-batch's activation at a stage boundary: micro-batch × sequence × hidden at the
+    workload's activation width (pipeline.p2p_handoff_s's tensor, before any TP split)."""
+    return workload.precision.activation_bytes * micro_batch_size * workload.seq_len * model.hidden_size
 
 
 def _hops(model: ModelSpec, mixed: MixedCluster, workload: Workload, plan: MixedPlan,
@@ -254,14 +257,14 @@ def estimate_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, pl
     costs = StageCosts(forward_s=tuple((s.forward_s,) for s in stages), backward_s=tuple((s.backward_s,) for s in stages),
                        weight_s=zeros, p2p_s=0.0, hop_s=hop_s)
     sim = simulate_schedule(plan.schedule, m, costs)
-    cols = sim.columns
-    last_end = np.zeros(plan.pp)
-    np.maximum.at(last_end, cols.rank, cols.end_s)
-    step = float(max(end + s.after_pipeline_s for end, s in zip(last_end, stages)))
-    tokens = workload.global_batch_size * workload.seq_len
+    idle = pipeline_idle(sim)
+    rank_end_s = tuple(idle.makespan_s - r.cooldown_s for r in idle.ranks)  # each rank's last task
+    step = float(max(end + s.after_pipeline_s for end, s in zip(rank_end_s, stages)))
+    tokens = workload.tokens_per_step
     gpus = {g.name: plan.gpus_of(g.name) for g in mixed.groups}
     peak = sum(n * mixed.group(name).cluster.gpu.peak(workload.precision) for name, n in gpus.items())
-    usd = sum(n * (workload.usd_per_gpu_hour or mixed.group(name).cluster.usd_per_gpu_hour) for name, n in gpus.items())
+    usd = sum(n * (workload.usd_per_gpu_hour if workload.usd_per_gpu_hour is not None
+                   else mixed.group(name).cluster.usd_per_gpu_hour) for name, n in gpus.items())
     watts = sum(n * mixed.group(name).cluster.gpu.tdp_watts for name, n in gpus.items())
     num_gpus = sum(gpus.values())
     train_s = workload.token_budget / tokens * step
@@ -275,4 +278,4 @@ def estimate_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, pl
     return MixedEstimate(plan=plan, cluster=mixed.name, stages=stages, reshardings=reshardings, hop_s=hop_s,
                          num_microbatches=m, step_time_s=step, tokens_per_s=tokens / step, num_gpus=num_gpus,
                          mfu=model_flops_per_token(model, workload.seq_len) * tokens / step / peak, usd_per_hour=usd,
-                         power_watts=watts, with_failures=failures, sim=sim)
+                         power_watts=watts, with_failures=failures, rank_end_s=rank_end_s, sim=sim)

@@ -17,7 +17,8 @@ stage needs its own layout. Two ways to deliver it, the cheaper one taken:
   across the boundary, t_dst/t_src receivers per sender.
 
 The volumes are exact for these layouts (tests check them tile by tile); the time is the
-link's (latency + bytes / bandwidth at the message's efficiency), as every send in paraplan.
+link's (comm.send_s: latency + bytes / bandwidth at the message's efficiency), as every send
+in paraplan.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..specs.hardware import ClusterSpec, LinkTier
-from .comm import Collective, collective_time_s
+from .comm import Collective, collective_time_s, send_s
 
 
 @dataclass(frozen=True)
@@ -34,12 +35,6 @@ class BoundaryLayout:
 
     tp: int
     sequence_sharded: bool  # SP (rank i: the i-th 1/tp of the sequence); else whole on every rank
-
-    def held_fraction(self, rank: int) -> tuple[float, float]:
-        """(start, end) of the sequence rank `rank` holds."""
-        if not self.sequence_sharded:
-            return 0.0, 1.0
-        return rank / self.tp, (rank + 1) / self.tp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,10 +65,6 @@ def direct_volumes(src: BoundaryLayout, dst: BoundaryLayout, tensor_bytes: float
     return crossing, max(crossing / src.tp, need)
 
 
-def _send_s(tier: LinkTier, num_bytes: float) -> float:
-    return tier.latency_s + num_bytes / (tier.bw_unidir_bytes_per_s * float(tier.efficiency.at(num_bytes)))
-
-
 def reshard(link: LinkTier, receiver: ClusterSpec, src: BoundaryLayout, dst: BoundaryLayout,
             tensor_bytes: float) -> Resharding:
     """The cheaper of the two deliveries over `link` (per GPU, one way) into `receiver`'s
@@ -81,10 +72,10 @@ def reshard(link: LinkTier, receiver: ClusterSpec, src: BoundaryLayout, dst: Bou
     crossing, per_link, gather = crossing_volumes(src, dst, tensor_bytes)
     local_s = float(collective_time_s(receiver, Collective.ALL_GATHER, tensor_bytes, dst.tp, 1)) if gather else 0.0
     once = Resharding(strategy="send once + local all-gather" if gather else "send once", crossing_bytes=crossing,
-                      per_link_bytes=per_link, local_bytes=gather, seconds=_send_s(link, per_link) + local_s)
+                      per_link_bytes=per_link, local_bytes=gather, seconds=float(send_s(link, per_link)) + local_s)
     if not gather:
         return once
     d_crossing, d_link = direct_volumes(src, dst, tensor_bytes)
     direct = Resharding(strategy="send to each receiver", crossing_bytes=d_crossing, per_link_bytes=d_link,
-                        local_bytes=0.0, seconds=_send_s(link, d_link))
+                        local_bytes=0.0, seconds=float(send_s(link, d_link)))
     return once if once.seconds <= direct.seconds else direct

@@ -367,18 +367,12 @@ def plan_memory_total(model: ModelSpec, cluster: ClusterSpec, workload: Workload
     return alloc + gpu.allocator_fragmentation * alloc + gpu.reserved_bytes, st.host_bytes
 
 
-def stage_totals_bytes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> tuple:
-    """(first, last, middle) stage's bytes per GPU as plan_memory_total counts the worst
-    one's: allocated with the communication buffers, the GPU's fragmentation share and its
-    runtime reserve (a mixed pipeline prices each of its stages by its place: cost/mixed.py)."""
+def stage_bytes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -> tuple[tuple, tuple]:
+    """((first, last, middle) stage's bytes per GPU as plan_memory_total counts the worst one's:
+    allocated with the communication buffers, the GPU's fragmentation share and its runtime
+    reserve; the same stages' (weights, optimizer) bytes, what a checkpoint of each writes): a
+    mixed pipeline prices each of its stages by its place (cost/mixed.py)."""
     gpu, lay = cluster.gpu, layout(model, workload, plan)
     st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
-    return tuple((t + st.buffers) * (1.0 + gpu.allocator_fragmentation) + gpu.reserved_bytes for t in st.totals)
-
-
-def stage_state_bytes(model: ModelSpec, workload: Workload, plan) -> tuple:
-    """(first, last, middle) stage's (weights, optimizer) bytes per GPU, as _stage_states
-    counts them (what a checkpoint of the stage writes: cost/mixed.py)."""
-    lay = layout(model, workload, plan)
-    st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
-    return tuple((parts[0], parts[2]) for parts in st.parts)
+    totals = tuple((t + st.buffers) * (1.0 + gpu.allocator_fragmentation) + gpu.reserved_bytes for t in st.totals)
+    return totals, tuple((parts[0], parts[2]) for parts in st.parts)

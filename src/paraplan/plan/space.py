@@ -141,7 +141,7 @@ def _balanced(layers: int, chunks: int, mtp: int = 0) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _divisors(n: int) -> tuple[int, ...]:
+def divisors(n: int) -> tuple[int, ...]:
     """Divisors of n in increasing order (O(√n), once per n)."""
     small = [x for x in range(1, math.isqrt(n) + 1) if n % x == 0]
     return tuple(small + [n // x for x in reversed(small) if x * x != n])
@@ -526,13 +526,13 @@ def layouts(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed: 
     N = cluster.num_gpus
     max_tp = limits.max_tp or cluster.gpus_per_node
     out = []
-    for tp in _divisors(N):
+    for tp in divisors(N):
         if tp > max_tp or fixed.get("tp", tp) != tp:
             continue
-        for cp in _divisors(N // tp):
+        for cp in divisors(N // tp):
             if cp > limits.max_cp or fixed.get("cp", cp) != cp:
                 continue
-            for pp in _divisors(N // (tp * cp)):
+            for pp in divisors(N // (tp * cp)):
                 dp = N // (tp * cp * pp)
                 if fixed.get("pp", pp) == pp and fixed.get("dp", dp) == dp:
                     out.append({"tp": tp, "cp": cp, "pp": pp, "dp": dp})
@@ -549,7 +549,7 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
     # embedding, the loss and the MTP modules as a slot each
     slots = [v for v in range(2, limits.max_vp + 1) if _balanced(L, pp * v, model.mtp_layers)]
     vps = (fixed["vp"],) if "vp" in fixed else tuple(
-        sorted(x for x in set(_divisors(-(-L // pp))) | set(slots) if x <= limits.max_vp))
+        sorted(x for x in set(divisors(-(-L // pp))) | set(slots) if x <= limits.max_vp))
     L_s = int(fullest_stage_layers(L, pp))
     ks = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s})) if L_s > 1 else ()
     offload = (limits.activation_offload if limits.activation_offload is not None
@@ -557,7 +557,7 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
     offloaded = tuple(sorted({max(1, round(L_s * q)) for q in (0.5, 1.0)})) if offload else ()
     shards = [dp]
     if limits.hybrid_shard:  # (a shard group of one rank, dp_shard·cp = 1, shards nothing)
-        shards += [x for x in _divisors(dp) if x < dp and x * cp > 1
+        shards += [x for x in divisors(dp) if x < dp and x * cp > 1
                    and x >= cluster.gpus_per_node // max(tp * cp, 1)][:3]
     # with one data-parallel rank ZeRO shards nothing: ZeRO-0 stands for all stages (a
     # dense model's; an MoE model's experts still shard over their EDP group), and ZeRO-1
@@ -630,7 +630,7 @@ def expert_axes(cluster: ClusterSpec, limits: SpaceLimits, fixed: dict, layout: 
     ranks = tp * layout["cp"] * layout["dp"]
     return [
         Axis("etp", (), lambda: [x for x in sorted({1, tp}) if fixed.get("etp", x) == x]),
-        Axis("ep", (), lambda: [x for x in _divisors(ranks) if fixed.get("ep", x) == x
+        Axis("ep", (), lambda: [x for x in divisors(ranks) if fixed.get("ep", x) == x
                                 and not (limits.max_ep and x > limits.max_ep)]),
         Axis("capacity_factor_value", (), lambda: [0.0 if cf is None else float(cf) for cf in limits.capacity_factors]),
         Axis("a2a_hierarchical", ("ep", "etp"),

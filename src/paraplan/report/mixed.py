@@ -126,9 +126,7 @@ def mixed_trace(est: MixedEstimate, model_name: str) -> dict:
                          metadata={"plan": est.plan.describe(), "model": model_name, "cluster": est.cluster,
                                    "step_time_s": est.step_time_s, "microbatches": est.num_microbatches})
     events = trace["traceEvents"]
-    last_end = [0.0] * len(est.stages)
     for e in est.sim.events:
-        last_end[e.rank] = max(last_end[e.rank], e.end_s)
         hop = e.virtual_stage if e.phase is Phase.FORWARD else e.virtual_stage - 1
         if not 0 <= hop < len(est.reshardings) or est.reshardings[hop] is None:
             continue
@@ -137,7 +135,7 @@ def mixed_trace(est: MixedEstimate, model_name: str) -> dict:
                        "cat": "comm", "ph": "X", "pid": e.rank, "tid": SEND_TID, "ts": e.end_s * MEGA,
                        "dur": est.hop_s[hop] * MEGA, "args": {"strategy": r.strategy, "crossing_bytes": r.crossing_bytes,
                                                                "per_link_bytes": r.per_link_bytes}})
-    for rank, (end_s, s) in enumerate(zip(last_end, est.stages)):
+    for rank, (end_s, s) in enumerate(zip(est.rank_end_s, est.stages)):
         events.append({"name": "DP reduction + optimizer step", "cat": "optimizer", "ph": "X", "pid": rank,
                        "tid": AFTER_TID, "ts": end_s * MEGA, "dur": s.after_pipeline_s * MEGA, "args": {}})
         events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": SEND_TID, "args": {"name": "resharding"}})
