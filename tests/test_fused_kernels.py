@@ -14,6 +14,7 @@ from paraplan.cost.roofline import gemm_time_s
 from paraplan.export.megatron import SUPPORT as MEGATRON
 from paraplan.export.torchtitan import SUPPORT as TORCHTITAN
 from paraplan.plan.plan import make_plan
+from paraplan.report.labels import GEMMS_BWD
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
 
@@ -126,6 +127,37 @@ def test_async_tp_on_separate_projections_leaves_the_backward_input_gradient_sca
     eager, fused = bwd_exposed(fused_kernels=False), bwd_exposed()
     assert eager >= 2.0 * rs
     assert fused < 2.0 * rs  # the same collectives, hidden behind the GEMMs but one chunk each
+
+
+def test_micro_pipeline_tp_runs_each_tp_bound_gemm_as_t_chunks():
+    """torch's micro-pipeline TP runs a fused all-gather-matmul once per rank's shard and a
+    fused matmul-reduce-scatter once per destination's rows: the forward's four GEMMs as t
+    GEMMs of T/t rows; in the backward only out's and down's data gradients (consumers of the
+    gathered output gradient), the weight gradients whole. Fused (Transformer Engine) overlap
+    and TP without overlap keep whole GEMMs."""
+    model, t, T = load_model("llama3-8b"), 8, 8192
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    gpu, bf16, h, f = cluster.gpu, Precision.BF16, model.hidden_size, model.ffn_hidden_size
+    wl = Workload(global_batch_size=8, seq_len=T)
+    kw = dict(tp=t, micro_batch_size=1, sequence_parallel=True, fused_kernels=False)
+
+    def gemm(rows, n, k):
+        return (T / rows) * float(gemm_time_s(gpu, rows, n, k, bf16))
+
+    def out_down(rows):
+        return gemm(rows, h, model.q_dim / t) + gemm(rows, h, f / t)
+
+    whole = estimate(model, cluster, wl, make_plan(**kw)).layer_detail
+    async_tp = estimate(model, cluster, wl, make_plan(**kw, tp_overlap=True)).layer_detail
+    assert float(whole["fwd"]["out-proj GEMM"]) == pytest.approx(gemm(T, h, model.q_dim / t))
+    assert float(async_tp["fwd"]["out-proj GEMM"]) == pytest.approx(gemm(T / t, h, model.q_dim / t))
+    assert float(async_tp["fwd"]["MLP down GEMM"]) == pytest.approx(gemm(T / t, h, f / t))
+    bwd = GEMMS_BWD
+    assert float(async_tp["wgrad"][bwd]) == pytest.approx(float(whole["wgrad"][bwd]))
+    assert float(async_tp["bwd"][bwd]) == pytest.approx(float(whole["bwd"][bwd]) + out_down(T / t) - out_down(T))
+    fused = dict(kw, fused_kernels=True)
+    assert float(estimate(model, cluster, wl, make_plan(**fused, tp_overlap=True)).layer_detail["fwd"]["out-proj GEMM"]) \
+        == pytest.approx(gemm(T, h, model.q_dim / t))
 
 
 def test_an_eager_engines_element_wise_kernels_stream_at_the_measured_eager_share():

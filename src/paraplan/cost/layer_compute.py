@@ -59,21 +59,42 @@ def autocast_grad_s(gpu, params, tensors, m, cast=True):
     return (memory_bound_time_s(gpu, 6.0 * params, tensors) if cast else 0.0) + add
 
 
-def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused):
+def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused, chunks=1.0):
     """(QKV, MLP up, out-projection, MLP down) GEMM times of one layer's forward (vectorized).
 
     QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
     and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
     separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
-    torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size."""
+    torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size. `chunks`
+    (vectorized): each GEMM run as that many GEMMs of T/chunks rows (micro-pipeline TP)."""
     h, f, qd, kvd = model.hidden_size, model.ffn_hidden_size, model.q_dim, model.kv_dim
-    g_qkv = gemm_time_s(gpu, T, model.qkv_params_per_layer / h / t, h, prec)
-    g_up = up_projection_time_s(gpu, T, f / t, h, prec, model.num_mlp_matrices - 1, fused)
+    n = np.asarray(chunks, dtype=float)
+    rows = T / n
+
+    def gemm(cols, depth):
+        return n * gemm_time_s(gpu, rows, cols, depth, prec)
+
+    g_qkv = gemm(model.qkv_params_per_layer / h / t, h)
+    g_up = n * up_projection_time_s(gpu, rows, f / t, h, prec, model.num_mlp_matrices - 1, fused)
     if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
-        g_qkv = np.where(fused, g_qkv, gemm_time_s(gpu, T, qd / t, h, prec) + 2.0 * gemm_time_s(gpu, T, kvd / t, h, prec))
-    g_out = gemm_time_s(gpu, T, h, qd / t, prec)
-    g_down = gemm_time_s(gpu, T, h, f / t, prec)
+        g_qkv = np.where(fused, g_qkv, gemm(qd / t, h) + 2.0 * gemm(kvd / t, h))
+    g_out = gemm(h, qd / t)
+    g_down = gemm(h, f / t)
     return g_qkv, g_up, g_out, g_down
+
+
+def micro_pipeline_chunks(plan, lay: Layout, fused):
+    """GEMM chunks per TP-bound matmul: t under torch's micro-pipeline TP (an eager block with
+    TP overlap and SP: torchtitan's async TP), else 1. Its fused all-gather-matmul runs the
+    matmul once per rank's shard of the gathered input as that shard arrives, and its fused
+    matmul-reduce-scatter once per destination rank's rows (torch
+    `_inductor/fx_passes/micro_pipeline_tp.py`, `distributed/_symmetric_memory`
+    `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`): t GEMMs of T/t rows each,
+    at the efficiency of their own size. Transformer Engine's userbuffers overlap (fused
+    engines) is not priced so."""
+    micro = (np.asarray(plan.tp_overlap, dtype=bool) & ~np.asarray(fused, dtype=bool)
+             & np.asarray(lay.sequence_parallel, dtype=bool) & (lay.tp > 1))
+    return np.where(micro, lay.tp, 1.0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +107,8 @@ class LayerCompute:
     out_gemm_s: Num
     down_gemm_s: Num
     gemms_forward_s: Num    # the four GEMMs of the forward (dense MLP by its share)
+    gemms_backward_s: Num   # their data- and weight-gradient GEMMs
+    gemms_wgrad_s: Num      # the weight-gradient GEMMs alone
     attention_forward_s: Num
     attention_backward_s: Num
     elementwise_forward_s: Num
@@ -142,8 +165,17 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     # a layer's weight matrices as the eager engines keep them: wq, wk, wv, wo and the MLP's
     # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
     layer_matrices = 4.0 + model.num_mlp_matrices
-    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused)
+    # the forward's four GEMMs consume an all-gather (QKV, up) or feed a reduce-scatter (out,
+    # down): chunked under micro-pipeline TP; in the backward only the data gradients of out
+    # and down consume one (the gathered output gradient), and the weight gradients none
+    chunks = micro_pipeline_chunks(plan, lay, fused)
+    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
+    gemms_wgrad, gemms_bwd = gemms_fwd, 2.0 * gemms_fwd
+    if np.any(chunks > 1.0):
+        p_qkv, p_up, p_out, p_down = layer_gemms_s(gpu, model, T, t, prec, fused)
+        gemms_wgrad = p_qkv + p_out + w_dense * (p_up + p_down)
+        gemms_bwd = 2.0 * gemms_wgrad + (g_out - p_out) + w_dense * (g_down - p_down)
     attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
     # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B) or NVFP4
@@ -174,12 +206,12 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
         ew_bwd = ew_bwd + grad_casts
     return LayerCompute(
         flops=lf, qkv_gemm_s=g_qkv, up_gemm_s=g_up, out_gemm_s=g_out, down_gemm_s=g_down, gemms_forward_s=gemms_fwd,
-        attention_forward_s=attn_fwd, attention_backward_s=attn_bwd, elementwise_forward_s=ew_fwd,
+        gemms_backward_s=gemms_bwd, gemms_wgrad_s=gemms_wgrad, attention_forward_s=attn_fwd, attention_backward_s=attn_bwd, elementwise_forward_s=ew_fwd,
         elementwise_backward_s=ew_bwd, quantize_cast_s=cast, grad_casts_s=grad_casts,
         moe_forward_s=moe_fwd, moe_backward_s=moe_bwd, moe_wgrad_s=moe_wgrad,
         forward_s=gemms_fwd + attn_fwd + ew_fwd + moe_fwd,
-        backward_s=2.0 * gemms_fwd + attn_bwd + ew_bwd + moe_bwd,
+        backward_s=gemms_bwd + attn_bwd + ew_bwd + moe_bwd,
         # the weight-gradient GEMMs = one forward's worth, and what lies on the weights' side of
         # them (autocast's gradient casts and fp32 accumulation: a split backward's W pass runs them)
-        weight_grad_s=gemms_fwd + moe_wgrad + grad_casts,
+        weight_grad_s=gemms_wgrad + moe_wgrad + grad_casts,
         casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused)

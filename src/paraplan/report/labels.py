@@ -20,7 +20,7 @@ MOE_BWD = "MoE (experts, router, permute, shared)"
 
 
 def layer_detail(*, qkv_s, attention_fwd_s, out_s, up_s, down_s, elementwise_fwd_s, tp_fwd_s, cp_fwd_s, zero_fwd_s,
-                 fsdp2_fwd_s, host_wait_s, gemms_fwd_s, attention_bwd_s, elementwise_bwd_s, tp_bwd_s, cp_bwd_s,
+                 fsdp2_fwd_s, host_wait_s, gemms_bwd_s, gemms_wgrad_s, attention_bwd_s, elementwise_bwd_s, tp_bwd_s, cp_bwd_s,
                  zero_bwd_s, fsdp2_bwd_s, grad_casts_s, moe_wgrad_s, moe=None, grad_compression_bwd_s=0.0) -> dict:
     """Per-layer op times by label, forward ("fwd"), backward ("bwd") and the weight-gradient
     GEMMs inside the backward ("wgrad": ZB-H1's W pass); `host_wait_s`: (fwd, bwd, W);
@@ -31,7 +31,7 @@ def layer_detail(*, qkv_s, attention_fwd_s, out_s, up_s, down_s, elementwise_fwd
                 "MLP down GEMM": down_s, "element-wise": elementwise_fwd_s, "TP collectives": tp_fwd_s,
                 "CP K/V exchange": cp_fwd_s, "FSDP gather": zero_fwd_s, "FSDP2 copies": fsdp2_fwd_s,
                 HOST_WAIT: host_wait_s[0]},
-        "bwd": {GEMMS_BWD: 2.0 * gemms_fwd_s, "attention": attention_bwd_s, "element-wise": elementwise_bwd_s,
+        "bwd": {GEMMS_BWD: gemms_bwd_s, "attention": attention_bwd_s, "element-wise": elementwise_bwd_s,
                 "TP collectives": tp_bwd_s, "CP K/V exchange": cp_bwd_s, "FSDP gather/reduce": zero_bwd_s,
                 "FSDP2 copies, gradient accumulation": fsdp2_bwd_s, HOST_WAIT: host_wait_s[1]},
     }
@@ -47,7 +47,7 @@ def layer_detail(*, qkv_s, attention_fwd_s, out_s, up_s, down_s, elementwise_fwd
     if np.any(np.asarray(grad_compression_bwd_s) > 0.0):  # ZeRO++ qgZ's int4 quantize / dequantize
         detail["bwd"][GRAD_COMPRESSION] = grad_compression_bwd_s
     # the weight-gradient GEMMs inside each "bwd" entry: what ZB-H1 runs as its W pass
-    detail["wgrad"] = {GEMMS_BWD: gemms_fwd_s, MOE_BWD: moe_wgrad_s,
+    detail["wgrad"] = {GEMMS_BWD: gemms_wgrad_s, MOE_BWD: moe_wgrad_s,
                        "element-wise": grad_casts_s, HOST_WAIT: host_wait_s[2]}
     return detail
 

@@ -381,9 +381,12 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
     # Megatron-LM (without --use-tp-pp-dp-mapping), NeMo and FSDP stacks lay ranks out
     orders = (c["rank_order"] or RankOrder.TP_CP_DP_PP,)
     schedules = _published_schedules(row)  # PP=1 rows ignore it
-    # no published row says it offloads activations: they are kept or recomputed
+    # optimizer states stay on the GPU (no published row offloads them); activation offload is
+    # a blank knob like recomputation: searched where the search would try it, a host reached
+    # at NVLink-C2C rates (GB200/GB300: NeMo's Grace recipes name offload in config files this
+    # repository does not hold, so it is not read from the row), not over PCIe
     limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
-                         activation_offload=False,
+                         activation_offload=None,
                          attention=_attention_kernels(row), sequence_parallel=sps,
                          # precision policy as the row states it: 2021–22 Megatron-LM all-reduces fp32
                          # main grads; Composer FSDP "DEFAULT" keeps fp32 parameter shards (gathered
