@@ -28,7 +28,7 @@ from paraplan.plan.axes import AttentionKernel, Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import PlanBatch, enumerate_space
 from paraplan.specs.catalog import load_cluster, load_model
-from paraplan.specs.workload import Precision, Workload
+from paraplan.specs.workload import Fp8Recipe, Precision, Workload
 
 LLAMA, MIXTRAL = load_model("llama3-8b"), load_model("mixtral-8x7b")
 # torchtitan's DeepSeek-V3 trains no multi-token-prediction module: the model as --mtp-layers 0 gives it
@@ -170,6 +170,26 @@ def test_torchtitan_fp8_moe_converts_the_grouped_experts(tmp_path):
         assert verdict["error"] is None, verdict["error"]
         assert verdict["job"]["quantize"]["grouped_mm"]["float8"]["fqns"] == ["experts"]
         assert "quantize.grouped_mm.float8" in verdict["job"]["model"]["converters"]
+
+
+def test_rowwise_fp8_goes_to_torchtitan_by_recipe_name_and_megatron_refuses_it(tmp_path):
+    """torchao's row-wise recipe: torchtitan names it (quantize.linear.float8.recipe_name, which
+    its ConfigManager parses); Megatron-LM's --fp8-recipe has no row-wise choice: one line."""
+    wl = Workload(global_batch_size=64, seq_len=4096, precision=Precision.FP8, fp8_recipe=Fp8Recipe.ROWWISE)
+    p, cluster = plan(zero=ZeroStage.GRADIENTS), load_cluster("dgx-h100", num_gpus=16)
+    res = torchtitan.export(p, LLAMA, cluster, wl)
+    cfg = tomllib.loads(res.text)
+    assert cfg["quantize"]["linear"]["float8"]["recipe_name"] == "rowwise"
+    tensorwise = tomllib.loads(torchtitan.export(p, LLAMA, cluster, replace(wl, fp8_recipe=Fp8Recipe.TENSORWISE)).text)
+    assert "quantize" not in tensorwise
+    with pytest.raises(SpecError, match="fp8_recipe='rowwise'.*no row-wise"):
+        megatron.check(make_plan(dp=16), LLAMA, wl)
+    if torchtitan_022_dir() is not None:
+        path = tmp_path / "tt.toml"
+        path.write_text(res.text)
+        verdict = run_torchtitan_022([{"toml": str(path), "mesh": None, "world": p.num_gpus}])[0]
+        assert verdict["error"] is None, verdict["error"]
+        assert verdict["job"]["quantize"]["linear"]["float8"]["recipe_name"] == "rowwise"
 
 
 def test_megatron_reduces_fp16_gradients_in_fp32_as_the_plan_prices():

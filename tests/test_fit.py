@@ -25,16 +25,22 @@ SHAPES = [dict(num_gpus="8", global_batch="64", micro_batch="2", tp="2", pp="1",
           dict(num_gpus="8", global_batch="32", micro_batch="4", tp="1", pp="1", dp="8")]
 
 
-def _runs(sustained: float, fp8: float) -> list[dict]:
-    """Rows whose measured iteration time is the model's own prediction at these knobs."""
+ROWWISE_LABEL = "BF16 + Float8 linear (float8 rowwise)"  # torchtitan's label
+
+
+def _runs(sustained: float, fp8: float, rowwise: float | None = None) -> list[dict]:
+    """Rows whose measured iteration time is the model's own prediction at these knobs (with
+    `rowwise`, row-wise FP8 runs too)."""
     rows = []
+    precisions = ("bf16", "fp8") + ((ROWWISE_LABEL,) if rowwise is not None else ())
     for i, shape in enumerate(SHAPES):
-        for precision in ("bf16", "fp8"):
-            row = {**BASE, **shape, "precision": precision, "id": f"r{i}-{precision}",
+        for precision in precisions:
+            row = {**BASE, **shape, "precision": precision, "id": f"r{i}-{precision[-7:]}",
                    "source": f"lab-{'a' if i % 2 else 'b'}@abc:bench.md", "metric_id": "iteration_time_s"}
             setup = row_setup(row, "rows.csv", 2)
             cluster = row_cluster(setup)
-            gpu = replace(cluster.gpu, sustained_compute_ratio=sustained, fp8_gemm_efficiency_ratio=fp8)
+            gpu = replace(cluster.gpu, sustained_compute_ratio=sustained, fp8_gemm_efficiency_ratio=fp8,
+                          fp8_rowwise_gemm_efficiency_ratio=1.0 if rowwise is None else rowwise)
             row["value"] = repr(predict_on(row, setup, replace(cluster, gpu=gpu))[0])
             rows.append(row)
     return rows
@@ -49,6 +55,21 @@ def test_fit_recovers_the_knobs_that_made_the_runs(tmp_path, sustained, fp8):
     assert result.values["fp8_gemm_efficiency_ratio"] == pytest.approx(fp8, abs=0.05)
     assert result.mean_abs_pct(result.in_sample) < 1.5
     assert result.mean_abs_pct(result.leave_one_out) < 3.0
+
+
+def test_fit_recovers_the_rowwise_ratio_from_rowwise_runs_alone(tmp_path):
+    """Row-wise FP8 runs inform the row-wise ratio and nothing else: the per-tensor FP8 ratio
+    comes from the per-tensor runs, the row-wise one from the row-wise runs at both."""
+    path = write_csv(tmp_path, TRAINING_HEADER, _runs(0.7, 0.9, rowwise=0.6))
+    result = fit_gpu([str(path)], load_gpu(H100))
+    assert len(result.runs) == 9
+    assert result.values["sustained_compute_ratio"] == pytest.approx(0.7, abs=0.02)
+    assert result.values["fp8_gemm_efficiency_ratio"] == pytest.approx(0.9, abs=0.05)
+    assert result.values["fp8_rowwise_gemm_efficiency_ratio"] == pytest.approx(0.6, abs=0.05)
+    assert result.mean_abs_pct(result.in_sample) < 1.5
+    # without row-wise runs the knob keeps the preset's value
+    plain = fit_gpu([str(write_csv(tmp_path, TRAINING_HEADER, _runs(0.7, 0.9)))], load_gpu(H100))
+    assert plain.values["fp8_rowwise_gemm_efficiency_ratio"] == load_gpu(H100).fp8_rowwise_gemm_efficiency_ratio
 
 
 def test_fitted_knobs_stay_within_their_bounds(tmp_path):
@@ -174,4 +195,4 @@ def test_nvfp4_runs_are_tabulated_along_the_ratio_that_prices_them(tmp_path):
     (run_,), _ = tabulate([str(write_csv(tmp_path, TRAINING_HEADER, [row]))])
     slow, fast = run_.grid[-1, 0], run_.grid[-1, -1]  # at the ratio's low and high bounds
     assert slow > fast * 1.05
-    assert KNOBS[1].informed_by(run_.precision)
+    assert run_.informs(KNOBS[1])

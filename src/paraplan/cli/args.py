@@ -66,6 +66,10 @@ def add_specs(p: argparse.ArgumentParser) -> None:
                         "divide it)")
     g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, nvfp4 (Blackwell), tf32 or fp32 (default "
                    "bf16; tf32/fp32: 4-byte activations, weights and gradients)")
+    g.add_argument("--fp8-recipe", default="tensorwise",
+                   help="with --precision fp8: tensorwise (a scale per tensor: Transformer Engine, torchao's "
+                        "default) or rowwise (torchao's row-wise scales: each operand quantized along each GEMM's "
+                        "axis, its GEMMs at the GPU's fp8_rowwise_gemm_efficiency_ratio) (default tensorwise)")
     g.add_argument("--optimizer", default="adam",
                    help="adam (one fused kernel: Megatron, DeepSpeed, torchtitan) or adam-unfused "
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
@@ -374,12 +378,13 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 def workload_from_args(args: argparse.Namespace) -> Workload:
     """The workload of the flags: batch, sequence, precision, optimizer, budget and costs."""
-    from ..specs.workload import Optimizer, parse_precision
+    from ..specs.workload import Optimizer, parse_fp8_recipe, parse_precision
     try:
         optimizer = Optimizer(args.optimizer)
     except ValueError:
         raise SpecError("workload", "--optimizer", args.optimizer,
                         "allowed: " + ", ".join(o.value for o in Optimizer)) from None
+    recipe = parse_fp8_recipe(args.fp8_recipe, "--fp8-recipe")
     if args.batch:
         gbs = args.batch
     elif args.batch_tokens is None:
@@ -393,7 +398,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
         if gbs > MAX_COUNT:
             raise SpecError("workload", "--batch-tokens", tokens, f"at most {MAX_COUNT} sequences of --seq {args.seq}")
     return Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
-                    optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
+                    fp8_recipe=recipe, optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
                     **({} if args.moe_imbalance is None else {"moe_imbalance": args.moe_imbalance}),
                     restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
                     storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),

@@ -107,7 +107,7 @@ def cmd_trace_mixed(args) -> int:
 def _header(model, mixed, workload, width: int) -> str:
     groups = " + ".join(f"{g.num_gpus} × {g.cluster.gpu.name} ({g.name})" for g in mixed.groups)
     lines = [wrap(f"{model.name} ({fmt_count(model.num_params)} params) on {mixed.name}: {groups}; batch "
-                  f"{workload.global_batch_size} × {workload.seq_len} tokens, {workload.precision}", width)]
+                  f"{workload.global_batch_size} × {workload.seq_len} tokens, {workload.precision_label}", width)]
     return "\n".join(lines + [wrap(note, width, indent=2) for note in seq_notes(model, workload)])
 
 

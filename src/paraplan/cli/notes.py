@@ -23,7 +23,7 @@ def header(model, cluster, wl, suffix: str = "", width: int = DEFAULT_WIDTH) -> 
     notes = [n for n in [unchecked_note([cluster.gpu])] + seq_notes(model, wl) if n]
     return "\n".join(wrap(line, width, indent=2) for line in [
         f"{model.name} ({fmt_count(model.num_params)} params) on {cluster.num_gpus} × {cluster.gpu.name} "
-        f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision}{suffix}"] + notes)
+        f"({cluster.name}); batch {wl.global_batch_size} × {wl.seq_len} tokens, {wl.precision_label}{suffix}"] + notes)
 
 
 def _engine_check(args, model, wl):

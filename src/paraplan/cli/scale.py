@@ -90,7 +90,7 @@ def cmd_scale(args) -> int:
     where = (f"{cluster.gpu.name} ({cluster.name})" if len(names) == 1
              else ", ".join(f"{c.gpu.name} ({c.name})" for c in clusters[::len(counts)]))
     title = (f"{model.name} on {where}; batch {wl.global_batch_size} × {wl.seq_len} "
-             f"tokens, {wl.precision}" + (f"; plans {args.engine} runs" if engine is not None else ""))
+             f"tokens, {wl.precision_label}" + (f"; plans {args.engine} runs" if engine is not None else ""))
     if args.plot is not None:
         from ..report.plots import plot_scaling
         plot_scaling(result, args.plot, title)

@@ -21,7 +21,7 @@ from ..specs.workload import Precision, Workload
 from . import memory as mem
 from .flops import CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, LayerFlops, flash2_padding, layer_forward_flops
 from .layout import Layout
-from .low_precision import LOW_PRECISIONS, attention_precision, quantize_bytes_per_element
+from .low_precision import LOW_PRECISIONS, attention_precision, quantize_bytes_per_element, rowwise
 from .moe import MoELayerCosts
 from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s,
                        up_projection_time_s)
@@ -179,10 +179,18 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
     # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B) or NVFP4
-    # (low_precision.quantize_bytes_per_element): streaming kernels
+    # (low_precision.quantize_bytes_per_element): streaming kernels; the backward moves twice
+    # the bytes. Row-wise FP8 (low_precision.py) quantizes each GEMM input X once more along
+    # T and each output gradient G twice, the TP-gathered inputs whole on every rank.
     cast_bytes = (quantize_bytes_per_element(prec) * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
                   if prec in LOW_PRECISIONS else 0.0)
     cast = memory_bound_time_s(gpu, cast_bytes, 0)
+    cast_bwd = 2.0 * cast
+    if rowwise(workload):
+        x_elems = 2.0 * h + qd / t + w_dense * f / t
+        g_elems = model.qkv_params_per_layer / h / t + h + w_dense * ((model.num_mlp_matrices - 1) * f / t + h)
+        cast = memory_bound_time_s(gpu, quantize_bytes_per_element(prec) * T * x_elems, 0)
+        cast_bwd = memory_bound_time_s(gpu, quantize_bytes_per_element(prec) * T * (x_elems + 2.0 * g_elems), 0)
     # an eager engine's element-wise kernels, one per op, stream at the GPU's eager share of the
     # copy rate (fused engines' at elementwise_bw_efficiency); an eager block under
     # torch.compile (plan.compiled): inductor's fused kernels take the GPU's measured
@@ -190,7 +198,7 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
     ew_eff = np.where(fused, gpu.elementwise_bw_efficiency, gpu.eager_elementwise_bw_efficiency)
     ew_fwd = ew_scale * memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, ew_eff) + cast
-    ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + 2.0 * cast
+    ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + cast_bwd
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)

@@ -5,6 +5,18 @@ FP8 (Transformer Engine, per-tensor or MXFP8): every linear layer's three GEMMs 
 data gradient, weight gradient) at the FP8 peak on 1-byte operands; each GEMM input cast from
 16 bits (read 2 B, write 1 B); attention, norms, embeddings and communication in 16 bits.
 
+FP8 with torchao's row-wise recipe (Workload.fp8_recipe; torchao/float8/config.py
+`Float8LinearRecipeName.ROWWISE`: axiswise scales for input, weight and output gradient in
+all three GEMMs): a scale per row along the GEMM's reduction axis, so the input X (T×K) is
+quantized for the forward GEMM and again along T for the weight gradient, the output gradient
+G (T×N) along N for the data gradient and along T for the weight gradient: per linear layer
+X twice and G twice, where a per-tensor scale quantizes each once (its transposes fused).
+torchtitan gathers TP inputs in 16 bits under this recipe, so every rank quantizes the
+gathered input whole. Its GEMMs run at the GPU's fp8_rowwise_gemm_efficiency_ratio of the
+per-tensor FP8 rate (torch._scaled_mm: a CUTLASS kernel for row-wise scales, cuBLAS for
+per-tensor ones; fitted by `paraplan fit` on row-wise runs, 1.0 where none was). Weights are
+quantized along both axes as well; like FP8's weight casts, not priced.
+
 NVFP4 (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv 2509.25149; Transformer
 Engine `NVFP4BlockScaling`; Megatron-Core low-precision guide, `--fp4-format e2m1`):
 - values are 4-bit E2M1 in blocks of 16 with one E4M3 scale per block (and an FP32 scale per
@@ -25,7 +37,10 @@ Engine `NVFP4BlockScaling`; Megatron-Core low-precision guide, `--fp4-format e2m
 
 from __future__ import annotations
 
-from ..specs.workload import Precision
+from dataclasses import replace
+
+from ..specs.hardware import GPUSpec
+from ..specs.workload import Fp8Recipe, Precision, Workload
 
 LOW_PRECISIONS = (Precision.FP8, Precision.NVFP4)
 
@@ -79,3 +94,16 @@ def bf16_end_layers(precision: Precision, num_layers: int) -> tuple[int, int]:
         return 0, 0
     first = min(NVFP4_BF16_LAYERS_AT_START, num_layers)
     return first, min(NVFP4_BF16_LAYERS_AT_END, num_layers - first)
+
+
+def recipe_gpu(gpu: GPUSpec, workload: Workload) -> GPUSpec:
+    """The GPU as the workload's FP8 recipe sees it: under the row-wise recipe its FP8 GEMMs at
+    fp8_rowwise_gemm_efficiency_ratio of the per-tensor rate; else the GPU itself."""
+    if workload.precision is not Precision.FP8 or workload.fp8_recipe is not Fp8Recipe.ROWWISE:
+        return gpu
+    return replace(gpu, fp8_gemm_efficiency_ratio=gpu.fp8_gemm_efficiency_ratio * gpu.fp8_rowwise_gemm_efficiency_ratio)
+
+
+def rowwise(workload: Workload) -> bool:
+    """Whether the workload trains in FP8 with row-wise scales."""
+    return workload.precision is Precision.FP8 and workload.fp8_recipe is Fp8Recipe.ROWWISE

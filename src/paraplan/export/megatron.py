@@ -47,7 +47,7 @@ from ..plan.plan import Plan
 from ..plan.space import SpaceLimits
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.workload import Precision, Workload
+from ..specs.workload import Fp8Recipe, Precision, Workload
 from ..specs.engine import Engine, EngineSupport, unsupported
 from .common import ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split
 
@@ -164,6 +164,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           f"{RankOrder.TP_CP_DP_PP} with CP or EP > 1 (--use-tp-pp-dp-mapping asserts CP·EP ≤ 1)")
     if workload.precision not in (Precision.BF16, Precision.FP16, Precision.FP8):
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16, fp16 or fp8 (--bf16 / --fp16 / --fp8-format)")
+    if workload.fp8_recipe is not Fp8Recipe.TENSORWISE:
+        raise unsupported(ENGINE, "fp8_recipe", str(workload.fp8_recipe),
+                          f"{Fp8Recipe.TENSORWISE} (--fp8-recipe delayed, tensorwise, mxfp8 or blockwise: no row-wise)")
     if plan.attention not in ATTENTION:  # pragma: no cover - closed enum
         raise unsupported(ENGINE, "attention", str(plan.attention), ", ".join(map(str, ATTENTION)))
 

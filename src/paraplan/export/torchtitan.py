@@ -50,7 +50,7 @@ from ..plan.plan import Plan
 from ..plan.space import PlanBatch, SpaceLimits, batch_shape, fsdp_shards
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.workload import Precision, Workload
+from ..specs.workload import Fp8Recipe, Precision, Workload
 from ..errors import SpecError
 from ..specs.engine import Engine, EngineSupport, check_model, refuse_model, unsupported
 from .common import ExportResult, header_lines, nodes_and_gpus_per_node, slot_counted_split
@@ -315,6 +315,8 @@ def job_config(plan: Plan, model: ModelSpec, workload: Workload) -> dict:
     }
     if quantize:
         cfg["quantize.grouped_mm.float8"] = quantize
+    if workload.fp8_recipe is Fp8Recipe.ROWWISE:  # torchao's recipe by name (config Float8Linear.recipe_name)
+        cfg["quantize.linear.float8"] = {"recipe_name": str(Fp8Recipe.ROWWISE)}
     return cfg
 
 

@@ -100,9 +100,9 @@ class RunConfig:
                 elif isinstance(f.default, RecomputeOps) and f.name in plan:  # ("qkv,act")
                     plan[f.name] = RecomputeOps.parse(plan[f.name], f.name)
             wl = d["workload"]
-            wl["precision"] = Precision(wl["precision"])
-            from ..specs.workload import Optimizer
-            wl["optimizer"] = Optimizer(wl["optimizer"])
+            for f in fields(Workload):  # every enum-valued workload field back from its string
+                if isinstance(f.default, StrEnum) and f.name in wl:
+                    wl[f.name] = type(f.default)(wl[f.name])
             return cls(**{**d, "model": ModelSpec(**d["model"]), "plan": Plan(**plan),
                           "workload": Workload(**wl), "device": Device(d["device"])})
         except (KeyError, TypeError, ValueError) as e:

@@ -40,6 +40,11 @@ class GPUSpec:
     attention_efficiency: dict
     # Achieved FP8 GEMM efficiency relative to the BF16 one at the same shape.
     fp8_gemm_efficiency_ratio: float = 0.75
+    # Under torchao's row-wise FP8 recipe (Workload.fp8_recipe; a scale per row of each
+    # operand), its GEMM's efficiency relative to the per-tensor FP8 GEMM's of the same shape:
+    # torch._scaled_mm runs row-wise scales in a CUTLASS kernel, per-tensor ones in cuBLAS.
+    # 1.0 where no row-wise run has fitted it (paraplan fit).
+    fp8_rowwise_gemm_efficiency_ratio: float = 1.0
     # A GEMM whose operand rows are not a multiple of 16 bytes (a 16-bit vocabulary of 50,257)
     # misses the aligned tensor-core kernels: cuBLAS falls back to an "align1" kernel. Its
     # efficiency relative to the aligned GEMM of the same shape; 1.0 where not measured.

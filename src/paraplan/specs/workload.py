@@ -29,6 +29,18 @@ class Precision(StrEnum):
         return 4.0 if self in (Precision.TF32, Precision.FP32) else 2.0
 
 
+class Fp8Recipe(StrEnum):
+    """How an FP8 run scales its GEMM inputs. Per-tensor (one scale a tensor: Transformer
+    Engine's current and delayed scaling, torchao's "tensorwise"; MXFP8's 1×32 blocks are priced
+    so too) or torchao's "rowwise" (`Float8LinearConfig.from_recipe_name("rowwise")`: axiswise
+    scales on all three GEMMs' operands, torchao/float8/config.py). A row-wise operand is
+    quantized along the GEMM's reduction axis, so a tensor two GEMMs read along different axes
+    is quantized twice, and its GEMM is a different kernel (cost/low_precision.py)."""
+
+    TENSORWISE = "tensorwise"
+    ROWWISE = "rowwise"
+
+
 class Optimizer(StrEnum):
     """Mixed-precision Adam (fp32 master weights + 2 moments, Rajbhandari et al.) by how its
     step runs: one fused multi-tensor kernel (Apex/Transformer Engine FusedAdam in Megatron
@@ -65,6 +77,7 @@ class Workload:
     global_batch_size: int  # sequences per optimizer step
     seq_len: int
     precision: Precision = Precision.BF16
+    fp8_recipe: Fp8Recipe = Fp8Recipe.TENSORWISE  # FP8 only
     optimizer: Optimizer = Optimizer.ADAM
     token_budget: float = 1e12  # tokens to train for (time / cost report)
     usd_per_gpu_hour: float | None = None  # None: the cluster's price
@@ -100,6 +113,12 @@ class Workload:
                             f"must be from 1 to {MAX_COUNT} sequences")
         if not 1 <= self.seq_len <= MAX_COUNT:
             raise SpecError("workload", "seq_len", self.seq_len, f"must be from 1 to {MAX_COUNT} tokens")
+        if not isinstance(self.fp8_recipe, Fp8Recipe):  # a name (a run config's JSON, the API)
+            object.__setattr__(self, "fp8_recipe", parse_fp8_recipe(self.fp8_recipe))
+        if self.fp8_recipe is not Fp8Recipe.TENSORWISE and self.precision is not Precision.FP8:
+            raise SpecError("workload", "fp8_recipe", str(self.fp8_recipe),
+                            f"a scaling recipe of FP8 training; this workload's precision is {self.precision} "
+                            "(--precision fp8, or leave --fp8-recipe at tensorwise)")
         if not 1.0 <= self.moe_imbalance < math.inf:
             raise SpecError("workload", "moe_imbalance", self.moe_imbalance,
                             "must be a finite number >= 1.0 (busiest expert-parallel rank's load over the mean)")
@@ -129,6 +148,13 @@ class Workload:
     def tokens_per_step(self) -> int:
         return self.global_batch_size * self.seq_len
 
+    @property
+    def precision_label(self) -> str:
+        """The precision as reports print it: "fp8 (rowwise)" under the row-wise recipe."""
+        if self.precision is Precision.FP8 and self.fp8_recipe is not Fp8Recipe.TENSORWISE:
+            return f"{self.precision} ({self.fp8_recipe})"
+        return str(self.precision)
+
 
 # Other spellings in published measurements and the engines' own flags: Megatron-Bridge's FP8
 # recipes (current scaling, delayed scaling, MXFP8; the cost model has one FP8), Lightning's
@@ -150,3 +176,11 @@ def parse_precision(text: str, field: str = "precision") -> Precision:
         raise SpecError("workload", field, text,
                         "allowed: " + ", ".join(Precision) + " (or " + ", ".join(_PRECISION_ALIASES)
                         + "; a note in parentheses may follow)") from None
+
+
+def parse_fp8_recipe(text: str, field: str = "fp8_recipe") -> Fp8Recipe:
+    """An FP8 scaling recipe by name (any case), else a one-line SpecError naming the allowed."""
+    try:
+        return Fp8Recipe(str(text).strip().lower())
+    except ValueError:
+        raise SpecError("workload", field, text, "allowed: " + ", ".join(Fp8Recipe)) from None

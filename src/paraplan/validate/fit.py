@@ -9,13 +9,18 @@ The knobs (docs/model.md, "Fitted knobs") are physical, one value per GPU type, 
   load, contention); 1.0 is the microbenchmark itself; 16- and 32-bit runs inform it.
 - fp8_gemm_efficiency_ratio in [0.5, 1.0]: an FP8 GEMM's efficiency relative to the same
   BF16 GEMM's (scaling-factor work, casts, FP8 tile shapes); NVFP4 GEMMs are priced with it
-  too, so FP8 and NVFP4 runs inform it.
+  too, so FP8 and NVFP4 runs inform it (per-tensor FP8 runs; not row-wise ones).
+- fp8_rowwise_gemm_efficiency_ratio in [0.5, 1.0]: under torchao's row-wise FP8 recipe, its
+  GEMM's efficiency relative to the per-tensor FP8 GEMM's (a CUTLASS kernel against cuBLAS);
+  row-wise FP8 runs inform it, and nothing else does.
 
 Each run is predicted as `validate` predicts it (the best plan for its blank knobs) at every
 point of a coarse grid of the knobs; between grid points the prediction is interpolated
 (bilinearly). The sustained share is fitted on the 16/32-bit runs, then the FP8 ratio on the
-FP8 and NVFP4 runs at that share, each to the value of a 0.01 grid with the least mean
-|error|. A knob no run informs keeps the preset's value. Nothing is fitted per run or source.
+per-tensor FP8 and NVFP4 runs at that share, then the row-wise ratio on the row-wise runs at
+both, each to the value of a 0.01 grid with the least mean |error|. A row-wise run's GEMMs
+run at the product of the two FP8 ratios, so its grid spans that product. A knob no run
+informs keeps the preset's value. Nothing is fitted per run or source.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import numpy as np
 from ..cost.low_precision import LOW_PRECISIONS
 from ..errors import ParaplanError, SpecError
 from ..specs.hardware import GPUSpec
-from ..specs.workload import Precision
+from ..specs.workload import Fp8Recipe, Precision
 from .rows import row_result
 from .training import METRICS, predict_on, read_training_rows, row_cells, row_cluster, row_setup
 
@@ -41,18 +46,26 @@ class Knob:
     high: float
     coarse: tuple[float, ...]  # where each run is predicted
     meaning: str
-    informed_by: Callable[[Precision], bool]
+    informed_by: Callable[[Precision, Fp8Recipe], bool]
 
 
 KNOBS = (
     Knob(field="sustained_compute_ratio", low=0.5, high=1.0, coarse=(0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
          meaning="share of the microbenchmarked GEMM and attention throughput a training step sustains",
-         informed_by=lambda precision: precision in (Precision.BF16, Precision.FP16, Precision.TF32, Precision.FP32)),
+         informed_by=lambda precision, recipe: precision in (Precision.BF16, Precision.FP16, Precision.TF32,
+                                                             Precision.FP32)),
     # NVFP4 GEMMs are priced with the same ratio (cost/roofline.py gemm_time_s): NVFP4 runs inform it too
     Knob(field="fp8_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(0.5, 0.75, 1.0),
          meaning="an FP8 (and NVFP4) GEMM's efficiency relative to the same BF16 GEMM's",
-         informed_by=lambda precision: precision in LOW_PRECISIONS),
+         informed_by=lambda precision, recipe: precision in LOW_PRECISIONS and recipe is Fp8Recipe.TENSORWISE),
+    # (a row-wise run is tabulated over the product of the two FP8 ratios: ROWWISE_COARSE)
+    Knob(field="fp8_rowwise_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(),
+         meaning="a row-wise-scaled FP8 GEMM's efficiency relative to the per-tensor FP8 GEMM's",
+         informed_by=lambda precision, recipe: precision is Precision.FP8 and recipe is Fp8Recipe.ROWWISE),
 )
+SHARE, FP8, ROWWISE = KNOBS
+# a row-wise run's grid: over the share and the product of the FP8 ratios (0.25 = both at 0.5)
+ROWWISE_COARSE = (0.25, 0.5, 0.75, 1.0)
 FINE_STEP = 0.01  # the resolution the fitted knobs are reported at
 
 
@@ -65,8 +78,24 @@ class Run:
     gpu: str           # the GPU preset the run was measured on
     moe: bool
     precision: Precision
+    recipe: Fp8Recipe
     measured: float
-    grid: np.ndarray   # predicted metric, shape (len(KNOBS[0].coarse), len(KNOBS[1].coarse))
+    # predicted metric over (SHARE.coarse, FP8.coarse); a row-wise run's over (SHARE.coarse,
+    # ROWWISE_COARSE), the product of the two FP8 ratios
+    grid: np.ndarray
+
+    @property
+    def ratio_axis(self) -> tuple[float, ...]:
+        return ROWWISE_COARSE if ROWWISE.informed_by(self.precision, self.recipe) else FP8.coarse
+
+    def informs(self, knob: Knob) -> bool:
+        return knob.informed_by(self.precision, self.recipe)
+
+    def standard_grid(self) -> np.ndarray:
+        """The grid over (SHARE.coarse, FP8.coarse): a row-wise run's at a row-wise ratio of 1."""
+        if self.ratio_axis == FP8.coarse:
+            return self.grid
+        return np.stack([np.interp(FP8.coarse, self.ratio_axis, row) for row in self.grid])
 
 
 def source_key(source: str) -> str:
@@ -110,18 +139,20 @@ def _tabulate_row(path: str, line: int, row: dict, gpus: tuple[str, ...] | None)
     cluster = row_cluster(setup)
     if gpus is not None and cluster.gpu.name not in gpus:
         return None
-    precision = setup.workload.precision
-    grid = np.empty((len(KNOBS[0].coarse), len(KNOBS[1].coarse)))
-    informs_ratio = KNOBS[1].informed_by(precision)
-    for i, s in enumerate(KNOBS[0].coarse):
-        for j, f in enumerate(KNOBS[1].coarse):
-            if j and not informs_ratio:
+    precision, recipe = setup.workload.precision, setup.workload.fp8_recipe
+    rowwise = ROWWISE.informed_by(precision, recipe)
+    axis = ROWWISE_COARSE if rowwise else FP8.coarse
+    grid = np.empty((len(SHARE.coarse), len(axis)))
+    ratio_matters = rowwise or FP8.informed_by(precision, recipe)
+    for i, s in enumerate(SHARE.coarse):
+        for j, f in enumerate(axis):
+            if j and not ratio_matters:
                 grid[i, j] = grid[i, 0]  # the knob does not touch this run
                 continue
-            c = replace(cluster, gpu=replace(cluster.gpu, **{KNOBS[0].field: s, KNOBS[1].field: f}))
+            c = replace(cluster, gpu=replace(cluster.gpu, **{SHARE.field: s, FP8.field: f, ROWWISE.field: 1.0}))
             grid[i, j] = predict_on(row, setup, c)[0]
     return Run(id=row["id"], source=source_key(row.get("source") or ""), gpu=cluster.gpu.name,
-               moe=setup.model.is_moe, precision=precision, measured=out["measured"], grid=grid)
+               moe=setup.model.is_moe, precision=precision, recipe=recipe, measured=out["measured"], grid=grid)
 
 
 def _fine(knob: Knob) -> np.ndarray:
@@ -131,9 +162,9 @@ def _fine(knob: Knob) -> np.ndarray:
 def _interpolated(runs: list[Run]) -> np.ndarray:
     """Each run's prediction on the fine grid: shape (runs, fine s, fine f), bilinear in the
     coarse grid."""
-    s_fine, f_fine = _fine(KNOBS[0]), _fine(KNOBS[1])
-    s_c, f_c = np.array(KNOBS[0].coarse), np.array(KNOBS[1].coarse)
-    grids = np.stack([r.grid for r in runs])  # (runs, S, F)
+    s_fine, f_fine = _fine(SHARE), _fine(FP8)
+    s_c, f_c = np.array(SHARE.coarse), np.array(FP8.coarse)
+    grids = np.stack([r.standard_grid() for r in runs])  # (runs, S, F)
     along_s = np.stack([np.interp(s_fine, s_c, g[:, j]) for g in grids for j in range(len(f_c))])
     along_s = along_s.reshape(len(runs), len(f_c), len(s_fine)).transpose(0, 2, 1)  # (runs, s_fine, F)
     out = np.empty((len(runs), len(s_fine), len(f_fine)))
@@ -149,26 +180,32 @@ def _abs_pct(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 def fit_knobs(runs: list[Run], prior: dict[str, float], fine: np.ndarray | None = None) -> dict[str, float]:
     """The knob values (on the fine grid) with the least mean |error|, one knob at a time: the
-    sustained compute share on the 16- and 32-bit runs, then the FP8 ratio on the FP8 and
-    NVFP4 runs at that share. Both knobs scale an FP8 run's GEMMs alike, so FP8 runs alone
-    cannot tell them apart: without a 16/32-bit run the share is fitted on the FP8 runs at the
-    prior's ratio, which stays. A knob no run informs keeps its `prior` value; ties go to the value nearest
-    the prior."""
+    sustained compute share on the 16- and 32-bit runs, then the FP8 ratio on the per-tensor
+    FP8 and NVFP4 runs at that share, then the row-wise ratio on the row-wise runs at both.
+    Both first knobs scale an FP8 run's GEMMs alike, so FP8 runs alone cannot tell them apart:
+    without a 16/32-bit run the share is fitted on the FP8 runs at the prior's ratio, which
+    stays. A knob no run informs keeps its `prior` value; ties go to the value nearest the prior."""
     fine = _interpolated(runs) if fine is None and runs else fine
     values = dict(prior)
-    s_fine, f_fine = _fine(KNOBS[0]), _fine(KNOBS[1])
-    f_prior = int(np.argmin(np.abs(f_fine - np.clip(prior[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))))
+    s_fine, f_fine = _fine(SHARE), _fine(FP8)
+    f_prior = int(np.argmin(np.abs(f_fine - np.clip(prior[FP8.field], FP8.low, FP8.high))))
     measured = np.array([r.measured for r in runs])
-    wide = np.array([KNOBS[0].informed_by(r.precision) for r in runs], bool)
-    low = np.array([KNOBS[1].informed_by(r.precision) for r in runs], bool)
+    wide = np.array([r.informs(SHARE) for r in runs], bool)
+    low = np.array([r.informs(FP8) for r in runs], bool)
     share_runs = wide if wide.any() else low
     if share_runs.any():
         err = _abs_pct(fine[share_runs, :, f_prior], measured[share_runs, None]).mean(axis=0)
-        values[KNOBS[0].field] = float(s_fine[_argmin_near(err, s_fine, prior[KNOBS[0].field])])
+        values[SHARE.field] = float(s_fine[_argmin_near(err, s_fine, prior[SHARE.field])])
     if wide.any() and low.any():
-        s_index = int(np.argmin(np.abs(s_fine - np.clip(values[KNOBS[0].field], KNOBS[0].low, KNOBS[0].high))))
+        s_index = int(np.argmin(np.abs(s_fine - np.clip(values[SHARE.field], SHARE.low, SHARE.high))))
         err = _abs_pct(fine[low, s_index, :], measured[low, None]).mean(axis=0)
-        values[KNOBS[1].field] = float(f_fine[_argmin_near(err, f_fine, prior[KNOBS[1].field])])
+        values[FP8.field] = float(f_fine[_argmin_near(err, f_fine, prior[FP8.field])])
+    rowwise = [r for r in runs if r.informs(ROWWISE)]
+    if rowwise:
+        r_fine = _fine(ROWWISE)
+        err = np.mean([[abs(100.0 * (predict_at(r, {**values, ROWWISE.field: x}) - r.measured) / r.measured)
+                        for x in r_fine] for r in rowwise], axis=0)
+        values[ROWWISE.field] = float(r_fine[_argmin_near(err, r_fine, prior[ROWWISE.field])])
     return values
 
 
@@ -178,10 +215,13 @@ def _argmin_near(err: np.ndarray, grid: np.ndarray, prior: float) -> int:
 
 
 def predict_at(run: Run, values: dict[str, float]) -> float:
-    """The run's prediction at knob values inside the bounds (bilinear in the coarse grid)."""
-    s_c, f_c = np.array(KNOBS[0].coarse), np.array(KNOBS[1].coarse)
-    s = float(np.clip(values[KNOBS[0].field], KNOBS[0].low, KNOBS[0].high))
-    f = float(np.clip(values[KNOBS[1].field], KNOBS[1].low, KNOBS[1].high))
+    """The run's prediction at knob values inside the bounds (bilinear in the coarse grid; a
+    row-wise run's at the product of the two FP8 ratios)."""
+    s_c, f_c = np.array(SHARE.coarse), np.array(run.ratio_axis)
+    s = float(np.clip(values[SHARE.field], SHARE.low, SHARE.high))
+    f = float(np.clip(values[FP8.field], FP8.low, FP8.high))
+    if run.informs(ROWWISE):
+        f *= float(np.clip(values[ROWWISE.field], ROWWISE.low, ROWWISE.high))
     along_s = [np.interp(s, s_c, run.grid[:, j]) for j in range(len(f_c))]
     return float(np.interp(f, f_c, along_s))
 

@@ -21,7 +21,7 @@ from ..specs.catalog import load_cluster, load_model, preset_name
 from ..specs.files import without_note
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.workload import Precision, Workload, parse_precision
+from ..specs.workload import Fp8Recipe, Precision, Workload, parse_precision
 from ..units import GIB, TERA
 from .memory import METRIC as PEAK_METRIC, check_complete, expandable_segments, predicted_peak
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
@@ -226,6 +226,15 @@ def published_precision(text: str) -> Precision:
     return parse_precision(text)
 
 
+def published_fp8_recipe(text: str, precision: Precision) -> Fp8Recipe:
+    """An FP8 run's scaling recipe as torchtitan and torchao publish it: "rowwise" (also
+    "rowwise_with_gw_hp", whose weight-gradient GEMM stays BF16: priced as row-wise, and no
+    published throughput row uses it) in the label or its note, else per-tensor."""
+    if precision is Precision.FP8 and re.search(r"\browwise", text, re.IGNORECASE):
+        return Fp8Recipe.ROWWISE
+    return Fp8Recipe.TENSORWISE
+
+
 def published_recompute(text: str, torchtitan: bool) -> Recompute:
     """A recomputation as sources publish it: a name (Recompute.parse), with a note that may
     follow. torchtitan's "selective" is its per-op checkpointing ("selective (per-op SAC)",
@@ -255,6 +264,7 @@ def row_cells(row: dict, path: str, line: int) -> dict:
         cells["precision"] = published_precision(prec) if prec else None  # blank: the row is skipped (row_setup)
     except SpecError as e:
         raise RowError(path, line, "precision", f"{prec!r} is not allowed; {e.allowed}") from None
+    cells["fp8_recipe"] = published_fp8_recipe(prec, cells["precision"])
     rc = (row.get("recompute") or "").strip()
     try:
         cells["recompute"] = published_recompute(rc, _is_torchtitan(row)) if rc else None
@@ -426,7 +436,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     balanced = "force-balanced" in (row.get("notes") or "").lower()
     if c["precision"] is None:
         raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
-    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
+    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"], fp8_recipe=c["fp8_recipe"],
                   expandable_segments=expandable_segments(row), **({"moe_imbalance": 1.0} if balanced else {}))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)

@@ -53,8 +53,8 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
                  "memory_bw_efficiency",
                  "elementwise_efficiency", "eager_elementwise_efficiency",
                  "optimizer_efficiency", "loss_efficiency", "scatter_add_efficiency",
-                 "fp8_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio", "compiled_elementwise_ratio",
-                 "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
+                 "fp8_gemm_efficiency_ratio", "fp8_rowwise_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio",
+                 "compiled_elementwise_ratio", "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio",
                  "checked_against", "source", "aliases")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
@@ -297,7 +297,7 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
     for key in ("memory_bw_efficiency", "elementwise_efficiency", "eager_elementwise_efficiency",
                 "optimizer_efficiency", "loss_efficiency",
                 "scatter_add_efficiency",
-                "fp8_gemm_efficiency_ratio", "compiled_elementwise_ratio",
+                "fp8_gemm_efficiency_ratio", "fp8_rowwise_gemm_efficiency_ratio", "compiled_elementwise_ratio",
                 "misaligned_gemm_efficiency_ratio", "sustained_compute_ratio"):
         if key in t.data:
             extra[key] = t.num(key, at_most_one=True)
