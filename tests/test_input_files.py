@@ -178,6 +178,20 @@ def test_validate_skips_a_serving_row_no_engine_runs(capsys, tmp_path, tp, pp, n
     assert code == 1 and needle in json.loads(out)["rows"][0]["skipped"]
 
 
+def test_validate_serves_a_moe_row_on_the_ep_it_states(capsys, tmp_path):
+    """A stated EP is used; blank is TensorRT-LLM's default, experts split over TP (EP 1); an EP
+    that does not divide TP skips the row with its reason."""
+    base = {**GPU_ROW, "id": "moe", "model": "Mixtral 8x7B", "tp": "4", "num_gpus": "4", "precision": "FP8",
+            "batch_or_concurrency": "max load", "input_len": "128", "output_len": "128",
+            "metric_id": "output_tokens_per_s", "value": "20000"}
+    rows = [base, {**base, "id": "ep4", "ep": "4"}, {**base, "id": "ep3", "ep": "3"}]
+    code, out, _ = run(capsys, "validate", str(write_csv(tmp_path, INFERENCE_HEADER, rows)), "--json")
+    got = {r["id"]: r for r in json.loads(out)["rows"]}
+    assert "EP" not in got["moe"]["plan"] and "EP4" in got["ep4"]["plan"]
+    assert got["moe"]["predicted"] != got["ep4"]["predicted"]
+    assert "column 'ep': 3 is not allowed; EP divides tp 4 and mixtral-8x7b's 8 experts" in got["ep3"]["skipped"]
+
+
 # ---- workload flags in their own units; nothing-fits advice --------------------------------
 
 @pytest.mark.parametrize("flag,value,needle", [

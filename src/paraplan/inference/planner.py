@@ -111,6 +111,12 @@ def _kv_rejection(plan: ServePlan, mem: ServeMemory, need: float, traffic: Traff
     return DeploymentRejected(reason, nearness, advice)
 
 
+def expert_parallel_choices(model: ModelSpec, tp: int) -> list[int]:
+    """The EP degrees a replica of `tp` GPUs can split an MoE model's experts over (dividing tp
+    and the expert count); [1] for a dense model."""
+    return [e for e in range(1, tp + 1) if tp % e == 0 and model.is_moe and model.num_experts % e == 0] or [1]
+
+
 def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> list[ServePlan]:
     has_fp8 = Precision.FP8 in cluster.gpu.peak_flops_per_s
     # FP8 where the GPU has FP8 tensor cores (weights and KV), else int8 weight-only; int4
@@ -125,8 +131,7 @@ def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> li
             continue
         pp = 1
         while tp * pp <= max_gpus and pp <= model.num_layers:
-            eps = [e for e in range(1, tp + 1) if tp % e == 0 and model.is_moe and model.num_experts % e == 0] or [1]
-            for ep in eps:
+            for ep in expert_parallel_choices(model, tp):
                 for w in weights:
                     for kv in ((StoreDtype.BF16, kv8) if w is StoreDtype.BF16 else (kv8,)):
                         out.append(ServePlan(tp=tp, pp=pp, ep=ep, weight_dtype=w, kv_dtype=kv))

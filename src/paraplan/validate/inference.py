@@ -131,12 +131,20 @@ def _scenario(row: dict, path: str, line: int):
         raise SpecError("row", "pp", pp, f"at most the {model.num_layers} layers of {model.name} (a stage holds one)")
     if gpus % (tp * pp):
         raise SpecError("row", "num_gpus", gpus, f"a multiple of tp×pp = {tp * pp} (whole replicas) is required")
-    key = (model.name, row["gpu"], tp, pp, gpus, row["precision"], kind, rate, isl, osl)
+    # the row's EP, else TensorRT-LLM's default (its Mapping splits each expert over the TP
+    # ranks, moe_ep_size 1, unless told otherwise). Searching a blank EP for the most throughput
+    # was tried (2026-11-30): the Mixtral and Llama 4 Maverick rows went 5-80 points too fast,
+    # Qwen3-235B-A22B from -75% to -40%; all rows 11.16% -> 12.23%, not kept
+    ep = int_cell(row, "ep", path, line) or 1
+    if tp % ep or (model.is_moe and model.num_experts % ep):
+        raise RowError(path, line, "ep", f"{ep} is not allowed; EP divides tp {tp} and {model.name}'s "
+                       f"{model.num_experts} experts")
+    key = (model.name, row["gpu"], tp, pp, ep, gpus, row["precision"], kind, rate, isl, osl)
     if key in _CACHE:
         return _CACHE[key]
     cluster = load_cluster(_cluster_for(row, path, line), num_gpus=gpus)
     wd, kd = _dtypes(row["precision"], path, line)
-    plan = ServePlan(tp=tp, pp=pp, replicas=max(1, gpus // (tp * pp)), weight_dtype=wd, kv_dtype=kd)
+    plan = ServePlan(tp=tp, pp=pp, ep=ep, replicas=max(1, gpus // (tp * pp)), weight_dtype=wd, kv_dtype=kd)
     limits = EngineLimits()
     mem = serve_memory(model, cluster, plan, limits)
     step = IterationModel(model, cluster, plan)
