@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The fitted knobs of the GPU presets (sustained_compute_ratio, fp8_gemm_efficiency_ratio):
+# The fitted knobs of the GPU presets (sustained_compute_ratio, fp8_gemm_efficiency_ratio,
+# fp8_rowwise_gemm_efficiency_ratio):
 # `paraplan fit` over every published training file, one GPU type at a time. A GPU with fewer
 # than 5 runs (validate/fit.py MIN_RUNS) is fitted together with its architecture family, as
 # `validate --cv source` does. Each run's JSON (knobs, errors, the rows used) goes to

@@ -189,7 +189,7 @@ def test_validate_serves_a_moe_row_on_the_ep_it_states(capsys, tmp_path):
     got = {r["id"]: r for r in json.loads(out)["rows"]}
     assert "EP" not in got["moe"]["plan"] and "EP4" in got["ep4"]["plan"]
     assert got["moe"]["predicted"] != got["ep4"]["predicted"]
-    assert "column 'ep': 3 is not allowed; EP divides tp 4 and mixtral-8x7b's 8 experts" in got["ep3"]["skipped"]
+    assert "column 'ep': 3 is not allowed; allowed for mixtral-8x7b at tp 4: 1, 2, 4" in got["ep3"]["skipped"]
 
 
 # ---- workload flags in their own units; nothing-fits advice --------------------------------

@@ -98,7 +98,8 @@ def cmd_scale(args) -> int:
         print(json_text({"model": model.name, "cluster": cluster.name if len(names) == 1 else None,
                           "unchecked_gpus": unchecked_gpus([c.gpu for c in clusters]),
                           "global_batch_size": wl.global_batch_size,
-                          "seq_len": wl.seq_len, "precision": str(wl.precision), "optimizer": str(wl.optimizer),
+                          "seq_len": wl.seq_len, "precision": str(wl.precision), "fp8_recipe": str(wl.fp8_recipe),
+                          "optimizer": str(wl.optimizer),
                           "token_budget": wl.token_budget, "interruptions_per_gpu_day": wl.interruptions_per_gpu_day,
                           "clusters": list(result.cluster_names),
                           "points": [

@@ -152,8 +152,7 @@ def _attention_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, plan, lf: LayerFlo
 def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay: Layout,
                   mc: MoELayerCosts | None) -> LayerCompute:
     """A layer's compute per micro-batch (`mc`: an MoE layer's costs, None for a dense model)."""
-    prec, ab = lay.precision, lay.act_bytes_per_element
-    h, f, qd = model.hidden_size, model.ffn_hidden_size, model.q_dim
+    ab = lay.act_bytes_per_element
     t, p, m, T, sp_div = lay.tp, lay.pp, lay.num_microbatches, lay.tokens_per_microbatch, lay.sp_divisor
     w_moe, w_dense = lay.moe_layer_share, lay.dense_layer_share
     zeros = 0.0 * lay.stage_layers
@@ -165,32 +164,10 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     # a layer's weight matrices as the eager engines keep them: wq, wk, wv, wo and the MLP's
     # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
     layer_matrices = 4.0 + model.num_mlp_matrices
-    # the forward's four GEMMs consume an all-gather (QKV, up) or feed a reduce-scatter (out,
-    # down): chunked under micro-pipeline TP; in the backward only the data gradients of out
-    # and down consume one (the gathered output gradient), and the weight gradients none
-    chunks = micro_pipeline_chunks(plan, lay, fused)
-    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
-    gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
-    gemms_wgrad, gemms_bwd = gemms_fwd, 2.0 * gemms_fwd
-    if np.any(chunks > 1.0):
-        p_qkv, p_up, p_out, p_down = layer_gemms_s(gpu, model, T, t, prec, fused)
-        gemms_wgrad = p_qkv + p_out + w_dense * (p_up + p_down)
-        gemms_bwd = 2.0 * gemms_wgrad + (g_out - p_out) + w_dense * (g_down - p_down)
+    g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad = _gemm_passes(gpu, model, plan, lay, fused)
     attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
-    # Transformer Engine casts each GEMM input to FP8 (read 2 B, write 1 B) or NVFP4
-    # (low_precision.quantize_bytes_per_element): streaming kernels; the backward moves twice
-    # the bytes. Row-wise FP8 (low_precision.py) quantizes each GEMM input X once more along
-    # T and each output gradient G twice, the TP-gathered inputs whole on every rank.
-    cast_bytes = (quantize_bytes_per_element(prec) * T * (2.0 * h / sp_div + qd / t + w_dense * f / t)
-                  if prec in LOW_PRECISIONS else 0.0)
-    cast = memory_bound_time_s(gpu, cast_bytes, 0)
-    cast_bwd = 2.0 * cast
-    if rowwise(workload):
-        x_elems = 2.0 * h + qd / t + w_dense * f / t
-        g_elems = model.qkv_params_per_layer / h / t + h + w_dense * ((model.num_mlp_matrices - 1) * f / t + h)
-        cast = memory_bound_time_s(gpu, quantize_bytes_per_element(prec) * T * x_elems, 0)
-        cast_bwd = memory_bound_time_s(gpu, quantize_bytes_per_element(prec) * T * (x_elems + 2.0 * g_elems), 0)
+    cast, cast_bwd = _quantize_casts_s(gpu, model, workload, lay)
     # an eager engine's element-wise kernels, one per op, stream at the GPU's eager share of the
     # copy rate (fused engines' at elementwise_bw_efficiency); an eager block under
     # torch.compile (plan.compiled): inductor's fused kernels take the GPU's measured
@@ -214,8 +191,8 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
         ew_bwd = ew_bwd + grad_casts
     return LayerCompute(
         flops=lf, qkv_gemm_s=g_qkv, up_gemm_s=g_up, out_gemm_s=g_out, down_gemm_s=g_down, gemms_forward_s=gemms_fwd,
-        gemms_backward_s=gemms_bwd, gemms_wgrad_s=gemms_wgrad, attention_forward_s=attn_fwd, attention_backward_s=attn_bwd, elementwise_forward_s=ew_fwd,
-        elementwise_backward_s=ew_bwd, quantize_cast_s=cast, grad_casts_s=grad_casts,
+        gemms_backward_s=gemms_bwd, gemms_wgrad_s=gemms_wgrad, attention_forward_s=attn_fwd,
+        attention_backward_s=attn_bwd, elementwise_forward_s=ew_fwd, elementwise_backward_s=ew_bwd, quantize_cast_s=cast, grad_casts_s=grad_casts,
         moe_forward_s=moe_fwd, moe_backward_s=moe_bwd, moe_wgrad_s=moe_wgrad,
         forward_s=gemms_fwd + attn_fwd + ew_fwd + moe_fwd,
         backward_s=gemms_bwd + attn_bwd + ew_bwd + moe_bwd,
@@ -223,3 +200,45 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
         # them (autocast's gradient casts and fp32 accumulation: a split backward's W pass runs them)
         weight_grad_s=gemms_wgrad + moe_wgrad + grad_casts,
         casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused)
+
+
+def _gemm_passes(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
+    """(QKV, up, out, down forward GEMMs; their forward, backward and weight-gradient totals).
+
+    The forward's four GEMMs consume an all-gather (QKV, up) or feed a reduce-scatter (out,
+    down): chunked under micro-pipeline TP. In the backward the data gradients of out and
+    down consume one (the gathered output gradient), and those of QKV and up feed a fused
+    reduce-scatter where a single matmul makes the block's input gradient (MLA attention, a
+    non-gated MLP: tp.py's summed_grad_blocks is 0 there); the weight gradients none."""
+    T, t, prec, w_dense = lay.tokens_per_microbatch, lay.tp, lay.precision, lay.dense_layer_share
+    chunks = micro_pipeline_chunks(plan, lay, fused)
+    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
+    gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
+    gemms_wgrad, gemms_bwd = gemms_fwd, 2.0 * gemms_fwd
+    if np.any(chunks > 1.0):
+        p_qkv, p_up, p_out, p_down = layer_gemms_s(gpu, model, T, t, prec, fused)
+        gemms_wgrad = p_qkv + p_out + w_dense * (p_up + p_down)
+        qkv_fused_rs = 1.0 if model.is_mla else 0.0
+        up_fused_rs = 1.0 if model.num_mlp_matrices <= 2 else 0.0
+        gemms_bwd = (2.0 * gemms_wgrad + (g_out - p_out) + w_dense * (g_down - p_down)
+                     + qkv_fused_rs * (g_qkv - p_qkv) + w_dense * up_fused_rs * (g_up - p_up))
+    return g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad
+
+
+def _quantize_casts_s(gpu: GPUSpec, model: ModelSpec, workload: Workload, lay: Layout):
+    """(forward, backward) time quantizing a layer's GEMM inputs. Transformer Engine casts each
+    GEMM input to FP8 (read 2 B, write 1 B) or NVFP4 (low_precision.quantize_bytes_per_element):
+    streaming kernels; the backward moves twice the bytes. Row-wise FP8 (low_precision.py)
+    quantizes each GEMM input X once more along T and each output gradient G twice, the
+    TP-gathered inputs whole on every rank."""
+    prec, T, t, sp_div, w_dense = lay.precision, lay.tokens_per_microbatch, lay.tp, lay.sp_divisor, lay.dense_layer_share
+    if prec not in LOW_PRECISIONS:
+        return 0.0, 0.0
+    h, f, qd, qb = model.hidden_size, model.ffn_hidden_size, model.q_dim, quantize_bytes_per_element(prec)
+    if not rowwise(workload):
+        cast = memory_bound_time_s(gpu, qb * T * (2.0 * h / sp_div + qd / t + w_dense * f / t), 0)
+        return cast, 2.0 * cast
+    x_elems = h + qd / t + w_dense * (h + f / t)
+    g_elems = model.qkv_params_per_layer / h / t + h + w_dense * ((model.num_mlp_matrices - 1) * f / t + h)
+    return (memory_bound_time_s(gpu, qb * T * x_elems, 0),
+            memory_bound_time_s(gpu, qb * T * (x_elems + 2.0 * g_elems), 0))

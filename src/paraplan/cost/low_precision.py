@@ -99,7 +99,7 @@ def bf16_end_layers(precision: Precision, num_layers: int) -> tuple[int, int]:
 def recipe_gpu(gpu: GPUSpec, workload: Workload) -> GPUSpec:
     """The GPU as the workload's FP8 recipe sees it: under the row-wise recipe its FP8 GEMMs at
     fp8_rowwise_gemm_efficiency_ratio of the per-tensor rate; else the GPU itself."""
-    if workload.precision is not Precision.FP8 or workload.fp8_recipe is not Fp8Recipe.ROWWISE:
+    if not rowwise(workload):
         return gpu
     return replace(gpu, fp8_gemm_efficiency_ratio=gpu.fp8_gemm_efficiency_ratio * gpu.fp8_rowwise_gemm_efficiency_ratio)
 

@@ -90,7 +90,7 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # finds no producer matmul). Transformer Engine's userbuffers (fused_kernels) overlap it.
     summed_grad_blocks = (0.0 if model.is_mla else 1.0) + n_mlp_blk * (model.num_mlp_matrices > 2)
     unfused_rs = np.where(~fused & sp, summed_grad_blocks, 0.0) * rs
-    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - unfused_rs - 2.0 * gemms_fwd, (tp_bwd - unfused_rs) / t) + unfused_rs,
+    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - unfused_rs - lc.gemms_backward_s, (tp_bwd - unfused_rs) / t) + unfused_rs,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
     # the presets): spent on the issuing host, hidden by nothing

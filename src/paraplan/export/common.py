@@ -75,7 +75,7 @@ def header_lines(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
     """What the file is for, as comment lines (without the comment marker)."""
     from ..units import fmt_bytes
     lines = [f"paraplan export: {model.name} on {plan.num_gpus} x {cluster.gpu.name} ({cluster.name}), "
-             f"global batch {workload.global_batch_size} x {workload.seq_len} tokens, {workload.precision}",
+             f"global batch {workload.global_batch_size} x {workload.seq_len} tokens, {workload.precision_label}",
              f"plan: {plan.describe()}"]
     if est is not None:
         lines.append(f"predicted: step {est.step_time_s:.4g} s, {est.tokens_per_s:,.0f} tokens/s, "

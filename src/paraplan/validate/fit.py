@@ -58,14 +58,14 @@ KNOBS = (
     Knob(field="fp8_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(0.5, 0.75, 1.0),
          meaning="an FP8 (and NVFP4) GEMM's efficiency relative to the same BF16 GEMM's",
          informed_by=lambda precision, recipe: precision in LOW_PRECISIONS and recipe is Fp8Recipe.TENSORWISE),
-    # (a row-wise run is tabulated over the product of the two FP8 ratios: ROWWISE_COARSE)
-    Knob(field="fp8_rowwise_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(),
+    # its coarse grid is over the product of the two FP8 ratios, the rate a row-wise run's GEMMs
+    # run at (0.25 = both at 0.5); time goes as 1/ratio, steepest at the low end, so finer there
+    Knob(field="fp8_rowwise_gemm_efficiency_ratio", low=0.5, high=1.0,
+         coarse=(0.25, 0.3125, 0.375, 0.4375, 0.5, 0.625, 0.75, 1.0),
          meaning="a row-wise-scaled FP8 GEMM's efficiency relative to the per-tensor FP8 GEMM's",
          informed_by=lambda precision, recipe: precision is Precision.FP8 and recipe is Fp8Recipe.ROWWISE),
 )
 SHARE, FP8, ROWWISE = KNOBS
-# a row-wise run's grid: over the share and the product of the FP8 ratios (0.25 = both at 0.5)
-ROWWISE_COARSE = (0.25, 0.5, 0.75, 1.0)
 FINE_STEP = 0.01  # the resolution the fitted knobs are reported at
 
 
@@ -81,12 +81,12 @@ class Run:
     recipe: Fp8Recipe
     measured: float
     # predicted metric over (SHARE.coarse, FP8.coarse); a row-wise run's over (SHARE.coarse,
-    # ROWWISE_COARSE), the product of the two FP8 ratios
+    # ROWWISE.coarse), the product of the two FP8 ratios
     grid: np.ndarray
 
     @property
     def ratio_axis(self) -> tuple[float, ...]:
-        return ROWWISE_COARSE if ROWWISE.informed_by(self.precision, self.recipe) else FP8.coarse
+        return ROWWISE.coarse if ROWWISE.informed_by(self.precision, self.recipe) else FP8.coarse
 
     def informs(self, knob: Knob) -> bool:
         return knob.informed_by(self.precision, self.recipe)
@@ -141,7 +141,7 @@ def _tabulate_row(path: str, line: int, row: dict, gpus: tuple[str, ...] | None)
         return None
     precision, recipe = setup.workload.precision, setup.workload.fp8_recipe
     rowwise = ROWWISE.informed_by(precision, recipe)
-    axis = ROWWISE_COARSE if rowwise else FP8.coarse
+    axis = ROWWISE.coarse if rowwise else FP8.coarse
     grid = np.empty((len(SHARE.coarse), len(axis)))
     ratio_matters = rowwise or FP8.informed_by(precision, recipe)
     for i, s in enumerate(SHARE.coarse):

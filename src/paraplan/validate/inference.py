@@ -111,6 +111,7 @@ _CACHE: dict = {}
 def _scenario(row: dict, path: str, line: int):
     from ..inference.batching import simulate
     from ..inference.deploy import EngineLimits, ServePlan, Traffic
+    from ..inference.planner import expert_parallel_choices
     from ..inference.step import IterationModel, serve_memory
     model = model_preset(row["model"])
     if model is None:
@@ -136,9 +137,9 @@ def _scenario(row: dict, path: str, line: int):
     # was tried (2026-11-30): the Mixtral and Llama 4 Maverick rows went 5-80 points too fast,
     # Qwen3-235B-A22B from -75% to -40%; all rows 11.16% -> 12.23%, not kept
     ep = int_cell(row, "ep", path, line) or 1
-    if tp % ep or (model.is_moe and model.num_experts % ep):
-        raise RowError(path, line, "ep", f"{ep} is not allowed; EP divides tp {tp} and {model.name}'s "
-                       f"{model.num_experts} experts")
+    if ep not in (choices := expert_parallel_choices(model, tp)):
+        raise RowError(path, line, "ep", f"{ep} is not allowed; allowed for {model.name} at tp {tp}: "
+                       + ", ".join(map(str, choices)) + " (EP divides tp and the expert count)")
     key = (model.name, row["gpu"], tp, pp, ep, gpus, row["precision"], kind, rate, isl, osl)
     if key in _CACHE:
         return _CACHE[key]
