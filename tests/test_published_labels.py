@@ -107,6 +107,19 @@ def test_torchtitan_pipeline_row_takes_torchtitans_default_micro_batches():
     assert "micro_batch_size" not in unnamed.fixed
 
 
+def test_a_torchtitan_row_keeps_the_cp_exchange_it_states():
+    """torchtitan runs both K/V rotations (context_parallel_rotate_method), all-gather by
+    default: a row that names one is priced with it, a row that does not with the default."""
+    from paraplan.plan.axes import CPCommType
+    row = {**TITAN, "cp": "2", "dp": "4"}
+    assert row_setup(row, "rows.csv", 2).limits.cp_comm_types == (CPCommType.ALL_GATHER,)
+    stated = row_setup({**row, "cp_comm_type": "p2p"}, "rows.csv", 2).limits
+    assert stated.cp_comm_types == (CPCommType.P2P,)
+    # CP blank: searched, CP = 1 among the choices (it exchanges nothing, counted as the ring)
+    blank = row_setup({**row, "cp": "", "global_batch": "96"}, "rows.csv", 2).limits
+    assert CPCommType.P2P in blank.cp_comm_types and CPCommType.ALL_GATHER in blank.cp_comm_types
+
+
 @pytest.mark.parametrize("name", ["training_dev.csv", "training_dev_more.csv", "training_dev_moe.csv"])
 def test_every_published_training_label_is_read(name):
     """No cell of the published files is refused as unreadable (a row may still be skipped for

@@ -500,6 +500,17 @@ def _torchtitan_compiles_loss(row: dict) -> bool:
     return month is None or month >= TORCHTITAN_LOSS_COMPILED_SINCE
 
 
+def _torchtitan_cp_exchange(row: dict, limits: SpaceLimits, engine: SpaceLimits) -> tuple:
+    """How a torchtitan row's CP ranks exchange K/V: the row's cp_comm_type where it states one;
+    with CP > 1 stated, torchtitan's default all-gather (job_config context_parallel_rotate_method
+    = "allgather"; torch's _ContextParallelOptions.rotate_method ALL_GATHER); with CP blank,
+    either (CP = 1 plans exchange nothing: the ring's code)."""
+    if (row.get("cp_comm_type") or "").strip():
+        return limits.cp_comm_types
+    cp = (row.get("cp") or "").strip()
+    return (CPCommType.ALL_GATHER,) if cp.isdigit() and int(cp) > 1 else engine.cp_comm_types
+
+
 def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     """A torchtitan row's plan space under torchtitan's own policy (export/torchtitan.py
     SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
@@ -511,7 +522,8 @@ def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     return replace(TORCHTITAN.with_policy(limits), compiled=compiled,
                    compiled_loss=compiled and _torchtitan_compiles_loss(row), engine_rule=engine.engine_rule,
                    tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
-                   cp_comm_types=engine.cp_comm_types, hierarchical_a2a=engine.hierarchical_a2a,
+                   cp_comm_types=_torchtitan_cp_exchange(row, limits, engine),
+                   hierarchical_a2a=engine.hierarchical_a2a,
                    ep_overlap=engine.ep_overlap)
 
 
