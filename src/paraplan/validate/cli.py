@@ -32,8 +32,8 @@ def _progress(label: str):
 
 
 def add_fit_parser(sub) -> None:
-    f = sub.add_parser("fit", help="fit a GPU type's physical knobs (sustained compute share, FP8 GEMM efficiency) "
-                                   "to measured runs and write a hardware profile for --hardware")
+    f = sub.add_parser("fit", help="fit a GPU type's physical knobs (sustained compute share, FP8 and row-wise FP8 "
+                                   "GEMM efficiency) to measured runs and write a hardware profile for --hardware")
     f.add_argument("files", nargs="+", metavar="RUNS.csv", help="measured training runs in the validation-file format")
     f.add_argument("--gpu", required=True, help="the GPU preset whose runs are fitted (e.g. h100, gb200); a "
                    "comma-separated list fits one set of knobs on all their runs (a family with few runs each), "
