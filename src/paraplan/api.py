@@ -79,7 +79,7 @@ def _names(cls) -> tuple[str, ...]:
 def _workload(workload: Any, given: dict):
     """The Workload given, or one of the CLI's defaults with the fields given changed."""
     from .cli.args import default_batch
-    from .specs.workload import Optimizer, Workload, parse_precision
+    from .specs.workload import Optimizer, Workload, parse_fp8_recipe, parse_precision
     if workload is not None:
         return replace(workload, **given) if given else workload
     kw = dict(given)
@@ -89,6 +89,8 @@ def _workload(workload: Any, given: dict):
         kw["precision"] = parse_precision(kw["precision"], "precision")
     if isinstance(kw.get("optimizer"), str):
         kw["optimizer"] = Optimizer(kw["optimizer"])
+    if isinstance(kw.get("fp8_recipe"), str):
+        kw["fp8_recipe"] = parse_fp8_recipe(kw["fp8_recipe"])
     return Workload(**kw)
 
 

@@ -16,7 +16,7 @@ modules, t_max the critical stage's time per micro-batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .hardware_flops import hardware_flops_per_step
 from .host import HOST_FORWARD_SHARE, eager_host_wait, host_idle_s, split_host_s
 from .layer_compute import EW_BWD_KERNELS, EW_FWD_KERNELS, LayerCompute, elementwise_bytes_per_token, layer_compute
 from .layout import Layout, end_chunk_slots, layout
-from .low_precision import recipe_gpu
+from .low_precision import recipe_cluster
 from .moe import MoELayerCosts, moe_layer_costs
 from .optimizer import ADAM_STEP, optimizer_step_s
 from .overlap import LayerTimes, layer_times
@@ -207,7 +207,7 @@ def _layer_parts(model: ModelSpec, cluster: ClusterSpec, workload: Workload, pla
 def _staged(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
     """A plan's layout, MoE layer costs, layer parts, stages and offloaded activations' copies:
     what its step is built from."""
-    cluster = replace(cluster, gpu=recipe_gpu(cluster.gpu, workload))  # (row-wise FP8's GEMM rate)
+    cluster = recipe_cluster(cluster, workload)  # (row-wise FP8's GEMM rate)
     lay = layout(model, workload, plan)
     mc = (moe_layer_costs(model, cluster, workload, plan, lay.tokens_per_microbatch, lay.tp, lay.precision)
           if model.is_moe else None)

@@ -21,7 +21,7 @@ from ..specs.workload import Precision, Workload
 from . import memory as mem
 from .flops import CAUSAL_FRACTION, FLASH_BWD_OVER_FWD, LayerFlops, flash2_padding, layer_forward_flops
 from .layout import Layout
-from .low_precision import LOW_PRECISIONS, attention_precision, quantize_bytes_per_element, rowwise
+from .low_precision import LOW_PRECISIONS, attention_precision, quantize_bytes_per_element
 from .moe import MoELayerCosts
 from .roofline import (attention_time_s, elementwise_time_s, gemm_time_s, memory_bound_time_s,
                        up_projection_time_s)
@@ -81,6 +81,14 @@ def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused, 
     g_out = gemm(h, qd / t)
     g_down = gemm(h, f / t)
     return g_qkv, g_up, g_out, g_down
+
+
+def single_matmul_input_grads(model: ModelSpec) -> tuple[float, float]:
+    """(attention, MLP): 1 where one matmul makes a block's input gradient, 0 where it is the
+    sum of separate projections' (wq, wk, wv; a gated MLP's w1, w3) on an eager engine. Torch's
+    micro-pipeline TP fuses a reduce-scatter only into a matmul that produces its input: MLA
+    attention (its input feeds the low-rank chain alone) and a non-gated MLP (tp.py)."""
+    return (1.0 if model.is_mla else 0.0), (1.0 if model.num_mlp_matrices <= 2 else 0.0)
 
 
 def micro_pipeline_chunks(plan, lay: Layout, fused):
@@ -208,8 +216,8 @@ def _gemm_passes(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
     The forward's four GEMMs consume an all-gather (QKV, up) or feed a reduce-scatter (out,
     down): chunked under micro-pipeline TP. In the backward the data gradients of out and
     down consume one (the gathered output gradient), and those of QKV and up feed a fused
-    reduce-scatter where a single matmul makes the block's input gradient (MLA attention, a
-    non-gated MLP: tp.py's summed_grad_blocks is 0 there); the weight gradients none."""
+    reduce-scatter where a single matmul makes the block's input gradient
+    (single_matmul_input_grads); the weight gradients none."""
     T, t, prec, w_dense = lay.tokens_per_microbatch, lay.tp, lay.precision, lay.dense_layer_share
     chunks = micro_pipeline_chunks(plan, lay, fused)
     g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
@@ -218,8 +226,7 @@ def _gemm_passes(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
     if np.any(chunks > 1.0):
         p_qkv, p_up, p_out, p_down = layer_gemms_s(gpu, model, T, t, prec, fused)
         gemms_wgrad = p_qkv + p_out + w_dense * (p_up + p_down)
-        qkv_fused_rs = 1.0 if model.is_mla else 0.0
-        up_fused_rs = 1.0 if model.num_mlp_matrices <= 2 else 0.0
+        qkv_fused_rs, up_fused_rs = single_matmul_input_grads(model)
         gemms_bwd = (2.0 * gemms_wgrad + (g_out - p_out) + w_dense * (g_down - p_down)
                      + qkv_fused_rs * (g_qkv - p_qkv) + w_dense * up_fused_rs * (g_up - p_up))
     return g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad
@@ -230,15 +237,17 @@ def _quantize_casts_s(gpu: GPUSpec, model: ModelSpec, workload: Workload, lay: L
     GEMM input to FP8 (read 2 B, write 1 B) or NVFP4 (low_precision.quantize_bytes_per_element):
     streaming kernels; the backward moves twice the bytes. Row-wise FP8 (low_precision.py)
     quantizes each GEMM input X once more along T and each output gradient G twice, the
-    TP-gathered inputs whole on every rank."""
+    TP-gathered inputs whole on every rank (the same inputs X, per-tensor's cast as SP shards).
+    Elements per token: X = 2h + a·d/t + f/t (QKV and MLP inputs, out and down inputs), G =
+    (a·d + 2k·d)/t + h + n_up·f/t + h (QKV, out, up, down outputs), a dense MLP by its share."""
     prec, T, t, sp_div, w_dense = lay.precision, lay.tokens_per_microbatch, lay.tp, lay.sp_divisor, lay.dense_layer_share
     if prec not in LOW_PRECISIONS:
         return 0.0, 0.0
     h, f, qd, qb = model.hidden_size, model.ffn_hidden_size, model.q_dim, quantize_bytes_per_element(prec)
-    if not rowwise(workload):
-        cast = memory_bound_time_s(gpu, qb * T * (2.0 * h / sp_div + qd / t + w_dense * f / t), 0)
-        return cast, 2.0 * cast
-    x_elems = h + qd / t + w_dense * (h + f / t)
+    x_div = 1.0 if workload.fp8_rowwise else sp_div
+    x_elems = 2.0 * h / x_div + qd / t + w_dense * f / t
+    fwd = memory_bound_time_s(gpu, qb * T * x_elems, 0)
+    if not workload.fp8_rowwise:
+        return fwd, 2.0 * fwd
     g_elems = model.qkv_params_per_layer / h / t + h + w_dense * ((model.num_mlp_matrices - 1) * f / t + h)
-    return (memory_bound_time_s(gpu, qb * T * x_elems, 0),
-            memory_bound_time_s(gpu, qb * T * (x_elems + 2.0 * g_elems), 0))
+    return fwd, memory_bound_time_s(gpu, qb * T * (x_elems + 2.0 * g_elems), 0)

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..specs.hardware import GPUSpec
-from ..specs.workload import Fp8Recipe, Precision, Workload
+from ..specs.hardware import ClusterSpec
+from ..specs.workload import Precision, Workload
 
 LOW_PRECISIONS = (Precision.FP8, Precision.NVFP4)
 
@@ -96,14 +96,12 @@ def bf16_end_layers(precision: Precision, num_layers: int) -> tuple[int, int]:
     return first, min(NVFP4_BF16_LAYERS_AT_END, num_layers - first)
 
 
-def recipe_gpu(gpu: GPUSpec, workload: Workload) -> GPUSpec:
-    """The GPU as the workload's FP8 recipe sees it: under the row-wise recipe its FP8 GEMMs at
-    fp8_rowwise_gemm_efficiency_ratio of the per-tensor rate; else the GPU itself."""
-    if not rowwise(workload):
-        return gpu
-    return replace(gpu, fp8_gemm_efficiency_ratio=gpu.fp8_gemm_efficiency_ratio * gpu.fp8_rowwise_gemm_efficiency_ratio)
-
-
-def rowwise(workload: Workload) -> bool:
-    """Whether the workload trains in FP8 with row-wise scales."""
-    return workload.precision is Precision.FP8 and workload.fp8_recipe is Fp8Recipe.ROWWISE
+def recipe_cluster(cluster: ClusterSpec, workload: Workload) -> ClusterSpec:
+    """The cluster as the workload's FP8 recipe sees it: under the row-wise recipe its GPU's FP8
+    GEMMs at fp8_rowwise_gemm_efficiency_ratio of the per-tensor rate; else the cluster itself
+    (no copy: the search prices every batch through here)."""
+    if not workload.fp8_rowwise:
+        return cluster
+    gpu = cluster.gpu
+    return replace(cluster, gpu=replace(gpu, fp8_gemm_efficiency_ratio=gpu.fp8_gemm_efficiency_ratio
+                                        * gpu.fp8_rowwise_gemm_efficiency_ratio))

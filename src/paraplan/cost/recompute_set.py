@@ -39,7 +39,7 @@ from ..specs.workload import Workload
 from .cp import CPComm, cp_comm
 from .layer_compute import LayerCompute, layer_compute
 from .layout import Layout, layout
-from .low_precision import recipe_gpu
+from .low_precision import recipe_cluster
 from .memory import compiled_blocks, holds, recompute_op_bytes_per_token, residual_bytes_per_element
 from .roofline import memory_bound_time_s
 from .tp import TPComm, tp_comm
@@ -138,7 +138,7 @@ def frontier_codes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
     """The sets the search tries for plans like `plan` (its TP, SP, kernels and precision; one
     sequence a micro-batch): the Pareto frontier of time against memory over every set."""
     codes = np.arange(1 << len(RecomputeOp))
-    cluster = replace(cluster, gpu=recipe_gpu(cluster.gpu, workload))  # (as evaluate prices the plans)
+    cluster = recipe_cluster(cluster, workload)  # (as evaluate prices the plans)
     base = replace(plan, recompute=Recompute.NONE, micro_batch_size=1, pp=1, cp=1, vp=1)
     lay = layout(model, workload, base)
     lc = layer_compute(cluster.gpu, model, workload, base, lay, None)

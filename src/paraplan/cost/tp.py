@@ -17,7 +17,7 @@ from ..num import Num
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from .comm import Collective, collective_time_s
-from .layer_compute import LayerCompute
+from .layer_compute import LayerCompute, single_matmul_input_grads
 from .layout import Layout
 from .moe import MoELayerCosts
 
@@ -88,7 +88,8 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # wq, wk, wv (w1, w3) input gradients, not a matmul, so it is not fused and stays exposed:
     # one per block whose input feeds several column-parallel GEMMs (`fuse_matmul_reduce_scatter`
     # finds no producer matmul). Transformer Engine's userbuffers (fused_kernels) overlap it.
-    summed_grad_blocks = (0.0 if model.is_mla else 1.0) + n_mlp_blk * (model.num_mlp_matrices > 2)
+    attn_single, mlp_single = single_matmul_input_grads(model)
+    summed_grad_blocks = (1.0 - attn_single) + n_mlp_blk * (1.0 - mlp_single)
     unfused_rs = np.where(~fused & sp, summed_grad_blocks, 0.0) * rs
     tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - unfused_rs - lc.gemms_backward_s, (tp_bwd - unfused_rs) / t) + unfused_rs,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))

@@ -113,8 +113,6 @@ class Workload:
                             f"must be from 1 to {MAX_COUNT} sequences")
         if not 1 <= self.seq_len <= MAX_COUNT:
             raise SpecError("workload", "seq_len", self.seq_len, f"must be from 1 to {MAX_COUNT} tokens")
-        if not isinstance(self.fp8_recipe, Fp8Recipe):  # a name (a run config's JSON, the API)
-            object.__setattr__(self, "fp8_recipe", parse_fp8_recipe(self.fp8_recipe))
         if self.fp8_recipe is not Fp8Recipe.TENSORWISE and self.precision is not Precision.FP8:
             raise SpecError("workload", "fp8_recipe", str(self.fp8_recipe),
                             f"a scaling recipe of FP8 training; this workload's precision is {self.precision} "
@@ -149,11 +147,14 @@ class Workload:
         return self.global_batch_size * self.seq_len
 
     @property
+    def fp8_rowwise(self) -> bool:
+        """FP8 training with row-wise scales (cost/low_precision.py prices it)."""
+        return self.precision is Precision.FP8 and self.fp8_recipe is Fp8Recipe.ROWWISE
+
+    @property
     def precision_label(self) -> str:
         """The precision as reports print it: "fp8 (rowwise)" under the row-wise recipe."""
-        if self.precision is Precision.FP8 and self.fp8_recipe is not Fp8Recipe.TENSORWISE:
-            return f"{self.precision} ({self.fp8_recipe})"
-        return str(self.precision)
+        return f"{self.precision} ({self.fp8_recipe})" if self.fp8_rowwise else str(self.precision)
 
 
 # Other spellings in published measurements and the engines' own flags: Megatron-Bridge's FP8

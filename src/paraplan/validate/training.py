@@ -374,6 +374,19 @@ def _torchtitan_pipeline_default(row: dict, c: dict) -> dict:
     return {"micro_batch_size": c["micro_batch"] // count, "vp": stages}
 
 
+def _cp_exchanges(c: dict, titan: bool) -> tuple[CPCommType, ...]:
+    """How the row's CP ranks exchange K/V: its optional cp_comm_type column; else the engine's
+    default: torchtitan's all-gather (job_config context_parallel_rotate_method = "allgather";
+    torch's _ContextParallelOptions.rotate_method ALL_GATHER), with CP blank either that or
+    none (a CP = 1 plan exchanges nothing and carries the ring's code); otherwise Megatron-Core's
+    ring (p2p), which every Megatron/NeMo CP run in ../shared/validation used."""
+    if c["cp_comm_type"] is not None:
+        return (c["cp_comm_type"],)
+    if not titan:
+        return (CPCommType.P2P,)
+    return (CPCommType.ALL_GATHER,) if c["cp"] is not None and c["cp"] > 1 else (CPCommType.P2P, CPCommType.ALL_GATHER)
+
+
 def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
     """The search space the row's engine and labels allow."""
     # no published row recomputes a searched set of ops (Recompute.SET): only where it says so
@@ -384,9 +397,7 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
         # the NeMo 24.x, Megatron-LM and llm-foundry runs could not have used it
         recomputes = tuple(r for r in recomputes if r is not Recompute.MODULES) or recomputes
     sps = (False, True) if c["sp"] is None else (c["sp"],)
-    # how CP exchanges K/V: the row's optional cp_comm_type column, else Megatron-Core's
-    # default ring (p2p), which every Megatron/NeMo CP run in ../shared/validation used
-    cp_comms = (c["cp_comm_type"] or CPCommType.P2P,)
+    cp_comms = _cp_exchanges(c, titan)
     # the rank order: the row's optional rank_order column, else the pipeline outermost, as
     # Megatron-LM (without --use-tp-pp-dp-mapping), NeMo and FSDP stacks lay ranks out
     orders = (c["rank_order"] or RankOrder.TP_CP_DP_PP,)
@@ -500,17 +511,6 @@ def _torchtitan_compiles_loss(row: dict) -> bool:
     return month is None or month >= TORCHTITAN_LOSS_COMPILED_SINCE
 
 
-def _torchtitan_cp_exchange(row: dict, limits: SpaceLimits, engine: SpaceLimits) -> tuple:
-    """How a torchtitan row's CP ranks exchange K/V: the row's cp_comm_type where it states one;
-    with CP > 1 stated, torchtitan's default all-gather (job_config context_parallel_rotate_method
-    = "allgather"; torch's _ContextParallelOptions.rotate_method ALL_GATHER); with CP blank,
-    either (CP = 1 plans exchange nothing: the ring's code)."""
-    if (row.get("cp_comm_type") or "").strip():
-        return limits.cp_comm_types
-    cp = (row.get("cp") or "").strip()
-    return (CPCommType.ALL_GATHER,) if cp.isdigit() and int(cp) > 1 else engine.cp_comm_types
-
-
 def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     """A torchtitan row's plan space under torchtitan's own policy (export/torchtitan.py
     SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
@@ -522,7 +522,6 @@ def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     return replace(TORCHTITAN.with_policy(limits), compiled=compiled,
                    compiled_loss=compiled and _torchtitan_compiles_loss(row), engine_rule=engine.engine_rule,
                    tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
-                   cp_comm_types=_torchtitan_cp_exchange(row, limits, engine),
                    hierarchical_a2a=engine.hierarchical_a2a,
                    ep_overlap=engine.ep_overlap)
 
