@@ -207,7 +207,6 @@ def test_nvfp4_first_and_last_layers_run_in_bf16():
 
 
 def test_nvfp4_moe_layers_price_their_experts_in_fp4():
-    model = load_model("qwen3-30b-a3b")
     # routing padded to capacity: no dispatch synchronization, whose host bound would hide the
     # GEMMs' precision at one sequence per micro-batch (cost/stages.py moe_dispatch_gaps)
     plan = make_plan(tp=1, pp=2, dp=32, ep=8, micro_batch_size=1, attention=AttentionKernel.FLASH3,
@@ -226,3 +225,29 @@ def test_nvfp4_on_a_gpu_without_fp4_is_a_clear_error(capsys):
     assert "precision='nvfp4'" in line and "h100" in line
     for gpu in ("gh200-96gb", "l40s", "a100-sxm-80gb", "mi300x"):
         assert Precision.NVFP4 not in load_gpu(gpu).peak_flops_per_s
+
+
+@pytest.mark.parametrize("shared_ffn", [0, 4096])
+def test_fp8_casts_an_moe_layers_mlp_input_only_where_a_gemm_reads_it(shared_ffn):
+    """Transformer Engine casts a GEMM's input: in an MoE layer the routed experts' inputs are
+    cast after the dispatch (moe.py), so the layer's MLP input is cast before it only for the
+    shared experts' GEMM (not at all without shared experts, as Mixtral's)."""
+    from dataclasses import replace
+
+    from paraplan.cost.roofline import memory_bound_time_s
+
+    model = replace(load_model("mixtral-8x7b"), shared_expert_ffn_hidden_size=shared_ffn)
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    T, t = 4096, 2
+    plan = make_plan(tp=t, dp=4, micro_batch_size=1, sequence_parallel=True)
+
+    def elementwise_forward(precision):
+        wl = Workload(global_batch_size=8, seq_len=T, precision=precision)
+        return float(estimate(model, cluster, wl, plan).layer_detail["fwd"]["element-wise"])
+
+    h, qd = model.hidden_size, model.q_dim
+    mlp_inputs = 1 if shared_ffn else 0
+    # QKV input (an SP shard), the MLP input where a GEMM reads it, the out-projection's input
+    cast = memory_bound_time_s(cluster.gpu, quantize_bytes_per_element(Precision.FP8) * T
+                               * ((1 + mlp_inputs) * h / t + qd / t), 0)
+    assert elementwise_forward(Precision.FP8) - elementwise_forward(Precision.BF16) == pytest.approx(float(cast))

@@ -238,14 +238,17 @@ def _quantize_casts_s(gpu: GPUSpec, model: ModelSpec, workload: Workload, lay: L
     streaming kernels; the backward moves twice the bytes. Row-wise FP8 (low_precision.py)
     quantizes each GEMM input X once more along T and each output gradient G twice, the
     TP-gathered inputs whole on every rank (the same inputs X, per-tensor's cast as SP shards).
-    Elements per token: X = 2h + a·d/t + f/t (QKV and MLP inputs, out and down inputs), G =
-    (a·d + 2k·d)/t + h + n_up·f/t + h (QKV, out, up, down outputs), a dense MLP by its share."""
+    Elements per token: X = h + w·h + a·d/t + f/t (QKV input; the MLP input where a GEMM reads
+    it, w the share of layers whose MLP is dense or has shared experts: a routed expert's
+    input is cast after the dispatch, in moe.py; out and down inputs), G = (a·d + 2k·d)/t + h +
+    n_up·f/t + h (QKV, out, up, down outputs), a dense MLP by its share."""
     prec, T, t, sp_div, w_dense = lay.precision, lay.tokens_per_microbatch, lay.tp, lay.sp_divisor, lay.dense_layer_share
     if prec not in LOW_PRECISIONS:
         return 0.0, 0.0
     h, f, qd, qb = model.hidden_size, model.ffn_hidden_size, model.q_dim, quantize_bytes_per_element(prec)
     x_div = 1.0 if workload.fp8_rowwise else sp_div
-    x_elems = 2.0 * h / x_div + qd / t + w_dense * f / t
+    mlp_input_share = 1.0 if model.shared_expert_ffn_hidden_size else w_dense
+    x_elems = (1.0 + mlp_input_share) * h / x_div + qd / t + w_dense * f / t
     fwd = memory_bound_time_s(gpu, qb * T * x_elems, 0)
     if not workload.fp8_rowwise:
         return fwd, 2.0 * fwd

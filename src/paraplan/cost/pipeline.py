@@ -88,7 +88,7 @@ def pipeline(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, st: Stag
     p, v, m, only, vshape = lay.pp, lay.vp, lay.num_microbatches, lay.single_stage, lay.v_shape
     sc = np.asarray(plan.schedule_code)
     p2p = p2p_handoff_s(cluster, model, lay)
-    first, middle, last = st.first, st.middle, st.last
+    middle = st.middle
     per_mb, t_max = critical_stage(st, p)
     # the critical stage's wait for its host, reported apart from its compute
     wait_first, wait_middle, wait_last = (f + b for f, b, _ in st.host_waits)
