@@ -278,6 +278,7 @@ MEGATRON_FLAGS = {
     "--moe-token-dispatcher-type": str, "--moe-grouped-gemm": bool, "--moe-shared-expert-intermediate-size": int,
     "--moe-expert-capacity-factor": float, "--moe-pad-expert-input-to-capacity": bool,
     "--overlap-moe-expert-parallel-comm": bool, "--moe-shared-expert-overlap": bool,
+    "--moe-permute-fusion": bool, "--moe-router-padding-for-quantization": bool,
     "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
     "--cp-comm-type": str, "--num-layers-per-virtual-pipeline-stage": int, "--sequence-parallel": bool,
     "--account-for-embedding-in-pipeline-split": bool, "--account-for-loss-in-pipeline-split": bool,
@@ -679,3 +680,18 @@ def test_megatron_module_recomputation_flags(attention, precision, modules, reci
     a = megatron_args(megatron.export(p, model, load_cluster("dgx-h100", num_gpus=1024), wl).text)
     assert a["recompute_granularity"] == "selective" and a["recompute_modules"] == modules
     assert a.get("fp8_recipe") == recipe
+
+
+@pytest.mark.parametrize("precision,capacity,padded", [(Precision.FP8, None, True), (Precision.BF16, None, False),
+                                                        (Precision.FP8, 1.25, False)])
+def test_megatron_moe_permutation_is_the_fused_one_paraplan_prices(precision, capacity, padded):
+    """cost/moe.py prices Megatron's permutation at Transformer Engine's fused kernels and no
+    FP8 padding copies: the export turns the fusion on (Megatron-Core's default is off), and
+    for dropless FP8 the router's padding to the quantized GEMM's alignment."""
+    model = load_model("mixtral-8x7b")
+    p = megatron.SUPPORT.adapt(plan(tp=2, dp=8, ep=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
+                                    capacity_factor=capacity))
+    wl = replace(WL, precision=precision)
+    a = megatron_args(megatron.export(p, model, CLUSTER, wl).text)
+    assert a["moe_permute_fusion"] is True
+    assert a.get("moe_router_padding_for_quantization", False) is padded

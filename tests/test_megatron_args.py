@@ -112,6 +112,11 @@ def front_end(monkeypatch):
     monkeypatch.setattr(mcu, "_te_version", packaging.version.Version("2.8.0"))
     # and its fused RoPE kernel, which Megatron-LM applies by default (--no-rope-fusion turns it off)
     monkeypatch.setattr(rope, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
+    # and its fused MoE permutation kernels (--moe-permute-fusion, which the export sets)
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    for kernel in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+                   "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):
+        monkeypatch.setattr(moe_utils, kernel, lambda *a, **k: None, raising=False)
     return mla
 
 

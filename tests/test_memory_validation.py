@@ -211,3 +211,100 @@ def test_the_megatron_ci_moe_preset_is_the_configuration_its_rows_quote():
     norms = 16 * (2 * h + 1536 + 512) + h
     assert model.num_params == 2 * 50257 * h + 16 * mla + 3 * h * 4096 + 15 * moe + norms
     assert model.num_dense_layers == 1 and model.mtp_layers == 1
+
+
+def test_torchtitan_pipelines_kept_their_outputs_until_0_2_1():
+    """torch.distributed.pipelining keeps every micro-batch's head output on the last stage
+    unless step() gets return_outputs=False, which torchtitan passes from 0.2.1 (Dec 2025);
+    its model returned fp32 logits until the cast moved into the loss (0.1.0, June 2025)."""
+    from paraplan.validate.training import _torchtitan_kept_output_bytes
+    assert _torchtitan_kept_output_bytes({**TORCHTITAN, "notes": "torchtitan 9dec370 (Dec 2024)"}) == 4.0
+    assert _torchtitan_kept_output_bytes({**TORCHTITAN, "notes": "torch 2.9.0.dev20250815+cu128"}) == 2.0
+    assert _torchtitan_kept_output_bytes({**TORCHTITAN, "notes": "run 2026-01-10"}) == 0.0
+    assert _torchtitan_kept_output_bytes({**TORCHTITAN, "notes": ""}) == 0.0  # undated: today's
+
+
+def test_a_kept_output_per_micro_batch_on_the_last_stage():
+    """m micro-batches' head outputs at 4 B per logit on the last stage, in the static model
+    and in the replayed allocator alike; none without a pipeline."""
+    from paraplan.cost.layout import layout
+    from paraplan.cost.lifetimes import allocator_peaks
+    from paraplan.cost.stage_memory import _stage_states, moe_stored_bytes
+    from paraplan.plan.plan import make_plan
+    from paraplan.plan.space import PlanBatch
+    from paraplan.specs.catalog import load_cluster, load_model
+    from paraplan.specs.workload import Workload
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=16, seq_len=4096)
+    m, T, t = 16, 4096, 2
+
+    def plan(pp, kept):
+        return make_plan(tp=t, pp=pp, dp=8 // (t * pp), micro_batch_size=1, sequence_parallel=True,
+                         fused_kernels=False, pp_kept_output_bytes=kept)
+
+    def last_stage_loss(p):
+        batch = PlanBatch.from_plans([p])
+        lay = layout(model, wl, batch)
+        return float(_stage_states(model, wl, batch, lay, moe_stored_bytes(model, wl, batch, lay)).parts[1][4][0])
+
+    kept = m * 4.0 * T * model.vocab_size / t
+    assert last_stage_loss(plan(4, 4.0)) - last_stage_loss(plan(4, 0.0)) == pytest.approx(kept)
+    assert last_stage_loss(plan(1, 4.0)) == pytest.approx(last_stage_loss(plan(1, 0.0)))
+    # the replay (whose worst stage is now the last) holds them too: its allocated peak is the
+    # static model's within the tensors it leaves out
+    from paraplan.cost.estimate import estimate
+    est = estimate(model, cluster, wl, plan(4, 4.0))
+    static = est.memory.total - est.memory.fragmentation_bytes - est.memory.reserved_bytes
+    replayed = allocator_peaks(model, cluster, wl, plan(4, 4.0), expandable=True).allocated_bytes
+    assert replayed == pytest.approx(static, rel=0.03) and est.memory.logits_bytes > kept
+
+
+@pytest.mark.parametrize("fused,whole", [(True, False), (False, True)])
+def test_the_head_keeps_its_input_whole_under_dtensor_sequence_parallelism(fused, whole):
+    """The final norm keeps its input and the head GEMM its normed input to the head's
+    backward: Megatron's SP keeps the sequence shard, an eager engine's DTensor TP the gathered
+    input whole (torchtitan's output layer: ColwiseParallel(input_layouts=Shard(1)))."""
+    from paraplan.cost.layout import layout
+    from paraplan.cost.stage_memory import layer_bytes, moe_stored_bytes
+    from paraplan.plan.plan import make_plan
+    from paraplan.plan.space import PlanBatch
+    from paraplan.specs.catalog import load_model
+    from paraplan.specs.workload import Workload
+    model, wl, t = load_model("llama3-8b"), Workload(global_batch_size=8, seq_len=4096), 4
+    batch = PlanBatch.from_plans([make_plan(tp=t, dp=2, micro_batch_size=1, sequence_parallel=True,
+                                            fused_kernels=fused)])
+    lay = layout(model, wl, batch)
+    lb = layer_bytes(model, wl, batch, lay, moe_stored_bytes(model, wl, batch, lay))
+    T, h = 4096, model.hidden_size
+    head = 2.0 * T * h * (1.0 if whole else 1.0 / t)
+    assert float(lb.head_inputs[0]) == pytest.approx(2.0 * T * h / t + head)
+
+
+def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch():
+    """torch.distributed.pipelining makes one activation receive buffer per micro-batch on
+    every stage but the global first and one gradient receive buffer per micro-batch on
+    every stage but the global last, and keeps them (stage.py); Megatron receives into fresh
+    tensors. Beyond the in-flight micro-batches' inputs (counted with their layers), counted
+    by hand for 16 micro-batches on 4 ranks: under 1F1B the first rank keeps 16 gradient
+    buffers, rank 1 its 16 + 16 less the 3 inputs in flight, the last 16 less 1; under
+    interleaved 1F1B with 2 stages per rank the last rank keeps 2·16 activation and 16
+    gradient buffers less its 5 chunks in flight (4 warm-up forwards and one)."""
+    from paraplan.cost.layout import layout
+    from paraplan.cost.stage_memory import pipelining_recv_buffers
+    from paraplan.plan.axes import Schedule
+    from paraplan.plan.plan import make_plan
+    from paraplan.plan.space import PlanBatch
+    from paraplan.specs.catalog import load_model
+    from paraplan.specs.workload import Workload
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=32, seq_len=4096)
+    t = 2
+    one = 2.0 * 4096 * model.hidden_size / t
+
+    def buffers(**kw):
+        batch = PlanBatch.from_plans([make_plan(tp=t, pp=4, dp=2, micro_batch_size=1, sequence_parallel=True, **kw)])
+        return [float(x[0]) / one for x in pipelining_recv_buffers(model, batch, layout(model, wl, batch))]
+
+    assert buffers(fused_kernels=False) == pytest.approx([16.0, 29.0, 15.0])
+    last = buffers(fused_kernels=False, vp=2, schedule=Schedule.INTERLEAVED_1F1B)[2]
+    assert last == pytest.approx(2 * 16 + 16 - 5)
+    assert buffers(fused_kernels=True) == [0.0, 0.0, 0.0]

@@ -68,7 +68,8 @@ def test_gpipe_last_stage_keeps_every_microbatchs_logits():
     plan = make_plan(tp=8, pp=4, dp=16, micro_batch_size=1, schedule=Schedule.GPIPE, recompute=Recompute.FULL,
                      sequence_parallel=True)
     e = estimate(model, cluster, wl, plan)
-    one = mem.logits_bytes_per_element(wl.precision) * 8192 * model.vocab_size / 8
+    # each with the head's inputs: the final norm's and the head GEMM's, SP shards (Megatron)
+    one = mem.logits_bytes_per_element(wl.precision) * 8192 * model.vocab_size / 8 + (2 + 2) * 8192 * model.hidden_size / 8
     assert e.num_microbatches == 64
     assert e.memory.logits_bytes == pytest.approx(64 * one)
     # and every micro-batch's stored layer inputs, 2·s·h/t each with SP, over 20 layers

@@ -59,7 +59,8 @@ def ep_overlapped(plan, lay: Layout, ep: EPComm, lc: LayerCompute, tp: TPComm, c
               + cp.forward_exposed_s + tp.forward_exposed_s / n_blk)
     attn_b = (2.0 * (lc.qkv_gemm_s + lc.out_gemm_s) + lc.attention_backward_s + lc.elementwise_backward_s
               + cp.backward_exposed_s + tp.backward_exposed_s / n_blk)
-    # dispatch = combine; the MoE blocks hold the shared experts, so the all-to-alls pair
+    # dispatch = combine (the dispatch's token counts and router probabilities, a few µs,
+    # halved with them); the MoE blocks hold the shared experts, so the all-to-alls pair
     # whole (not net of the shared-expert overlap, which would count those GEMMs twice)
     half_f, half_b = 0.5 * mc.a2a_fwd_s, 0.5 * mc.a2a_bwd_s
     ov_fwd = np.maximum(half_f - mc.bwd_compute_s, 0.0) + np.maximum(half_f - attn_b, 0.0)

@@ -9,12 +9,16 @@ model's (stage_memory.LayerBytes, the worst stage's model states), so the replay
 peak is the breakdown's up to the tensors it leaves out (autocast's casts); what the replay
 adds is where each tensor sits:
 
-  before the step  weights, gradients and optimizer states (allocated once, never freed);
+  before the step  weights, gradients and optimizer states (allocated once, never freed),
+                   and torch pipelining's receive buffers beyond the micro-batches in flight;
   forward (F)      the stage input on virtual stage 0; per layer the gathered weights under
                    ZeRO-3 (the next layer's prefetched before this one's are freed: two
                    alive), the layer's saved activations (layer_tensors), and under
                    recomputation what the layer does not keep, made and freed; on the chunk
-                   with the head, the loss's forward tensors (loss_sequences);
+                   with the head, the final norm's and the head's saved inputs, the loss's
+                   forward tensors (loss_sequences) and, where the
+                   pipeline keeps them (Plan.pp_kept_output_bytes), the head's output to the
+                   step's end;
   backward (B)     the loss's backward tensors, then per layer in reverse the gathered
                    weights and the unsharded gradient under ZeRO-3, what recomputation
                    re-creates, a residual-sized gradient per tensor, and the saved tensors
@@ -41,7 +45,7 @@ from . import memory as mem
 from .allocator import AllocatorPeaks, replay_step
 from .chunks import chunk_layers
 from .layout import layout
-from .stage_memory import moe_stored_bytes, layer_bytes, stage_memory_parts
+from .stage_memory import moe_stored_bytes, layer_bytes, pipelining_recv_buffers, stage_memory_parts
 
 # micro-batches replayed at most: past the warm-up every schedule but GPipe and breadth-first
 # repeats one period per micro-batch, so twice the stages (or this many) reach its peak
@@ -165,7 +169,8 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     parts, worst = stage_memory_parts(model, workload, batch, lay)
     p, v = plan.pp, plan.vp
     rank = {0: 0, 1: p - 1, 2: min(1, p - 1)}[worst]
-    m = _replayed_microbatches(plan, int(round(scalar(lay.num_microbatches))))
+    m_step = int(round(scalar(lay.num_microbatches)))
+    m = _replayed_microbatches(plan, m_step)
     layers = chunk_layers(model, workload, plan)
     where, head_stage = placement(plan.schedule), p * v - 1
     tasks = build_schedule(plan.schedule, p, m, v)[rank]
@@ -195,6 +200,17 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     ugrad = gather and scalar((lay.layer_params + lay.expert_params) * mem.GRAD_BYTES)
     deferred = {(t.microbatch, t.chunk) for t in tasks if t.phase is Phase.WEIGHT}
     events: list[tuple] = [(name, scalar(b)) for name, b in parts.items()]
+    # torch pipelining's receive buffers, one per micro-batch, made once (stage_memory); the
+    # replayed in-flight inputs are counted with their layers
+    recv = scalar(pipelining_recv_buffers(model, batch, lay)[{0: 0, 1: 2, 2: 1}[worst]])
+    events += [("pipelining receive buffers", recv)] if recv else []
+    # a pipeline that keeps every micro-batch's head output to the step's end (Plan.
+    # pp_kept_output_bytes): the replayed micro-batches are the step's last, so the earlier
+    # ones' outputs are already kept
+    kept_output = plan.pp_kept_output_bytes * logits_el if p > 1 else 0.0
+    holds_head = any(int(virtual_stage(where, p, rank, c)) == head_stage for c in range(v))
+    if kept_output and holds_head:
+        events.append(("kept outputs before the replayed micro-batches", (m_step - m) * kept_output))
     for task in tasks:
         stage = int(virtual_stage(where, p, rank, task.chunk))
         key, chunk = (task.microbatch, task.chunk), layers[stage]
@@ -205,11 +221,13 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
                 events += _gathered(gather, key, chunk, at)
                 events += _forward_layer((key, i), saved, recreated)
             if stage == head_stage:
+                events += [(("head inputs", key), scalar(lb.head_inputs))]
                 events += [(("loss", key, n), None if b is None else b * logits_el) for n, b in loss_fwd]
+                events += [(("kept output", key), kept_output)] if kept_output else []
         elif task.phase is Phase.BACKWARD:
             if stage == head_stage:  # the logits' gradient lives until the head's backward is done
                 events += [(("loss", key, n), None if b is None else b * logits_el) for n, b in loss_bwd]
-                events.append((("loss", key, "grad"), None))
+                events += [(("loss", key, "grad"), None), (("head inputs", key), None)]
             for at, i in enumerate(chunk[::-1]):
                 saved, recreated = policy(i)
                 events += _gathered(gather, ("b",) + key, chunk[::-1], at)

@@ -212,6 +212,13 @@ def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
             + np.where(sp & (t > 1), 2.0 * a * h / t, 0.0))
 
 
+def eager_sp_whole_share(plan):
+    """1 where an eager engine runs sequence parallelism (DTensor: a projection saves its
+    all-gathered input whole), else 0. Vectorized."""
+    sp = np.asarray(plan.sequence_parallel, dtype=bool) & (np.asarray(plan.tp, dtype=float) > 1.0)
+    return np.where(sp & ~np.asarray(plan.fused_kernels, dtype=bool), 1.0, 0.0)
+
+
 def _layer_flags(plan):
     """(t, SP divisor, eager, autocast, eager SP's whole-input share, SiLU output kept) of plans."""
     t = np.asarray(plan.tp, dtype=float)

@@ -9,12 +9,16 @@ are dropped and padded to capacity (GShard, Lepikhin et al. 2021; Switch, Fedus 
 
 Per MoE layer and micro-batch, on the busiest rank:
   router     GEMM T_r×h×E, softmax/top-k over T_r·E fp32 logits;
-  permute    gather T_r·k token copies in expert order (read + write h elements each),
-             unpermute scatters them back weighted by the router probabilities (an eager
-             engine's scatter-add at the GPU's scatter_add_efficiency);
+  permute    gather the rank's T_r·k token copies in expert order (read + write h elements
+             each), unpermute scatters them back (an eager engine's scatter-add at the
+             GPU's scatter_add_efficiency); the received copies sorted by local expert and
+             unsorted again, one copy each way (Megatron-Core with more than one local
+             expert, torchtitan under expert parallelism);
   dispatch   all-to-all of λ·T_r·k·h activation elements over the EP group (stride etp),
              combine the same back; with etp > 1 an all-gather / reduce-scatter of the
-             received tokens inside the ETP group (Megatron-Core "parallel folding");
+             received tokens inside the ETP group (Megatron-Core "parallel folding"); when
+             dropless the per-expert token counts exchanged first, and (Megatron-Core) the
+             copies' router probabilities in an all-to-all of their own;
   experts    E/ep local experts, each a GEMM of M_e = λ·etp·ep·T_r·k/E rows against
              h × n_mat·f_e/etp at the efficiency of that size, one launch each (Transformer
              Engine's GroupedLinear issues one cuBLAS GEMM per local expert);
@@ -44,6 +48,10 @@ from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s, up_p
 
 ROUTER_KERNELS = 6    # router GEMM, softmax, top-k, gather of the probabilities, aux loss, histogram
 PERMUTE_KERNELS = 6   # index sort and the gather (permute); scatter-add and the weighting (unpermute)
+SORT_KERNELS = 1      # one pass of the received copies into (or out of) local-expert order
+COUNT_BYTES = 8.0     # one int64 token count per expert
+PROB_BYTES = 2.0      # one router probability per routed copy, in the router's (bf16) dtype
+SCORE_PRODUCT_BYTES = 4.0  # an eager engine's score product keeps its fp32 input (torchtitan)
 
 
 def _f(x):
@@ -93,6 +101,38 @@ def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):
     return lam, T_r, copies, lam * _f(plan.etp) * copies
 
 
+def _all_to_all_s(cluster: ClusterSpec, num_bytes, ep, etp, hierarchical):
+    """One all-to-all of `num_bytes` per rank over the EP group (stride etp): flat, or in two
+    levels where the plan says (comm.py). Vectorized."""
+    flat = collective_time_s(cluster, Collective.ALL_TO_ALL, num_bytes, ep, etp)
+    two_d = collective_time_s(cluster, Collective.ALL_TO_ALL_2D, num_bytes, ep, etp)
+    return np.where(hierarchical, two_d, flat)
+
+
+def _permutation_s(gpu, plan, local, copies, act_rows, h, ab):
+    """(the permutation's time per pass, of which the sort by local expert) of one MoE layer.
+
+    The rank's own T_r·k copies (every rank routes as many) gathered in expert order and,
+    after the combine, scattered back (Megatron-Core permute / unpermute; torchtitan's gather
+    and scatter_add), each row read and written once (2 × ab bytes per element). Transformer
+    Engine's fused permutation (Megatron) streams both at the copy rate; an eager engine's
+    scatter is an index_add_ / scatter_add with atomics (torchtitan's combine, and its
+    gather's gradient), at the GPU's measured scatter_add_efficiency
+    (calibration/h100_2026-11-23/moe_layer). The received copies, act_rows on the busiest
+    rank, sorted by local expert after the dispatch and unsorted before the combine:
+    Megatron-Core where a rank holds more than one expert, at any EP (token_dispatcher.py dispatch_postprocess / combine_preprocess,
+    sort_chunks_by_idxs), torchtitan under any expert parallelism (its dispatcher's
+    _permute / _unpermute); a copy of each row each way. The
+    backward runs the same passes the other way round. Vectorized."""
+    fused_engine = np.asarray(plan.fused_kernels, dtype=bool)
+    own_pass = permutation_pass_bytes(copies, h, ab)
+    gather = memory_bound_time_s(gpu, own_pass, PERMUTE_KERNELS / 2)
+    atomic = memory_bound_time_s(gpu, own_pass, PERMUTE_KERNELS / 2, gpu.scatter_bw_efficiency)
+    sorts = np.where(np.where(fused_engine, local > 1.0, _f(plan.ep) > 1.0), 2.0, 0.0)
+    sort = sorts * memory_bound_time_s(gpu, permutation_pass_bytes(act_rows, h, ab), SORT_KERNELS)
+    return gather + np.where(fused_engine, gather, atomic) + sort, sort
+
+
 @dataclass(frozen=True, kw_only=True)
 class MoELayerCosts:
     """One MoE layer, one micro-batch, the busiest rank (seconds / bytes)."""
@@ -111,6 +151,7 @@ class MoELayerCosts:
     activation_bytes: object   # stored for backward (no recomputation)
     act_fn_out_bytes: object   # of which the experts' activation-function outputs
     act_fn_fwd_s: object       # the experts' activation function (what moe_act re-runs)
+    sort_s: object             # received copies sorted by local expert and back, one pass (in fwd and bwd)
 
 
 def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, tokens, tp,
@@ -126,18 +167,10 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 
     router_gemm = gemm_time_s(gpu, T_r, E, h, Precision.BF16)
     router_ew = elementwise_time_s(gpu, 3.0 * 4.0 * T_r * E, ROUTER_KERNELS - 1)
-    # permute gathers the copies (reads and writes each once: 2 × ab bytes per element), and
-    # unpermute scatters them back, forward; the backward the other way round. Transformer
-    # Engine's fused permutation (Megatron) streams both at the copy rate; an eager engine's
-    # scatter is an index_add_ / scatter_add with atomics (torchtitan's combine, and its
-    # gather's gradient), at the GPU's measured scatter_add_efficiency
-    # (calibration/h100_2026-11-23/moe_layer)
-    one_pass = permutation_pass_bytes(lam * copies, h, ab)
-    gather = memory_bound_time_s(gpu, one_pass, PERMUTE_KERNELS / 2)
-    atomic = memory_bound_time_s(gpu, one_pass, PERMUTE_KERNELS / 2, gpu.scatter_bw_efficiency)
-    permute = gather + np.where(np.asarray(plan.fused_kernels, dtype=bool), gather, atomic)
-
+    fused_engine = np.asarray(plan.fused_kernels, dtype=bool)
     local = E / ep
+    permute, sort = _permutation_s(gpu, plan, local, copies, act_rows, h, ab)
+
     m_e = lam * etp * ep * copies / E
     # the gate and up projections as one GEMM of n_up·f, or apart (plan.fused_kernels off:
     # torchtitan's grouped experts and shared experts keep w1 and w3 apart), two GEMMs of f
@@ -174,21 +207,26 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # ---- all-to-all dispatch and combine over EP (stride etp), ETP gather/scatter ----
     a2a_bytes = ab * lam * copies * h
     hier = np.asarray(plan.a2a_hierarchical, dtype=bool)
-    flat = collective_time_s(cluster, Collective.ALL_TO_ALL, a2a_bytes, ep, etp)
-    two_d = collective_time_s(cluster, Collective.ALL_TO_ALL_2D, a2a_bytes, ep, etp)
-    a2a = np.where(hier, two_d, flat)
+    a2a = _all_to_all_s(cluster, a2a_bytes, ep, etp, hier)
     etp_bytes = etp * a2a_bytes
     etp_comm = (collective_time_s(cluster, Collective.ALL_GATHER, etp_bytes, etp, 1)
                 + collective_time_s(cluster, Collective.REDUCE_SCATTER, etp_bytes, etp, 1))
-    a2a_fwd = 2.0 * a2a + etp_comm
-    a2a_bwd = a2a_fwd
+    # before the dispatch the ranks exchange their per-expert token counts (Megatron-Core's
+    # preprocess all-gathers them over the EP×ETP group, torchtitan all-to-alls them), and
+    # Megatron-Core sends each copy's router probability in an all-to-all of its own
+    # (token_dispatch: global_probs), forward and backward: small, mostly latency
+    dropless = np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0  # (drop-and-pad sizes are known)
+    counts = np.where(dropless, collective_time_s(cluster, Collective.ALL_GATHER, COUNT_BYTES * E, ep * etp, 1), 0.0)
+    probs = np.where(fused_engine, _all_to_all_s(cluster, PROB_BYTES * lam * copies, ep, etp, hier), 0.0)
+    a2a_bwd = 2.0 * a2a + etp_comm + probs
+    a2a_fwd = a2a_bwd + counts
     shared = np.where(shared_expert_overlap(model, plan), sh_up + sh_down, 0.0)
     a2a_fwd_exp = np.maximum(a2a_fwd - shared, 0.0) if fsh else a2a_fwd
     a2a_bwd_exp = np.maximum(a2a_bwd - 2.0 * shared, 0.0) if fsh else a2a_bwd
 
     stored, act_out = moe_activation_bytes(model, workload, plan, tokens, tp, prec)
     return MoELayerCosts(
-        act_fn_out_bytes=act_out, act_fn_fwd_s=act_ew,
+        act_fn_out_bytes=act_out, act_fn_fwd_s=act_ew, sort_s=sort,
         fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
         expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,
         a2a_fwd_s=a2a_fwd, a2a_fwd_exposed_s=a2a_fwd_exp, a2a_bwd_s=a2a_bwd, a2a_bwd_exposed_s=a2a_bwd_exp,
@@ -198,9 +236,15 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
 def moe_activation_bytes(model: ModelSpec, workload: Workload, plan, tokens, tp, prec: Precision):
     """(stored bytes, of which the experts' activation-function outputs) of one MoE layer
     and micro-batch on the busiest rank: router probabilities (fp32), the experts' permuted
-    input, activation input and output, and the expert outputs the weighted combine needs;
-    shared experts like a dense MLP of f_sh (the layer's input after its norm is counted with
-    the dense terms, memory.py). GEMM inputs are saved quantized under FP8 and NVFP4 training."""
+    input, activation input and output, and, in an eager engine, an fp32 copy of the rank's
+    own T_r·k routed rows that its score product keeps for the backward (torchtitan weights
+    them by the router scores in fp32, before the experts up to 0.2, after the combine in
+    0.3: token_dispatcher.py `routed_output.to(torch.float32) * scores`); Megatron-Core
+    applies the probabilities inside the experts' activation (experts.py,
+    weighted_bias_swiglu_impl) and its combine (unpermute without probabilities, a scatter)
+    keeps no expert output. Shared experts like a dense MLP of
+    f_sh (the layer's input after its norm is counted with the dense terms, memory.py).
+    GEMM inputs are saved quantized under FP8 and NVFP4 training."""
     h, E, fe = model.hidden_size, model.num_experts, model.moe_ffn_hidden_size
     fsh = model.shared_expert_ffn_hidden_size
     n_up = model.num_mlp_matrices - 1
@@ -208,8 +252,9 @@ def moe_activation_bytes(model: ModelSpec, workload: Workload, plan, tokens, tp,
     ab = prec.activation_bytes
     lam, T_r, copies, act_rows = _routing(model, workload, plan, tokens, tp)
     gi = saved_gemm_input_bytes(prec)
+    weighted_input = np.where(np.asarray(plan.fused_kernels, dtype=bool), 0.0, SCORE_PRODUCT_BYTES * copies * h)
     routed = (4.0 * 2.0 * T_r * E
               + act_rows * (gi * h + (ab * n_up * fe + gi * fe) / etp)
-              + ab * lam * copies * h)
+              + weighted_input)
     shared_act = _f(tokens) * (ab * n_up * fsh + gi * fsh) / t
     return routed + shared_act, act_rows * gi * fe / etp

@@ -26,6 +26,8 @@ class LayerTimes:
     backward_s: Num
     zero_forward_exposed_s: Num
     zero_backward_exposed_s: Num
+    ep_forward_exposed_s: Num   # the exposed EP all-to-alls in forward_s and backward_s
+    ep_backward_exposed_s: Num
 
 
 def layer_times(slowdown: float, forward_compute_s, backward_compute_s, tp: TPComm, cp: CPComm, ep: EPComm,
@@ -48,4 +50,5 @@ def layer_times(slowdown: float, forward_compute_s, backward_compute_s, tp: TPCo
                    + slow_fwd + z.fsdp2_forward_s),
         backward_s=(bwd_comp + tp.backward_exposed_s + cp.backward_exposed_s + ep.backward_exposed_s + z3_bwd_exp
                     + slow_bwd + z.fsdp2_backward_s + z.grad_compression_s),
-        zero_forward_exposed_s=z3_fwd_exp, zero_backward_exposed_s=z3_bwd_exp)
+        zero_forward_exposed_s=z3_fwd_exp, zero_backward_exposed_s=z3_bwd_exp,
+        ep_forward_exposed_s=ep.forward_exposed_s, ep_backward_exposed_s=ep.backward_exposed_s)

@@ -35,6 +35,7 @@ class StageActivations:
     middle_bytes: Num
     last_bytes: Num
     logits_bytes: Num       # one micro-batch's loss state (the head's logits, and each MTP module's)
+    logits_elements: Num    # the head's T·V/t logits of one micro-batch
     host_bytes: tuple = (0.0, 0.0, 0.0)  # offloaded activations in host memory: first, middle, last stage
 
 
@@ -72,7 +73,9 @@ class LayerBytes:
     recompute_working: Num   # what re-running a recomputed layer holds while it runs
     stage_input: Num         # the first stage's input (the embedding's output), kept for its backward
     logits_elements: Num     # the head's T·V/t logits
-    logits: Num              # their loss state at its backward (logits_bytes_per_element of them)
+    head_inputs: Num         # the final norm's and the head GEMM's saved inputs, to the head's backward
+    logits: Num              # the loss state at its backward (logits_bytes_per_element of the
+                             # logits) and the head's inputs
 
 
 def layer_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> LayerBytes:
@@ -92,14 +95,20 @@ def layer_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_act
                                 (k_rc * residual_bytes * T * h / sp_div + (L_s - k_rc) * none_act) / L_s,
                                 stored)
     logits_elements = T * model.vocab_size / t
-    logits = mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel) * logits_elements
+    # the final norm keeps its input, the head GEMM its (normed) input: the sequence shard under
+    # Megatron's SP, whole under an eager engine's (DTensor gathers it: torchtitan's
+    # ColwiseParallel(input_layouts=Shard(1)) on the output layer), as a layer's projections
+    head_inputs = T * h * (residual_bytes + ab * (1.0 + mem.eager_sp_whole_share(plan) * (sp_div - 1.0))) / sp_div
+    logits = (mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel)
+              * logits_elements + head_inputs)
     # a recomputed layer's working set (per-op checkpointing and a searched set re-create what
     # one layer did not keep)
     working = np.where((rc == Recompute.FULL.code) | (rc == Recompute.FIRST_K.code), sel_act,
                        np.where((rc == Recompute.OP_SAC.code) | (rc == Recompute.SET.code),
                                 np.maximum(none_act - stored, 0.0), 0.0))
     return LayerBytes(stored=stored, stage_average=per_layer_stored, kept_whole=none_act, recompute_working=working,
-                      stage_input=residual_bytes * T * h / sp_div, logits_elements=logits_elements, logits=logits)
+                      stage_input=residual_bytes * T * h / sp_div, logits_elements=logits_elements,
+                      head_inputs=head_inputs, logits=logits)
 
 
 def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> StageActivations:
@@ -143,12 +152,13 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
     acts_mid = inflight_mid * L_s * per_layer_stored + recompute_working
     if not np.any(plan.activation_offload_layers):
         return StageActivations(first_bytes=acts_first, middle_bytes=acts_mid, last_bytes=acts_last,
-                                logits_bytes=logits)
+                                logits_bytes=logits, logits_elements=lb.logits_elements)
     # (an offloaded layer is kept whole before it goes: `stored`, first-k's too)
     splits = [_offload_split(plan, lay, layers, n, stored) for layers, n in
               ((lay.first_stage_layers, inflight), (L_s, inflight_mid), (lay.last_stage_layers, inflight_last))]
     return StageActivations(first_bytes=acts_first + splits[0][0], middle_bytes=acts_mid + splits[1][0],
                             last_bytes=acts_last + splits[2][0], logits_bytes=logits,
+                            logits_elements=lb.logits_elements,
                             host_bytes=tuple(host for _, host in splits))
 
 
@@ -286,6 +296,33 @@ class _StageStates:
         return np.where(self.worst == 0, first, np.where(self.worst == 1, last, middle))
 
 
+def pipelining_recv_buffers(model: ModelSpec, plan, lay: Layout):
+    """(first, middle, last) rank's receive buffers beyond its micro-batches in flight, under
+    torch.distributed.pipelining (the eager engines' pipeline: torchtitan, paraplan run).
+
+    Every pipeline stage makes one buffer per micro-batch for the activations it receives
+    (all but the global first stage) and one for the gradients it receives (all but the
+    global last), once, and keeps them (stage.py _setup_forward_recv_info,
+    _setup_backward_recv_info). A rank holds v stages: the first rank holds the global first
+    (and, in a V, the global last too), the last rank the global last unless in a V. The
+    in-flight micro-batches' inputs are counted with their layers: of a rank's activation
+    buffers, its in-flight micro-batches (in whole stages' worth) per receiving stage are in
+    use. Megatron receives into fresh tensors: none."""
+    m, p, v = lay.num_microbatches, lay.pp, lay.vp
+    one = (mem.residual_bytes_per_element(lay.act_bytes_per_element, plan.autocast)
+           * lay.tokens_per_microbatch * model.hidden_size / lay.sp_divisor)
+    torch_pp = ~np.asarray(plan.fused_kernels, dtype=bool) & (p > 1)
+    v_shape = np.asarray(lay.v_shape, dtype=bool)
+
+    def idle(acts_in, grads_in, inflight):
+        return np.where(torch_pp, (np.maximum(m - inflight, 0.0) * acts_in + m * grads_in) * one, 0.0)
+
+    first = idle(v - 1.0, np.where(v_shape, v - 1.0, v), mem.inflight_microbatches(plan, m))
+    middle = idle(v, v, mem.inflight_microbatches(plan, m, 1.0))
+    last = idle(v, np.where(v_shape, v, v - 1.0), mem.inflight_microbatches(plan, m, p - 1.0))
+    return first, middle, last
+
+
 def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> _StageStates:
     """The three stages' memory by part and which is worst."""
     m, zc = lay.num_microbatches, lay.zero_code
@@ -316,11 +353,18 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     # several at once where the schedule runs every forward first (GPipe, breadth-first)
     lo1 = np.where(lay.first_holds_ends, mem.inflight_logits(plan, m) * acts.logits_bytes, 0.0)
     lol = np.where(lay.v_shape, 0.0, mem.inflight_logits(plan, m) * acts.logits_bytes)
-    g1, acts_first, lo1 = _lazy_gradient_peak(model, lay, g1, acts.first_bytes, lo1)
-    gl, acts_last, lol = _lazy_gradient_peak(model, lay, gl, acts.last_bytes, lol)
+    # and where the pipeline keeps every micro-batch's head output to the step's end (torch
+    # pipelining without return_outputs=False; Plan.pp_kept_output_bytes), all m of them at
+    # the last loss backward, beside its loss state (whose logits the loss freed)
+    kept = np.where(lay.pp > 1, m * np.asarray(plan.pp_kept_output_bytes, dtype=float) * acts.logits_elements, 0.0)
+    lo1 = lo1 + np.where(lay.v_shape, kept, 0.0)
+    lol = lol + np.where(lay.v_shape, 0.0, kept)
+    recv_first, recv_mid, recv_last = pipelining_recv_buffers(model, plan, lay)
+    g1, acts_first, lo1 = _lazy_gradient_peak(model, lay, g1, acts.first_bytes + recv_first, lo1)
+    gl, acts_last, lol = _lazy_gradient_peak(model, lay, gl, acts.last_bytes + recv_last, lol)
     tot1 = w1 + g1 + o1 + acts_first + lo1
     totl = wl + gl + ol + acts_last + lol
-    totm = np.where(has_mid, wm + gm + om + acts.middle_bytes, 0.0)
+    totm = np.where(has_mid, wm + gm + om + acts.middle_bytes + recv_mid, 0.0)
     buffers = np.where(lay.zero3, 2.0 * (layer_params + expert_params)
                        * (gather_bytes + mem.WEIGHT_BYTES * lay.casts_gathered + mem.GRAD_BYTES), 0.0)
     # FSDP2 under pipeline schedules: the gathered weights and the accumulated gradients are
@@ -328,7 +372,7 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     buffers = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), (layer_params + expert_params) * gather_bytes,
                        buffers)
     return _StageStates(parts=((w1, g1, o1, acts_first, lo1), (wl, gl, ol, acts_last, lol),
-                               (wm, gm, om, acts.middle_bytes, 0.0)),
+                               (wm, gm, om, acts.middle_bytes + recv_mid, 0.0)),
                         totals=(tot1, totl, totm), buffers=buffers, host_bytes=host_bytes)
 
 

@@ -105,12 +105,18 @@ def moe_dispatch_gaps(gpu: GPUSpec, plan, layer: LayerTimes, mc: MoELayerCosts |
     pass lasts at least its host time. Under EP overlap a synchronization window holds one
     micro-batch's forward layer beside another's backward layer; each pass keeps its own bound
     (the window's is their sum), so that slower compute never shortens a pass and the
-    backward's data-parallel window holds only the backward's wait. Vectorized."""
+    backward's data-parallel window holds only the backward's wait. There the blocks of each
+    pass run beside the other's all-to-alls (ep.py), and what of those stays exposed lasts in
+    this pass's pairs, though counted with the other pass's time: each pass's bound is taken
+    on its own blocks with the exposure beside them (else a slower forward attention, hiding
+    more of the backward's all-to-all, would shorten its own wait and the step). Vectorized."""
     h = gpu.moe_dispatch_host_s
     if h <= 0.0 or mc is None:
         return None
     syncs = np.asarray(plan.fused_kernels, dtype=bool) & (np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0)
-    return syncs, np.maximum(h - layer.forward_s, 0.0), np.maximum(2.0 * h - layer.backward_s, 0.0)
+    swap = np.where(np.asarray(plan.ep_overlap, dtype=bool), layer.ep_backward_exposed_s - layer.ep_forward_exposed_s,
+                    0.0)
+    return syncs, np.maximum(h - (layer.forward_s + swap), 0.0), np.maximum(2.0 * h - (layer.backward_s - swap), 0.0)
 
 
 def stage_waits(gpu: GPUSpec, plan, lay: Layout, layer: LayerTimes, rc_stage, wgrad, moe_gaps, layers, extra_fwd,

@@ -40,6 +40,7 @@ import shlex
 import numpy as np
 
 from ..cost.chunks import chunk_layers
+from ..cost.low_precision import LOW_PRECISIONS
 from ..cost.moe import shared_expert_overlap
 from ..plan.axes import (AttentionKernel, CPCommType, GradCompression, RankOrder, Recompute, RecomputeOp, RecomputeOps,
                          Schedule, ZeroStage)
@@ -287,6 +288,14 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
             a.append("--overlap-moe-expert-parallel-comm")
         if bool(shared_expert_overlap(model, plan)):  # as paraplan prices it (cost/moe.py)
             a.append("--moe-shared-expert-overlap")
+        # the permutation as paraplan prices Megatron's, fused (Transformer Engine's permute
+        # kernels; Megatron-Core's default is the unfused scatter path)
+        a.append("--moe-permute-fusion")
+        if workload.precision in LOW_PRECISIONS and plan.capacity_factor is None:
+            # dropless FP8 (the export refuses NVFP4): the router pads each expert's rows to the
+            # quantized GEMM's alignment, so Transformer Engine copies none to pad them
+            # (experts.py Fp8Padding), which paraplan does not price
+            a.append("--moe-router-padding-for-quantization")
     if plan.recompute is Recompute.SELECTIVE:
         a += ["--recompute-granularity", "selective"]
     elif plan.recompute is Recompute.MODULES:

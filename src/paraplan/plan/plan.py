@@ -140,6 +140,13 @@ class Plan:
     # keep fp32 log-probabilities and run an unfused backward (cost/memory.py, stage_ends.py).
     # Off: the engine gathers the logits or fuses the loss (Megatron, DeepSpeed's AutoTP).
     loss_parallel: bool = axis(False)
+    # Bytes per logit of every micro-batch's head output the last pipeline stage keeps until
+    # the step ends (0: none): torch.distributed.pipelining appends each output to the stage's
+    # output_chunks for the schedule's merged return (stage.py forward_one_chunk, freed by
+    # clear_runtime_states at the next step), unless step() is told return_outputs=False, as
+    # torchtitan does from 0.2.1 (December 2025) and paraplan run does; 4 where the model
+    # returned fp32 logits, 2 for 16-bit ones (cost/stage_memory.py, cost/lifetimes.py).
+    pp_kept_output_bytes: float = axis(0.0)
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property
@@ -267,6 +274,8 @@ def _column(f) -> Column:
         return Column(f.name, f.metadata["column"] or f.name, bool, bool, bool)
     if isinstance(default, int):
         return Column(f.name, f.metadata["column"] or f.name, np.int64, int, int)
+    if isinstance(default, float):
+        return Column(f.name, f.metadata["column"] or f.name, float, float, float)
     # an optional float (the capacity factor): None held as 0.0
     return Column(f.name, f.metadata["column"] or f.name, float, lambda v: 0.0 if v is None else float(v),
                   lambda x: float(x) if x > 0 else None)

@@ -67,6 +67,7 @@ class PlanBatch:
     compiled: np.ndarray
     compiled_loss: np.ndarray
     loss_parallel: np.ndarray
+    pp_kept_output_bytes: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
     ep_overlap: np.ndarray
@@ -177,6 +178,7 @@ class SpaceLimits:
     compiled: bool = False      # eager blocks under torch.compile (see Plan)
     compiled_loss: bool = False  # an eager engine's loss under torch.compile (see Plan)
     loss_parallel: bool = False  # an eager engine's vocabulary-parallel loss, op by op (see Plan)
+    pp_kept_output_bytes: float = 0.0  # the head outputs a pipeline keeps until the step ends (see Plan)
     # the DP gradient reduction's wire format (Plan.grad_compression): pinned, never searched
     # (a compressed format changes the numerics); every plan of the search takes this one
     grad_compression: GradCompression = GradCompression.NONE
@@ -418,6 +420,7 @@ class SpaceBlock:
             fsdp2_copies=(zero != ZeroStage.NONE.code) if limits.fsdp2_copies else const(False),
             fused_kernels=const(limits.fused_kernels), compiled=const(limits.compiled),
             compiled_loss=const(limits.compiled_loss), loss_parallel=const(limits.loss_parallel),
+            pp_kept_output_bytes=const(limits.pp_kept_output_bytes),
             grad_compression_code=np.full((1, 1, 1, 1), limits.grad_compression.code, dtype=np.int64),
             powersgd_rank=np.full((1, 1, 1, 1), limits.powersgd_rank, dtype=np.int64),
             autocast=(without_fsdp_autocast(True, cols["tp"], cols["pp"], zero, cols["dp_shard"], cols["cp"])

@@ -115,11 +115,13 @@ class Runner:
         None on ranks without the last pipeline stage."""
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
+            # return_outputs=False: the last stage keeps no micro-batch's output to the step's
+            # end (torch's default does, for the merged return; Plan.pp_kept_output_bytes 0)
             with self._autocast(), self._loss_context():
                 if self.has_first:
-                    self.schedule.step(inputs, target=labels, losses=losses)
+                    self.schedule.step(inputs, target=labels, losses=losses, return_outputs=False)
                 else:
-                    self.schedule.step(target=labels, losses=losses)
+                    self.schedule.step(target=labels, losses=losses, return_outputs=False)
             return torch.stack([_local(x.detach()).float() for x in losses]).mean() if self.has_last else None
         (model,) = self.modules
         m = self.cfg.num_microbatches

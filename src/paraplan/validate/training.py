@@ -487,6 +487,13 @@ def _published_schedules(row: dict) -> tuple[Schedule, ...]:
 # 2025 on (the month 0.1.0 was cut from it; its runs of 2025-06-14 included) is taken to
 # compile it.
 TORCHTITAN_LOSS_COMPILED_SINCE = (2025, 6)
+# torchtitan's pipeline keeps every micro-batch's head output on the last stage to the step's
+# end (torch.distributed.pipelining's output_chunks) until 0.2.1, whose train.py passes
+# step(..., return_outputs=False) (0.2.0's, October 2025, does not; 0.2.1's wheel is of
+# 2025-12-26): runs before December 2025 keep them. Its model returned them upcast to fp32
+# (`self.output(h).float()`) until the cast moved into the loss, which 0.1.0's
+# components/loss.py does (its model returns the 16-bit logits): fp32 before June 2025.
+TORCHTITAN_PP_OUTPUTS_DROPPED_SINCE = (2025, 12)
 _MONTHS = ("jan(?:uary)?", "feb(?:ruary)?", "mar(?:ch)?", "apr(?:il)?", "may", "june?", "july?", "aug(?:ust)?",
            "sep(?:t(?:ember)?)?", "oct(?:ober)?", "nov(?:ember)?", "dec(?:ember)?")
 
@@ -511,6 +518,16 @@ def _torchtitan_compiles_loss(row: dict) -> bool:
     return month is None or month >= TORCHTITAN_LOSS_COMPILED_SINCE
 
 
+def _torchtitan_kept_output_bytes(row: dict) -> float:
+    """Bytes per logit of the head outputs the row's torchtitan pipeline kept to the step's end
+    (Plan.pp_kept_output_bytes): 4 before June 2025, 2 until December 2025, 0 since (and for
+    an undated row, today's torchtitan)."""
+    month = _run_month(row.get("notes") or "")
+    if month is None or month >= TORCHTITAN_PP_OUTPUTS_DROPPED_SINCE:
+        return 0.0
+    return 4.0 if month < TORCHTITAN_LOSS_COMPILED_SINCE else 2.0
+
+
 def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     """A torchtitan row's plan space under torchtitan's own policy (export/torchtitan.py
     SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
@@ -521,6 +538,7 @@ def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     compiled = "compile" in framework
     return replace(TORCHTITAN.with_policy(limits), compiled=compiled,
                    compiled_loss=compiled and _torchtitan_compiles_loss(row), engine_rule=engine.engine_rule,
+                   pp_kept_output_bytes=_torchtitan_kept_output_bytes(row),
                    tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
                    hierarchical_a2a=engine.hierarchical_a2a,
                    ep_overlap=engine.ep_overlap)
