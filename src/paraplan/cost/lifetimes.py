@@ -45,7 +45,7 @@ from . import memory as mem
 from .allocator import AllocatorPeaks, replay_step
 from .chunks import chunk_layers
 from .layout import layout
-from .stage_memory import moe_stored_bytes, layer_bytes, pipelining_recv_buffers, stage_memory_parts
+from .stage_memory import moe_stored_bytes, layer_bytes, stage_memory_parts
 
 # micro-batches replayed at most: past the warm-up every schedule but GPipe and breadth-first
 # repeats one period per micro-batch, so twice the stages (or this many) reach its peak
@@ -199,11 +199,9 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
         (lay.layer_params + lay.expert_params) * (lay.gather_bytes_per_param + mem.WEIGHT_BYTES * lay.casts_gathered))
     ugrad = gather and scalar((lay.layer_params + lay.expert_params) * mem.GRAD_BYTES)
     deferred = {(t.microbatch, t.chunk) for t in tasks if t.phase is Phase.WEIGHT}
+    # (with torch pipelining's idle receive buffers: the replayed in-flight inputs are counted
+    # with their layers)
     events: list[tuple] = [(name, scalar(b)) for name, b in parts.items()]
-    # torch pipelining's receive buffers, one per micro-batch, made once (stage_memory); the
-    # replayed in-flight inputs are counted with their layers
-    recv = scalar(pipelining_recv_buffers(model, batch, lay)[{0: 0, 1: 2, 2: 1}[worst]])
-    events += [("pipelining receive buffers", recv)] if recv else []
     # a pipeline that keeps every micro-batch's head output to the step's end (Plan.
     # pp_kept_output_bytes): the replayed micro-batches are the step's last, so the earlier
     # ones' outputs are already kept

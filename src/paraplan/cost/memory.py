@@ -213,10 +213,11 @@ def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
 
 
 def eager_sp_whole_share(plan):
-    """1 where an eager engine runs sequence parallelism (DTensor: a projection saves its
-    all-gathered input whole), else 0. Vectorized."""
-    sp = np.asarray(plan.sequence_parallel, dtype=bool) & (np.asarray(plan.tp, dtype=float) > 1.0)
-    return np.where(sp & ~np.asarray(plan.fused_kernels, dtype=bool), 1.0, 0.0)
+    """What a projection's saved input holds beyond its sequence shard (1/SP divisor): under an
+    eager engine's SP (DTensor) it saves the all-gathered input whole, 1 − 1/sp; Megatron
+    saves the shard and gathers it again in the backward, 0. Vectorized."""
+    sp_div = np.where(np.asarray(plan.sequence_parallel), np.asarray(plan.tp, dtype=float), 1.0)
+    return np.where(~np.asarray(plan.fused_kernels, dtype=bool), 1.0 - 1.0 / sp_div, 0.0)
 
 
 def _layer_flags(plan):
@@ -225,7 +226,7 @@ def _layer_flags(plan):
     sp_div = np.where(np.asarray(plan.sequence_parallel), t, 1.0)
     eager = ~np.asarray(plan.fused_kernels, dtype=bool)
     # eager SP keeps the projections' gathered inputs (and autocast's casts of them) whole
-    whole = np.where(eager, 1.0 - 1.0 / sp_div, 0.0)
+    whole = eager_sp_whole_share(plan)
     # SiLU's output beside its input: eager only; a compiled block keeps what a fused one does
     # (one H100: 20.27 -> 16.77 elements per token per hidden unit at Llama 3 8B's block, exactly
     # 2f/h bytes less; calibration/h100_2026-11-23)

@@ -101,6 +101,12 @@ def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):
     return lam, T_r, copies, lam * _f(plan.etp) * copies
 
 
+def dropless(plan):
+    """Whether the plan's MoE routing is dropless (no capacity factor: the busiest expert's rows
+    are known only at run time), vectorized."""
+    return np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0
+
+
 def _all_to_all_s(cluster: ClusterSpec, num_bytes, ep, etp, hierarchical):
     """One all-to-all of `num_bytes` per rank over the EP group (stride etp): flat, or in two
     levels where the plan says (comm.py). Vectorized."""
@@ -215,8 +221,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # preprocess all-gathers them over the EP×ETP group, torchtitan all-to-alls them), and
     # Megatron-Core sends each copy's router probability in an all-to-all of its own
     # (token_dispatch: global_probs), forward and backward: small, mostly latency
-    dropless = np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0  # (drop-and-pad sizes are known)
-    counts = np.where(dropless, collective_time_s(cluster, Collective.ALL_GATHER, COUNT_BYTES * E, ep * etp, 1), 0.0)
+    counts = np.where(dropless(plan), collective_time_s(cluster, Collective.ALL_GATHER, COUNT_BYTES * E, ep * etp, 1), 0.0)
     probs = np.where(fused_engine, _all_to_all_s(cluster, PROB_BYTES * lam * copies, ep, etp, hier), 0.0)
     a2a_bwd = 2.0 * a2a + etp_comm + probs
     a2a_fwd = a2a_bwd + counts

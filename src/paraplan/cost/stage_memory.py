@@ -36,6 +36,7 @@ class StageActivations:
     last_bytes: Num
     logits_bytes: Num       # one micro-batch's loss state (the head's logits, and each MTP module's)
     logits_elements: Num    # the head's T·V/t logits of one micro-batch
+    recv_bytes: tuple       # torch pipelining's idle receive buffers: first, last, middle (pipelining_recv_buffers)
     host_bytes: tuple = (0.0, 0.0, 0.0)  # offloaded activations in host memory: first, middle, last stage
 
 
@@ -98,7 +99,7 @@ def layer_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_act
     # the final norm keeps its input, the head GEMM its (normed) input: the sequence shard under
     # Megatron's SP, whole under an eager engine's (DTensor gathers it: torchtitan's
     # ColwiseParallel(input_layouts=Shard(1)) on the output layer), as a layer's projections
-    head_inputs = T * h * (residual_bytes + ab * (1.0 + mem.eager_sp_whole_share(plan) * (sp_div - 1.0))) / sp_div
+    head_inputs = T * h * (residual_bytes / sp_div + ab * (1.0 / sp_div + mem.eager_sp_whole_share(plan)))
     logits = (mem.logits_bytes_per_element(prec, plan.fused_kernels, lay.compiled_loss, lay.loss_parallel)
               * logits_elements + head_inputs)
     # a recomputed layer's working set (per-op checkpointing and a searched set re-create what
@@ -123,6 +124,7 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
     inflight = mem.inflight_microbatches(plan, m)
     inflight_mid = mem.inflight_microbatches(plan, m, 1.0)
     inflight_last = mem.inflight_microbatches(plan, m, p - 1.0)
+    recv = pipelining_recv_buffers(plan, lay, lb.stage_input, inflight, inflight_mid, inflight_last)
     # a recomputed layer's working set: on the stage with the loss, only what exceeds the
     # logits, which the backward has freed before it re-runs the last layer
     recompute_working = lb.recompute_working
@@ -152,13 +154,13 @@ def stage_activations(model: ModelSpec, workload: Workload, plan, lay: Layout, m
     acts_mid = inflight_mid * L_s * per_layer_stored + recompute_working
     if not np.any(plan.activation_offload_layers):
         return StageActivations(first_bytes=acts_first, middle_bytes=acts_mid, last_bytes=acts_last,
-                                logits_bytes=logits, logits_elements=lb.logits_elements)
+                                logits_bytes=logits, logits_elements=lb.logits_elements, recv_bytes=recv)
     # (an offloaded layer is kept whole before it goes: `stored`, first-k's too)
     splits = [_offload_split(plan, lay, layers, n, stored) for layers, n in
               ((lay.first_stage_layers, inflight), (L_s, inflight_mid), (lay.last_stage_layers, inflight_last))]
     return StageActivations(first_bytes=acts_first + splits[0][0], middle_bytes=acts_mid + splits[1][0],
                             last_bytes=acts_last + splits[2][0], logits_bytes=logits,
-                            logits_elements=lb.logits_elements,
+                            logits_elements=lb.logits_elements, recv_bytes=recv,
                             host_bytes=tuple(host for _, host in splits))
 
 
@@ -279,6 +281,7 @@ class _StageStates:
     totals: tuple
     buffers: Num
     host_bytes: Num
+    recv_bytes: tuple  # of which torch pipelining's receive buffers ([first, last, middle], in activations)
 
     @functools.cached_property
     def worst(self):
@@ -296,9 +299,10 @@ class _StageStates:
         return np.where(self.worst == 0, first, np.where(self.worst == 1, last, middle))
 
 
-def pipelining_recv_buffers(model: ModelSpec, plan, lay: Layout):
-    """(first, middle, last) rank's receive buffers beyond its micro-batches in flight, under
-    torch.distributed.pipelining (the eager engines' pipeline: torchtitan, paraplan run).
+def pipelining_recv_buffers(plan, lay: Layout, stage_input_bytes, inflight_first, inflight_mid, inflight_last):
+    """(first, last, middle) rank's receive buffers beyond its micro-batches in flight (the
+    stage parts' order), under torch.distributed.pipelining (the eager engines' pipeline:
+    torchtitan, paraplan run); each a stage input's `stage_input_bytes`.
 
     Every pipeline stage makes one buffer per micro-batch for the activations it receives
     (all but the global first stage) and one for the gradients it receives (all but the
@@ -308,19 +312,16 @@ def pipelining_recv_buffers(model: ModelSpec, plan, lay: Layout):
     in-flight micro-batches' inputs are counted with their layers: of a rank's activation
     buffers, its in-flight micro-batches (in whole stages' worth) per receiving stage are in
     use. Megatron receives into fresh tensors: none."""
-    m, p, v = lay.num_microbatches, lay.pp, lay.vp
-    one = (mem.residual_bytes_per_element(lay.act_bytes_per_element, plan.autocast)
-           * lay.tokens_per_microbatch * model.hidden_size / lay.sp_divisor)
-    torch_pp = ~np.asarray(plan.fused_kernels, dtype=bool) & (p > 1)
+    m, v = lay.num_microbatches, lay.vp
+    torch_pp = ~np.asarray(plan.fused_kernels, dtype=bool) & (lay.pp > 1)
     v_shape = np.asarray(lay.v_shape, dtype=bool)
 
     def idle(acts_in, grads_in, inflight):
-        return np.where(torch_pp, (np.maximum(m - inflight, 0.0) * acts_in + m * grads_in) * one, 0.0)
+        return np.where(torch_pp, (np.maximum(m - inflight, 0.0) * acts_in + m * grads_in) * stage_input_bytes, 0.0)
 
-    first = idle(v - 1.0, np.where(v_shape, v - 1.0, v), mem.inflight_microbatches(plan, m))
-    middle = idle(v, v, mem.inflight_microbatches(plan, m, 1.0))
-    last = idle(v, np.where(v_shape, v, v - 1.0), mem.inflight_microbatches(plan, m, p - 1.0))
-    return first, middle, last
+    return (idle(v - 1.0, np.where(v_shape, v - 1.0, v), inflight_first),
+            idle(v, np.where(v_shape, v, v - 1.0), inflight_last),
+            idle(v, v, inflight_mid))
 
 
 def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_activations) -> _StageStates:
@@ -359,7 +360,7 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     kept = np.where(lay.pp > 1, m * np.asarray(plan.pp_kept_output_bytes, dtype=float) * acts.logits_elements, 0.0)
     lo1 = lo1 + np.where(lay.v_shape, kept, 0.0)
     lol = lol + np.where(lay.v_shape, 0.0, kept)
-    recv_first, recv_mid, recv_last = pipelining_recv_buffers(model, plan, lay)
+    recv_first, recv_last, recv_mid = acts.recv_bytes
     g1, acts_first, lo1 = _lazy_gradient_peak(model, lay, g1, acts.first_bytes + recv_first, lo1)
     gl, acts_last, lol = _lazy_gradient_peak(model, lay, gl, acts.last_bytes + recv_last, lol)
     tot1 = w1 + g1 + o1 + acts_first + lo1
@@ -373,16 +374,19 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
                        buffers)
     return _StageStates(parts=((w1, g1, o1, acts_first, lo1), (wl, gl, ol, acts_last, lol),
                                (wm, gm, om, acts.middle_bytes + recv_mid, 0.0)),
-                        totals=(tot1, totl, totm), buffers=buffers, host_bytes=host_bytes)
+                        totals=(tot1, totl, totm), buffers=buffers, host_bytes=host_bytes,
+                        recv_bytes=acts.recv_bytes)
 
 
 def stage_memory_parts(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple[dict, int]:
-    """(the worst stage's model states by part: weights, gradients, optimizer; which stage it
-    is: 0 the first, 1 the last, 2 the fullest middle one) of one plan."""
+    """(what the worst stage allocates once and keeps by part: weights, gradients, optimizer,
+    torch pipelining's idle receive buffers; which stage it is: 0 the first, 1 the last, 2 the
+    fullest middle one) of one plan."""
     st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
     worst = int(scalar(st.worst))
     weights, grads, opt = st.parts[worst][:3]
-    return {"weights": weights, "gradients": grads, "optimizer": opt}, worst
+    return {"weights": weights, "gradients": grads, "optimizer": opt,
+            "pipelining receive buffers": st.recv_bytes[worst]}, worst
 
 
 def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):

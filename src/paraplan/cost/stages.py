@@ -23,7 +23,7 @@ from .bf16_layers import bf16_layer_extra_s, bf16_layers_on_end_stages
 from .host import eager_host_wait
 from .layer_compute import LayerCompute
 from .layout import Layout
-from .moe import MoELayerCosts
+from .moe import MoELayerCosts, dropless
 from .overlap import LayerTimes
 from .recompute import Recomputation
 from .stage_ends import StageEnds
@@ -113,7 +113,7 @@ def moe_dispatch_gaps(gpu: GPUSpec, plan, layer: LayerTimes, mc: MoELayerCosts |
     h = gpu.moe_dispatch_host_s
     if h <= 0.0 or mc is None:
         return None
-    syncs = np.asarray(plan.fused_kernels, dtype=bool) & (np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0)
+    syncs = np.asarray(plan.fused_kernels, dtype=bool) & dropless(plan)
     swap = np.where(np.asarray(plan.ep_overlap, dtype=bool), layer.ep_backward_exposed_s - layer.ep_forward_exposed_s,
                     0.0)
     return syncs, np.maximum(h - (layer.forward_s + swap), 0.0), np.maximum(2.0 * h - (layer.backward_s - swap), 0.0)
