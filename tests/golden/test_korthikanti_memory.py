@@ -113,3 +113,18 @@ def test_without_dropout_the_masks_go():
     diff = (_bytes(with_do, s=s, b=b, t=t, sp=False, recompute=Recompute.SELECTIVE)
             - _bytes(no_do, s=s, b=b, t=t, sp=False, recompute=Recompute.SELECTIVE))
     assert diff == pytest.approx(2 * s * b * h, rel=1e-12)
+
+
+def test_unfused_attention_without_dropout_keeps_the_softmax_output_alone():
+    # Without attention dropout the attention-over-values GEMM saves the softmax output itself:
+    # of Korthikanti's 5as per token (softmax output 2as, dropout mask as, dropout output 2as)
+    # 2as stay, split over TP; the two 1-byte hidden-dropout masks (2sbh) go too.
+    s, b, h, a, t = 4096, 2, 4096, 32, 4
+    with_do = make_model(name="d", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
+                         gated_mlp=False, dropout=True)
+    no_do = make_model(name="n", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
+                       gated_mlp=False, dropout=False)
+    kept = _bytes(no_do, s=s, b=b, t=t, sp=False, recompute=Recompute.NONE)
+    assert kept == pytest.approx(float(s * b * h * (8 + Fraction(24, t) + Fraction(2 * a * s, h * t))), rel=1e-12)
+    diff = (_bytes(with_do, s=s, b=b, t=t, sp=False, recompute=Recompute.NONE) - kept)
+    assert diff == pytest.approx(2 * s * b * h + 3 * a * s * s * b / t, rel=1e-12)

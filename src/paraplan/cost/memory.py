@@ -9,7 +9,8 @@ Activations of one layer per token (16-bit, bytes), Korthikanti Sec. 4.1 term by
                                    + 2h (two dropout masks, 1 byte each, if dropout)
   split by TP:  2(a·d + 2k·d) (Q, K, V) + 2a·d (attention output = out-proj input)
                 + 2f·(2 if gated else 1) (activation input) + 2f (activation output)
-  scores (no FlashAttention, no selective recompute): 5·a·s, split by TP.
+  scores (no FlashAttention, no selective recompute): 5·a·s with dropout (softmax output,
+          dropout mask and output), 2·a·s without (the softmax output), split by TP.
 For MHA, f = 4h, dropout this is 34 + 5as/h per s·b·h: Korthikanti Eq. (2).
 Selective recomputation drops the scores; full recomputation keeps only the layer input
 2h (split by TP with SP).
@@ -110,7 +111,7 @@ class ActivationTerms:
 
     replicated: float  # divided by t only with sequence parallelism
     split: float       # always divided by t
-    scores: float      # 5·a·s, present without FlashAttention and without selective
+    scores: float      # 5·a·s (a·s without dropout), present without FlashAttention and without selective
     layer_input: float  # 2h, what full recomputation keeps
     # what module recomputation (Recompute.MODULES) drops from `replicated` and `split`:
     # the two norms' outputs (the QKV and MLP inputs), and with MLA the up-projected Q, K, V
@@ -152,8 +153,13 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
     act_in = a * f * (2 if model.gated_mlp else 1)
     split = (a * (model.q_dim + model.kv_pair_dim) + a * model.v_dim
              + w * (act_in + gi * f))
-    # scores and softmax output (a bytes each) and the dropout mask (1 byte): 5·a·s at 16 bits
-    scores = (2.0 * a + 1.0) * model.num_heads * np.asarray(seq_len, dtype=float)
+    # unfused attention (Korthikanti et al. Sec. 4.1): the softmax output (a bytes per score),
+    # and with attention dropout its mask (1 byte) and output (a bytes): 5·a·s at 16 bits.
+    # Without dropout the attention-over-values GEMM saves the softmax output itself, 2·a·s
+    # at 16 bits (the pre-softmax scores are not kept: the fused scale-mask-softmax saves its
+    # output)
+    per_score = (2.0 * a + 1.0) if model.dropout else a
+    scores = per_score * model.num_heads * np.asarray(seq_len, dtype=float)
     # module recomputation drops the outputs of the norms Megatron-Core runs as separate
     # modules: MLA's input norm and an MoE layer's pre-MLP norm. Transformer Engine fuses the
     # other norms into the next linear layer (LayerNormLinear / LayerNormMLP), and a fused
