@@ -45,6 +45,13 @@ def test_a_precision_label_that_names_no_precision_is_refused(label):
     ("distributed optimizer (DDP)", "1", (ZeroStage.OPTIMIZER,)),
     ("DDP", "1", (ZeroStage.NONE,)),
     ("fsdp", "1", tuple(ZeroStage)),                # FSDP without its strategy: searched
+    ("ZeRO-3", "1", (ZeroStage.PARAMETERS,)),        # DeepSpeed's stages as published
+    ("ZeRO stage 2", "1", (ZeroStage.GRADIENTS,)),
+    ("DeepSpeed ZeRO1", "1", (ZeroStage.OPTIMIZER,)),
+    ("ZeRO-0", "1", (ZeroStage.NONE,)),
+    ("ZeRO++ (ZeRO-3, hpZ)", "1", (ZeroStage.PARAMETERS,)),
+    ("ZeRO-3 offload", "1", (ZeroStage.PARAMETERS,)),
+    ("stage 3", "1", (ZeroStage.PARAMETERS,)),
 ])
 def test_published_zero_labels(zero, pp, stages):
     assert row_cells({**TRAINING_ROW, "zero": zero, "pp": pp, "vp": ""}, "rows.csv", 2)["zero"] == stages
@@ -130,3 +137,24 @@ def test_every_published_training_label_is_read(name):
     with path.open(encoding="utf-8") as fh:
         for line, row in enumerate(csv.DictReader(fh), start=2):
             row_cells(row, name, line)
+
+
+DEEPSPEED_ROW = {**TITAN, "tp": "1", "dp": "64", "sp": "", "recompute": "", "micro_batch": "2",
+                 "global_batch": "128", "zero": "ZeRO-3", "framework": "DeepSpeed 0.16 + Hugging Face Transformers"}
+
+
+def test_a_deepspeed_row_runs_eager_hugging_face_layers_under_deepspeeds_policy():
+    lim = row_setup(DEEPSPEED_ROW, "rows.csv", 2).limits
+    assert not lim.fused_kernels and not lim.compiled and not lim.fsdp2_copies and not lim.grad_reduce_fp32
+    assert lim.sequence_parallel == (False,) and lim.tp_overlap == (False,) and lim.ep_overlap is False
+    assert lim.attention == (AttentionKernel.FLASH2,)
+    assert set(lim.recomputes) == {Recompute.NONE, Recompute.FULL}  # deepspeed.checkpointing: whole layers
+    assert lim.zero_stages == (ZeroStage.PARAMETERS,) and not lim.allow_offload
+    # a stated label is kept; an offload label lets the optimizer's shard go to the host
+    stated = row_setup({**DEEPSPEED_ROW, "recompute": "selective", "zero": "ZeRO-3 offload"}, "rows.csv", 2).limits
+    assert stated.recomputes == (Recompute.SELECTIVE,) and stated.allow_offload
+
+
+def test_megatron_deepspeed_keeps_megatrons_fused_layers():
+    lim = row_setup({**DEEPSPEED_ROW, "framework": "Megatron-DeepSpeed"}, "rows.csv", 2).limits
+    assert lim.fused_kernels and lim.attention != (AttentionKernel.FLASH2,)

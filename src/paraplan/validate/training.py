@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, replace
 
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
+from ..export.deepspeed import SUPPORT as DEEPSPEED
 from ..export.torchtitan import SUPPORT as TORCHTITAN
 from ..errors import NoPlanFitsError, ParaplanError, RowError, SpecError, UnknownPresetError
 from ..plan.axes import AttentionKernel, CPCommType, RankOrder, Recompute, Schedule, ZeroStage
@@ -86,7 +87,7 @@ def _attention_kernels(row: dict) -> tuple[AttentionKernel, ...]:
     """
     if _is_legacy_megatron(row):
         return (AttentionKernel.UNFUSED,)
-    if _is_composer(row) or _is_torchtitan(row):
+    if _is_composer(row) or _is_torchtitan(row) or _is_eager_deepspeed(row):
         return (AttentionKernel.FLASH2,)
     return (AttentionKernel.FLASH3, AttentionKernel.FLASH2)
 
@@ -136,6 +137,13 @@ def _is_torchtitan(row: dict) -> bool:
     return "torchtitan" in (row.get("framework") or "").lower()
 
 
+def _is_eager_deepspeed(row: dict) -> bool:
+    """DeepSpeed running a PyTorch model as written (Hugging Face and the like): eager
+    layers. Megatron-DeepSpeed runs Megatron's fused layers, as a Megatron row does."""
+    framework = (row.get("framework") or "").lower()
+    return "deepspeed" in framework and "megatron" not in framework
+
+
 def _pytorch_fsdp_whole_group(row: dict) -> bool:
     """PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP, and FSDP2 as torchtitan runs it
     (data_parallel_shard_degree -1: every data-parallel rank), shard over the whole DP group
@@ -147,7 +155,10 @@ def _pytorch_fsdp_whole_group(row: dict) -> bool:
 
 
 ZERO_ALLOWED = ("0, 1, 2, 3, fsdp, FSDP2, HSDP, PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, "
-                "Megatron FSDP, MaxText FSDP, distributed optimizer, DDP, or blank (not stated)")
+                "Megatron FSDP, MaxText FSDP, distributed optimizer, DDP, DeepSpeed ZeRO-0…3 (\"ZeRO stage 3\", "
+                "\"ZeRO-3 offload\"), or blank (not stated)")
+# DeepSpeed's stages as published: "ZeRO-3", "ZeRO stage 2", "ZeRO3", "stage 3" (after _label)
+_DEEPSPEED_STAGE = re.compile(r"\b(?:zero\s*(?:stage\s*)?|stage\s*)([0-3])\b")
 
 
 def _label(text: str | None) -> str:
@@ -160,6 +171,9 @@ def _zero(row: dict, path: str, line: int, pp: int | None) -> tuple[ZeroStage, .
     z = _label(row.get("zero"))
     if not z or z == "fsdp":  # not stated, or FSDP without its sharding strategy: searched
         return tuple(ZeroStage)
+    stage = _DEEPSPEED_STAGE.search(z)
+    if stage:  # DeepSpeed ZeRO stage n (deepspeed/runtime/zero/config.py ZeroStageEnum 0..3)
+        return (ZeroStage(stage.group(1)),)
     if "shard grad op" in z or z == "2":
         return (ZeroStage.GRADIENTS,)
     if "fsdp2" in z and "full shard" not in z and (pp or 1) > 1:
@@ -402,11 +416,14 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
     # Megatron-LM (without --use-tp-pp-dp-mapping), NeMo and FSDP stacks lay ranks out
     orders = (c["rank_order"] or RankOrder.TP_CP_DP_PP,)
     schedules = _published_schedules(row)  # PP=1 rows ignore it
-    # optimizer states stay on the GPU (no published row offloads them); activation offload is
+    # optimizer states stay on the GPU unless the row's sharding label says offload (DeepSpeed's
+    # "ZeRO-3 offload", ZeRO-Offload: then searched, the optimizer's shard on the host or not,
+    # the label not saying which states); activation offload is
     # a blank knob like recomputation: searched where the search would try it, a host reached
     # at NVLink-C2C rates (GB200/GB300: NeMo's Grace recipes name offload in config files this
     # repository does not hold, so it is not read from the row), not over PCIe
-    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], allow_offload=False,
+    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"],
+                         allow_offload="offload" in _label(row.get("zero")),
                          activation_offload=None,
                          attention=_attention_kernels(row), sequence_parallel=sps,
                          # precision policy as the row states it: 2021–22 Megatron-LM all-reduces fp32
@@ -425,6 +442,8 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
                          rank_orders=orders)
     if titan:
         limits = torchtitan_limits(row, limits)
+    elif _is_eager_deepspeed(row):
+        limits = deepspeed_limits(row, limits)
     return limits
 
 
@@ -526,6 +545,19 @@ def _torchtitan_kept_output_bytes(row: dict) -> float:
     if month is None or month >= TORCHTITAN_PP_OUTPUTS_DROPPED_SINCE:
         return 0.0
     return 4.0 if month < TORCHTITAN_LOSS_COMPILED_SINCE else 2.0
+
+
+def deepspeed_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
+    """An eager DeepSpeed row's plan space under DeepSpeed's policy (export/deepspeed.py
+    SUPPORT: Hugging Face layers unfused, 16-bit gradient reduction, AutoTP without sequence
+    parallelism or TP overlap, AutoEP's flat all-to-all not overlapped, whole-layer
+    checkpointing): what the row states beyond it (pipeline stages of a PipelineModule, a
+    recomputation label) is kept, as the row ran it."""
+    engine = DEEPSPEED.limits
+    stated = _label(row.get("recompute"))
+    return replace(DEEPSPEED.with_policy(limits), sequence_parallel=(False,), tp_overlap=(False,),
+                   hierarchical_a2a=engine.hierarchical_a2a, ep_overlap=engine.ep_overlap,
+                   recomputes=limits.recomputes if stated else engine.recomputes)
 
 
 def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
