@@ -310,3 +310,26 @@ def test_torch_pipelining_keeps_a_receive_buffer_per_micro_batch():
     last = buffers(fused_kernels=False, vp=2, schedule=Schedule.INTERLEAVED_1F1B)[1]
     assert last == pytest.approx(2 * 16 + 16 - 5)
     assert buffers(fused_kernels=True) == [0.0, 0.0, 0.0]
+
+
+def test_a_megatron_row_is_its_last_ranks_peak(tmp_path):
+    # Megatron-LM logs the peak on the TensorBoard writer, the last global rank: a pipeline's last
+    # stage. With a small vocabulary the first stage of this interleaved pipeline (PP 4 x VP 8,
+    # mem-100's) holds more than the last; the row is the last stage's, the worst only for a
+    # source that reports the largest over its ranks.
+    from paraplan.cost.allocator import allocated_bytes
+    from paraplan.cost.stage_memory import FIRST_STAGE, LAST_STAGE, plan_memory
+    from paraplan.validate.training import best_estimate, row_cluster, row_setup
+    pipeline = {**MEGATRON, "id": "pp", "vocab": "32000", "micro_batch": "1", "tp": "1", "pp": "4", "vp": "8",
+                "notes": "logged on the TensorBoard-writer rank (last global rank). Peak ALLOCATED."}
+    worst = {**pipeline, "id": "worst", "notes": "Peak ALLOCATED."}
+    setup = row_setup(pipeline, "rows.csv", 2)
+    cluster = row_cluster(setup)
+    est, _ = best_estimate(pipeline, setup, cluster)
+    first, last = (float(allocated_bytes(plan_memory(setup.model, cluster, setup.workload, est.plan, stage=s)[0]))
+                   for s in (FIRST_STAGE, LAST_STAGE))
+    assert first > last * 1.02  # the case this test is about
+    res = validate_file(str(write_csv(tmp_path, TRAINING_HEADER, [pipeline, worst])))
+    assert _row(res, "pp")["predicted"] == pytest.approx(last / GIB, rel=1e-9)
+    assert _row(res, "worst")["predicted"] == pytest.approx(first / GIB, rel=1e-9)
+

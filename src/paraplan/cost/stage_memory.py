@@ -26,6 +26,9 @@ from .grad_compression import error_feedback_bytes
 from .layout import Layout, layout
 from .moe import moe_activation_bytes
 
+# the stages of _StageStates.parts, in order: a pipeline's first, its last, its fullest middle one
+FIRST_STAGE, LAST_STAGE, MIDDLE_STAGE = 0, 1, 2
+
 
 @dataclass(frozen=True, kw_only=True)
 class StageActivations:
@@ -51,11 +54,12 @@ def _offload_split(plan, lay: Layout, layers, inflight, per_layer_bytes):
     return staging - inflight * off * per_layer_bytes, inflight * off * per_layer_bytes
 
 
-def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan):
+def plan_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, stage: int | None = None):
     """(MemoryBreakdown, host bytes) of a plan or batch, without its time: what the search
-    checks before it times only the plans that fit. evaluate() reports the same."""
+    checks before it times only the plans that fit. evaluate() reports the same. `stage`:
+    the worst pipeline stage (None), or that one (FIRST_STAGE, LAST_STAGE, MIDDLE_STAGE)."""
     lay = layout(model, workload, plan)
-    return stage_memory(model, cluster, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
+    return stage_memory(model, cluster, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay), stage)
 
 
 def moe_stored_bytes(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple:
@@ -389,12 +393,15 @@ def stage_memory_parts(model: ModelSpec, workload: Workload, plan, lay: Layout) 
             "pipelining receive buffers": st.recv_bytes[worst]}, worst
 
 
-def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations):
-    """(MemoryBreakdown on the worst pipeline stage, host bytes); `moe_activations`: an MoE
-    layer's stored bytes and the part of them its activation function's outputs are (moe.py)."""
+def stage_memory(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout, moe_activations,
+                 stage: int | None = None):
+    """(MemoryBreakdown on the worst pipeline stage, or on `stage`, host bytes);
+    `moe_activations`: an MoE layer's stored bytes and the part of them its activation
+    function's outputs are (moe.py)."""
     gpu = cluster.gpu
     st = _stage_states(model, workload, plan, lay, moe_activations)
-    weights, grads, opt, act, lg = (st.pick(*by_stage) for by_stage in zip(*st.parts))
+    pick = st.pick if stage is None else (lambda *by_stage: by_stage[stage])
+    weights, grads, opt, act, lg = (pick(*by_stage) for by_stage in zip(*st.parts))
     alloc = weights + grads + opt + act + lg + st.buffers
     memory = MemoryBreakdown(
         weights_bytes=weights, gradients_bytes=grads, optimizer_bytes=opt, activations_bytes=act,

@@ -66,6 +66,13 @@ def memory_stat(row: dict) -> MemoryStat:
     raise SpecError("row", "notes", "", "notes that say whether the peak is torch's reserved or allocated memory")
 
 
+def logs_last_rank(row: dict) -> bool:
+    """Whether the source reports the last global rank's peak, not the largest over ranks:
+    Megatron-LM logs it on the TensorBoard writer, the last rank (training.py), which holds a
+    pipeline's last stage; torchtitan's tables give the largest over the ranks."""
+    return bool(re.search(r"last global rank|logged rank\s*=\s*last", _text(row)))
+
+
 def expandable_segments(row: dict) -> bool:
     """Whether the run's allocator used expandable segments: as the notes say, else
     torchtitan's launcher's setting (run_train.sh, formerly run_llama_train.sh, exports

@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from ..cost.allocator import MemoryStat
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
+from ..cost.stage_memory import LAST_STAGE, plan_memory
 from ..export.deepspeed import SUPPORT as DEEPSPEED
 from ..export.torchtitan import SUPPORT as TORCHTITAN
 from ..errors import NoPlanFitsError, ParaplanError, RowError, SpecError, UnknownPresetError
@@ -24,7 +26,8 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Fp8Recipe, Precision, Workload, parse_precision
 from ..units import GIB, TERA
-from .memory import METRIC as PEAK_METRIC, check_complete, expandable_segments, predicted_peak
+from .memory import (METRIC as PEAK_METRIC, check_complete, expandable_segments, logs_last_rank, memory_stat,
+                     predicted_peak)
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
@@ -601,8 +604,17 @@ def predicted_metric(metric: str, row: dict, setup: RowSetup, est) -> float:
     if metric == "total_memory_gib":
         return est.memory.total / GIB
     if metric == PEAK_METRIC:  # the counter the row's source reports (validate/memory.py)
-        return predicted_peak(row, est.memory)["predicted"]
+        return predicted_peak(row, logged_memory(row, setup, est))["predicted"]
     raise AssertionError(metric)
+
+
+def logged_memory(row: dict, setup: RowSetup, est):
+    """The memory breakdown of the rank whose peak the row's source reports: the worst stage,
+    or, where it logs the last rank's allocated peak (Megatron-LM), the last stage's. A
+    reserved peak keeps the worst stage's replayed allocator (no source logs one rank's)."""
+    if est.plan.pp == 1 or not logs_last_rank(row) or memory_stat(row) is not MemoryStat.ALLOCATED:
+        return est.memory
+    return plan_memory(setup.model, row_cluster(setup), setup.workload, est.plan, stage=LAST_STAGE)[0]
 
 
 def best_estimate(row: dict, setup: RowSetup, cluster: ClusterSpec):
@@ -647,7 +659,7 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
         return with_prediction(out, pred, plan, note)
     cluster = row_cluster(setup)
     est, note = best_estimate(row, setup, cluster)
-    details = predicted_peak(row, est.memory)
+    details = predicted_peak(row, logged_memory(row, setup, est))
     out = with_prediction(out, details.pop("predicted"), est.plan.describe(), note)
     out.update(details)
     return out
