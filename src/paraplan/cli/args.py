@@ -57,6 +57,9 @@ def add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"cluster preset or TOML (default {DEFAULT_CLUSTER})")
     g.add_argument("--hardware", default=None, type=_non_empty, help="a calibrated hardware profile TOML (overrides --cluster)")
     g.add_argument("--gpus", type=_degree, default=DEFAULT_GPUS, help=f"number of GPUs (default {DEFAULT_GPUS})")
+    g.add_argument("--power-limit", type=number_within(1.0, 1e5, "W"), default=None, metavar="WATTS",
+                   help="each GPU's board power limit (nvidia-smi -pl), below its TDP: compute at the clock the "
+                        "limit leaves, (limit/TDP)^(1/3) (CMOS power ~ f^3), energy at the limit (default: the TDP)")
     g.add_argument("--seq", type=_count, default=DEFAULT_SEQ, help=f"sequence length (default {DEFAULT_SEQ})")
     b = g.add_mutually_exclusive_group()
     b.add_argument("--batch", type=_count, help="global batch in sequences")
@@ -352,6 +355,8 @@ def specs_from_args(args: argparse.Namespace,
         raise SpecError(args.command, "--cluster", args.cluster, "one cluster preset or TOML (a list of clusters "
                         "is for paraplan scale)")
     cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
+    if args.power_limit is not None:
+        cluster = cluster.with_power_limit(args.power_limit)
     return model, cluster, workload_from_args(args)
 
 

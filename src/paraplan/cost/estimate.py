@@ -41,7 +41,8 @@ class Budget:
     time_s: float
     gpu_hours: float
     usd: float
-    energy_j: float  # at the GPUs' TDP (an upper bound; excludes host, network and PUE)
+    energy_j: float  # at the GPUs' TDP, or their power limit below it (an upper bound; excludes host, network and PUE)
+    power_limited: bool = False  # energy_j is at a board power limit below the TDP (GPUSpec.power_limit_watts)
     facility_energy_j: float  # energy_j × the workload's PUE (cost/carbon.py)
     carbon_kg: float          # operational CO2e of facility_energy_j on the workload's grid
     wall_carbon_kg: float     # the same through interruptions (with_failures' GPU-hours)
@@ -261,8 +262,8 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
                            interruptions_per_gpu_day=workload.interruptions_per_gpu_day,
                            restart_s=workload.restart_s, usd_per_gpu_hour=price,
                            min_interval_s=ckpt_bytes / workload.storage_bytes_per_s)
-    budget = _budget(workload, gpu.tdp_watts, steps=steps, time_s=train_s, gpu_hours=gpu_hours,
-                     usd=gpu_hours * price, with_failures=failures)
+    budget = _budget(workload, gpu.draw_watts, power_limited=gpu.draw_watts < gpu.tdp_watts, steps=steps,
+                     time_s=train_s, gpu_hours=gpu_hours, usd=gpu_hours * price, with_failures=failures)
     overl = costs.overlapped.scalar(0)
     comm = {k: scalar(v) for k, v in costs.comm_detail.items()}
     comm["DP/ZeRO collectives"] = time.dp_comm_s
@@ -277,11 +278,11 @@ def _finished(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: 
                     bubble_fill=filled)
 
 
-def _budget(workload: Workload, tdp_watts: float, *, gpu_hours: float, with_failures: Reliability, **rest) -> Budget:
-    """The budget with its energy at TDP and that energy's carbon, failure-free and through
-    interruptions (cost/carbon.py)."""
-    energy_j = tdp_watts * gpu_hours * SECONDS_PER_HOUR
-    wall_energy_j = tdp_watts * with_failures.wall_gpu_hours * SECONDS_PER_HOUR
+def _budget(workload: Workload, draw_watts: float, *, gpu_hours: float, with_failures: Reliability, **rest) -> Budget:
+    """The budget with its energy at the GPU's draw (its TDP, or its power limit below it) and
+    that energy's carbon, failure-free and through interruptions (cost/carbon.py)."""
+    energy_j = draw_watts * gpu_hours * SECONDS_PER_HOUR
+    wall_energy_j = draw_watts * with_failures.wall_gpu_hours * SECONDS_PER_HOUR
     pue, intensity = workload.pue, workload.grid_kg_co2e_per_kwh
     return Budget(tokens=workload.token_budget, gpu_hours=gpu_hours, energy_j=energy_j,
                   facility_energy_j=facility_energy_j(energy_j, pue), carbon_kg=carbon_kg(energy_j, pue, intensity),

@@ -148,7 +148,7 @@ def _attention_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, plan, lf: LayerFlo
     # mask, softmax and dropout over the a·s score elements per token: four passes of the
     # activation width and a 1-byte dropout mask (9 bytes per element at 16 bits).
     attn_flops_full = attn_flops_flash / CAUSAL_FRACTION
-    attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.sustained_compute_ratio
+    attn_unfused_fwd = (attn_flops_full / (gpu.peak(act_prec) * gpu.compute_share
                                            * gpu.gemm_efficiency.at(attn_flops_full))
                         + elementwise_time_s(gpu, T * model.num_heads / t * s * (4.0 * ab + 1.0), 4))
     attn_fwd = np.where(flash, attn_flash_fwd, attn_unfused_fwd)

@@ -265,7 +265,7 @@ def estimate_mixed(model: ModelSpec, mixed: MixedCluster, workload: Workload, pl
     peak = sum(n * mixed.group(name).cluster.gpu.peak(workload.precision) for name, n in gpus.items())
     usd = sum(n * (workload.usd_per_gpu_hour if workload.usd_per_gpu_hour is not None
                    else mixed.group(name).cluster.usd_per_gpu_hour) for name, n in gpus.items())
-    watts = sum(n * mixed.group(name).cluster.gpu.tdp_watts for name, n in gpus.items())
+    watts = sum(n * mixed.group(name).cluster.gpu.draw_watts for name, n in gpus.items())
     num_gpus = sum(gpus.values())
     train_s = workload.token_budget / tokens * step
     # the slowest stage's checkpoint stall holds every rank (estimate.py prices one cluster so)

@@ -36,7 +36,7 @@ def gemm_time_s(gpu: GPUSpec, m, n, k, precision: Precision, bytes_per_element: 
         bytes_per_element = gemm_operand_bytes(precision)
     else:
         rate = gpu.peak(precision) * eff
-    rate = rate * gpu.sustained_compute_ratio * np.where(aligned, 1.0, gpu.misaligned_gemm_efficiency_ratio)
+    rate = rate * gpu.compute_share * np.where(aligned, 1.0, gpu.misaligned_gemm_efficiency_ratio)
     compute = flops / rate
     memory = (m * k + k * n + m * n) * bytes_per_element / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
     return np.maximum(compute, memory) + gpu.kernel_launch_overhead_s
@@ -75,7 +75,7 @@ def attention_time_s(gpu: GPUSpec, flops, precision: Precision, kernel_code):
     for kernel, curve in gpu.attention_efficiency.items():
         if kernel is not AttentionKernel.FLASH2:
             eff = np.where(code == kernel.code, curve.at(flops), eff)
-    rate = gpu.peak(p) * eff * gpu.sustained_compute_ratio
+    rate = gpu.peak(p) * eff * gpu.compute_share
     return flops / rate + gpu.kernel_launch_overhead_s
 
 
@@ -98,7 +98,7 @@ def work_time_s(gpu: GPUSpec, num_flops, num_bytes, precision: Precision, num_ke
     max(FLOPs at the precision's peak × the GEMM curve at that many FLOPs × the sustained ratio,
     bytes at achieved HBM bandwidth), plus launches. Vectorized."""
     flops = np.asarray(num_flops, dtype=float)
-    rate = gpu.peak(precision) * gpu.gemm_efficiency.at(flops) * gpu.sustained_compute_ratio
+    rate = gpu.peak(precision) * gpu.gemm_efficiency.at(flops) * gpu.compute_share
     compute = flops / rate
     memory = np.asarray(num_bytes, dtype=float) / (gpu.hbm_bw_bytes_per_s * gpu.memory_bw_efficiency)
     return np.maximum(compute, memory) + num_kernels * gpu.kernel_launch_overhead_s

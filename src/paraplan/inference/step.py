@@ -244,11 +244,11 @@ class IterationModel:
         self.peak16 = gpu.peak(Precision.BF16)
         if self.precision is Precision.FP8:
             self.peak = gpu.peak(Precision.FP8)
-            self.gemm_rate_scale = self.peak * gpu.fp8_gemm_efficiency_ratio * gpu.sustained_compute_ratio
+            self.gemm_rate_scale = self.peak * gpu.fp8_gemm_efficiency_ratio * gpu.compute_share
             self.curve_flops_scale = self.peak16 / self.peak  # the curve is by BF16 FLOPs
         else:
             self.peak = gpu.peak(self.precision)
-            self.gemm_rate_scale = self.peak * gpu.sustained_compute_ratio
+            self.gemm_rate_scale = self.peak * gpu.compute_share
             self.curve_flops_scale = 1.0
         self.attn_curve = gpu.attention_curve(gpu.attention_kernels[-1])
         t = plan.tp
@@ -339,7 +339,7 @@ class IterationModel:
             # 2 FLOPs per multiply-add for QKᵀ (width a·d) and for PV (width a·d_v; MLA's
             # d_v = 128 < d = 192): 4·pairs·a·d without MLA
             flops = 2.0 * prefill_pairs * (m.q_dim + m.v_dim) * self.attn_heads_share
-            s += flops / (self.peak16 * self.attn_curve.at(flops) * self.gpu.sustained_compute_ratio)
+            s += flops / (self.peak16 * self.attn_curve.at(flops) * self.gpu.compute_share)
         # (no test on decode_ctx_tokens: it may be an array of iterations, batching.py)
         s += decode_ctx_tokens * self.kv_read_per_token / self.mem_bw
         return L * s

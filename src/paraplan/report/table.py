@@ -117,7 +117,8 @@ def _summary(est: Estimate) -> list[str]:
         + ("" if est.fits else "  — DOES NOT FIT"),
         f"token budget    {fmt_count(b.tokens)} tokens: {fmt_time(b.time_s)}, {fmt_count(b.gpu_hours)} GPU-hours, "
         f"{fmt_usd(b.usd)}",
-        f"energy, carbon  {fmt_energy_j(b.energy_j)} at TDP, {fmt_energy_j(b.facility_energy_j)} at PUE "
+        f"energy, carbon  {fmt_energy_j(b.energy_j)} at {'the power limit' if b.power_limited else 'TDP'}, "
+        f"{fmt_energy_j(b.facility_energy_j)} at PUE "
         f"{b.pue:.2f}: {fmt_co2e_kg(b.carbon_kg)} at {b.grid_kg_co2e_per_kwh:.3g} kg/kWh (--pue, --grid-kg-per-kwh)",
         failures_line(b.with_failures),
     ]

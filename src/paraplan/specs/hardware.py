@@ -114,6 +114,9 @@ class GPUSpec:
     # Isolated microbenchmarks (vidur's) run at boost clock. Fitted per GPU type against the
     # published runs (calibration/fit_validation.py), never per run.
     sustained_compute_ratio: float = 1.0
+    # A board power limit below TDP (nvidia-smi -pl; Meta's Grand Teton H100 at 500 W): the
+    # clock falls with it (power_clock_share). None: the GPU runs at its TDP.
+    power_limit_watts: float | None = None
     # Memory the framework cannot use for tensors: CUDA context, cuBLAS/NCCL workspaces.
     reserved_bytes: float = 2.0e9
     # The caching allocator's slack as a share of allocated bytes, for the vectorized memory
@@ -129,6 +132,30 @@ class GPUSpec:
     # assumption, e.g. another GPU's GEMM curve, and reports say so).
     checked_against: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
+
+    @property
+    def power_clock_share(self) -> float:
+        """The clock (and so the tensor-core rate) a power limit leaves, relative to the TDP's.
+        A GPU training dense GEMMs draws its TDP already, its clock set by the power it may draw
+        (sustained_compute_ratio holds that clock); CMOS dynamic power is C·V²·f and DVFS lowers
+        the voltage with the clock, so power goes as f³ (Hennessy & Patterson, Computer
+        Architecture 6th ed., Sec. 1.5) and the clock as the cube root of the limit over the
+        TDP. An assumption beyond that: no row measures one GPU at two limits. HBM bandwidth
+        is not scaled (its clock is not the cores')."""
+        if self.power_limit_watts is None or self.power_limit_watts >= self.tdp_watts:
+            return 1.0
+        return (self.power_limit_watts / self.tdp_watts) ** (1.0 / 3.0)
+
+    @property
+    def compute_share(self) -> float:
+        """The share of the microbenchmarked tensor-core rate a training step sustains: the fitted
+        sustained_compute_ratio at the power limit's clock."""
+        return self.sustained_compute_ratio * self.power_clock_share
+
+    @property
+    def draw_watts(self) -> float:
+        """What one GPU draws under dense training: its TDP, or its power limit below it."""
+        return self.tdp_watts if self.power_limit_watts is None else min(self.tdp_watts, self.power_limit_watts)
 
     @property
     def scatter_bw_efficiency(self) -> float:
@@ -269,3 +296,8 @@ class ClusterSpec:
     def with_num_gpus(self, num_gpus: int) -> "ClusterSpec":
         from dataclasses import replace
         return replace(self, num_gpus=num_gpus)
+
+    def with_power_limit(self, watts: float) -> "ClusterSpec":
+        """The cluster with every GPU's board power limited to `watts` (GPUSpec.power_limit_watts)."""
+        from dataclasses import replace
+        return replace(self, gpu=replace(self.gpu, power_limit_watts=float(watts)))

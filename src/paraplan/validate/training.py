@@ -50,6 +50,14 @@ class RowSetup:
     workload: Workload
     fixed: dict
     limits: SpaceLimits
+    power_limit_watts: float | None = None  # the board power limit the row's GPU cell states
+
+
+def _power_limit_watts(row: dict) -> float | None:
+    """The board power limit the row's GPU cell states ("H100 (96GB HBM2e, 500W)": Meta's Grand
+    Teton H100 at a 500 W limit), else None (the GPU at its TDP)."""
+    m = re.search(r"(\d+(?:\.\d+)?)\s*W\b", row.get("gpu") or "")
+    return float(m.group(1)) if m else None
 
 
 def _is_legacy_megatron(row: dict) -> bool:
@@ -478,7 +486,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")
     return RowSetup(model=model, cluster_name=hardware or named or gpu_cluster_for(row, path, line), num_gpus=c["num_gpus"],
-                    workload=wl, fixed=fixed, limits=limits)
+                    workload=wl, fixed=fixed, limits=limits, power_limit_watts=_power_limit_watts(row))
 
 
 def _torchtitan_global_batch(cells: dict) -> int | None:
@@ -639,8 +647,10 @@ def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float,
 
 
 def row_cluster(setup: RowSetup) -> ClusterSpec:
-    """The cluster a row is predicted on (its GPU's reference cluster, or --hardware)."""
-    return load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
+    """The cluster a row is predicted on (its GPU's reference cluster, or --hardware), at the
+    power limit its GPU cell states."""
+    cluster = load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
+    return cluster if setup.power_limit_watts is None else cluster.with_power_limit(setup.power_limit_watts)
 
 
 def predict_row(row: dict, path: str, line: int, hardware: str | None = None) -> dict:

@@ -55,7 +55,7 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
                  "optimizer_efficiency", "loss_efficiency", "scatter_add_efficiency",
                  "fp8_gemm_efficiency_ratio", "fp8_rowwise_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio",
                  "compiled_elementwise_ratio", "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
-                 "sustained_compute_ratio",
+                 "sustained_compute_ratio", "power_limit_watts",
                  "checked_against", "source", "aliases")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
@@ -318,6 +318,8 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         extra["reserved_bytes"] = units.gbytes(reserved_gb)
     if "host_adam_params_per_s" in t.data:
         extra["host_adam_params_per_s"] = t.num("host_adam_params_per_s", within=_ADAM_PARAMS_PER_S)
+    if "power_limit_watts" in t.data:  # nvidia-smi -pl: a board limit below the TDP slows the clock
+        extra["power_limit_watts"] = t.num("power_limit_watts", within=_TDP_WATTS)
     return GPUSpec(
         name=t.str_("name"), peak_flops_per_s=peak_flops_per_s,
         # the driver's memory.total when known (the datasheet's "80GB" is 80 GiB on A100)
