@@ -259,6 +259,24 @@ def test_a_kept_output_per_micro_batch_on_the_last_stage():
     assert replayed == pytest.approx(static, rel=0.03) and est.memory.logits_bytes > kept
 
 
+def test_the_plan_string_says_the_head_outputs_a_pipeline_keeps(capsys):
+    """validate's plan string names the kept outputs it priced (`kept:4B`), the legend explains
+    the token, and `--plan` reads it back (as the engine version's, like `compiled`)."""
+    from dataclasses import replace
+
+    from paraplan.plan.plan import make_plan
+    from paraplan.report.legend import terms_used, unexplained
+    from support import run
+    plan = make_plan(tp=8, pp=8, dp=8, micro_batch_size=4)
+    text = replace(plan, pp_kept_output_bytes=4.0).describe()
+    assert "kept:4B" in text.split() and "kept" not in plan.describe()
+    assert "kept" not in replace(make_plan(dp=8), pp_kept_output_bytes=4.0).describe()  # no pipeline: none kept
+    assert not unexplained([text]) and any(t.label == "kept" for t in terms_used([text]))
+    code, _, err = run(capsys, "estimate", "--model", "llama3-8b", "--gpus", "512", "--seq", "4096", "--batch", "256",
+                       "--plan", text.replace("kept:4B", "kept:2B"), "--quiet")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize("fused,whole", [(True, False), (False, True)])
 def test_the_head_keeps_its_input_whole_under_dtensor_sequence_parallelism(fused, whole):
     """The final norm keeps its input and the head GEMM its normed input to the head's

@@ -263,6 +263,7 @@ _PLAN_TOKENS = (
     (r"gc:([a-z0-9]+)(?:/r(\d+))?",
      lambda m: {"grad_compression": m[1], "powersgd_rank": int(m[2]) if m[2] else None}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
+    (r"kept:[0-9.]+B", lambda m: {}),  # the engine version's (torch pipelining's kept head outputs)
     (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
     (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
     (r"attn:([a-z0-9]+)", lambda m: {"attention": m[1]}),

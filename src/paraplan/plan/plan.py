@@ -240,6 +240,8 @@ class Plan:
             parts.append("tpov")
         if self.compiled and not self.fused_kernels:
             parts.append("compiled")
+        if self.pp > 1 and self.pp_kept_output_bytes > 0.0:
+            parts.append(f"kept:{self.pp_kept_output_bytes:g}B")
         if self.capacity_factor is not None:
             parts.append(f"cf{self.capacity_factor:g}")
         if self.a2a_hierarchical:

@@ -68,6 +68,9 @@ TERMS = (
        "(a gradient buffer of about a layer; a state pass and a DP reduction per micro-batch)"),
     _t("tpov", "TP comm overlapped with GEMMs"),
     _t("compiled", "torch.compile", "an eager engine's layers under torch.compile"),
+    _t("kept", "head outputs kept", "torch.distributed.pipelining keeps every micro-batch's head output on the "
+       "last stage, N bytes per logit, to the step's end (torchtitan before 0.2.1; validate sets it by the row's date)",
+       r"kept:[\d.]+B"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",
        r"cf[\d.e+-]+"),
     _t("a2a:2d", "hierarchical all-to-all", "hierarchical MoE all-to-all: within a node, then across nodes"),
