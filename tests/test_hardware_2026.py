@@ -251,3 +251,24 @@ def test_fp8_casts_an_moe_layers_mlp_input_only_where_a_gemm_reads_it(shared_ffn
     cast = memory_bound_time_s(cluster.gpu, quantize_bytes_per_element(Precision.FP8) * T
                                * ((1 + mlp_inputs) * h / t + qd / t), 0)
     assert elementwise_forward(Precision.FP8) - elementwise_forward(Precision.BF16) == pytest.approx(float(cast))
+
+
+# GPUs whose curves are another's, taken at the same time at peak (calibration/borrowed_curves.py)
+BORROWED_CURVES = {"b200": "h100-sxm-80gb", "gb200": "h100-sxm-80gb", "b300": "h100-sxm-80gb",
+                   "gb300": "h100-sxm-80gb", "mi300x": "h100-sxm-80gb", "l40s": "a100-sxm-80gb",
+                   "tpu-v4": "a100-sxm-80gb"}
+
+
+@pytest.mark.parametrize("borrower,source", sorted(BORROWED_CURVES.items()))
+def test_a_borrowed_curve_reaches_each_share_at_the_same_time_at_peak(borrower, source):
+    # a call's fixed microseconds cost a GPU k times faster k times the FLOPs: its curve is the
+    # measured one with the FLOPs axis x k (k the BF16 peak ratio); the plateau is the same
+    from paraplan.specs.workload import Precision
+    gpu, ref = load_gpu(borrower), load_gpu(source)
+    k = gpu.peak(Precision.BF16) / ref.peak(Precision.BF16)
+    for flops in (3e8, 2e9, 5e10, 1e12):
+        assert gpu.gemm_efficiency.at(flops * k) == pytest.approx(ref.gemm_efficiency.at(flops), rel=2e-3)
+        for kernel in gpu.attention_efficiency:
+            assert gpu.attention_curve(kernel).at(flops * k) == pytest.approx(ref.attention_curve(kernel).at(flops),
+                                                                                rel=2e-3)
+    assert gpu.gemm_efficiency.at(1e14) == pytest.approx(ref.gemm_efficiency.at(1e14))
