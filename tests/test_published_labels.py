@@ -24,6 +24,10 @@ VALIDATION = Path(__file__).resolve().parents[2] / "shared" / "validation"
     ("BF16 + MXFP8 linear (mxfp8_cublas)", Precision.FP8),
     ("FP8 (page caption: per-tensor FP8, current-step scaling)", Precision.FP8),
     ("FP8-MX", Precision.FP8), ("BF16", Precision.BF16), ("NVFP4", Precision.NVFP4),
+    # AMP and Transformer Engine's FP8 formats and recipes as trainers publish them
+    ("mixed precision bf16", Precision.BF16), ("amp_bf16", Precision.BF16), ("AMP fp16", Precision.FP16),
+    ("FP8 hybrid", Precision.FP8), ("FP8 current scaling", Precision.FP8), ("fp8_e4m3", Precision.FP8),
+    ("FP8 subchannel", Precision.FP8), ("BF16 + FP8", Precision.FP8), ("BF16/FP8", Precision.FP8),
 ])
 def test_published_precision_labels(label, precision):
     assert published_precision(label) is precision
@@ -158,3 +162,28 @@ def test_a_deepspeed_row_runs_eager_hugging_face_layers_under_deepspeeds_policy(
 def test_megatron_deepspeed_keeps_megatrons_fused_layers():
     lim = row_setup({**DEEPSPEED_ROW, "framework": "Megatron-DeepSpeed"}, "rows.csv", 2).limits
     assert lim.fused_kernels and lim.attention != (AttentionKernel.FLASH2,)
+
+
+@pytest.mark.parametrize("label,torchtitan,recompute", [
+    ("gradient checkpointing", False, Recompute.FULL),   # Hugging Face's: every layer
+    ("activation checkpointing", False, Recompute.FULL), ("full AC", False, Recompute.FULL),
+    ("full recompute", False, Recompute.FULL), ("no", False, Recompute.NONE),
+    ("op-level SAC", False, Recompute.OP_SAC), ("selective op", True, Recompute.OP_SAC),
+    ("selective layer", True, Recompute.FIRST_K), ("selective (layer)", True, Recompute.FIRST_K),
+    ("selective", True, Recompute.OP_SAC), ("selective", False, Recompute.SELECTIVE),
+])
+def test_published_recompute_labels(label, torchtitan, recompute):
+    from paraplan.validate.training import published_recompute
+    assert published_recompute(label, torchtitan) is recompute
+
+
+def test_torchtitans_layer_checkpointing_recomputes_every_nth_block():
+    # selective_ac_option = "2" (torchtitan's default): every 2nd of Llama 3 8B's 32 blocks is
+    # checkpointed whole -- 16 of them recomputed; "every 4 layers": 8
+    from paraplan.validate.training import best_estimate, row_cluster
+    row = {**TITAN, "tp": "1", "dp": "64", "sp": "", "micro_batch": "1", "framework": "torchtitan (FSDP)"}
+    for label, layers in (("selective (layer)", 16), ("selective layer (every 4 layers)", 8)):
+        r = {**row, "recompute": label}
+        setup = row_setup(r, "rows.csv", 2)
+        est, _ = best_estimate(r, setup, row_cluster(setup))
+        assert est.plan.recompute is Recompute.FIRST_K and est.plan.recompute_num_layers == layers

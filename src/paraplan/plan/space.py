@@ -158,6 +158,9 @@ class SpaceLimits:
     max_vp: int = 8
     schedules: tuple[Schedule, ...] = tuple(Schedule)
     recomputes: tuple[Recompute, ...] = tuple(Recompute)
+    # first-k recomputation: the shares of the fullest stage's layers it may recompute (a
+    # torchtitan run checkpointing every N-th layer recomputes 1/N of them: validate pins it)
+    first_k_shares: tuple[float, ...] = (0.25, 0.5, 0.75)
     # Recompute.SET's sets to try at a layout: f(tp, sequence_parallel) -> RecomputeOps codes
     # (the search fills it with cost/recompute_set.py's Pareto frontier); None: SET is not tried
     recompute_sets: Callable | None = None
@@ -554,7 +557,7 @@ def row_axes(model: ModelSpec, cluster: ClusterSpec, limits: SpaceLimits, fixed:
     vps = (fixed["vp"],) if "vp" in fixed else tuple(
         sorted(x for x in set(divisors(-(-L // pp))) | set(slots) if x <= limits.max_vp))
     L_s = int(fullest_stage_layers(L, pp))
-    ks = tuple(sorted({max(1, round(L_s * q)) for q in (0.25, 0.5, 0.75)} - {L_s})) if L_s > 1 else ()
+    ks = tuple(sorted({max(1, round(L_s * q)) for q in limits.first_k_shares} - {L_s})) if L_s > 1 else ()
     offload = (limits.activation_offload if limits.activation_offload is not None
                else cluster.offload_bytes_per_s >= C2C_CLASS_BYTES_PER_S)
     offloaded = tuple(sorted({max(1, round(L_s * q)) for q in (0.5, 1.0)})) if offload else ()

@@ -248,7 +248,24 @@ def published_precision(text: str) -> Precision:
     if m:
         low = m.group(1).lower()
         return parse_precision("fp8" if low == "float8" else low)
+    label = without_note(text).strip().lower()
+    for pattern, name in _PRECISION_LABELS:
+        if re.fullmatch(pattern, label):
+            return parse_precision(name)
     return parse_precision(text)
+
+
+# precision labels beyond the names parse_precision reads, as trainers publish them (the whole
+# label): AMP / "mixed precision" in 16 bits; Transformer Engine's FP8 formats and recipes
+# (hybrid: E4M3 forward, E5M2 gradients; current, delayed, sub-channel or block scaling) and
+# "BF16 + FP8" / "BF16/FP8": FP8 GEMMs, the rest 16-bit -- what paraplan's fp8 prices
+_PRECISION_LABELS = (
+    (r"(mixed[- ]precision[ _-]?|amp[ _-]?)(bf16|bfloat16)", "bf16"),
+    (r"(mixed[- ]precision[ _-]?|amp[ _-]?)(fp16|float16)", "fp16"),
+    (r"fp8[ _-]?(hybrid|e4m3|e5m2|current[ _-]?scaling|delayed[ _-]?scaling|sub-?channel|blockwise|block[ _-]?scaling"
+     r"|cs|ds|sc)", "fp8"),
+    (r"(bf16|fp16)\s*[+/]\s*fp8", "fp8"),
+)
 
 
 def published_fp8_recipe(text: str, precision: Precision) -> Fp8Recipe:
@@ -260,11 +277,47 @@ def published_fp8_recipe(text: str, precision: Precision) -> Fp8Recipe:
     return Fp8Recipe.TENSORWISE
 
 
+# recomputation labels beyond Recompute's names, as trainers publish them (the whole label)
+_RECOMPUTE_LABELS = (
+    # Hugging Face's gradient checkpointing and "activation checkpointing" in general: every layer
+    (r"(full\s+)?(activation|gradient)\s+checkpointing|full\s+(ac|recompute|recomputation)|ac", Recompute.FULL),
+    (r"no|off|disabled", Recompute.NONE),
+    (r"(selective\s+)?(op[- ]level|per[- ]op)(\s+sac)?|selective\s+op", Recompute.OP_SAC),
+)
+# torchtitan's selective_ac_option default: checkpoint every 2nd block (config/job_config.py, 0.2.2)
+TORCHTITAN_LAYER_AC_EVERY = 2
+
+
+def _torchtitan_layer_ac(text: str) -> bool:
+    """torchtitan's layer-level selective checkpointing ("selective layer", "selective (layer)",
+    "layer SAC"): every N-th transformer block checkpointed whole."""
+    t = text.lower()
+    return re.search(r"\blayer\b", t) is not None and ("selective" in t or "sac" in t)
+
+
+def layer_ac_share(text: str) -> float:
+    """The share of a stage's layers torchtitan's layer-level checkpointing recomputes: 1/N for
+    every N-th block, N as the label states it ("every 3 layers", "ac_freq 3", "option 3"), else
+    torchtitan's default selective_ac_option = "2"."""
+    m = re.search(r"every\s+(\d+)|ac_freq\D{0,3}(\d+)|option\D{0,3}(\d+)", text.lower())
+    every = int(next(g for g in m.groups() if g)) if m else TORCHTITAN_LAYER_AC_EVERY
+    return 1.0 / max(every, 1)
+
+
 def published_recompute(text: str, torchtitan: bool) -> Recompute:
-    """A recomputation as sources publish it: a name (Recompute.parse), with a note that may
-    follow. torchtitan's "selective" is its per-op checkpointing ("selective (per-op SAC)",
-    "(op-level SAC)", "(op)"; its llama3 configs set selective_ac_option = "op"): OP_SAC, as is
-    any "selective" whose note names the per-op policy."""
+    """A recomputation as sources publish it: a name (Recompute.parse) or a label trainers use
+    (_RECOMPUTE_LABELS: "gradient checkpointing" is every layer), with a note that may follow.
+    torchtitan's "selective" is its per-op checkpointing ("selective (per-op SAC)", "(op-level
+    SAC)", "(op)"; its llama3 configs set selective_ac_option = "op"): OP_SAC, as is any
+    "selective" whose note names the per-op policy; its layer-level one ("selective layer")
+    checkpoints every N-th block whole: first-k recomputation of 1/N of a stage's layers
+    (layer_ac_share)."""
+    if torchtitan and _torchtitan_layer_ac(text):
+        return Recompute.FIRST_K
+    label = without_note(text).strip().lower()
+    for pattern, rc in _RECOMPUTE_LABELS:
+        if re.fullmatch(pattern, label):
+            return rc
     rc = Recompute.parse(without_note(text), "recompute")
     per_op = re.search(r"\(\s*op\b|per-op|op-level", text, re.IGNORECASE) is not None
     return Recompute.OP_SAC if rc is Recompute.SELECTIVE and (torchtitan or per_op) else rc
@@ -433,7 +486,10 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
     # a blank knob like recomputation: searched where the search would try it, a host reached
     # at NVLink-C2C rates (GB200/GB300: NeMo's Grace recipes name offload in config files this
     # repository does not hold, so it is not read from the row), not over PCIe
-    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"],
+    # a torchtitan run checkpointing every N-th block recomputes 1/N of a stage's layers
+    shares = ((layer_ac_share(row.get("recompute") or ""),) if c["recompute"] is Recompute.FIRST_K
+              and titan else SpaceLimits().first_k_shares)
+    limits = SpaceLimits(schedules=schedules, recomputes=recomputes, zero_stages=c["zero"], first_k_shares=shares,
                          allow_offload="offload" in _label(row.get("zero")),
                          activation_offload=None,
                          attention=_attention_kernels(row), sequence_parallel=sps,
