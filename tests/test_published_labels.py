@@ -56,6 +56,11 @@ def test_a_precision_label_that_names_no_precision_is_refused(label):
     ("ZeRO++ (ZeRO-3, hpZ)", "1", (ZeroStage.PARAMETERS,)),
     ("ZeRO-3 offload", "1", (ZeroStage.PARAMETERS,)),
     ("stage 3", "1", (ZeroStage.PARAMETERS,)),
+    ("FSDP NO_SHARD", "1", (ZeroStage.NONE,)),          # torch's NO_SHARD is DDP
+    ("none", "1", (ZeroStage.NONE,)),
+    ("HYBRID_SHARD_ZERO2", "1", (ZeroStage.GRADIENTS,)),
+    ("FSDP2 (reshard_after_forward=False)", "1", (ZeroStage.GRADIENTS,)),
+    ("n/a", "1", tuple(ZeroStage)),                     # not stated: searched
 ])
 def test_published_zero_labels(zero, pp, stages):
     assert row_cells({**TRAINING_ROW, "zero": zero, "pp": pp, "vp": ""}, "rows.csv", 2)["zero"] == stages

@@ -166,8 +166,8 @@ def _pytorch_fsdp_whole_group(row: dict) -> bool:
 
 
 ZERO_ALLOWED = ("0, 1, 2, 3, fsdp, FSDP2, HSDP, PyTorch FSDP FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD, "
-                "Megatron FSDP, MaxText FSDP, distributed optimizer, DDP, DeepSpeed ZeRO-0…3 (\"ZeRO stage 3\", "
-                "\"ZeRO-3 offload\"), or blank (not stated)")
+                "NO_SHARD, Megatron FSDP, MaxText FSDP, distributed optimizer, DDP, none, DeepSpeed ZeRO-0…3 "
+                "(\"ZeRO stage 3\", \"ZeRO-3 offload\"), or blank or n/a (not stated)")
 # DeepSpeed's stages as published: "ZeRO-3", "ZeRO stage 2", "ZeRO3", "stage 3" (after _label)
 _DEEPSPEED_STAGE = re.compile(r"\b(?:zero\s*(?:stage\s*)?|stage\s*)([0-3])\b")
 
@@ -180,8 +180,14 @@ def _label(text: str | None) -> str:
 def _zero(row: dict, path: str, line: int, pp: int | None) -> tuple[ZeroStage, ...]:
     """The sharding the row's `zero` label names, as each framework publishes it."""
     z = _label(row.get("zero"))
-    if not z or z == "fsdp":  # not stated, or FSDP without its sharding strategy: searched
+    if not z or z in ("fsdp", "n/a", "?"):  # not stated, or FSDP without its sharding strategy: searched
         return tuple(ZeroStage)
+    if "no shard" in z or z in ("none", "no"):
+        # FSDP's NO_SHARD is DDP (torch ShardingStrategy.NO_SHARD); none: nothing sharded
+        return (ZeroStage.NONE,)
+    if "reshard after forward" in z and re.search(r"false|off|no\b", z):
+        # FSDP2 that keeps the gathered parameters after the forward: ZeRO-2
+        return (ZeroStage.GRADIENTS,)
     stage = _DEEPSPEED_STAGE.search(z)
     if stage:  # DeepSpeed ZeRO stage n (deepspeed/runtime/zero/config.py ZeroStageEnum 0..3)
         return (ZeroStage(stage.group(1)),)
