@@ -3,6 +3,7 @@ GPU cell "H100 (96GB HBM2e, 500W)"): compute at the clock it leaves, energy at t
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -63,3 +64,14 @@ def test_a_row_runs_at_the_limit_its_gpu_cell_states():
     assert setup.power_limit_watts == 500.0 and row_cluster(setup).gpu.power_limit_watts == 500.0
     plain = row_setup({**row, "gpu": "H100"}, "rows.csv", 2)
     assert plain.power_limit_watts is None and row_cluster(plain).gpu.power_limit_watts is None
+
+
+def test_scale_prices_every_cluster_at_the_limit_and_a_mixed_cluster_refuses_it(capsys):
+    args = ("scale", "--counts", "256", "--quiet", "--json")
+    full = json.loads(run(capsys, *args)[1])
+    capped = json.loads(run(capsys, *args, "--power-limit", "500")[1])
+    step = [p["best"]["step_time_s"] for p in (full["points"][0], capped["points"][0])]
+    assert step[1] > step[0]
+    line = assert_user_error(*run(capsys, "search", "--cluster", "examples/h100-a100-mixed.toml", "--power-limit",
+                                  "500", "--quiet"))
+    assert "--power-limit" in line and "power_limit_watts" in line

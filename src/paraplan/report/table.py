@@ -239,7 +239,8 @@ def _scaling_row(pt, many: bool, plan: str) -> list[str]:
 def _carbon_basis(pt) -> str:
     """What a sweep's carbon column is priced at (the workload's, the same at every point)."""
     b = pt.best.budget
-    return f"carbon at the GPUs' TDP, PUE {b.pue:.2f}, {b.grid_kg_co2e_per_kwh:.3g} kg CO2e/kWh (--pue, --grid-kg-per-kwh)"
+    at = "power limit" if b.power_limited else "TDP"
+    return f"carbon at the GPUs' {at}, PUE {b.pue:.2f}, {b.grid_kg_co2e_per_kwh:.3g} kg CO2e/kWh (--pue, --grid-kg-per-kwh)"
 
 
 def _scaling_footer(result, many: bool) -> list[str]:
