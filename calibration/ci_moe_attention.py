@@ -14,7 +14,8 @@ import csv
 from dataclasses import replace
 from pathlib import Path
 
-from paraplan.cost.stage_memory import stage_bytes
+from paraplan.cost.allocator import allocated_bytes
+from paraplan.cost.stage_memory import FIRST_STAGE, LAST_STAGE, plan_memory
 from paraplan.plan.axes import AttentionKernel
 from paraplan.units import GIB
 from paraplan.validate.training import best_estimate, row_cluster, row_setup
@@ -34,10 +35,8 @@ def main() -> None:
                 model = replace(setup.model, dropout=dropout)
                 s = replace(setup, model=model, limits=replace(setup.limits, attention=(kernel,)))
                 est, _ = best_estimate(row, s, cluster)
-                totals, _ = stage_bytes(model, cluster, s.workload, est.plan)
-                # stage_bytes adds the fragmentation share and the runtime reserve: allocated is before both
-                first, last = ((float(t) - cluster.gpu.reserved_bytes) / (1.0 + cluster.gpu.allocator_fragmentation) / GIB
-                               for t in totals[:2])
+                first, last = (float(allocated_bytes(plan_memory(model, cluster, s.workload, est.plan, stage=st)[0]))
+                               / GIB for st in (FIRST_STAGE, LAST_STAGE))
                 measured = float(row["value"])
                 print(f"{rid}  {measured:8.2f}  {kernel.value:7s}  {str(dropout):7s}  {first:11.2f}  {last:19.2f}"
                       f"  {100.0 * (last - measured) / measured:+15.1f}%")

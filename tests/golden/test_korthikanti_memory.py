@@ -103,13 +103,16 @@ def test_flash_attention_drops_the_score_term():
     assert float(stored) == pytest.approx(s * b * h * (10 + 24 / t), rel=1e-12)
 
 
+def _with_and_without_dropout(h, a):
+    """(a GPT layer of hidden h and a heads with dropout, the same without)."""
+    return tuple(make_model(name=f"dropout-{d}", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
+                            gated_mlp=False, dropout=d) for d in (True, False))
+
+
 def test_without_dropout_the_masks_go():
     # No dropout (Llama-style): the two 1-byte dropout masks (sbh each) are not stored.
     s, b, h, a, t = 2048, 1, 4096, 32, 4
-    with_do = make_model(name="d", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
-                         gated_mlp=False, dropout=True)
-    no_do = make_model(name="n", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
-                       gated_mlp=False, dropout=False)
+    with_do, no_do = _with_and_without_dropout(h, a)
     diff = (_bytes(with_do, s=s, b=b, t=t, sp=False, recompute=Recompute.SELECTIVE)
             - _bytes(no_do, s=s, b=b, t=t, sp=False, recompute=Recompute.SELECTIVE))
     assert diff == pytest.approx(2 * s * b * h, rel=1e-12)
@@ -120,10 +123,7 @@ def test_unfused_attention_without_dropout_keeps_the_softmax_output_alone():
     # of Korthikanti's 5as per token (softmax output 2as, dropout mask as, dropout output 2as)
     # 2as stay, split over TP; the two 1-byte hidden-dropout masks (2sbh) go too.
     s, b, h, a, t = 4096, 2, 4096, 32, 4
-    with_do = make_model(name="d", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
-                         gated_mlp=False, dropout=True)
-    no_do = make_model(name="n", num_layers=4, hidden_size=h, num_heads=a, vocab_size=32000,
-                       gated_mlp=False, dropout=False)
+    with_do, no_do = _with_and_without_dropout(h, a)
     kept = _bytes(no_do, s=s, b=b, t=t, sp=False, recompute=Recompute.NONE)
     assert kept == pytest.approx(float(s * b * h * (8 + Fraction(24, t) + Fraction(2 * a * s, h * t))), rel=1e-12)
     diff = (_bytes(with_do, s=s, b=b, t=t, sp=False, recompute=Recompute.NONE) - kept)

@@ -355,13 +355,8 @@ def specs_from_args(args: argparse.Namespace,
     if cluster_name is None and not args.hardware and "," in args.cluster and not os.path.exists(args.cluster):
         raise SpecError(args.command, "--cluster", args.cluster, "one cluster preset or TOML (a list of clusters "
                         "is for paraplan scale)")
-    cluster = at_power_limit(args, load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus))
-    return model, cluster, workload_from_args(args)
-
-
-def at_power_limit(args: argparse.Namespace, cluster: ClusterSpec) -> ClusterSpec:
-    """The cluster with --power-limit applied to its GPUs (unchanged without the flag)."""
-    return cluster if getattr(args, "power_limit", None) is None else cluster.with_power_limit(args.power_limit)
+    cluster = load_cluster(cluster_name or args.hardware or args.cluster, num_gpus=args.gpus)
+    return model, cluster.with_power_limit(args.power_limit), workload_from_args(args)
 
 
 def mixed_cluster_args(args: argparse.Namespace) -> bool:
@@ -369,7 +364,7 @@ def mixed_cluster_args(args: argparse.Namespace) -> bool:
     --stages, which only such a cluster takes, otherwise a one-line error."""
     from ..specs.catalog import is_mixed_cluster_file
     mixed = not args.hardware and is_mixed_cluster_file(args.cluster)
-    if mixed and getattr(args, "power_limit", None) is not None:
+    if mixed and args.power_limit is not None:
         raise SpecError(args.command, "--power-limit", args.power_limit, "one cluster's GPUs; in a mixed cluster "
                         "set power_limit_watts in each group's GPU TOML")
     if not mixed and getattr(args, "stages", None):

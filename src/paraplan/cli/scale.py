@@ -15,7 +15,7 @@ from ..search.policy import ENGINE_CANDIDATES, bounded_space, expressible
 from ..search.scaling import scale
 from ..specs.catalog import load_cluster
 from ..units import fmt_count
-from .args import add_plan_command, at_power_limit, engine_rules_from_args, search_pins, specs_from_args
+from .args import add_plan_command, engine_rules_from_args, search_pins, specs_from_args
 
 
 def add_parser(sub) -> None:
@@ -66,7 +66,7 @@ def cmd_scale(args) -> int:
                             "it with clusters, list it in --cluster (e.g. --cluster dgx-h100,profile.toml)")
         names = [args.hardware]
     model, cluster, wl = specs_from_args(args, names[0])
-    clusters = [at_power_limit(args, load_cluster(name, num_gpus=n)) for name in names for n in counts]
+    clusters = [load_cluster(name, num_gpus=n).with_power_limit(args.power_limit) for name in names for n in counts]
     loaded = [c.name for c in clusters[::len(counts)]]
     if len(set(loaded)) < len(loaded):  # points are told apart by their cluster's name
         raise SpecError("scale", "--cluster", args.cluster, f"clusters with distinct names (these load as {', '.join(loaded)})")

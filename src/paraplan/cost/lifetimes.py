@@ -45,7 +45,7 @@ from . import memory as mem
 from .allocator import AllocatorPeaks, replay_step
 from .chunks import chunk_layers
 from .layout import layout
-from .stage_memory import moe_stored_bytes, layer_bytes, stage_memory_parts
+from .stage_memory import FIRST_STAGE, LAST_STAGE, MIDDLE_STAGE, moe_stored_bytes, layer_bytes, stage_memory_parts
 
 # micro-batches replayed at most: past the warm-up every schedule but GPipe and breadth-first
 # repeats one period per micro-batch, so twice the stages (or this many) reach its peak
@@ -168,7 +168,7 @@ def step_events(model: ModelSpec, workload: Workload, plan: Plan) -> list:
     lb = layer_bytes(model, workload, batch, lay, moe_stored_bytes(model, workload, batch, lay))
     parts, worst = stage_memory_parts(model, workload, batch, lay)
     p, v = plan.pp, plan.vp
-    rank = {0: 0, 1: p - 1, 2: min(1, p - 1)}[worst]
+    rank = {FIRST_STAGE: 0, LAST_STAGE: p - 1, MIDDLE_STAGE: min(1, p - 1)}[worst]
     m_step = int(round(scalar(lay.num_microbatches)))
     m = _replayed_microbatches(plan, m_step)
     layers = chunk_layers(model, workload, plan)

@@ -111,7 +111,7 @@ class ActivationTerms:
 
     replicated: float  # divided by t only with sequence parallelism
     split: float       # always divided by t
-    scores: float      # 5·a·s (a·s without dropout), present without FlashAttention and without selective
+    scores: float      # 5·a·s (2·a·s without dropout), present without FlashAttention and without selective
     layer_input: float  # 2h, what full recomputation keeps
     # what module recomputation (Recompute.MODULES) drops from `replicated` and `split`:
     # the two norms' outputs (the QKV and MLP inputs), and with MLA the up-projected Q, K, V

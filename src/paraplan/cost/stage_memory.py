@@ -289,10 +289,10 @@ class _StageStates:
 
     @functools.cached_property
     def worst(self):
-        """The stage with the most bytes (0 first, 1 last, 2 middle; the first on a tie with
-        the last, either end on a tie with the middle): computed where a breakdown asks."""
+        """The stage with the most bytes (FIRST_STAGE, LAST_STAGE, MIDDLE_STAGE; the first on a
+        tie with the last, either end on a tie with the middle): computed where a breakdown asks."""
         tot1, totl, totm = self.totals
-        return np.where((totm > tot1) & (totm > totl), 2, np.where(tot1 >= totl, 0, 1))
+        return np.where((totm > tot1) & (totm > totl), MIDDLE_STAGE, np.where(tot1 >= totl, FIRST_STAGE, LAST_STAGE))
 
     def worst_total(self):
         """The worst stage's bytes: the largest total (pick(*totals), to the bit)."""
@@ -300,7 +300,7 @@ class _StageStates:
         return np.maximum(np.maximum(first, last), middle)
 
     def pick(self, first, last, middle):
-        return np.where(self.worst == 0, first, np.where(self.worst == 1, last, middle))
+        return np.where(self.worst == FIRST_STAGE, first, np.where(self.worst == LAST_STAGE, last, middle))
 
 
 def pipelining_recv_buffers(plan, lay: Layout, stage_input_bytes, inflight_first, inflight_mid, inflight_last):
@@ -384,8 +384,8 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
 
 def stage_memory_parts(model: ModelSpec, workload: Workload, plan, lay: Layout) -> tuple[dict, int]:
     """(what the worst stage allocates once and keeps by part: weights, gradients, optimizer,
-    torch pipelining's idle receive buffers; which stage it is: 0 the first, 1 the last, 2 the
-    fullest middle one) of one plan."""
+    torch pipelining's idle receive buffers; which stage it is: FIRST_STAGE, LAST_STAGE or
+    MIDDLE_STAGE, the fullest middle one) of one plan."""
     st = _stage_states(model, workload, plan, lay, moe_stored_bytes(model, workload, plan, lay))
     worst = int(scalar(st.worst))
     weights, grads, opt = st.parts[worst][:3]

@@ -297,7 +297,8 @@ class ClusterSpec:
         from dataclasses import replace
         return replace(self, num_gpus=num_gpus)
 
-    def with_power_limit(self, watts: float) -> "ClusterSpec":
-        """The cluster with every GPU's board power limited to `watts` (GPUSpec.power_limit_watts)."""
+    def with_power_limit(self, watts: float | None) -> "ClusterSpec":
+        """The cluster with every GPU's board power limited to `watts` (GPUSpec.power_limit_watts);
+        None: as it is."""
         from dataclasses import replace
-        return replace(self, gpu=replace(self.gpu, power_limit_watts=float(watts)))
+        return self if watts is None else replace(self, gpu=replace(self.gpu, power_limit_watts=float(watts)))

@@ -711,8 +711,7 @@ def predict_on(row: dict, setup: RowSetup, cluster: ClusterSpec) -> tuple[float,
 def row_cluster(setup: RowSetup) -> ClusterSpec:
     """The cluster a row is predicted on (its GPU's reference cluster, or --hardware), at the
     power limit its GPU cell states."""
-    cluster = load_cluster(setup.cluster_name, num_gpus=setup.num_gpus)
-    return cluster if setup.power_limit_watts is None else cluster.with_power_limit(setup.power_limit_watts)
+    return load_cluster(setup.cluster_name, num_gpus=setup.num_gpus).with_power_limit(setup.power_limit_watts)
 
 
 def predict_row(row: dict, path: str, line: int, hardware: str | None = None) -> dict:
