@@ -279,6 +279,7 @@ MEGATRON_FLAGS = {
     "--moe-expert-capacity-factor": float, "--moe-pad-expert-input-to-capacity": bool,
     "--overlap-moe-expert-parallel-comm": bool, "--moe-shared-expert-overlap": bool,
     "--moe-permute-fusion": bool, "--moe-router-padding-for-quantization": bool,
+    "--moe-flex-dispatcher-backend": str, "--moe-router-num-groups": int, "--moe-router-group-topk": int,
     "--tensor-model-parallel-size": int, "--pipeline-model-parallel-size": int, "--context-parallel-size": int,
     "--cp-comm-type": str, "--num-layers-per-virtual-pipeline-stage": int, "--sequence-parallel": bool,
     "--account-for-embedding-in-pipeline-split": bool, "--account-for-loss-in-pipeline-split": bool,

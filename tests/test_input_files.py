@@ -111,7 +111,7 @@ def test_tp_rule_on_kv_heads_says_what_is_allowed(capsys, tmp_path):
 
 def test_hierarchical_all_to_all_at_ep_1_is_refused(capsys):
     line = assert_user_error(*run(capsys, "estimate", "--model", "mixtral-8x7b", "--a2a-hierarchical"))
-    assert "hierarchical all-to-all needs EP>1" in line
+    assert "deduplicated (hierarchical) dispatch needs EP>1" in line
 
 
 def test_seq_beyond_the_models_max_is_noted(capsys):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from paraplan.cost.comm import Collective, collective_time_s, pipeline_hops_s
+from paraplan.cost.comm import Collective, collective_time_s, deduplicated_dispatch_s, pipeline_hops_s
 from paraplan.specs.catalog import load_cluster
 
 ISLANDS = load_cluster("h100-pathways-islands", num_gpus=4096)   # islands of 1,024
@@ -16,16 +16,26 @@ FLAT = replace(ISLANDS, gpus_per_island=0, dcn=None)
 SMALL = replace(ISLANDS, gpus_per_island=64)                      # islands of 64
 
 
-@pytest.mark.parametrize("kind", [Collective.ALL_TO_ALL, Collective.ALL_TO_ALL_2D])
-def test_an_all_to_all_across_islands_pays_the_data_center_tier(kind):
-    inside = collective_time_s(ISLANDS, kind, 64e6, 128, 1)
-    assert float(inside) == pytest.approx(float(collective_time_s(FLAT, kind, 64e6, 128, 1)))
+def _flat(cluster, n):
+    return collective_time_s(cluster, Collective.ALL_TO_ALL, 64e6, n, 1)
+
+
+def _deduplicated(cluster, n):
+    """A top-8 dispatch of 80 MB of tokens reaching 4 of the 16 nodes and 6 of the 128 GPUs:
+    its network part, not the NVLink forwarding, sets the time at this size."""
+    return deduplicated_dispatch_s(cluster, 80e6, 4.0, 6.0, n, 1)
+
+
+@pytest.mark.parametrize("dispatch", [_flat, _deduplicated])
+def test_an_all_to_all_across_islands_pays_the_data_center_tier(dispatch):
+    inside = dispatch(ISLANDS, 128)
+    assert float(inside) == pytest.approx(float(dispatch(FLAT, 128)))
     # two islands of 64: half of each GPU's buffer crosses at 12.5 GB/s instead of 50
-    across = float(collective_time_s(SMALL, kind, 64e6, 128, 1))
+    across = float(dispatch(SMALL, 128))
     assert across > 1.5 * float(inside)
     # a slower data-center tier slows it further; a faster scale-out network alone does not
     slow_dcn = replace(SMALL, dcn=replace(SMALL.dcn, bw_unidir_bytes_per_s=SMALL.dcn.bw_unidir_bytes_per_s / 2))
-    assert float(collective_time_s(slow_dcn, kind, 64e6, 128, 1)) > 1.5 * across
+    assert float(dispatch(slow_dcn, 128)) > 1.5 * across
 
 
 def test_a_pipeline_hop_between_islands_shares_the_uplinks_with_its_stage():

@@ -81,6 +81,9 @@ CASES = {
     "mtp-ep64-pp8-vp": (DSV3, plan(pp=8, vp=2, dp=128, ep=64, schedule=Schedule.INTERLEAVED_1F1B,
                                    zero=ZeroStage.OPTIMIZER, recompute=Recompute.MODULES, ep_overlap=True),
                         WL_MOE, 1024),
+    # the deduplicating dispatch (DeepEP, the flex dispatcher) and DeepSeek's node-limited routing
+    "mtp-ep64-deepep-groups": (DSV3, plan(pp=8, vp=2, dp=128, ep=64, schedule=Schedule.INTERLEAVED_1F1B,
+                                          zero=ZeroStage.OPTIMIZER, a2a_hierarchical=True), WL_MOE, 1024),
     "mtp-tp8-ep64-fp8-modules": (DSV3, plan(tp=8, pp=1, dp=128, ep=64, sequence_parallel=True,
                                             zero=ZeroStage.OPTIMIZER, recompute=Recompute.MODULES),
                                  replace(WL_MOE, precision=Precision.FP8), 1024),
@@ -169,6 +172,13 @@ def check_plan(args, cfg, p, model, workload) -> None:
     if args.use_rope_scaling:
         assert args.rope_scaling_factor == model.rope_llama3_scaling_factor
     assert args.mock_data
+    # the dispatch paraplan priced, and the model's group-limited routing
+    assert cfg.moe_token_dispatcher_type == (("flex" if p.a2a_hierarchical else "alltoall") if model.is_moe
+                                             else cfg.moe_token_dispatcher_type)
+    if p.a2a_hierarchical:
+        assert cfg.moe_flex_dispatcher_backend == "deepep" and not cfg.moe_shared_expert_overlap
+    assert (cfg.moe_router_num_groups or 0, cfg.moe_router_group_topk or 0) == (
+        (model.expert_groups, model.group_top_k) if model.group_limited else (0, 0))
     if p.recompute is Recompute.SET:
         assert cfg.recompute_granularity == "selective" and sorted(cfg.recompute_modules) == ["mlp"]
 

@@ -121,7 +121,8 @@ _DEEPSEEK_V3 = dict(architectures=["DeepseekV3ForCausalLM"], model_type="deepsee
                     n_shared_experts=1, n_routed_experts=256, num_experts_per_tok=8, first_k_dense_replace=3,
                     moe_layer_freq=1, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
                     qk_rope_head_dim=64, v_head_dim=128, vocab_size=129280, max_position_embeddings=163840,
-                    num_nextn_predict_layers=1, tie_word_embeddings=False)
+                    num_nextn_predict_layers=1, tie_word_embeddings=False, n_group=8, topk_group=4,
+                    topk_method="noaux_tc")
 _GPT_OSS = dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880,
                 intermediate_size=2880, head_dim=64, num_attention_heads=64, num_key_value_heads=8,
                 num_local_experts=128, experts_per_token=4, num_experts_per_tok=4, vocab_size=201088,
@@ -149,12 +150,13 @@ HF_CONFIGS = {
                         architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
                         hidden_size=5120, intermediate_size=12288, moe_intermediate_size=1536,
                         num_hidden_layers=60, n_shared_experts=2, n_routed_experts=160, num_experts_per_tok=6,
-                        first_k_dense_replace=1, vocab_size=102400, topk_method="group_limited_greedy"),
+                        first_k_dense_replace=1, vocab_size=102400, topk_method="group_limited_greedy",
+                        topk_group=3),
     # Newer transformers write head_dim = qk_rope_head_dim into DeepSeek-V3 configs; MLA fields win.
     "deepseek-v3": dict(_DEEPSEEK_V3, head_dim=64),
     "kimi-k2": dict(_DEEPSEEK_V3, model_type="kimi_k2", num_attention_heads=64, num_key_value_heads=64,
                     n_routed_experts=384, first_k_dense_replace=1, vocab_size=163840,
-                    max_position_embeddings=131072, num_nextn_predict_layers=0),
+                    max_position_embeddings=131072, num_nextn_predict_layers=0, n_group=1, topk_group=1),
     # the published configs alternate banded and full attention, starting banded
     "gpt-oss-120b": dict(_GPT_OSS, num_hidden_layers=36, layer_types=["sliding_attention", "full_attention"] * 18),
     "gpt-oss-20b": dict(_GPT_OSS, num_hidden_layers=24, num_local_experts=32,
@@ -284,6 +286,9 @@ def _line(path: Path, key: str, after: str = "") -> int:
     ("deepseek-v3", dict(moe_layer_freq=2, first_k_dense_replace=0), "moe_layer_freq"),  # 0, 2, 4...
     ("deepseek-v3", dict(first_k_dense_replace=-1), "first_k_dense_replace"),
     ("deepseek-v3", dict(kv_lora_rank=0), "kv_lora_rank"),
+    ("deepseek-v3", dict(n_group=7), "n_group"),       # does not divide 256 experts
+    ("deepseek-v3", dict(topk_group=9), "topk_group"),  # more groups chosen than there are
+    ("deepseek-v3", dict(topk_group=0), "topk_group"),  # a group limit choosing no group
     ("gpt-oss-120b", dict(experts_per_token=0), "experts_per_token"),
 ])
 def test_hf_bad_moe_field(tmp_path, preset, changes, field):
@@ -372,6 +377,18 @@ def test_sliding_window_needs_its_layer_count():
         replace(m, num_sliding_window_layers=0)
     with pytest.raises(SpecError, match="num_sliding_window_layers"):
         replace(m, num_sliding_window_layers=25)
+
+
+def test_group_limited_routing_is_checked_in_one_line():
+    v3 = load_model("deepseek-v3")
+    for changes, field, allowed in ((dict(expert_groups=0), "expert_groups", "given together"),
+                                    (dict(expert_groups=6), "expert_groups", "must divide num_experts=256"),
+                                    (dict(group_top_k=9), "group_top_k", "1..expert_groups=8"),
+                                    (dict(expert_groups=128, group_top_k=2), "group_top_k", "at least 4")):
+        with pytest.raises(SpecError, match=allowed) as e:
+            replace(v3, **changes)
+        assert e.value.field == field and "\n" not in str(e.value)
+    assert not replace(v3, expert_groups=1, group_top_k=1).group_limited  # Kimi K2's n_group 1: no limit
 
 
 def test_kv_width_counts_mlas_narrower_value_heads():

@@ -23,7 +23,7 @@ def _read_back(text: str, cluster):
 
 
 @pytest.mark.parametrize("model,tokens", [("llama3-8b", ("SP", "tpov", "offload", "rc:first", "zero3/hsdp", "CP2/")),
-                                          ("mixtral-8x7b", ("EP", "epov", "a2a:2d", "cf"))])
+                                          ("qwen3-30b-a3b", ("EP", "epov", "a2a:2d", "cf"))])
 def test_every_plan_of_a_64_gpu_space_round_trips(model, tokens):
     cluster = load_cluster("dgx-h100", num_gpus=64)
     spec = load_model(model)

@@ -150,7 +150,8 @@ def add_plan(p: argparse.ArgumentParser, required: bool) -> None:
         g.add_argument("--capacity-factor", type=_positive_float, default=None,
                        help="MoE: drop tokens beyond this capacity factor and pad to it (default: dropless)")
         g.add_argument("--a2a-hierarchical", action="store_true",
-                       help="MoE: two-dimensional hierarchical all-to-all (intra-node, then across nodes)")
+                       help="MoE: deduplicated dispatch, each token once per node over the network, then "
+                            "over NVLink to its experts' GPUs (DeepEP; Megatron-Core's flex dispatcher)")
         g.add_argument("--ep-overlap", action="store_true",
                        help="MoE: run each micro-batch's all-to-alls under another micro-batch's compute")
         g.add_argument("--plan", default=None,

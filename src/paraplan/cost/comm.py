@@ -4,7 +4,7 @@ Notation: n group size, B bytes of the full buffer (all-reduce / all-gather outp
 reduce-scatter input), g members of the group inside one node (NVLink domain), N nodes
 spanned inside one island, I islands spanned. Ring algorithms (Patarasuk & Yuan 2009;
 NCCL): reduce-scatter and all-gather move (n−1)/n·B per rank, all-reduce 2(n−1)/n·B.
-Hierarchical (NCCL's tree/ring over rails; Tutel's 2D scheme for all-to-all): the NVLink
+Hierarchical (NCCL's tree/ring over rails): the NVLink
 step moves (g−1)/g·B, the network step (N−1)/N·B/g per GPU over its own NIC, the
 data-center step (I−1)/I·B/(g·N). Each step adds latency α per ring hop and runs at the
 tier's bus bandwidth × efficiency(message bytes) (curves from calibration; all-gather and
@@ -32,7 +32,6 @@ class Collective(StrEnum):
     ALL_GATHER = "all-gather"
     REDUCE_SCATTER = "reduce-scatter"
     ALL_TO_ALL = "all-to-all"                    # flat: every rank to every rank at once
-    ALL_TO_ALL_2D = "hierarchical all-to-all"    # Tutel: intra-node first, then across nodes
     P2P = "send-recv"
 
 
@@ -104,22 +103,34 @@ def collective_time_s(cluster: ClusterSpec, kind: Collective, num_bytes, group_s
                        _hop(cluster.scaleout, N, (g * N - g) / nn * B, B / nn))
         if cluster.dcn is not None:
             t = np.maximum(t, _hop(cluster.dcn, I, (nn - g * N) / nn * B, B / nn))
-    elif kind is Collective.ALL_TO_ALL_2D:
-        # Tutel (Hwang et al. 2023, Sec. 3.3): an intra-node all-to-all groups each GPU's tokens
-        # by destination node ((g−1)/g·B over NVLink, messages B/g), then one all-to-all across
-        # nodes ((N−1)/N·B per GPU, messages B/N): the same network bytes in g× larger messages.
-        # Across islands the node step's N·I nodes split: (N − 1)/(N·I) of B to the island's
-        # other nodes, (I − 1)/I over the data-center tier, concurrently.
-        g, N, I = group_span(cluster, n, stride)
-        net = _hop(cluster.scaleout, N, (N - 1.0) / (N * I) * B, B / (N * I))
-        if cluster.dcn is not None:
-            net = np.maximum(net, _hop(cluster.dcn, I, (I - 1.0) / I * B, B / (N * I)))
-        t = _hop(cluster.nvlink, g, (g - 1.0) / g * B, B / g) + net
     elif kind is Collective.P2P:
         t = p2p_time_s(cluster, B, stride)
     else:  # pragma: no cover - closed enum
         raise AssertionError(kind)
     return np.where(n > 1, t, 0.0) if np.ndim(t) else (float(t) if n > 1 else 0.0)
+
+
+def deduplicated_dispatch_s(cluster: ClusterSpec, row_bytes, nodes_hit, ranks_hit, group_size, stride):
+    """One MoE dispatch (or combine) over the EP group that sends each token once to each node
+    and once to each GPU holding any of its routed experts, not once per expert: DeepEP's
+    normal kernels (Megatron-Core's flex dispatcher) send it by RDMA to the GPU of the same
+    local index on each other destination node, which forwards it over NVLink to the node's
+    GPUs that need it; the combine reduces within the node and returns it once (DeepEP
+    README; DeepSeek-V3 report Sec. 3.2.2). `row_bytes` is the rank's tokens once each,
+    `nodes_hit` and `ranks_hit` the distinct nodes and GPUs of the group a token's experts are
+    on (cost/moe.py units_hit). A token reaches the other (N·I − 1) of the N·I nodes with
+    probability (N·I − 1)/(N·I) per node it needs; every GPU it needs but the one it lands on
+    takes it over NVLink, (g − 1)/g of them. The NVLink forwarding runs concurrently with the
+    network (chunked). Vectorized."""
+    B = np.asarray(row_bytes, dtype=float)
+    g, N, I = group_span(cluster, group_size, stride)
+    nodes = N * I
+    hit_n, hit_r = np.asarray(nodes_hit, dtype=float), np.asarray(ranks_hit, dtype=float)
+    t = np.maximum(_hop(cluster.nvlink, g, B * hit_r * (g - 1.0) / g, B * hit_r / (g * nodes)),
+                   _hop(cluster.scaleout, N, B * hit_n * (N - 1.0) / nodes, B * hit_n / nodes))
+    if cluster.dcn is not None:
+        t = np.maximum(t, _hop(cluster.dcn, I, B * hit_n * (I - 1.0) / I, B * hit_n / nodes))
+    return np.where(np.asarray(group_size) > 1, t, 0.0)
 
 
 def p2p_time_s(cluster: ClusterSpec, num_bytes, stride):

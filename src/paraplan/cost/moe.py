@@ -15,7 +15,10 @@ Per MoE layer and micro-batch, on the busiest rank:
              unsorted again, one copy each way (Megatron-Core with more than one local
              expert, torchtitan under expert parallelism);
   dispatch   all-to-all of λ·T_r·k·h activation elements over the EP group (stride etp),
-             combine the same back; with etp > 1 an all-gather / reduce-scatter of the
+             combine the same back (Megatron-Core's alltoall dispatcher: one message per
+             copy); or, deduplicated (plan.a2a_hierarchical: the flex dispatcher, DeepEP),
+             each of the λ·T_r tokens once per node and GPU it needs, the distinct ones
+             fewer than k (units_hit; fewer still under group-limited routing); with etp > 1 an all-gather / reduce-scatter of the
              received tokens inside the ETP group (Megatron-Core "parallel folding"); when
              dropless the per-expert token counts exchanged first, and (Megatron-Core) the
              copies' router probabilities in an all-to-all of their own;
@@ -41,7 +44,7 @@ import numpy as np
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from .comm import Collective, collective_time_s
+from .comm import Collective, collective_time_s, deduplicated_dispatch_s, group_span
 from .low_precision import LOW_PRECISIONS, quantize_bytes_per_element
 from .memory import saved_gemm_input_bytes
 from .roofline import elementwise_time_s, gemm_time_s, memory_bound_time_s, up_projection_time_s
@@ -67,11 +70,13 @@ def permutation_pass_bytes(rows, hidden, act_bytes):
 def shared_expert_overlap(model: ModelSpec, plan):
     """Whether the shared experts run beside the dispatch/combine all-to-all on Megatron-Core's
     side stream (--moe-shared-expert-overlap, which the Megatron export sets by this test): a
-    model with shared experts, an all-to-all (EP > 1), no EP overlap (which pairs whole
+    model with shared experts, an all-to-all (EP > 1) of the alltoall dispatcher (Megatron-Core
+    refuses it with the flex dispatcher, plan.a2a_hierarchical), no EP overlap (which pairs whole
     blocks itself), and Megatron's fused layers; the eager engines (plan.fused_kernels off:
     torchtitan, DeepSpeed) run them in line. Vectorized."""
     return (np.asarray(plan.fused_kernels, dtype=bool) & bool(model.shared_expert_ffn_hidden_size)
-            & (_f(plan.ep) > 1) & ~np.asarray(plan.ep_overlap, dtype=bool))
+            & (_f(plan.ep) > 1) & ~np.asarray(plan.ep_overlap, dtype=bool)
+            & ~np.asarray(plan.a2a_hierarchical, dtype=bool))
 
 
 def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
@@ -107,12 +112,48 @@ def dropless(plan):
     return np.asarray(plan.capacity_factor_value, dtype=float) <= 0.0
 
 
-def _all_to_all_s(cluster: ClusterSpec, num_bytes, ep, etp, hierarchical):
-    """One all-to-all of `num_bytes` per rank over the EP group (stride etp): flat, or in two
-    levels where the plan says (comm.py). Vectorized."""
-    flat = collective_time_s(cluster, Collective.ALL_TO_ALL, num_bytes, ep, etp)
-    two_d = collective_time_s(cluster, Collective.ALL_TO_ALL_2D, num_bytes, ep, etp)
-    return np.where(hierarchical, two_d, flat)
+def _miss_share(pool, unit, k):
+    """C(pool − unit, k) / C(pool, k): the chance that k distinct draws from `pool` items all
+    miss a given `unit` of them (hypergeometric). Vectorized."""
+    pool, unit = _f(pool), _f(unit)
+    p = np.ones(np.broadcast(pool, unit).shape)
+    for i in range(int(k)):
+        p = p * np.clip((pool - unit - i) / np.maximum(pool - i, 1.0), 0.0, 1.0)
+    return p
+
+
+def units_hit(model: ModelSpec, units):
+    """Expected distinct units (EP ranks, or nodes) holding a token's k routed experts, the E
+    experts in `units` equal blocks (Megatron-Core gives EP rank r experts r·E/ep onward, and a
+    node holds consecutive ranks), routing balanced (each expert equally likely). Without a
+    group limit: U·(1 − C(E − E/U, k)/C(E, k)). Group-limited (G groups, M chosen; DeepSeek-V3
+    report Sec. 2.1.2): a unit holding whole groups (U ≤ G) is hit when one of the token's M
+    groups is its, U·(1 − C(G − G/U, M)/C(G, M)) -- each chosen group taken to hold one of the
+    k (the "at most M nodes" of the report: M when a node is a group); a unit inside a group
+    among the M·E/G experts of the chosen groups, spanning M·U/G units. Vectorized over U."""
+    E, k = float(model.num_experts), model.top_k
+    U = _f(units)
+    free = U * (1.0 - _miss_share(E, E / U, k))
+    if not model.group_limited:
+        return free
+    G, M = float(model.expert_groups), model.group_top_k
+    whole = U * (1.0 - _miss_share(G, G / np.minimum(U, G), M))
+    pool = M * E / G
+    inside = (M * U / G) * (1.0 - _miss_share(pool, E / U, k))
+    return np.minimum(np.where(U <= G, whole, inside), np.minimum(U, float(k)))
+
+
+def _dispatch_s(cluster: ClusterSpec, model: ModelSpec, row_bytes, ep, etp, deduplicated):
+    """One dispatch (or combine) of a rank's tokens (`row_bytes`, each once) over the EP group
+    (stride etp): Megatron-Core's alltoall dispatcher sends each of the k copies on its own, a
+    flat NCCL all-to-all of k·row_bytes; where the plan says (plan.a2a_hierarchical: the flex
+    dispatcher, DeepEP), each token once per node and GPU it needs (comm.py). Vectorized."""
+    flat = collective_time_s(cluster, Collective.ALL_TO_ALL, _f(row_bytes) * model.top_k, ep, etp)
+    if not np.any(deduplicated):
+        return flat
+    g, N, I = group_span(cluster, ep, etp)
+    dedup = deduplicated_dispatch_s(cluster, row_bytes, units_hit(model, N * I), units_hit(model, ep), ep, etp)
+    return np.where(deduplicated, dedup, flat)
 
 
 def _permutation_s(gpu, plan, local, copies, act_rows, h, ab):
@@ -213,7 +254,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # ---- all-to-all dispatch and combine over EP (stride etp), ETP gather/scatter ----
     a2a_bytes = ab * lam * copies * h
     hier = np.asarray(plan.a2a_hierarchical, dtype=bool)
-    a2a = _all_to_all_s(cluster, a2a_bytes, ep, etp, hier)
+    a2a = _dispatch_s(cluster, model, ab * lam * T_r * h, ep, etp, hier)
     etp_bytes = etp * a2a_bytes
     etp_comm = (collective_time_s(cluster, Collective.ALL_GATHER, etp_bytes, etp, 1)
                 + collective_time_s(cluster, Collective.REDUCE_SCATTER, etp_bytes, etp, 1))
@@ -222,7 +263,9 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     # Megatron-Core sends each copy's router probability in an all-to-all of its own
     # (token_dispatch: global_probs), forward and backward: small, mostly latency
     counts = np.where(dropless(plan), collective_time_s(cluster, Collective.ALL_GATHER, COUNT_BYTES * E, ep * etp, 1), 0.0)
-    probs = np.where(fused_engine, _all_to_all_s(cluster, PROB_BYTES * lam * copies, ep, etp, hier), 0.0)
+    # (the flex dispatcher carries the probabilities with the tokens)
+    probs = np.where(fused_engine & ~hier, collective_time_s(cluster, Collective.ALL_TO_ALL, PROB_BYTES * lam * copies,
+                                                              ep, etp), 0.0)
     a2a_bwd = 2.0 * a2a + etp_comm + probs
     a2a_fwd = a2a_bwd + counts
     shared = np.where(shared_expert_overlap(model, plan), sh_up + sh_down, 0.0)

@@ -28,6 +28,10 @@ Mapping (paraplan -> Megatron-LM):
   `--pipeline-model-parallel-layout`, one `E`/`t`/`L` string per virtual stage (Megatron-Core
   PipelineParallelLayerLayout; Megatron-Bridge's DeepSeek-V3 recipes lay out its 61 layers so).
 - CP: `--cp-comm-type` p2p (ring), all_gather or a2a (Ulysses), Transformer Engine's names.
+- MoE dispatch: the flat all-to-all -> `--moe-token-dispatcher-type alltoall`; the deduplicating
+  one (`a2a_hierarchical`) -> `flex` with `--moe-flex-dispatcher-backend deepep` (DeepEP must be
+  installed; Megatron-Bridge takes HybridEP on GB200/GB300 NVL72, the same traffic); DeepSeek's
+  group-limited routing -> `--moe-router-num-groups G --moe-router-group-topk M`.
 - Activation offload: `--cpu-offloading-num-layers k` (Megatron-Core's layer-level CPU
   offloading), which runs with one pipeline stage, no recomputation and k below the model's
   layers only.
@@ -102,7 +106,6 @@ SUPPORT = EngineSupport(
     # (a searched set of ops is exported where pinned and --recompute-modules expresses it)
     limits=SpaceLimits(schedules=(Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B),
                        recomputes=tuple(r for r in Recompute if r is not Recompute.SET),
-                       hierarchical_a2a=False,
                        engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
                                                                    | _offload_refused(batch)
                                                                    | _grad_compression_refused(batch)
@@ -154,8 +157,6 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if bool(_ep_overlap_mtp_refused(plan, model)):
         raise unsupported(ENGINE, "ep_overlap", True, f"EP overlap with {model.mtp_layers} MTP layer(s) only for "
                           "1 MTP layer and PP > 1 (Megatron-Core's --overlap-moe-expert-parallel-comm)")
-    if plan.a2a_hierarchical:
-        raise unsupported(ENGINE, "a2a_hierarchical", True, "the alltoall dispatcher's flat all-to-all")
     if bool(_activation_offload_refused(plan, model)):
         raise unsupported(ENGINE, "activation_offload_layers", plan.activation_offload_layers,
                           f"1 to {model.num_layers - 1} with PP=1 and recompute none (Megatron-Core's "
@@ -258,10 +259,19 @@ def _model_args(model: ModelSpec, workload: Workload) -> list[str]:
                               for j in range(model.num_layers - dense)]
         a += ["--num-experts", model.num_experts, "--moe-router-topk", model.top_k,
               "--moe-ffn-hidden-size", model.moe_ffn_hidden_size, "--moe-layer-freq", str(freq).replace(" ", ""),
-              "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+              "--moe-grouped-gemm"]
         if model.shared_expert_ffn_hidden_size:
             a += ["--moe-shared-expert-intermediate-size", model.shared_expert_ffn_hidden_size]
+        if model.group_limited:  # DeepSeek's group-limited routing (ModelSpec.expert_groups)
+            a += ["--moe-router-num-groups", model.expert_groups, "--moe-router-group-topk", model.group_top_k]
     return a
+
+
+def _dispatch_args(plan: Plan) -> list[str]:
+    """The MoE dispatcher: the flex dispatcher's DeepEP backend for the deduplicating dispatch
+    paraplan prices (plan.a2a_hierarchical), else the alltoall dispatcher's flat all-to-all."""
+    return (["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+            if plan.a2a_hierarchical else ["--moe-token-dispatcher-type", "alltoall"])
 
 
 def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
@@ -282,6 +292,7 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
         a.append("--tp-comm-overlap")
     if model.is_moe:
         a += ["--expert-model-parallel-size", plan.ep, "--expert-tensor-parallel-size", plan.etp]
+        a += _dispatch_args(plan)
         if plan.capacity_factor is not None:
             a += ["--moe-expert-capacity-factor", plan.capacity_factor, "--moe-pad-expert-input-to-capacity"]
         if plan.ep_overlap:

@@ -79,8 +79,9 @@ class Plan:
                               help="with grad_compression=powersgd: the rank r of P and Q")
     tp_overlap: bool = axis(False, flag="--tp-overlap")
     # MoE token dispatch: dropless (None; MegaBlocks) or token dropping with each expert padded
-    # to capacity_factor × its mean load (GShard / Switch); and the all-to-all algorithm, flat
-    # or two-dimensional hierarchical (Tutel: intra-node first, then across nodes).
+    # to capacity_factor × its mean load (GShard / Switch); and the dispatch, a flat all-to-all
+    # of every routed copy (Megatron-Core's alltoall dispatcher) or deduplicated, each token once
+    # per node over the network and once per GPU over NVLink (DeepEP; the flex dispatcher).
     capacity_factor: float | None = axis(None, flag="--capacity-factor", bounds=(1.0, None),
                                          column="capacity_factor_value")
     a2a_hierarchical: bool = axis(False, flag="--a2a-hierarchical")

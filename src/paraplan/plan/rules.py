@@ -84,7 +84,13 @@ def expert_rules(model: ModelSpec) -> list[Rule]:
          lambda P: "an MoE model with TP>1 needs sequence parallelism (Megatron-Core)"),
         Rule("a2a_ep", ("a2a_hierarchical", "ep"), True,
              lambda B: B.a2a_hierarchical & (B.ep == 1),
-         lambda P: "a hierarchical all-to-all needs EP>1 (at EP=1 experts exchange no tokens)"),
+         lambda P: "a deduplicated (hierarchical) dispatch needs EP>1 (at EP=1 experts exchange no tokens)"),
+        # the flex dispatcher (DeepEP) refuses --moe-pad-expert-input-to-capacity (Megatron-Core
+        # 0.16.1); priced over the EP group alone (it folds expert TP into its group)
+        Rule("a2a_flex", ("a2a_hierarchical", "capacity_factor_value", "etp"), True,
+             lambda B: B.a2a_hierarchical & ((B.capacity_factor_value != 0.0) | (B.etp > 1)),
+         lambda P: "the deduplicating (DeepEP) dispatch runs dropless and at ETP=1 (Megatron-Core's flex "
+                   f"dispatcher), not {'capacity factor ' + str(P.capacity_factor) if P.capacity_factor else f'ETP={P.etp}'}"),
         # the overlap runs one micro-batch's forward beside another's backward: Megatron-Core's
         # merged 1F1B pairs them without a pipeline or with interleaved stages, DualPipeV in its
         # steady-state actions; GPipe, breadth-first and the zero-bubble orders have no such pairs

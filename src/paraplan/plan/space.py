@@ -639,8 +639,9 @@ def expert_axes(cluster: ClusterSpec, limits: SpaceLimits, fixed: dict, layout: 
         Axis("ep", (), lambda: [x for x in divisors(ranks) if fixed.get("ep", x) == x
                                 and not (limits.max_ep and x > limits.max_ep)]),
         Axis("capacity_factor_value", (), lambda: [0.0 if cf is None else float(cf) for cf in limits.capacity_factors]),
+        # the deduplicating dispatch (DeepEP) at any EP > 1, ETP 1 (rules.py a2a_flex)
         Axis("a2a_hierarchical", ("ep", "etp"),
-             lambda ep, etp: (False, True) if ep * etp > cluster.gpus_per_node and limits.hierarchical_a2a else (False,)),
+             lambda ep, etp: (False, True) if ep > 1 and etp == 1 and limits.hierarchical_a2a else (False,)),
         Axis("ep_overlap", (), lambda: (False, True) if limits.ep_overlap else (False,)),
     ]
 

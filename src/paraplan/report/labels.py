@@ -60,7 +60,7 @@ def comm_detail(*, tp_s, cp_s, ep_s, pp_s, dp_s, sequence_parallel, cp_comm_type
         "TP " + ("all-gather+reduce-scatter" if np.all(sp) else "all-reduce" if not np.any(sp) else "collectives"): tp_s,
         # one exchange for the whole batch (an estimate): its own name
         CP_LABEL.get(int(np.min(cpc)) if np.min(cpc) == np.max(cpc) else -1, "CP K/V exchange"): cp_s,
-        "EP all-to-all" + (" (hierarchical)" if hierarchical_a2a else ""): ep_s,
+        "EP all-to-all" + (" (deduplicated)" if hierarchical_a2a else ""): ep_s,
         "PP send/recv": pp_s,
         "DP/ZeRO collectives": dp_s,
     }

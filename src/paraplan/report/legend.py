@@ -73,7 +73,7 @@ TERMS = (
        r"kept:[\d.]+B"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",
        r"cf[\d.e+-]+"),
-    _t("a2a:2d", "hierarchical all-to-all", "hierarchical MoE all-to-all: within a node, then across nodes"),
+    _t("a2a:2d", "deduplicated dispatch", "MoE dispatch once per node and GPU (DeepEP), not once per expert"),
     _t("epov", "EP all-to-all overlapped", "EP all-to-all overlapped with another micro-batch's compute"),
     _t("attn", "attention kernel", "attention kernel: unfused, flash2 (FlashAttention-2), flash3 "
        "(FlashAttention-3 / cuDNN)", r"attn:\S+"),

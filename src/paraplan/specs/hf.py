@@ -71,6 +71,8 @@ _SOURCE_KEYS = {
     "top_k": ("experts_per_token", "num_experts_per_tok"),
     "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "mtp_layers": ("num_nextn_predict_layers",),
+    "expert_groups": ("n_group",),
+    "group_top_k": ("topk_group",),
 }
 
 
@@ -155,6 +157,16 @@ def _layout_fields(c: _Config, is_moe: list[bool], key: str) -> dict:
     return {"num_dense_layers": layout[0], "moe_layer_interval": layout[1]}
 
 
+def _expert_group_fields(c: _Config) -> dict:
+    """Group-limited routing of a DeepSeek-family config: n_group groups, topk_group chosen per
+    token (DeepSeek-V2 "group_limited_greedy", V3 "noaux_tc"; modeling_deepseek.py MoEGate).
+    topk_method "greedy" routes over all experts whatever n_group says, as does n_group 1."""
+    groups, chosen = c.count("n_group"), c.count("topk_group")
+    if groups <= 1 or c.data.get("topk_method") == "greedy":
+        return {}
+    return {"expert_groups": groups, "group_top_k": chosen}
+
+
 def _moe_mla_fields(c: _Config, family: str, num_layers: int) -> dict:
     """ModelSpec's mixture-of-experts and latent-attention fields of an MoE family's config."""
     layers = range(num_layers)
@@ -189,7 +201,8 @@ def _moe_mla_fields(c: _Config, family: str, num_layers: int) -> dict:
                 **_layout_fields(c, is_moe, "moe_layer_freq" if freq > 1 else "first_k_dense_replace"),
                 # DeepSeek-V2 report Sec. 2.1: q_lora_rank null = full-rank query projection.
                 "q_lora_rank": c.count("q_lora_rank"), "kv_lora_rank": c.int_(("kv_lora_rank",)),
-                "head_dim": nope + rope, "qk_rope_head_dim": rope, "v_head_dim": c.int_(("v_head_dim",))}
+                "head_dim": nope + rope, "qk_rope_head_dim": rope, "v_head_dim": c.int_(("v_head_dim",)),
+                **_expert_group_fields(c)}
     if family == "llama4_text":
         # Llama4TextConfig: moe_layers defaults to every interleave_moe_layer_step-th layer,
         # range(step - 1, l, step); each MoE layer adds one shared expert of intermediate_size.

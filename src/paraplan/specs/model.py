@@ -49,6 +49,11 @@ class ModelSpec:
     shared_expert_ffn_hidden_size: int = 0  # f_sh, all shared experts together (0: none)
     num_dense_layers: int = 0       # l_d leading layers with the dense MLP of ffn_hidden_size
     moe_layer_interval: int = 1     # after them, every i-th layer is MoE (the others dense)
+    # group-limited routing (DeepSeek-V2 report Sec. 2.2.3, device-limited; DeepSeek-V3 report
+    # Sec. 2.1.2, node-limited: config.json n_group / topk_group): the E experts in G equal
+    # groups, each token routed among the experts of its best M groups (0, or 1 and 1: no limit)
+    expert_groups: int = 0          # G
+    group_top_k: int = 0            # M
     # ---- multi-head latent attention (kv_lora_rank 0: standard MHA/GQA) ----
     q_lora_rank: int = 0            # r_q (0: full-rank query projection)
     kv_lora_rank: int = 0           # r_kv
@@ -81,7 +86,8 @@ class ModelSpec:
             raise SpecError(where, "num_kv_heads", self.num_kv_heads,
                             f"must divide num_heads={self.num_heads} (MHA: equal; GQA: a divisor; MQA: 1)")
         for f in ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
-                  "num_dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
+                  "num_dense_layers", "expert_groups", "group_top_k", "q_lora_rank", "kv_lora_rank",
+                  "qk_rope_head_dim", "v_head_dim",
                   "sliding_window", "num_sliding_window_layers", "mtp_layers"):
             v = getattr(self, f)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -118,11 +124,34 @@ class ModelSpec:
                 raise SpecError(where, "moe_layer_interval", self.moe_layer_interval,
                                 f"leaves no MoE layer among the {self.num_layers - self.num_dense_layers} layers "
                                 f"after the {self.num_dense_layers} dense ones")
-        elif self.top_k or self.moe_ffn_hidden_size or self.shared_expert_ffn_hidden_size:
-            raise SpecError(where, "num_experts", 0, "top_k / moe_ffn_hidden_size / shared experts need num_experts > 0")
+            self._check_expert_groups(where)
+        elif self.top_k or self.moe_ffn_hidden_size or self.shared_expert_ffn_hidden_size or self.expert_groups:
+            raise SpecError(where, "num_experts", 0,
+                            "top_k / moe_ffn_hidden_size / shared experts / expert_groups need num_experts > 0")
         if self.kv_lora_rank and self.qk_rope_head_dim >= self.head_dim:
             raise SpecError(where, "qk_rope_head_dim", self.qk_rope_head_dim,
                             f"must be below head_dim={self.head_dim} (head_dim = nope + rope widths)")
+
+    def _check_expert_groups(self, where: str) -> None:
+        """Group-limited routing: G divides E, 1 <= M <= G, and M groups hold the top-k experts."""
+        G, M = self.expert_groups, self.group_top_k
+        if bool(G) != bool(M):
+            raise SpecError(where, "group_top_k" if G else "expert_groups", M if G else G,
+                            "expert_groups and group_top_k are given together (both 0: no group limit)")
+        if not G:
+            return
+        if self.num_experts % G:
+            raise SpecError(where, "expert_groups", G, f"must divide num_experts={self.num_experts}")
+        if not 1 <= M <= G:
+            raise SpecError(where, "group_top_k", M, f"must be in 1..expert_groups={G}")
+        if M * (self.num_experts // G) < self.top_k:
+            raise SpecError(where, "group_top_k", M, f"{M} groups of {self.num_experts // G} experts cannot hold "
+                            f"top_k={self.top_k}: at least {-(-self.top_k // (self.num_experts // G))}")
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether routing is limited to some of the expert groups (G > 1)."""
+        return self.expert_groups > 1
 
     # ---- parameter counts (weights only; biases and norms are counted, see docs/model.md) ----
     def tp_splits_heads_badly(self, tp):

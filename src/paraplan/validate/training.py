@@ -82,6 +82,29 @@ def _megatron_default_dropout(row: dict) -> bool:
     return any(float(r) > 0.0 for r in rates) if rates else True
 
 
+# EP overlap where a row names it (Megatron-Core --overlap-moe-expert-parallel-comm,
+# Megatron-Bridge comm_overlap.overlap_moe_expert_parallel_comm / moe_a2a_overlap)
+_EP_OVERLAP = re.compile(r"overlap[-_ ]moe[-_ ]expert[-_ ]parallel[-_ ]comm|moe[-_ ]a2a[-_ ]overlap|\b(ep|a2a|all-to-all)"
+                         r"[- ]overlap", re.IGNORECASE)
+# the dispatcher where a row names it: the alltoall dispatcher's flat all-to-all, or the flex
+# dispatcher's deduplicating one (DeepEP, HybridEP)
+_FLAT_DISPATCH = re.compile(r"\balltoall dispatcher|dispatcher[ :=]*alltoall", re.IGNORECASE)
+_DEDUP_DISPATCH = re.compile(r"\bflex dispatcher|dispatcher[ :=]*flex|deepep|hybridep", re.IGNORECASE)
+
+
+def _moe_dispatch(row: dict) -> dict:
+    """The MoE dispatch a row's run may have used (SpaceLimits fields): the flat or the
+    deduplicating dispatch as its notes name it, else either (searched); EP overlap only where
+    they name it. Megatron-Core's default is off (transformer_config.py,
+    overlap_moe_expert_parallel_comm = False, 0.16.1), as in Megatron-Bridge's recipes
+    (`# cfg.comm_overlap.overlap_moe_expert_parallel_comm = False`, 0.4.0) and in all but a few
+    of its published performance recipes (perf_recipes/, 0.6.0: Qwen3-235B and Qwen3-30B on H100,
+    DeepSeek-V3 MXFP8/NVFP4 on B200, GPT-OSS on GB200); the eager engines have none."""
+    text = (row.get("framework") or "") + " " + (row.get("notes") or "")
+    flat, dedup = bool(_FLAT_DISPATCH.search(text)), bool(_DEDUP_DISPATCH.search(text))
+    return {"hierarchical_a2a": dedup or not flat, "ep_overlap": bool(_EP_OVERLAP.search(text))}
+
+
 def _is_composer(row: dict) -> bool:
     """MosaicML llm-foundry / Composer: PyTorch FSDP with non-reentrant activation checkpointing."""
     fw = row.get("framework", "").lower()
@@ -512,7 +535,7 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms,
-                         rank_orders=orders)
+                         rank_orders=orders, **_moe_dispatch(row))
     if titan:
         limits = torchtitan_limits(row, limits)
     elif _is_eager_deepspeed(row):

@@ -40,8 +40,8 @@ _MODEL_REQUIRED = ("name", "num_layers", "hidden_size", "ffn_hidden_size", "num_
 # non-negative integers, 0 (not used) when
 # absent; moe_layer_interval is positive and 1 when absent (see ModelSpec).
 _MODEL_MOE_MLA = ("num_experts", "top_k", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size",
-                  "num_dense_layers", "moe_layer_interval", "q_lora_rank", "kv_lora_rank",
-                  "qk_rope_head_dim", "v_head_dim",
+                  "num_dense_layers", "moe_layer_interval", "expert_groups", "group_top_k",
+                  "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
                   "sliding_window", "num_sliding_window_layers", "mtp_layers")
 _MODEL_ROPE = ("rope_theta", "rope_llama3_scaling_factor")  # positive numbers, 0 (not stated) when absent
 _MODEL_OPTIONAL = ("head_dim", "max_seq_len") + _MODEL_MOE_MLA + _MODEL_ROPE + ("source", "aliases")
