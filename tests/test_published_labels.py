@@ -192,3 +192,21 @@ def test_torchtitans_layer_checkpointing_recomputes_every_nth_block():
         setup = row_setup(r, "rows.csv", 2)
         est, _ = best_estimate(r, setup, row_cluster(setup))
         assert est.plan.recompute is Recompute.FIRST_K and est.plan.recompute_num_layers == layers
+
+
+def _grok_row(**cells):
+    """train-held-pub-118 of training_dev_more.csv (Grok-1 on 128 GB200, NeMo 25.04), as published."""
+    rows = {r["id"]: r for r in csv.DictReader((VALIDATION / "training_dev_more.csv").open())}
+    return {**rows["train-held-pub-118"], **cells}
+
+
+def test_moe_row_reads_its_expert_tp_dispatch_and_ep_overlap():
+    """ETP as the notes state it ("ETP=4") is pinned; EP overlap only where the notes name it
+    (Megatron-Core's default is off, and NeMo 25.04's Megatron-Core 0.12 had none); the dispatch
+    is searched unless they name one."""
+    setup = row_setup(_grok_row(), "rows.csv", 2)
+    assert setup.fixed["etp"] == 4 and setup.limits.ep_overlap is False and setup.limits.hierarchical_a2a
+    named = row_setup(_grok_row(notes="ETP=1; --overlap-moe-expert-parallel-comm; alltoall dispatcher"),
+                      "rows.csv", 2)
+    assert named.fixed["etp"] == 1 and named.limits.ep_overlap and not named.limits.hierarchical_a2a
+    assert row_setup(_grok_row(notes="flex dispatcher (DeepEP)"), "rows.csv", 2).limits.hierarchical_a2a

@@ -447,6 +447,9 @@ def _row_fixed(row: dict, c: dict, titan: bool, gbs: int) -> tuple[dict, int]:
                      ("micro_batch", "micro_batch_size")):
         if c[col] is not None:
             fixed[key] = c[col]
+    etp = re.search(r"\bETP\s*=\s*(\d+)", row.get("notes") or "")  # expert TP, as the notes state it
+    if etp and (c["num_experts"] or 0) > 0:
+        fixed["etp"] = int(etp.group(1))
     if titan and (c["pp"] or 1) > 1:
         fixed.pop("micro_batch_size", None)  # the local batch, split into pipeline micro-batches:
         fixed.update(_torchtitan_pipeline_default(row, c))
