@@ -4,9 +4,8 @@ Notation: n group size, B bytes of the full buffer (all-reduce / all-gather outp
 reduce-scatter input), g members of the group inside one node (NVLink domain), N nodes
 spanned inside one island, I islands spanned. Ring algorithms (Patarasuk & Yuan 2009;
 NCCL): reduce-scatter and all-gather move (n−1)/n·B per rank, all-reduce 2(n−1)/n·B.
-Hierarchical (NCCL's tree/ring over rails): the NVLink
-step moves (g−1)/g·B, the network step (N−1)/N·B/g per GPU over its own NIC, the
-data-center step (I−1)/I·B/(g·N). Each step adds latency α per ring hop and runs at the
+Hierarchical (NCCL's tree/ring over rails): the NVLink step moves (g−1)/g·B, the network
+step (N−1)/N·B/g per GPU over its own NIC, the data-center step (I−1)/I·B/(g·N). Each step adds latency α per ring hop and runs at the
 tier's bus bandwidth × efficiency(message bytes) (curves from calibration; all-gather and
 reduce-scatter have curves of their own where a calibration measured them apart).
 

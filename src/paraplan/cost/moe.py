@@ -18,10 +18,11 @@ Per MoE layer and micro-batch, on the busiest rank:
              combine the same back (Megatron-Core's alltoall dispatcher: one message per
              copy); or, deduplicated (plan.a2a_hierarchical: the flex dispatcher, DeepEP),
              each of the λ·T_r tokens once per node and GPU it needs, the distinct ones
-             fewer than k (units_hit; fewer still under group-limited routing); with etp > 1 an all-gather / reduce-scatter of the
-             received tokens inside the ETP group (Megatron-Core "parallel folding"); when
-             dropless the per-expert token counts exchanged first, and (Megatron-Core) the
-             copies' router probabilities in an all-to-all of their own;
+             fewer than k (units_hit; fewer still under group-limited routing); with
+             etp > 1 an all-gather / reduce-scatter of the received tokens inside the ETP
+             group (Megatron-Core "parallel folding"); when dropless the per-expert token
+             counts exchanged first, and (Megatron-Core's alltoall dispatcher) the copies'
+             router probabilities in an all-to-all of their own;
   experts    E/ep local experts, each a GEMM of M_e = λ·etp·ep·T_r·k/E rows against
              h × n_mat·f_e/etp at the efficiency of that size, one launch each (Transformer
              Engine's GroupedLinear issues one cuBLAS GEMM per local expert);
@@ -133,9 +134,8 @@ def units_hit(model: ModelSpec, units):
     among the M·E/G experts of the chosen groups, spanning M·U/G units. Vectorized over U."""
     E, k = float(model.num_experts), model.top_k
     U = _f(units)
-    free = U * (1.0 - _miss_share(E, E / U, k))
     if not model.group_limited:
-        return free
+        return U * (1.0 - _miss_share(E, E / U, k))
     G, M = float(model.expert_groups), model.group_top_k
     whole = U * (1.0 - _miss_share(G, G / np.minimum(U, G), M))
     pool = M * E / G
