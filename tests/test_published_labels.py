@@ -210,3 +210,20 @@ def test_moe_row_reads_its_expert_tp_dispatch_and_ep_overlap():
                       "rows.csv", 2)
     assert named.fixed["etp"] == 1 and named.limits.ep_overlap and not named.limits.hierarchical_a2a
     assert row_setup(_grok_row(notes="flex dispatcher (DeepEP)"), "rows.csv", 2).limits.hierarchical_a2a
+
+
+def test_nemo_performance_recipes_drop_tokens_for_the_models_they_cover():
+    """NeMo 2's performance recipes of Mixtral, Llama 4, DeepSeek-V3 and Qwen3 add
+    MegatronTokenDropCallback (capacity factor 1.0, padded); NeMo has no Grok-1 recipe, and
+    Megatron-Bridge's rows say where theirs drop tokens."""
+    def factors(**cells):
+        moe = {} if "model" not in cells else {"layers": "", "top_k": "", "moe_ffn_hidden": ""}
+        return row_setup(_grok_row(**{**moe, **cells}), "rows.csv", 2).limits.capacity_factors
+
+    assert factors() == (None,)  # Grok-1 in NeMo 25.04: no NeMo recipe says
+    assert factors(model="Mixtral-8x7B") == (1.0,)
+    assert factors(model="DeepSeek-V3", num_experts="256", notes="ETP=1") == (1.0,)
+    assert factors(model="Mixtral-8x7B", framework="NeMo 23.11 (NeMo 1.0)") == (None,)  # before NeMo 2's recipes
+    bridge = "Megatron-Bridge / Megatron-Core (NeMo 26.02)"
+    assert factors(model="Qwen3_30B_a3B", num_experts="128", framework=bridge, notes="ETP=1") == (None,)
+    assert factors(model="Qwen3_30B_a3B (tokendrop)", num_experts="128", framework=bridge, notes="ETP=1") == (1.0,)

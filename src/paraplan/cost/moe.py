@@ -190,7 +190,8 @@ class MoELayerCosts:
     last_gemm_s: object        # the expert + shared down-projections (skipped by early stop)
     expert_gemm_fwd_s: object  # grouped expert GEMMs alone (for the breakdown)
     imbalance_fwd_s: object    # part of the forward expert time due to λ > 1
-    shared_up_s: object        # shared experts' column-parallel GEMM (TP async backward)
+    shared_up_s: object        # shared experts' column-parallel GEMM (TP async backward, TP overlap)
+    shared_down_s: object      # shared experts' row-parallel GEMM (TP overlap)
     a2a_fwd_s: object          # dispatch + combine (+ ETP gather/scatter), full time
     a2a_fwd_exposed_s: object
     a2a_bwd_s: object
@@ -276,7 +277,7 @@ def moe_layer_costs(model: ModelSpec, cluster: ClusterSpec, workload: Workload, 
     return MoELayerCosts(
         act_fn_out_bytes=act_out, act_fn_fwd_s=act_ew, sort_s=sort,
         fwd_compute_s=fwd, bwd_compute_s=bwd, wgrad_s=wgrad, last_gemm_s=g_down + sh_down,
-        expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up,
+        expert_gemm_fwd_s=experts, imbalance_fwd_s=experts - experts_1, shared_up_s=sh_up, shared_down_s=sh_down,
         a2a_fwd_s=a2a_fwd, a2a_fwd_exposed_s=a2a_fwd_exp, a2a_bwd_s=a2a_bwd, a2a_bwd_exposed_s=a2a_bwd_exp,
         activation_bytes=stored)
 

@@ -1,7 +1,7 @@
 """Tensor-parallel communication of one layer per micro-batch, and the SP norm-gradient all-reduce.
 
-TP collectives are exposed, unless TP overlap (TE userbuffers) hides them behind the layer's
-GEMMs; the first of t chunks is never hidden.
+TP collectives are exposed, unless TP overlap (TE userbuffers, torch's micro-pipeline TP)
+hides each behind the GEMM it is fused with; the first of t chunks is never hidden.
 
 Legend: t tensor-parallel degree, T tokens per micro-batch on one CP rank, h hidden size,
 L_s layers of the critical stage, m micro-batches per step.
@@ -51,7 +51,7 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     gpu = cluster.gpu
     t, T, sp = lay.tp, lay.tokens_per_microbatch, lay.sequence_parallel
     w_moe, w_dense = lay.moe_layer_share, lay.dense_layer_share
-    gemms_fwd, fused = lc.gemms_forward_s, lc.fused
+    fused = lc.fused
     has_shared = 1.0 if model.shared_expert_ffn_hidden_size else 0.0
     act_bytes_full = lay.act_bytes_per_element * T * model.hidden_size  # one [T, h] activation, the TP buffer
     ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
@@ -70,13 +70,26 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
                          0.0)
     tp_bwd = tp_fwd + extra_col * ar
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
-    tp_fwd_exp = np.where(tpov, np.maximum(tp_fwd - gemms_fwd, tp_fwd / t), tp_fwd)
+    # TP overlap hides each collective behind the GEMM it is fused with, not behind the layer's
+    # GEMMs at large: the all-gather behind the column-parallel GEMM that consumes it (QKV, MLP
+    # up), the reduce-scatter behind the row-parallel GEMM that feeds it (out, MLP down) --
+    # Transformer Engine's userbuffers split each such GEMM over the ring's steps (Wang et al.,
+    # ASPLOS 2023, "Overlap communication with dependent computation"), as torch's micro-pipeline
+    # TP does; the first of t chunks is never hidden
+    sh_up = mc.shared_up_s if mc else 0.0 * lay.stage_layers
+    sh_down = mc.shared_down_s if mc else 0.0 * lay.stage_layers
+    mlp_blocks = ((w_dense, lc.up_gemm_s, lc.down_gemm_s), (w_moe * has_shared, sh_up, sh_down))
+
+    def exposed(c, g):
+        return np.maximum(c - g, c / t)
+
+    tp_fwd_exp = np.where(tpov, exposed(ag, lc.qkv_gemm_s) + exposed(rs, lc.out_gemm_s)
+                          + sum(wt * (exposed(ag, up) + exposed(rs, down)) for wt, up, down in mlp_blocks), tp_fwd)
     # Backward without TP overlap: Megatron runs the input-gradient reduction of each
     # column-parallel layer (QKV, MLP up) asynchronously beside its weight-gradient GEMM
     # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
     # Sec. 4.2.2 for the SP reduce-scatter). With SP the all-gather of the output gradient
     # before each row-parallel layer stays exposed.
-    sh_up = mc.shared_up_s if mc else 0.0 * lay.stage_layers
     col_wgrad = ((1.0, lc.qkv_gemm_s), (w_dense, lc.up_gemm_s), (w_moe * has_shared, sh_up))
     async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w in col_wgrad)
     async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
@@ -89,9 +102,18 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # one per block whose input feeds several column-parallel GEMMs (`fuse_matmul_reduce_scatter`
     # finds no producer matmul). Transformer Engine's userbuffers (fused_kernels) overlap it.
     attn_single, mlp_single = single_matmul_input_grads(model)
-    summed_grad_blocks = (1.0 - attn_single) + n_mlp_blk * (1.0 - mlp_single)
-    unfused_rs = np.where(~fused & sp, summed_grad_blocks, 0.0) * rs
-    tp_bwd_exp = np.where(tpov, np.maximum(tp_bwd - unfused_rs - lc.gemms_backward_s, (tp_bwd - unfused_rs) / t) + unfused_rs,
+    # in the backward each block's gather (of the output gradient) hides behind the row-parallel
+    # GEMM's data-gradient pass that consumes it, its reduce-scatter (of the input gradient)
+    # behind the column-parallel one's that feeds it -- unless unfused (a sum, above); the
+    # weight-gradient GEMMs need the gathered tensors and come after
+    unfused_attn, unfused_mlp = (np.where(~fused & sp, 1.0 - single, 0.0) for single in (attn_single, mlp_single))
+
+    def rs_bwd(g_col, unfused):
+        return unfused * rs + (1.0 - unfused) * exposed(rs, g_col)
+
+    tpov_bwd = (exposed(ag, lc.out_gemm_s) + rs_bwd(lc.qkv_gemm_s, unfused_attn)
+                + sum(wt * (exposed(ag, down) + rs_bwd(up, unfused_mlp)) for wt, up, down in mlp_blocks))
+    tp_bwd_exp = np.where(tpov, tpov_bwd,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
     # the presets): spent on the issuing host, hidden by nothing

@@ -250,9 +250,28 @@ def model_preset(name: str) -> ModelSpec | None:
     return None
 
 
-def _token_drop(row: dict) -> bool:
+# The MoE models whose NeMo 2 performance recipes drop tokens: MegatronTokenDropCallback
+# (capacity factor 1.0, expert inputs padded to capacity; it asserts the alltoall dispatcher) in
+# the performance mode of NeMo's Mixtral recipes (nemo_toolkit 2.0.0 on, the 24.09 containers)
+# and Llama 4 recipes (2.3.0 on), in scripts/performance/llm/pretrain_deepseek_v3.py
+# (USE_TOKEN_DROP = True, 2.3.0 on) and pretrain_qwen3_*.py (2.4.0 on); NeMo has no Grok-1 recipe
+NEMO_TOKEN_DROP_MODELS = ("mixtral-8x7b", "mixtral-8x22b", "llama4-maverick", "llama4-scout", "deepseek-v3",
+                          "qwen3-235b-a22b", "qwen3-30b-a3b")
+# a NeMo 2 container as rows name it ("NeMo 25.04.01 (dgxc v25.05.04)", "NeMo 25.02 (NeMo 2.0 /
+# Megatron-Core)"); Megatron-Bridge's rows ("... (NeMo 26.02)") run its own recipes
+_NEMO_CONTAINER = re.compile(r"^nemo (\d\d)\.(\d\d)")
+
+
+def _token_drop(row: dict, model: ModelSpec) -> bool:
+    """Whether the row's MoE run dropped tokens at capacity factor 1.0, padded: its model or
+    notes say so (Megatron-Bridge's token-drop recipes), or it ran NeMo 2's performance recipe
+    of a model that drops tokens (NEMO_TOKEN_DROP_MODELS, from 24.09 on)."""
     text = (row.get("model", "") + " " + row.get("notes", "")).lower()
-    return "tokendrop" in text or "token-drop" in text or "token drop" in text
+    if "tokendrop" in text or "token-drop" in text or "token drop" in text:
+        return True
+    container = _NEMO_CONTAINER.match((row.get("framework") or "").strip().lower())
+    return bool(container) and (int(container[1]), int(container[2])) >= (24, 9) \
+        and model.name in NEMO_TOKEN_DROP_MODELS
 
 
 def _enum_cell(row: dict, column: str, enum, blank: str, path: str, line: int):
@@ -497,7 +516,7 @@ def _cp_exchanges(c: dict, titan: bool) -> tuple[CPCommType, ...]:
     return (CPCommType.ALL_GATHER,) if c["cp"] is not None and c["cp"] > 1 else (CPCommType.P2P, CPCommType.ALL_GATHER)
 
 
-def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
+def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
     """The search space the row's engine and labels allow."""
     # no published row recomputes a searched set of ops (Recompute.SET): only where it says so
     recomputes = ((c["recompute"],) if c["recompute"] is not None
@@ -536,8 +555,8 @@ def _row_limits(row: dict, c: dict, fixed: dict, legacy: bool, titan: bool) -> S
                          tp_overlap=(False,) if legacy else (False, True),
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
-                         # Megatron-Bridge token-drop recipes: capacity factor 1.0, padded
-                         capacity_factors=(1.0,) if _token_drop(row) else (None,), cp_comm_types=cp_comms,
+                         # token-drop recipes: capacity factor 1.0, padded
+                         capacity_factors=(1.0,) if _token_drop(row, model) else (None,), cp_comm_types=cp_comms,
                          rank_orders=orders, **_moe_dispatch(row))
     if titan:
         limits = torchtitan_limits(row, limits)
@@ -569,7 +588,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                   expandable_segments=expandable_segments(row), **({"moe_imbalance": 1.0} if balanced else {}))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
-    limits = _row_limits(row, c, fixed, legacy, titan)
+    limits = _row_limits(row, model, c, fixed, legacy, titan)
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")

@@ -1,0 +1,46 @@
+"""TP overlap hides each collective behind the GEMM it is fused with (cost/tp.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from paraplan.cost.layer_compute import layer_compute
+from paraplan.cost.layout import layout
+from paraplan.cost.tp import tp_comm
+from paraplan.plan.plan import make_plan
+from paraplan.specs.catalog import load_cluster, load_model
+from paraplan.specs.workload import Workload
+
+
+def _tp(model_name, **kw):
+    model, cluster = load_model(model_name), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=64, seq_len=8192)
+    plan = make_plan(tp=8, dp=1, micro_batch_size=8, sequence_parallel=True, **kw)
+    lay = layout(model, wl, plan)
+    lc = layer_compute(cluster.gpu, model, wl, plan, lay, None)
+    return tp_comm(cluster, model, plan, lay, lc, None), lc
+
+
+def test_each_collective_hides_only_behind_its_own_gemm():
+    """Llama 3 8B at TP 8: the gathers and scatters around attention outlast its narrow QKV and
+    out-projection GEMMs, while the MLP's GEMMs outlast theirs. The layer's GEMMs together would
+    hide every collective; paired, the attention block's excess stays exposed."""
+    tp, lc = _tp("llama3-8b", tp_overlap=True)
+    ag, rs, t = float(np.ravel(tp.all_gather_s)[0]), float(np.ravel(tp.reduce_scatter_s)[0]), 8.0
+    qkv, out, up, down = (float(np.ravel(x)[0]) for x in (lc.qkv_gemm_s, lc.out_gemm_s, lc.up_gemm_s, lc.down_gemm_s))
+    assert ag > qkv and rs > out and up > ag and down > rs
+    paired = (ag - qkv) + (rs - out) + ag / t + max(rs - down, rs / t)
+    assert float(np.ravel(tp.forward_exposed_s)[0]) == pytest.approx(paired, rel=1e-9)
+    whole_layer = max(2 * (ag + rs) - float(np.ravel(lc.gemms_forward_s)[0]), 2 * (ag + rs) / t)
+    assert float(np.ravel(tp.forward_exposed_s)[0]) > whole_layer
+    # the backward's gather and scatter pair with the data-gradient GEMMs the same way
+    assert float(np.ravel(tp.backward_exposed_s)[0]) == pytest.approx(paired, rel=1e-9)
+
+
+def test_overlap_never_exposes_more_than_no_overlap():
+    for name in ("llama3-8b", "llama3-70b"):
+        over, _ = _tp(name, tp_overlap=True)
+        plain, _ = _tp(name, tp_overlap=False)
+        assert float(np.ravel(over.forward_exposed_s)[0]) <= float(np.ravel(plain.forward_exposed_s)[0])
+        assert float(np.ravel(over.forward_exposed_s)[0]) >= float(np.ravel(over.forward_s)[0]) / 8 - 1e-12
