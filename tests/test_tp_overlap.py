@@ -44,3 +44,30 @@ def test_overlap_never_exposes_more_than_no_overlap():
         plain, _ = _tp(name, tp_overlap=False)
         assert float(np.ravel(over.forward_exposed_s)[0]) <= float(np.ravel(plain.forward_exposed_s)[0])
         assert float(np.ravel(over.forward_exposed_s)[0]) >= float(np.ravel(over.forward_s)[0]) / 8 - 1e-12
+
+
+def test_mla_gathers_its_latents_not_the_hidden_state():
+    """Under MLA with SP, Megatron-Core runs the down-projections on the sequence shard and
+    gathers the latents c_Q, c_KV and the RoPE key (1,536 + 512 + 64 wide for DeepSeek-V3)
+    before the up-projections, not the 7,168-wide hidden state; the out-projection still
+    reduce-scatters [T, h]."""
+    from paraplan.cost.comm import Collective, collective_time_s
+    from paraplan.cost.tp import attention_gather_widths
+
+    model, cluster = load_model("deepseek-v3"), load_cluster("dgx-h100", num_gpus=8)
+    assert attention_gather_widths(model) == (1536, 512, 64)
+    assert attention_gather_widths(load_model("llama3-8b")) == (4096,)
+    wl = Workload(global_batch_size=64, seq_len=4096)
+    plan = make_plan(tp=8, dp=1, ep=1, micro_batch_size=1, sequence_parallel=True)
+    lay = layout(model, wl, plan)
+    tp = tp_comm(cluster, model, plan, lay, layer_compute(cluster.gpu, model, wl, plan, lay, None), None)
+    row = float(np.ravel(lay.act_bytes_per_element)[0]) * 4096
+
+    def coll(kind, width):
+        return float(np.ravel(collective_time_s(cluster, kind, row * width, 8, 1))[0])
+
+    attn = sum(coll(Collective.ALL_GATHER, w) for w in (1536, 512, 64)) + coll(Collective.REDUCE_SCATTER, 7168)
+    blocks = float(np.ravel(tp.blocks)[0])  # attention, and the dense or shared-expert MLP share
+    mlp = (blocks - 1.0) * (coll(Collective.ALL_GATHER, 7168) + coll(Collective.REDUCE_SCATTER, 7168))
+    assert float(np.ravel(tp.forward_s)[0]) == pytest.approx(attn + mlp, rel=1e-9)
+    assert attn < coll(Collective.ALL_GATHER, 7168) + coll(Collective.REDUCE_SCATTER, 7168)

@@ -29,6 +29,18 @@ def tp_collectives_per_pass(sp, blocks):
     return np.where(sp, 2.0, 1.0) * blocks
 
 
+def attention_gather_widths(model: ModelSpec) -> tuple[int, ...]:
+    """Per-token widths sequence parallelism gathers before attention's column-parallel GEMMs
+    (and reduce-scatters the gradients of): the hidden state; under MLA the latents the
+    up-projections read -- c_Q (r_q; the hidden state without a query LoRA, which the full-rank
+    query projection reads), c_KV (r_kv) and the shared RoPE key (d_r) -- its down-projections
+    running on the sequence shard with weights duplicated over TP (Megatron-Core 0.16.1
+    multi_latent_attention.py, `parallel_mode='duplicated'`, get_query_key_value_tensors)."""
+    if not model.is_mla:
+        return (model.hidden_size,)
+    return (model.q_lora_rank or model.hidden_size, model.kv_lora_rank, model.qk_rope_head_dim)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TPComm:
     """A layer's TP collectives per micro-batch (seconds): full and exposed, forward and backward."""
@@ -57,18 +69,26 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
     rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, act_bytes_full, t, 1)
     ar = collective_time_s(cluster, Collective.ALL_REDUCE, act_bytes_full, t, 1)
+    # attention's gathers (and its input gradients' reduce-scatters), one per latent under MLA
+    row_bytes = lay.act_bytes_per_element * T
+    ag_attn = sum(collective_time_s(cluster, Collective.ALL_GATHER, row_bytes * w, t, 1)
+                  for w in attention_gather_widths(model))
+    rs_attn = sum(collective_time_s(cluster, Collective.REDUCE_SCATTER, row_bytes * w, t, 1)
+                  for w in attention_gather_widths(model))
     # one gather/reduce pair around attention and one around a dense MLP (or an MoE layer's
     # shared experts; its routed experts exchange tokens by all-to-all instead)
     n_blk = 1.0 + w_dense + w_moe * has_shared
-    tp_fwd = np.where(sp, n_blk * (ag + rs), n_blk * ar)
+    n_mlp_blk = w_dense + w_moe * has_shared
+    tp_fwd = np.where(sp, ag_attn + rs + n_mlp_blk * (ag + rs), n_blk * ar)
     # without SP each separate column-parallel projection all-reduces its own input gradient
     # (DTensor ColwiseParallel with a replicated input): wq, wk, wv and w1, w3 where Megatron's
     # fused QKV and gate/up reduce once each (7 all-reduces per layer against 4, counted in
     # paraplan run with torch's CommDebugMode); with SP one reduce-scatter per block either way
-    n_mlp_blk = w_dense + w_moe * has_shared
     extra_col = np.where(~fused & ~sp, np.where(model.is_mla, 0.0, 2.0) + n_mlp_blk * (model.num_mlp_matrices - 2.0),
                          0.0)
-    tp_bwd = tp_fwd + extra_col * ar
+    # (with SP the backward gathers the out-projection's output gradient, [T, h], and
+    # reduce-scatters attention's input gradients, at the widths gathered forward)
+    tp_bwd = np.where(sp, ag + rs_attn + n_mlp_blk * (ag + rs), n_blk * ar) + extra_col * ar
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
     # TP overlap hides each collective behind the GEMM it is fused with, not behind the layer's
     # GEMMs at large: the all-gather behind the column-parallel GEMM that consumes it (QKV, MLP
@@ -83,16 +103,16 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     def exposed(c, g):
         return np.maximum(c - g, c / t)
 
-    tp_fwd_exp = np.where(tpov, exposed(ag, lc.qkv_gemm_s) + exposed(rs, lc.out_gemm_s)
+    tp_fwd_exp = np.where(tpov, exposed(ag_attn, lc.qkv_gemm_s) + exposed(rs, lc.out_gemm_s)
                           + sum(wt * (exposed(ag, up) + exposed(rs, down)) for wt, up, down in mlp_blocks), tp_fwd)
     # Backward without TP overlap: Megatron runs the input-gradient reduction of each
     # column-parallel layer (QKV, MLP up) asynchronously beside its weight-gradient GEMM
     # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
     # Sec. 4.2.2 for the SP reduce-scatter). With SP the all-gather of the output gradient
     # before each row-parallel layer stays exposed.
-    col_wgrad = ((1.0, lc.qkv_gemm_s), (w_dense, lc.up_gemm_s), (w_moe * has_shared, sh_up))
-    async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w in col_wgrad)
-    async_rs = n_blk * ag + sum(wt * np.maximum(rs - w, 0.0) for wt, w in col_wgrad)
+    col_wgrad = ((1.0, lc.qkv_gemm_s, rs_attn), (w_dense, lc.up_gemm_s, rs), (w_moe * has_shared, sh_up, rs))
+    async_ar = sum(wt * np.maximum(ar - w, 0.0) for wt, w, _ in col_wgrad)
+    async_rs = n_blk * ag + sum(wt * np.maximum(c - w, 0.0) for wt, w, c in col_wgrad)
     tp_async = np.asarray(plan.tp_async_backward, dtype=bool)
     # TP overlap on an eager engine is torch's micro-pipeline TP (torchtitan's async TP:
     # torch/_inductor/fx_passes/micro_pipeline_tp.py, torch 2.13): it fuses an all-gather into
@@ -108,11 +128,11 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # weight-gradient GEMMs need the gathered tensors and come after
     unfused_attn, unfused_mlp = (np.where(~fused & sp, 1.0 - single, 0.0) for single in (attn_single, mlp_single))
 
-    def rs_bwd(g_col, unfused):
-        return unfused * rs + (1.0 - unfused) * exposed(rs, g_col)
+    def rs_bwd(c, g_col, unfused):
+        return unfused * c + (1.0 - unfused) * exposed(c, g_col)
 
-    tpov_bwd = (exposed(ag, lc.out_gemm_s) + rs_bwd(lc.qkv_gemm_s, unfused_attn)
-                + sum(wt * (exposed(ag, down) + rs_bwd(up, unfused_mlp)) for wt, up, down in mlp_blocks))
+    tpov_bwd = (exposed(ag, lc.out_gemm_s) + rs_bwd(rs_attn, lc.qkv_gemm_s, unfused_attn)
+                + sum(wt * (exposed(ag, down) + rs_bwd(rs, up, unfused_mlp)) for wt, up, down in mlp_blocks))
     tp_bwd_exp = np.where(tpov, tpov_bwd,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
