@@ -90,21 +90,9 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # reduce-scatters attention's input gradients, at the widths gathered forward)
     tp_bwd = np.where(sp, ag + rs_attn + n_mlp_blk * (ag + rs), n_blk * ar) + extra_col * ar
     tpov = np.asarray(plan.tp_overlap, dtype=bool)
-    # TP overlap hides each collective behind the GEMM it is fused with, not behind the layer's
-    # GEMMs at large: the all-gather behind the column-parallel GEMM that consumes it (QKV, MLP
-    # up), the reduce-scatter behind the row-parallel GEMM that feeds it (out, MLP down) --
-    # Transformer Engine's userbuffers split each such GEMM over the ring's steps (Wang et al.,
-    # ASPLOS 2023, "Overlap communication with dependent computation"), as torch's micro-pipeline
-    # TP does; the first of t chunks is never hidden
     sh_up = mc.shared_up_s if mc else 0.0 * lay.stage_layers
     sh_down = mc.shared_down_s if mc else 0.0 * lay.stage_layers
     mlp_blocks = ((w_dense, lc.up_gemm_s, lc.down_gemm_s), (w_moe * has_shared, sh_up, sh_down))
-
-    def exposed(c, g):
-        return np.maximum(c - g, c / t)
-
-    tp_fwd_exp = np.where(tpov, exposed(ag_attn, lc.qkv_gemm_s) + exposed(rs, lc.out_gemm_s)
-                          + sum(wt * (exposed(ag, up) + exposed(rs, down)) for wt, up, down in mlp_blocks), tp_fwd)
     # Backward without TP overlap: Megatron runs the input-gradient reduction of each
     # column-parallel layer (QKV, MLP up) asynchronously beside its weight-gradient GEMM
     # (Narayanan et al. SC'21 `--async-tensor-model-parallel-allreduce`; Korthikanti et al. 2022
@@ -121,18 +109,9 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     # wq, wk, wv (w1, w3) input gradients, not a matmul, so it is not fused and stays exposed:
     # one per block whose input feeds several column-parallel GEMMs (`fuse_matmul_reduce_scatter`
     # finds no producer matmul). Transformer Engine's userbuffers (fused_kernels) overlap it.
-    attn_single, mlp_single = single_matmul_input_grads(model)
-    # in the backward each block's gather (of the output gradient) hides behind the row-parallel
-    # GEMM's data-gradient pass that consumes it, its reduce-scatter (of the input gradient)
-    # behind the column-parallel one's that feeds it -- unless unfused (a sum, above); the
-    # weight-gradient GEMMs need the gathered tensors and come after
-    unfused_attn, unfused_mlp = (np.where(~fused & sp, 1.0 - single, 0.0) for single in (attn_single, mlp_single))
-
-    def rs_bwd(c, g_col, unfused):
-        return unfused * c + (1.0 - unfused) * exposed(c, g_col)
-
-    tpov_bwd = (exposed(ag, lc.out_gemm_s) + rs_bwd(rs_attn, lc.qkv_gemm_s, unfused_attn)
-                + sum(wt * (exposed(ag, down) + rs_bwd(rs, up, unfused_mlp)) for wt, up, down in mlp_blocks))
+    unfused = tuple(np.where(~fused & sp, 1.0 - single, 0.0) for single in single_matmul_input_grads(model))
+    tpov_fwd, tpov_bwd = _paired_overlap_exposed(t, lc, mlp_blocks, (ag, rs, ag_attn, rs_attn), unfused)
+    tp_fwd_exp = np.where(tpov, tpov_fwd, tp_fwd)
     tp_bwd_exp = np.where(tpov, tpov_bwd,
                           np.where(tp_async, np.where(sp, async_rs, async_ar + extra_col * ar), tp_bwd))
     # the engine's host time at every TP collective (GPUSpec.tp_collective_overhead_s; 0 in
@@ -144,6 +123,35 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
                   forward_s=tp_fwd + tp_host_fwd, backward_s=tp_bwd + tp_host_bwd,
                   forward_exposed_s=tp_fwd_exp + tp_host_fwd, backward_exposed_s=tp_bwd_exp + tp_host_bwd,
                   async_backward=tp_async)
+
+
+def _paired_overlap_exposed(t, lc: LayerCompute, mlp_blocks, comm, unfused):
+    """Under TP overlap, a layer's (forward, backward) exposed TP time. Each collective hides
+    behind the GEMM it is fused with, not behind the layer's GEMMs at large: forward, the
+    all-gather behind the column-parallel GEMM that consumes it (QKV, MLP up) and the
+    reduce-scatter behind the row-parallel GEMM that feeds it (out, MLP down) -- Transformer
+    Engine's userbuffers split each such GEMM over the ring's steps (Wang et al., ASPLOS 2023,
+    "Overlap communication with dependent computation"), as torch's micro-pipeline TP does; the
+    first of t chunks is never hidden. Backward, each block's gather (of the output gradient)
+    behind the row-parallel GEMM's data-gradient pass that consumes it, its reduce-scatter (of
+    the input gradient) behind the column-parallel one's that feeds it -- unless `unfused`
+    (attention, MLP: 1 where that gradient is a sum on an eager engine, exposed whole); the
+    weight-gradient GEMMs need the gathered tensors and come after. `comm`: (AG, RS) of [T, h]
+    and attention's (AG, RS) at its gathered widths."""
+    ag, rs, ag_attn, rs_attn = comm
+    unfused_attn, unfused_mlp = unfused
+
+    def exposed(c, g):
+        return np.maximum(c - g, c / t)
+
+    def rs_bwd(c, g_col, u):
+        return u * c + (1.0 - u) * exposed(c, g_col)
+
+    fwd = exposed(ag_attn, lc.qkv_gemm_s) + exposed(rs, lc.out_gemm_s) + sum(
+        wt * (exposed(ag, up) + exposed(rs, down)) for wt, up, down in mlp_blocks)
+    bwd = exposed(ag, lc.out_gemm_s) + rs_bwd(rs_attn, lc.qkv_gemm_s, unfused_attn) + sum(
+        wt * (exposed(ag, down) + rs_bwd(rs, up, unfused_mlp)) for wt, up, down in mlp_blocks)
+    return fwd, bwd
 
 
 def sp_norm_grad_all_reduce_s(cluster: ClusterSpec, model: ModelSpec, lay: Layout, tp: TPComm, mb_reduce):
