@@ -65,16 +65,18 @@ def tp_comm(cluster: ClusterSpec, model: ModelSpec, plan, lay: Layout, lc: Layer
     w_moe, w_dense = lay.moe_layer_share, lay.dense_layer_share
     fused = lc.fused
     has_shared = 1.0 if model.shared_expert_ffn_hidden_size else 0.0
-    act_bytes_full = lay.act_bytes_per_element * T * model.hidden_size  # one [T, h] activation, the TP buffer
-    ag = collective_time_s(cluster, Collective.ALL_GATHER, act_bytes_full, t, 1)
-    rs = collective_time_s(cluster, Collective.REDUCE_SCATTER, act_bytes_full, t, 1)
-    ar = collective_time_s(cluster, Collective.ALL_REDUCE, act_bytes_full, t, 1)
+    row_bytes = lay.act_bytes_per_element * T  # one token's value per row of a [T, ·] activation
+
+    def gathered(kind, widths):
+        return sum(collective_time_s(cluster, kind, row_bytes * w, t, 1) for w in widths)
+
+    ag = gathered(Collective.ALL_GATHER, (model.hidden_size,))  # one [T, h] activation, the TP buffer
+    rs = gathered(Collective.REDUCE_SCATTER, (model.hidden_size,))
+    ar = gathered(Collective.ALL_REDUCE, (model.hidden_size,))
     # attention's gathers (and its input gradients' reduce-scatters), one per latent under MLA
-    row_bytes = lay.act_bytes_per_element * T
-    ag_attn = sum(collective_time_s(cluster, Collective.ALL_GATHER, row_bytes * w, t, 1)
-                  for w in attention_gather_widths(model))
-    rs_attn = sum(collective_time_s(cluster, Collective.REDUCE_SCATTER, row_bytes * w, t, 1)
-                  for w in attention_gather_widths(model))
+    ag_attn, rs_attn = ((gathered(Collective.ALL_GATHER, attention_gather_widths(model)),
+                         gathered(Collective.REDUCE_SCATTER, attention_gather_widths(model)))
+                        if model.is_mla else (ag, rs))
     # one gather/reduce pair around attention and one around a dense MLP (or an MoE layer's
     # shared experts; its routed experts exchange tokens by all-to-all instead)
     n_blk = 1.0 + w_dense + w_moe * has_shared
