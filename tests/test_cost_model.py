@@ -8,7 +8,7 @@ import pytest
 
 from paraplan.cost.estimate import estimate
 from paraplan.cost.flops import layer_forward_flops
-from paraplan.plan.axes import Recompute, ZeroStage
+from paraplan.plan.axes import Recompute, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.plan.space import SpaceLimits, enumerate_space
 from paraplan.specs.catalog import load_cluster, load_model
@@ -117,3 +117,31 @@ def test_fp32_parameter_shards_are_the_master_copy():
     assert fp32.gradients_bytes == pytest.approx(bf16.gradients_bytes)
     params_per_gpu = bf16.weights_bytes / 2
     assert bf16.model_states_bytes - fp32.model_states_bytes == pytest.approx(2 * params_per_gpu)
+
+
+def test_megatron_16bit_gradient_buffer_halves_the_gradients_and_their_reduction():
+    """Megatron-Core's DDP keeps main_grad in the reduction's dtype: with fp32 reduction off
+    (Plan.grad_buffer_16bit) the gradients take 2 bytes a parameter, not 4, and the
+    data-parallel reduction moves 16-bit values, whatever grad_reduce_fp32 says."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", num_gpus=16)
+    wl = Workload(global_batch_size=64, seq_len=4096)
+    fp32 = make_plan(tp=1, dp=16, micro_batch_size=1, zero=ZeroStage.OPTIMIZER, grad_reduce_fp32=True)
+    bf16 = replace(fp32, grad_buffer_16bit=True)
+    a, b = estimate(model, cluster, wl, fp32), estimate(model, cluster, wl, bf16)
+    assert b.memory.gradients_bytes == pytest.approx(a.memory.gradients_bytes / 2.0)
+    assert b.memory.weights_bytes == pytest.approx(a.memory.weights_bytes)
+    assert b.time.dp_comm_s < a.time.dp_comm_s
+
+
+def test_interleaved_chunks_reduce_under_the_last_group_of_backwards():
+    """Under the interleaved schedule each model chunk's gradients are reduced once its last
+    backward ends, chunk v−1's a group of p micro-batches before chunk 0's (Megatron-Core
+    schedules.py): the reduction hides behind more than the last micro-batch's backward, so a
+    step whose reduction outlasts one micro-batch exposes less of it than under 1F1B."""
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", num_gpus=256)
+    wl = Workload(global_batch_size=256, seq_len=1024)
+    one = make_plan(tp=4, pp=4, dp=16, micro_batch_size=1, zero=ZeroStage.OPTIMIZER, sequence_parallel=True,
+                    grad_reduce_fp32=True)
+    inter = replace(one, vp=4, schedule=Schedule.INTERLEAVED_1F1B)
+    a, b = estimate(model, cluster, wl, one), estimate(model, cluster, wl, inter)
+    assert a.time.dp_comm_s > 0.0 and b.time.dp_comm_s < a.time.dp_comm_s

@@ -227,3 +227,20 @@ def test_nemo_performance_recipes_drop_tokens_for_the_models_they_cover():
     bridge = "Megatron-Bridge / Megatron-Core (NeMo 26.02)"
     assert factors(model="Qwen3_30B_a3B", num_experts="128", framework=bridge, notes="ETP=1") == (None,)
     assert factors(model="Qwen3_30B_a3B (tokendrop)", num_experts="128", framework=bridge, notes="ETP=1") == (1.0,)
+
+
+def test_gradient_dtype_follows_the_engine_that_ran_the_row():
+    """Megatron-LM's command line in BF16 accumulates and reduces gradients in fp32; NeMo 2's
+    performance scripts turn that off for FP8 from the 25.04 containers and for every precision
+    from 25.07; Megatron-Bridge's recipes always; Megatron-Core then keeps a 16-bit buffer."""
+    def policy(**cells):
+        limits = row_setup(_grok_row(**cells), "rows.csv", 2).limits
+        return limits.grad_reduce_fp32, limits.grad_buffer_16bit
+
+    assert policy() == (True, False)                      # NeMo 25.04, BF16: bf16_mixed's fp32 default
+    assert policy(precision="FP8") == (False, True)       # NeMo 25.04, FP8 (nemo_toolkit 2.3.0)
+    assert policy(framework="NeMo 25.07 (NeMo 2.0 / Megatron-Core)") == (False, True)
+    assert policy(framework="NeMo 24.11 (dgxc v24.11.1)", precision="FP8") == (True, False)
+    assert policy(framework="Megatron-Bridge / Megatron-Core (NeMo 26.02)") == (False, True)
+    assert policy(framework="Megatron-LM (MCore + TE)") == (True, False)
+    assert policy(framework="MosaicML Composer / llm-foundry") == (False, False)

@@ -103,7 +103,23 @@ def _reduction_windows(plan, lay: Layout, first: StageTimes):
     sc = np.asarray(plan.schedule_code)
     last_bwd = np.where(lay.v_shape, first.weight_grad_s / 2.0,
                         np.where(sc == Schedule.ZERO_BUBBLE.code, first.weight_grad_s, first.backward_s))
-    return np.where(lay.fsdp2_pp, 0.0, last_bwd), first.forward_s
+    chunks = _interleaved_chunk_windows(sc, lay)
+    return np.where(lay.fsdp2_pp, 0.0, chunks * last_bwd), chunks * first.forward_s
+
+
+def _interleaved_chunk_windows(schedule_code, lay: Layout):
+    """How many micro-batches' stage time the reduction (and the next step's gathers) hide
+    behind: 1, but under the interleaved schedule ((v − 1)·g + 1)/v. Megatron-Core runs the
+    micro-batches in groups of g = p per model chunk (schedules.py get_schedule_table,
+    microbatch_group_size_per_vp_stage, 0.16.1): the last group's backward runs chunk v−1 for
+    its g micro-batches, then chunk v−2, ..., chunk 0 last, and each chunk's reduction is
+    launched after its last backward (backward_step_helper, grad_sync_func), so the first v−1
+    chunks' reductions run under the g·(v−1)/v stage backwards that follow, the last chunk's
+    under its own last one; the forward gathers chunk k+1's parameters as chunk k's first
+    micro-batch starts (param_sync_func), mirrored."""
+    v, g = lay.vp, np.minimum(lay.pp, np.maximum(lay.num_microbatches, 1.0))
+    interleaved = (np.asarray(schedule_code) == Schedule.INTERLEAVED_1F1B.code) & (v > 1)
+    return np.where(interleaved, ((v - 1.0) * g + 1.0) / v, 1.0)
 
 
 def _fsdp2_step_copies_s(gpu, lay: Layout, z: ZeroTraffic, moe: bool):

@@ -86,6 +86,7 @@ class Layout:
     loss_parallel: Num      # ... else eager over a TP-split vocabulary, op by op (plan.loss_parallel, TP > 1)
     gather_bytes_per_param: Num  # bytes per parameter all-gathered
     reduce_bytes_per_param: Num  # bytes per gradient reduced
+    grad_bytes_per_param: Num    # bytes per gradient kept: fp32, or Megatron-Core's 16-bit buffer (plan.grad_buffer_16bit)
     optimizer_shard: Num    # optimizer-state shard of the dense parameters
     expert_optimizer_shard: Num  # and of the experts
     offload_optimizer: Num
@@ -178,7 +179,9 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     dp_outer = np.where(dp_outermost, t * c * p, t * c)
     S_e = edp * as_float(plan.dp_shard) / d  # the experts' shard group: EDP within one HSDP replica
     fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
-    grad_reduce_fp32 = np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide
+    # a 16-bit gradient buffer is reduced in its own dtype (Megatron-Core's one flag sets both)
+    grad_buffer_16bit = np.asarray(plan.grad_buffer_16bit, dtype=bool) & ~np.asarray(wide, dtype=bool)
+    grad_reduce_fp32 = (np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide) & ~grad_buffer_16bit
     sharded = zc >= ZeroStage.OPTIMIZER.code
     fsdp2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
     # weights cast by torch.autocast: fp32 parameters without FSDP (whose policy casts them
@@ -215,6 +218,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         loss_parallel=np.asarray(plan.loss_parallel, dtype=bool) & eager_loss & ~compiled_loss & (t > 1),
         gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
         reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
+        grad_bytes_per_param=np.where(grad_buffer_16bit, mem.WEIGHT_BYTES, mem.GRAD_BYTES),
         optimizer_shard=np.where(sharded, S, 1.0), expert_optimizer_shard=np.where(sharded, S_e, 1.0),
         offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool),
         qgz=np.asarray(plan.grad_compression_code) == GradCompression.INT4.code,

@@ -210,7 +210,7 @@ def _model_states(lay: Layout, params, embedding, experts):
     shard, shard_e, offload = lay.optimizer_shard, lay.expert_optimizer_shard, lay.offload_optimizer
     w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
                    + experts / np.where(z3_sharded, S_e, 1.0))
-    g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes_per_param, mem.GRAD_BYTES) * (
+    g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes_per_param, lay.grad_bytes_per_param) * (
         params / np.where(g_sharded, S, 1.0) + experts / np.where(g_sharded, S_e, 1.0))
     o = np.where(offload, 0.0, o_bytes * (params / shard + experts / shard_e))
     # offloaded: the optimizer states and an fp32 copy of the gradient shard in host DRAM

@@ -97,6 +97,12 @@ class Plan:
     # bits at every use by autocast (PyTorch FSDP with param_dtype=fp32, Composer "DEFAULT").
     grad_reduce_fp32: bool = axis(False)
     fp32_params: bool = axis(False)
+    # Megatron-Core's DDP keeps its gradient buffer (main_grad) in the reduction's dtype
+    # (distributed_data_parallel.py: grad_dtype = fp32 if grad_reduce_in_fp32 else the
+    # parameters' dtype, 0.16.1): 2 bytes a parameter, not 4, where a run turns fp32 reduction
+    # off (NeMo 2's and Megatron-Bridge's performance recipes; Megatron-LM --grad-reduce-in-bf16).
+    # Its reduction is then 16-bit too (grad_reduce_fp32 False).
+    grad_buffer_16bit: bool = axis(False)
     # Activation checkpointing that stops recomputing once the backward has what it needs
     # (PyTorch non-reentrant `torch.utils.checkpoint`, used by FSDP stacks such as
     # llm-foundry and torchtitan) skips each block's last GEMM; Megatron's re-runs it all.

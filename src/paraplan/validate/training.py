@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..cost.allocator import MemoryStat
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
+from ..cost.low_precision import LOW_PRECISIONS
 from ..cost.stage_memory import LAST_STAGE, plan_memory
 from ..export.deepspeed import SUPPORT as DEEPSPEED
 from ..export.torchtitan import SUPPORT as TORCHTITAN
@@ -260,6 +261,32 @@ NEMO_TOKEN_DROP_MODELS = ("mixtral-8x7b", "mixtral-8x22b", "llama4-maverick", "l
 # a NeMo 2 container as rows name it ("NeMo 25.04.01 (dgxc v25.05.04)", "NeMo 25.02 (NeMo 2.0 /
 # Megatron-Core)"); Megatron-Bridge's rows ("... (NeMo 26.02)") run its own recipes
 _NEMO_CONTAINER = re.compile(r"^nemo (\d\d)\.(\d\d)")
+
+
+def _gradient_policy(row: dict, legacy: bool) -> dict:
+    """The gradients' dtype as the row's run kept and reduced them (SpaceLimits fields):
+    - Megatron-LM's command line in BF16 accumulates and reduces in fp32 (validate_args sets
+      accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16; arguments.py, core_v0.16.1),
+      as 2021–22 Megatron-LM did in FP16;
+    - NeMo 2's performance scripts turn it off for FP8 from nemo_toolkit 2.3.0 (the 25.04
+      containers; scripts/performance/utils.py set_primary_perf_configs) and for every precision
+      from 2.4.0 (25.07; helpers.py set_precision_configs); before, MegatronMixedPrecision's
+      default grad_reduce_in_fp32=True held;
+    - Megatron-Bridge's performance recipes turn it off (perf_recipes/_common.py _perf_precision,
+      0.6.2: "Always sets grad_reduce_in_fp32=False");
+    and Megatron-Core then keeps a 16-bit gradient buffer (Plan.grad_buffer_16bit). Other rows
+    keep the 16-bit reduction and fp32 gradients they were priced with."""
+    framework = (row.get("framework") or "").strip().lower()
+    if "megatron-bridge" in framework:
+        return {"grad_reduce_fp32": False, "grad_buffer_16bit": True}
+    container = _NEMO_CONTAINER.match(framework)
+    if container and (int(container[1]), int(container[2])) >= (24, 9):
+        version = (int(container[1]), int(container[2]))
+        low = published_precision(row.get("precision") or "") in LOW_PRECISIONS
+        off = version >= (25, 7) or (version >= (25, 4) and low)
+        return {"grad_reduce_fp32": not off, "grad_buffer_16bit": off}
+    megatron_cli = framework.startswith("megatron-lm") or framework.startswith("megatron-core r")
+    return {"grad_reduce_fp32": legacy or megatron_cli, "grad_buffer_16bit": False}
 
 
 def _token_drop(row: dict, model: ModelSpec) -> bool:
@@ -544,10 +571,10 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          allow_offload="offload" in _label(row.get("zero")),
                          activation_offload=None,
                          attention=_attention_kernels(row), sequence_parallel=sps,
-                         # precision policy as the row states it: 2021–22 Megatron-LM all-reduces fp32
-                         # main grads; Composer FSDP "DEFAULT" keeps fp32 parameter shards (gathered
-                         # in fp32, cast by autocast) and reduces in 16 bits; others reduce 16-bit
-                         grad_reduce_fp32=legacy, fp32_params="mp mode default" in (row.get("zero") or "").lower(),
+                         # precision policy as the row's engine ran it: the gradients' dtype
+                         # (_gradient_policy); Composer FSDP "DEFAULT" keeps fp32 parameter shards
+                         # (gathered in fp32, cast by autocast) and reduces in 16 bits
+                         fp32_params="mp mode default" in (row.get("zero") or "").lower(),
                          checkpoint_early_stop=_is_composer(row),
                          # Megatron-LM before its async TP all-reduce (Narayanan et al.'s April
                          # 2021 runs) waited for every backward TP reduction
@@ -557,7 +584,7 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row, model) else (None,), cp_comm_types=cp_comms,
-                         rank_orders=orders, **_moe_dispatch(row))
+                         rank_orders=orders, **_moe_dispatch(row), **_gradient_policy(row, legacy))
     if titan:
         limits = torchtitan_limits(row, limits)
     elif _is_eager_deepspeed(row):
