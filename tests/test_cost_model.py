@@ -69,9 +69,11 @@ def test_composer_rows_run_pytorch_checkpointing_and_full_shard():
            "framework": "MosaicML Composer / llm-foundry", "metric_id": "tokens_per_s_per_gpu", "value": "1"}
     setup = row_setup(row, "f.csv", 2)
     assert setup.limits.checkpoint_early_stop and not setup.limits.hybrid_shard and setup.limits.fp32_params
+    assert setup.limits.eager_elementwise and setup.limits.fused_kernels  # MPT: one Wqkv, eager GELU and norms
     megatron = dict(row, framework="Megatron-Core r0.8.0", zero="")
     setup = row_setup(megatron, "f.csv", 2)
     assert not setup.limits.checkpoint_early_stop and setup.limits.hybrid_shard
+    assert not setup.limits.eager_elementwise
 
 
 @pytest.mark.parametrize("sp", [False, True])
@@ -145,3 +147,20 @@ def test_interleaved_chunks_reduce_under_the_last_group_of_backwards():
     inter = replace(one, vp=4, schedule=Schedule.INTERLEAVED_1F1B)
     a, b = estimate(model, cluster, wl, one), estimate(model, cluster, wl, inter)
     assert a.time.dp_comm_s > 0.0 and b.time.dp_comm_s < a.time.dp_comm_s
+
+
+def test_eager_elementwise_keeps_the_fused_gemms_and_runs_the_eager_kernels():
+    """llm-foundry's MPT fuses Wqkv and its loss but runs its norms, GELU and residual adds as
+    eager PyTorch kernels: its GEMMs are the fused engine's, its element-wise time the eager
+    engine's (on the H100, whose eager element-wise efficiency was measured)."""
+    from paraplan.cost.layer_compute import layer_compute
+    from paraplan.cost.layout import layout
+    model, cluster = load_model("mpt-7b"), load_cluster("dgx-h100", num_gpus=8)
+    wl = Workload(global_batch_size=64, seq_len=2048)
+    fused = make_plan(dp=8, micro_batch_size=4, zero=ZeroStage.PARAMETERS)
+    variants = {name: replace(fused, **kw) for name, kw in
+                (("fused", {}), ("mpt", {"eager_elementwise": True}), ("eager", {"fused_kernels": False}))}
+    lc = {name: layer_compute(cluster.gpu, model, wl, p, layout(model, wl, p), None) for name, p in variants.items()}
+    assert lc["mpt"].gemms_forward_s == pytest.approx(lc["fused"].gemms_forward_s)
+    assert lc["mpt"].elementwise_forward_s == pytest.approx(lc["eager"].elementwise_forward_s)
+    assert lc["mpt"].elementwise_forward_s > lc["fused"].elementwise_forward_s

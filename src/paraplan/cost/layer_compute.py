@@ -176,12 +176,14 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
     cast, cast_bwd = _quantize_casts_s(gpu, model, workload, lay)
-    # an eager engine's element-wise kernels, one per op, stream at the GPU's eager share of the
-    # copy rate (fused engines' at elementwise_bw_efficiency); an eager block under
+    # an eager engine's element-wise kernels (fused_kernels off, or plan.eager_elementwise:
+    # llm-foundry's MPT), one per op, stream at the GPU's eager share of the copy rate (fused
+    # engines' at elementwise_bw_efficiency); an eager block under
     # torch.compile (plan.compiled): inductor's fused kernels take the GPU's measured
     # compiled_elementwise_ratio of that eager time (both measured on the same mix)
     ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
-    ew_eff = np.where(fused, gpu.elementwise_bw_efficiency, gpu.eager_elementwise_bw_efficiency)
+    eager_ew = ~fused | np.asarray(plan.eager_elementwise, dtype=bool)
+    ew_eff = np.where(eager_ew, gpu.eager_elementwise_bw_efficiency, gpu.elementwise_bw_efficiency)
     ew_fwd = ew_scale * memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, ew_eff) + cast
     ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + cast_bwd
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,

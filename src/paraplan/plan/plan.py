@@ -124,6 +124,13 @@ class Plan:
     # input gradient is all-reduced on its own), SiLU's output kept beside its input for the
     # product's backward, and F.cross_entropy on upcast logits (cost/memory.py).
     fused_kernels: bool = axis(True)
+    # An engine that fuses its projections and its loss but runs the layer's element-wise ops
+    # (norms, activation, residual adds) one eager PyTorch kernel each: llm-foundry's MPT (torch
+    # LayerNorm in low precision, nn.GELU, torch Linear with one Wqkv, flash-attn's fused
+    # cross-entropy; llm-foundry 0.3.0 models/mpt/modeling_mpt.py, models/layers/ffn.py). Its
+    # element-wise kernels stream at the GPU's eager efficiency, as an engine with fused_kernels
+    # off runs them (cost/layer_compute.py).
+    eager_elementwise: bool = axis(False)
     # fp32 parameters trained under torch.autocast, no FSDP mixed-precision policy (paraplan
     # run and torchtitan without data-parallel sharding): the residual stream stays fp32,
     # every linear layer casts its own input, and the 16-bit copy of each weight is cached

@@ -64,6 +64,7 @@ class PlanBatch:
     tp_async_backward: np.ndarray
     fsdp2_copies: np.ndarray
     fused_kernels: np.ndarray
+    eager_elementwise: np.ndarray
     autocast: np.ndarray
     compiled: np.ndarray
     compiled_loss: np.ndarray
@@ -180,6 +181,7 @@ class SpaceLimits:
     tp_async_backward: bool = True
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (torchtitan: ZeRO-0 is DDP, no copies)
     fused_kernels: bool = True  # Megatron / TE's fused layer and loss (see Plan)
+    eager_elementwise: bool = False  # ... whose element-wise ops run eager (see Plan)
     compiled: bool = False      # eager blocks under torch.compile (see Plan)
     compiled_loss: bool = False  # an eager engine's loss under torch.compile (see Plan)
     loss_parallel: bool = False  # an eager engine's vocabulary-parallel loss, op by op (see Plan)
@@ -424,7 +426,8 @@ class SpaceBlock:
             tp_async_backward=const(limits.tp_async_backward),
             # (constants where the engine's policy is off: a term reading them stays off the ZeRO axis)
             fsdp2_copies=(zero != ZeroStage.NONE.code) if limits.fsdp2_copies else const(False),
-            fused_kernels=const(limits.fused_kernels), compiled=const(limits.compiled),
+            fused_kernels=const(limits.fused_kernels), eager_elementwise=const(limits.eager_elementwise),
+            compiled=const(limits.compiled),
             compiled_loss=const(limits.compiled_loss), loss_parallel=const(limits.loss_parallel),
             pp_kept_output_bytes=const(limits.pp_kept_output_bytes),
             grad_compression_code=np.full((1, 1, 1, 1), limits.grad_compression.code, dtype=np.int64),

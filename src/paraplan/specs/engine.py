@@ -63,7 +63,7 @@ class EngineSupport:
         return replace(plan, grad_reduce_fp32=self.grad_reduce_fp32, checkpoint_early_stop=self.checkpoint_early_stop,
                        tp_async_backward=self.tp_async_backward,
                        fsdp2_copies=self.fsdp2_copies and plan.zero is not ZeroStage.NONE, fp32_params=False,
-                       grad_buffer_16bit=False,
+                       grad_buffer_16bit=False, eager_elementwise=False,
                        fused_kernels=self.fused_kernels, compiled=self.compiled, compiled_loss=self.compiled_loss,
                        loss_parallel=self.loss_parallel,
                        autocast=bool(without_fsdp_autocast(self.autocast_without_fsdp, plan.tp, plan.pp,
@@ -79,7 +79,7 @@ class EngineSupport:
                        fsdp2_copies=self.fsdp2_copies, fused_kernels=self.fused_kernels, compiled=self.compiled,
                        compiled_loss=self.compiled_loss, loss_parallel=self.loss_parallel,
                        autocast_without_fsdp=self.autocast_without_fsdp, fp32_params=False,
-                       grad_buffer_16bit=False)
+                       grad_buffer_16bit=False, eager_elementwise=False)
 
     def with_plan_default_zero(self, plan: Plan, zero_given: bool) -> Plan:
         """`plan` with the engine's own ZeRO default where the user gave no ZeRO stage and the

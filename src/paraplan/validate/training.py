@@ -575,7 +575,7 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          # (_gradient_policy); Composer FSDP "DEFAULT" keeps fp32 parameter shards
                          # (gathered in fp32, cast by autocast) and reduces in 16 bits
                          fp32_params="mp mode default" in (row.get("zero") or "").lower(),
-                         checkpoint_early_stop=_is_composer(row),
+                         checkpoint_early_stop=_is_composer(row), eager_elementwise=_is_composer(row),
                          # Megatron-LM before its async TP all-reduce (Narayanan et al.'s April
                          # 2021 runs) waited for every backward TP reduction
                          tp_async_backward="april2021" not in (row.get("source") or "").lower(),
