@@ -266,9 +266,13 @@ def test_a_borrowed_curve_reaches_each_share_at_the_same_time_at_peak(borrower, 
     from paraplan.specs.workload import Precision
     gpu, ref = load_gpu(borrower), load_gpu(source)
     k = gpu.peak(Precision.BF16) / ref.peak(Precision.BF16)
+    # the H100's attention curves are re-expressed at its refit sustained share (× 0.75/0.84,
+    # rounded to 3 decimals; docs/model/compute.md, "Attention at the sustained share"); a
+    # borrower keeps them as fitted, its own share fitted with them
+    attention_scale, tolerance = ((0.75 / 0.84, 1e-2) if source == "h100-sxm-80gb" else (1.0, 2e-3))
     for flops in (3e8, 2e9, 5e10, 1e12):
         assert gpu.gemm_efficiency.at(flops * k) == pytest.approx(ref.gemm_efficiency.at(flops), rel=2e-3)
         for kernel in gpu.attention_efficiency:
-            assert gpu.attention_curve(kernel).at(flops * k) == pytest.approx(ref.attention_curve(kernel).at(flops),
-                                                                                rel=2e-3)
+            assert attention_scale * gpu.attention_curve(kernel).at(flops * k) == pytest.approx(
+                ref.attention_curve(kernel).at(flops), rel=tolerance)
     assert gpu.gemm_efficiency.at(1e14) == pytest.approx(ref.gemm_efficiency.at(1e14))
