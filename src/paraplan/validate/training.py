@@ -263,6 +263,13 @@ NEMO_TOKEN_DROP_MODELS = ("mixtral-8x7b", "mixtral-8x22b", "llama4-maverick", "l
 _NEMO_CONTAINER = re.compile(r"^nemo (\d\d)\.(\d\d)")
 
 
+def _nemo2_container(row: dict) -> tuple[int, int] | None:
+    """(year, month) of the NeMo 2 container a row names (24.09 on, nemo_toolkit 2.0.0 on), else None."""
+    m = _NEMO_CONTAINER.match((row.get("framework") or "").strip().lower())
+    version = (int(m[1]), int(m[2])) if m else None
+    return version if version and version >= (24, 9) else None
+
+
 def _gradient_policy(row: dict, legacy: bool) -> dict:
     """The gradients' dtype as the row's run kept and reduced them (SpaceLimits fields):
     - Megatron-LM's command line in BF16 accumulates and reduces in fp32 (validate_args sets
@@ -279,9 +286,8 @@ def _gradient_policy(row: dict, legacy: bool) -> dict:
     framework = (row.get("framework") or "").strip().lower()
     if "megatron-bridge" in framework:
         return {"grad_reduce_fp32": False, "grad_buffer_16bit": True}
-    container = _NEMO_CONTAINER.match(framework)
-    if container and (int(container[1]), int(container[2])) >= (24, 9):
-        version = (int(container[1]), int(container[2]))
+    version = _nemo2_container(row)
+    if version:
         low = published_precision(row.get("precision") or "") in LOW_PRECISIONS
         off = version >= (25, 7) or (version >= (25, 4) and low)
         return {"grad_reduce_fp32": not off, "grad_buffer_16bit": off}
@@ -296,9 +302,7 @@ def _token_drop(row: dict, model: ModelSpec) -> bool:
     text = (row.get("model", "") + " " + row.get("notes", "")).lower()
     if "tokendrop" in text or "token-drop" in text or "token drop" in text:
         return True
-    container = _NEMO_CONTAINER.match((row.get("framework") or "").strip().lower())
-    return bool(container) and (int(container[1]), int(container[2])) >= (24, 9) \
-        and model.name in NEMO_TOKEN_DROP_MODELS
+    return _nemo2_container(row) is not None and model.name in NEMO_TOKEN_DROP_MODELS
 
 
 def _enum_cell(row: dict, column: str, enum, blank: str, path: str, line: int):
