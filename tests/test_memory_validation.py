@@ -148,16 +148,32 @@ def test_torchtitan_compiles_its_loss_from_its_0_1_0_release():
     assert _torchtitan_compiles_loss({**TORCHTITAN, "notes": ""})  # undated: today's torchtitan
 
 
+def test_torchtitan_reruns_cudnn_attention_its_save_list_did_not_name():
+    """torchtitan's SDPA preferred cuDNN on Blackwell from 0.1.0 (June 2025) and on every NVIDIA
+    GPU in 0.2.0 (October 2025); its save list named the cuDNN kernel from 0.2.1 (December 2025).
+    ROCm has no cuDNN; an undated row is today's torchtitan."""
+    from paraplan.validate.training import _torchtitan_keeps_attention as keeps
+    dated = lambda text: {**TORCHTITAN, "notes": text}
+    assert not keeps(TORCHTITAN_2025, "Blackwell")           # torch 2.9.0.dev20250815
+    assert keeps(TORCHTITAN_2025, "Hopper") and keeps(TORCHTITAN_2025, "CDNA3")
+    assert not keeps(dated("run 2025-11-02"), "Hopper") and keeps(dated("run 2025-09-30"), "Hopper")
+    assert keeps(dated("run 2025-12-28"), "Blackwell") and keeps(dated("May 2025"), "Blackwell")
+    assert keeps(dated(""), "Blackwell")
+
+
 def test_a_compiled_loss_keeps_no_fp32_logits(tmp_path):
-    # the 2025 run is predicted within 15% (33% with the eager loss's 12 B per logit; its live
-    # tensors are 9.8% high, the replayed allocator's slack adds 1.6 GiB); the
-    # same row dated December 2024 holds the eager loss: 8 B more per logit, 8192 x 128256 of them
+    # the 2025 run is predicted within 15% (33% with the eager loss's 12 B per logit); the
+    # same row dated December 2024 holds the eager loss: 8 B more per logit, 8192 x 128256 of
+    # them, and keeps the attention's output and log-sum-exp in each of the 32 layers (its SDPA
+    # ran FlashAttention, which the save list names; the 2025 one's on Blackwell ran cuDNN's)
     dated_2024 = {**TORCHTITAN_2025, "id": "as-2024", "notes": "torchtitan 9dec370 (Dec 2024), max reserved"}
     res = validate_file(str(write_csv(tmp_path, TRAINING_HEADER, [TORCHTITAN_2025, dated_2024])))
     compiled, eager = _row(res, "mem-034"), _row(res, "as-2024")
     assert abs(compiled["error_pct"]) <= 15.0, compiled
     logits_gib = 8192 * 128256 / GIB
-    assert eager["allocated_gib"] - compiled["allocated_gib"] == pytest.approx(8.0 * logits_gib, rel=0.02)
+    attention_gib = 32 * 8192 * (2.0 * 4096 + 4.0 * 32) / GIB
+    assert eager["allocated_gib"] - compiled["allocated_gib"] == pytest.approx(8.0 * logits_gib + attention_gib,
+                                                                               rel=0.02)
 
 
 def test_an_eager_loss_over_tp_holds_loss_parallels_fp32_temporaries(tmp_path):

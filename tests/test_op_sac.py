@@ -3,6 +3,9 @@ where it is allowed, and paraplan run's implementation of it."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -66,6 +69,43 @@ def test_op_sac_keeps_what_the_policy_saves_of_the_block_paraplan_runs(gated):
     expected = b * s * (4.0 * h + 2.0 * outputs_16bit + lse)
     # the attention kernel's log-sum-exp is its second output (not recorded above)
     assert kept + b * s * lse == pytest.approx(expected, rel=1e-6)
+
+
+RECORDED = Path(__file__).resolve().parents[1] / "calibration" / "cpu_compile_op_sac.json"
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_op_sac_keeps_what_a_block_kept_eager_and_compiled_on_a_cpu(compiled):
+    """One block under the per-op policy on a CPU (calibration/cpu_compile_op_sac.py): eager it
+    kept its input and the policy's outputs; compiled, the partitioner dropped the MLP
+    down-projection's output, which only the residual add reads. The model's count, in fp32
+    elements per token, is the recorded one."""
+    rec = json.loads(RECORDED.read_text())
+    spec = ModelSpec(name="cpu-block", num_layers=1, hidden_size=rec["hidden"], ffn_hidden_size=rec["ffn"],
+                     num_heads=rec["heads"], num_kv_heads=rec["kv_heads"], head_dim=rec["hidden"] // rec["heads"],
+                     vocab_size=512)
+    plan = make_plan(fused_kernels=False, recompute=Recompute.OP_SAC, compiled=compiled)
+    h, lse = spec.hidden_size, 4.0 * spec.num_heads
+    per_token = op_sac_bytes_per_token(spec, plan, 1.0, 4.0)  # an fp32 layer input, 16-bit outputs
+    elements = h + (per_token - 4.0 * h - lse) / 2.0 + lse / 4.0
+    assert elements == pytest.approx(rec["compiled" if compiled else "eager"]["elements_per_token"], rel=1e-9)
+
+
+def test_op_sac_without_the_attention_kept_reruns_it():
+    """Where the save list does not name the attention kernel (torchtitan 0.1.0-0.2.0 with
+    cuDNN's), a layer keeps neither its output nor its log-sum-exp and re-runs it."""
+    cluster = load_cluster("dgx-b200", num_gpus=8)
+    from paraplan.specs.catalog import load_model
+    model, wl = load_model("llama3-8b"), Workload(global_batch_size=8, seq_len=8192)
+    kept, rerun = (estimate(model, cluster, wl, make_plan(dp=8, micro_batch_size=1, recompute=Recompute.OP_SAC,
+                                                          fused_kernels=False, zero=ZeroStage.PARAMETERS,
+                                                          op_sac_attention_kept=k)) for k in (True, False))
+    per_layer = 8192 * (2.0 * model.v_dim + 4.0 * model.num_heads)
+    stored = kept.memory.activations_bytes - rerun.memory.activations_bytes
+    assert stored == pytest.approx(model.num_layers * per_layer, rel=0.02)
+    assert rerun.time.recompute_s > kept.time.recompute_s
+    # the re-run attention counts as hardware FLOPs: more of them per step
+    assert rerun.hfu * rerun.step_time_s > kept.hfu * kept.step_time_s
 
 
 def test_op_sac_recomputes_the_same_gradients():

@@ -278,7 +278,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan) -
         hierarchical_a2a=bool(np.all(np.asarray(plan.a2a_hierarchical)) and mc))
     memory, host_bytes = stage_memory(model, cluster, workload, plan, lay,
                                       (mc.activation_bytes, mc.act_fn_out_bytes) if mc else (0.0, 0.0))
-    hw = hardware_flops_per_step(model, lay, lc.flops, workload.seq_len, lc.flash, rc.early_stop)
+    hw = hardware_flops_per_step(model, lay, lc.flops, workload.seq_len, lc.flash, rc.early_stop,
+                                 np.asarray(plan.op_sac_attention_kept, dtype=bool))
     step_detail = labels.step_detail(dp_exposed_s=dp.exposed_s, sp_norm_s=sp_norm, optimizer_s=optimizer,
                                      compression_s=dp.compression_s)
     return PlanCosts(num_microbatches=lay.num_microbatches, first=stages.first, middle=stages.middle,

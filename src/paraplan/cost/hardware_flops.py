@@ -17,10 +17,12 @@ from ..plan.axes import RecomputeOp
 from .memory import holds, op_sac_matmuls
 
 
-def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_len, flash, early_stop):
+def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_len, flash, early_stop,
+                            op_sac_attention_kept=True):
     """FLOPs one GPU runs per step: three passes of its layers and its share of the head and
     MTP modules, plus what recomputation re-runs (`flash`: a fused attention kernel;
-    `early_stop`: checkpointing stops before the down-projections)."""
+    `early_stop`: checkpointing stops before the down-projections; `op_sac_attention_kept`:
+    per-op checkpointing keeps the attention's output, Plan.op_sac_attention_kept)."""
     m, L_s, t, p, T = lay.num_microbatches, lay.stage_layers, lay.tp, lay.pp, lay.tokens_per_microbatch
     rc, rc_layers, w_moe, w_dense = lay.recompute_code, lay.recomputed_layers, lay.moe_layer_share, lay.dense_layer_share
     # per-rank FLOPs of an average layer: expert FLOPs split over the EP group like the tokens
@@ -35,7 +37,8 @@ def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_l
     # per-op checkpointing re-runs the matmuls it did not keep: 2·T·out·inner each
     attn_mm, mlp_mm = op_sac_matmuls(model, t, kept=False)
     rc_op = np.where(rc == Recompute.OP_SAC.code,
-                     L_s * 2.0 * T * (sum(o * i for o, i in attn_mm) + w_dense * sum(o * i for o, i in mlp_mm)), 0.0)
+                     L_s * (2.0 * T * (sum(o * i for o, i in attn_mm) + w_dense * sum(o * i for o, i in mlp_mm))
+                            + np.where(op_sac_attention_kept, 0.0, lf.attn_core / t)), 0.0)
     # a searched set re-runs the GEMMs and attention of the tensors it drops (recompute_set.py)
     ops = lay.recompute_ops_code
     rc_set = L_s * (np.where(holds(ops, RecomputeOp.QKV), lf.qkv, 0.0)

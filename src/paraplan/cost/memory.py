@@ -203,19 +203,29 @@ def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
     """Bytes one layer keeps per token of the micro-batch under torchtitan's per-op
     checkpointing (Recompute.OP_SAC), on one TP rank: the layer's input (the checkpoint's,
     sequence-split under SP), the kept matmuls' outputs (op_sac_matmuls), the attention output
-    with its log-sum-exp, and under SP the two reduce-scatters' outputs. An MoE layer's routed
-    experts are priced as before (moe.py). 16-bit outputs. Vectorized."""
+    with its log-sum-exp (where the save list names the kernel: Plan.op_sac_attention_kept),
+    and under SP the two reduce-scatters' outputs. Under torch.compile (compiled_blocks) the
+    partitioner saves only what the backward reads: the MLP's down-projection output and its
+    reduce-scatter's feed the residual add alone and are not kept (one block on a CPU,
+    calibration/cpu_compile_op_sac.json). An MoE layer's routed experts are priced as before
+    (moe.py). 16-bit outputs. Vectorized."""
     h = model.hidden_size
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sequence_parallel, dtype=bool)
     sp_div = np.where(sp, t, 1.0)
     attn, mlp = op_sac_matmuls(model, t, kept=True)
     w = np.asarray(mlp_weight, dtype=float)
-    outputs = sum(out for out, _ in attn) + w * sum(out for out, _ in mlp)
+    # under torch.compile the partitioner saves only what the backward reads: not the MLP's
+    # down-projection output (it feeds the residual add alone) nor its reduce-scatter's
+    down_out = w * mlp[-1][0] if model.num_mlp_matrices % 2 == 1 else 0.0
+    compiled = compiled_blocks(plan)
+    outputs = sum(out for out, _ in attn) + w * sum(out for out, _ in mlp) - np.where(compiled, down_out, 0.0)
     a = WEIGHT_BYTES
-    return (np.asarray(residual_bytes, dtype=float) * h / sp_div + a * outputs
-            + a * model.v_dim / t + OP_SAC_LSE_BYTES * model.num_heads / t
-            + np.where(sp & (t > 1), 2.0 * a * h / t, 0.0))
+    scatters = np.where(compiled, 1.0, 2.0)
+    attention = np.where(np.asarray(plan.op_sac_attention_kept, dtype=bool),
+                         a * model.v_dim / t + OP_SAC_LSE_BYTES * model.num_heads / t, 0.0)
+    return (np.asarray(residual_bytes, dtype=float) * h / sp_div + a * outputs + attention
+            + np.where(sp & (t > 1), scatters * a * h / t, 0.0))
 
 
 def eager_sp_whole_share(plan):

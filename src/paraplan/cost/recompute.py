@@ -59,17 +59,18 @@ def modules_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerComp
                                  norms_recomputed))
 
 
-def op_sac_forward_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, lc: LayerCompute):
+def op_sac_forward_s(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCompute):
     """What torchtitan's per-op checkpointing re-runs of one layer's forward: the matmuls it
     did not keep (memory.py op_sac_matmuls; an MoE layer's attention ones) on the layer's T
     tokens, and every element-wise kernel (norms, RoPE, activation, residual adds); the
-    attention kernel's output is kept."""
+    attention kernel where its output is not kept (Plan.op_sac_attention_kept)."""
     T, prec = lay.tokens_per_microbatch, lay.precision
     attn, mlp = op_sac_matmuls(model, lay.tp, kept=False)
 
     def gemms_s(matmuls):
         return sum(gemm_time_s(gpu, T, out, inner, prec) for out, inner in matmuls)
-    return gemms_s(attn) + lay.dense_layer_share * gemms_s(mlp) + lc.elementwise_forward_s
+    attention_s = np.where(np.asarray(plan.op_sac_attention_kept, dtype=bool), 0.0, lc.attention_forward_s)
+    return gemms_s(attn) + lay.dense_layer_share * gemms_s(mlp) + lc.elementwise_forward_s + attention_s
 
 
 def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCompute, layer_forward_s,
@@ -92,7 +93,7 @@ def recomputation(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, lc: LayerCo
                         + (L_s * ops.compute_s if ops else 0.0)
                         + np.where(rc == Recompute.SELECTIVE.code, L_s * lc.attention_forward_s, 0.0)
                         + np.where(rc == Recompute.MODULES.code, L_s * modules_fwd, 0.0)
-                        + (np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, lay, lc), 0.0)
+                        + (np.where(rc == Recompute.OP_SAC.code, L_s * op_sac_forward_s(gpu, model, plan, lay, lc), 0.0)
                            if np.any(rc == Recompute.OP_SAC.code) else 0.0))  # (a fused engine's search has none)
     # per-op checkpointing keeps the reduce-scatters' outputs and re-runs the gathers that
     # feed its re-run matmuls (without SP, the attention output's all-reduce): about half of

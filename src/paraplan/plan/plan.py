@@ -161,6 +161,12 @@ class Plan:
     # torchtitan does from 0.2.1 (December 2025) and paraplan run does; 4 where the model
     # returned fp32 logits, 2 for 16-bit ones (cost/stage_memory.py, cost/lifetimes.py).
     pp_kept_output_bytes: float = axis(0.0)
+    # Whether torchtitan's per-op checkpointing keeps the attention kernel's output (and its
+    # log-sum-exp): its save list names SDPA's flash and memory-efficient kernels, and the
+    # cuDNN one only from 0.2.1 (December 2025), while its SDPA prefers cuDNN on Blackwell from
+    # 0.1.0 (June 2025) and on every NVIDIA GPU from 0.2.0 (October 2025; models/attention.py).
+    # False: the attention is re-run in the backward (cost/memory.py, cost/recompute.py).
+    op_sac_attention_kept: bool = axis(True)
 
     # numeric codes, so that the cost model reads Plan and PlanBatch alike
     @property
@@ -231,6 +237,8 @@ class Plan:
         if self.sequence_parallel:
             parts.append("SP")
         rc = str(self.recompute)
+        if self.recompute is Recompute.OP_SAC and not self.op_sac_attention_kept:
+            rc += "+attn"  # the attention kernel re-run too
         if self.recompute is Recompute.FIRST_K:
             rc = f"first{self.recompute_num_layers}"
         elif self.recompute is Recompute.SET:

@@ -70,6 +70,7 @@ class PlanBatch:
     compiled_loss: np.ndarray
     loss_parallel: np.ndarray
     pp_kept_output_bytes: np.ndarray
+    op_sac_attention_kept: np.ndarray
     capacity_factor_value: np.ndarray  # 0.0: dropless
     a2a_hierarchical: np.ndarray
     ep_overlap: np.ndarray
@@ -186,6 +187,7 @@ class SpaceLimits:
     compiled_loss: bool = False  # an eager engine's loss under torch.compile (see Plan)
     loss_parallel: bool = False  # an eager engine's vocabulary-parallel loss, op by op (see Plan)
     pp_kept_output_bytes: float = 0.0  # the head outputs a pipeline keeps until the step ends (see Plan)
+    op_sac_attention_kept: bool = True  # per-op checkpointing keeps the attention's output (see Plan)
     # the DP gradient reduction's wire format (Plan.grad_compression): pinned, never searched
     # (a compressed format changes the numerics); every plan of the search takes this one
     grad_compression: GradCompression = GradCompression.NONE
@@ -430,6 +432,7 @@ class SpaceBlock:
             compiled=const(limits.compiled),
             compiled_loss=const(limits.compiled_loss), loss_parallel=const(limits.loss_parallel),
             pp_kept_output_bytes=const(limits.pp_kept_output_bytes),
+            op_sac_attention_kept=const(limits.op_sac_attention_kept),
             grad_compression_code=np.full((1, 1, 1, 1), limits.grad_compression.code, dtype=np.int64),
             powersgd_rank=np.full((1, 1, 1, 1), limits.powersgd_rank, dtype=np.int64),
             autocast=(without_fsdp_autocast(True, cols["tp"], cols["pp"], zero, cols["dp_shard"], cols["cp"])

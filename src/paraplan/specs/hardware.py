@@ -132,6 +132,9 @@ class GPUSpec:
     # assumption, e.g. another GPU's GEMM curve, and reports say so).
     checked_against: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
+    # The chip's architecture family (GPU_ARCHITECTURES; "" unknown): what software picks its
+    # kernels by (compute capability, ROCm or CUDA) and what a fit pools GPUs of one die by
+    architecture: str = field(default="", compare=False)
 
     @property
     def power_clock_share(self) -> float:
@@ -219,6 +222,11 @@ class LinkTier:
                 return c
         return self.efficiency
 
+
+# GPUSpec.architecture's values: NVIDIA's by compute capability (Ampere 8.0, Ada 8.9, Hopper 9.0,
+# Blackwell 10.x), AMD's CDNA 3 (ROCm), Google's TPU v4
+GPU_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell", "CDNA3", "TPUv4")
+NVIDIA_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell")
 
 MAX_GPUS = 100_000_000  # a hundred times the largest clusters announced; bounds the search
 

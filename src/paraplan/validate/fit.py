@@ -76,6 +76,7 @@ class Run:
     id: str
     source: str        # the publication (source_key): what `--cv source` holds out
     gpu: str           # the GPU preset the run was measured on
+    family: str        # its architecture (GPUSpec.architecture; the preset's name if none)
     moe: bool
     precision: Precision
     recipe: Fp8Recipe
@@ -152,6 +153,7 @@ def _tabulate_row(path: str, line: int, row: dict, gpus: tuple[str, ...] | None)
             c = replace(cluster, gpu=replace(cluster.gpu, **{SHARE.field: s, FP8.field: f, ROWWISE.field: 1.0}))
             grid[i, j] = predict_on(row, setup, c)[0]
     return Run(id=row["id"], source=source_key(row.get("source") or ""), gpu=cluster.gpu.name,
+               family=cluster.gpu.architecture or cluster.gpu.name,
                moe=setup.model.is_moe, precision=precision, recipe=recipe, measured=out["measured"], grid=grid)
 
 
@@ -268,12 +270,6 @@ def fit_gpu(paths: list[str], gpu: GPUSpec, progress=None, pooled: tuple[GPUSpec
                      in_sample=[predict_at(r, values) for r in runs], leave_one_out=loo, skipped=skipped)
 
 
-# GPU preset -> its architecture family: a GPU whose held-out source is the only one that
-# measured it borrows the knobs its family's other GPUs were fitted to on the other sources
-# (Blackwell Ultra's power and clock behaviour is Blackwell's; the H200 is the H100's die)
-FAMILIES = {"a100-sxm-80gb": "Ampere", "a100-sxm-40gb": "Ampere", "h100-sxm-80gb": "Hopper",
-            "h200-sxm-141gb": "Hopper", "gh200-96gb": "Hopper", "gh200-144gb": "Hopper", "b200": "Blackwell",
-            "gb200": "Blackwell", "b300": "Blackwell", "gb300": "Blackwell"}
 # what a fit knows without runs: the microbenchmark itself (each knob's upper bound)
 NEUTRAL = {k.field: k.high for k in KNOBS}
 
@@ -292,16 +288,20 @@ MIN_RUNS = 5
 def cross_validate_sources(runs: list[Run]) -> list[dict]:
     """Per run, in order: the prediction of knobs fitted on every run of its GPU (in sample)
     and of knobs fitted on its GPU's runs from every other source (out of source). A GPU with
-    fewer than MIN_RUNS such runs is fitted on its family's (FAMILIES); a knob none of them
+    fewer than MIN_RUNS such runs is fitted on its architecture's (Run.family: a GPU whose
+    held-out source is the only one that measured it borrows the knobs of its family's other
+    GPUs, fitted on the other sources; Blackwell Ultra's power and clock behaviour is
+    Blackwell's, the H200 is the H100's die); a knob none of them
     informs is the microbenchmark's (NEUTRAL). No value fitted on the held-out source is used."""
     out: list[dict] = [{} for _ in runs]
     fine = _interpolated(runs) if runs else np.empty((0,))
-    family = np.array([FAMILIES.get(r.gpu, r.gpu) for r in runs])
+    family = np.array([r.family for r in runs])
     gpu = np.array([r.gpu for r in runs])
+    family_of = {r.gpu: r.family for r in runs}
     source = np.array([r.source for r in runs])
 
     def pooled(g: str, allowed: np.ndarray) -> dict[str, float]:
-        kin = (family == FAMILIES.get(g, g)) & allowed
+        kin = (family == family_of[g]) & allowed
         knobs = _fit_pool(runs, fine, kin, NEUTRAL)
         mine = (gpu == g) & allowed
         return _fit_pool(runs, fine, mine, knobs) if mine.sum() >= MIN_RUNS else knobs

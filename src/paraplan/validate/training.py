@@ -23,7 +23,7 @@ from ..plan.space import SpaceLimits
 from ..search.planner import search
 from ..specs.catalog import load_cluster, load_model, preset_name
 from ..specs.files import without_note
-from ..specs.hardware import ClusterSpec
+from ..specs.hardware import NVIDIA_ARCHITECTURES, ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Fp8Recipe, Precision, Workload, parse_precision
 from ..units import GIB, TERA
@@ -589,9 +589,7 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          # token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row, model) else (None,), cp_comm_types=cp_comms,
                          rank_orders=orders, **_moe_dispatch(row), **_gradient_policy(row, legacy))
-    if titan:
-        limits = torchtitan_limits(row, limits)
-    elif _is_eager_deepspeed(row):
+    if _is_eager_deepspeed(row) and not titan:
         limits = deepspeed_limits(row, limits)
     return limits
 
@@ -619,11 +617,14 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
                   expandable_segments=expandable_segments(row), **({"moe_imbalance": 1.0} if balanced else {}))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
-    limits = _row_limits(row, model, c, fixed, legacy, titan)
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")
-    return RowSetup(model=model, cluster_name=hardware or named or gpu_cluster_for(row, path, line), num_gpus=c["num_gpus"],
+    cluster_name = hardware or named or gpu_cluster_for(row, path, line)
+    limits = _row_limits(row, model, c, fixed, legacy, titan)
+    if titan:
+        limits = torchtitan_limits(row, limits, load_cluster(cluster_name).gpu.architecture)
+    return RowSetup(model=model, cluster_name=cluster_name, num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits, power_limit_watts=_power_limit_watts(row))
 
 
@@ -662,6 +663,15 @@ TORCHTITAN_LOSS_COMPILED_SINCE = (2025, 6)
 # (`self.output(h).float()`) until the cast moved into the loss, which 0.1.0's
 # components/loss.py does (its model returns the 16-bit logits): fp32 before June 2025.
 TORCHTITAN_PP_OUTPUTS_DROPPED_SINCE = (2025, 12)
+# torchtitan's SDPA tries cuDNN's attention first on Blackwell from 0.1.0 (2025-06-18:
+# models/attention.py, `if has_cuda_capability(10, 0): cls.backends.insert(0, CUDNN_ATTENTION)`)
+# and on every NVIDIA GPU in 0.2.0 (2025-10-18: sdpa_backends = [CUDNN_ATTENTION, FLASH, ...]),
+# while its per-op checkpointing's save list names the flash and memory-efficient kernels only,
+# until 0.2.1 (2025-12-26) adds _scaled_dot_product_cudnn_attention (models/llama3/infra/
+# parallelize.py, each wheel read): between, such a run re-runs the attention in the backward.
+TORCHTITAN_CUDNN_ATTENTION_BLACKWELL_SINCE = (2025, 6)
+TORCHTITAN_CUDNN_ATTENTION_NVIDIA_SINCE = (2025, 10)
+TORCHTITAN_CUDNN_ATTENTION_SAVED_SINCE = (2025, 12)
 _MONTHS = ("jan(?:uary)?", "feb(?:ruary)?", "mar(?:ch)?", "apr(?:il)?", "may", "june?", "july?", "aug(?:ust)?",
            "sep(?:t(?:ember)?)?", "oct(?:ober)?", "nov(?:ember)?", "dec(?:ember)?")
 
@@ -696,6 +706,18 @@ def _torchtitan_kept_output_bytes(row: dict) -> float:
     return 4.0 if month < TORCHTITAN_LOSS_COMPILED_SINCE else 2.0
 
 
+def _torchtitan_keeps_attention(row: dict, architecture: str) -> bool:
+    """Whether the row's torchtitan per-op checkpointing kept the attention's output: not where
+    its SDPA ran cuDNN's kernel, which its save list did not name yet (the
+    TORCHTITAN_CUDNN_ATTENTION_* months; an undated row runs today's torchtitan, which keeps it)."""
+    month = _run_month(row.get("notes") or "")
+    if month is None or month >= TORCHTITAN_CUDNN_ATTENTION_SAVED_SINCE or architecture not in NVIDIA_ARCHITECTURES:
+        return True
+    since = (TORCHTITAN_CUDNN_ATTENTION_BLACKWELL_SINCE if architecture == "Blackwell"
+             else TORCHTITAN_CUDNN_ATTENTION_NVIDIA_SINCE)
+    return month < since
+
+
 def deepspeed_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
     """An eager DeepSpeed row's plan space under DeepSpeed's policy (export/deepspeed.py
     SUPPORT: Hugging Face layers unfused, 16-bit gradient reduction, AutoTP without sequence
@@ -709,17 +731,19 @@ def deepspeed_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
                    recomputes=limits.recomputes if stated else engine.recomputes)
 
 
-def torchtitan_limits(row: dict, limits: SpaceLimits) -> SpaceLimits:
+def torchtitan_limits(row: dict, limits: SpaceLimits, architecture: str) -> SpaceLimits:
     """A torchtitan row's plan space under torchtitan's own policy (export/torchtitan.py
     SUPPORT: FSDP2 with fp32 gradient reduction, unfused layers, DTensor TP), compiled where
-    the framework cell says torch.compile (the loss too from torchtitan 0.1.0 on), and with
-    async TP only where it says so."""
+    the framework cell says torch.compile (the loss too from torchtitan 0.1.0 on), with async TP
+    only where it says so, and per-op checkpointing keeping the attention as its version did
+    on the row's GPU `architecture` (GPUSpec.architecture)."""
     framework = _label(row.get("framework"))
     engine = TORCHTITAN.limits
     compiled = "compile" in framework
     return replace(TORCHTITAN.with_policy(limits), compiled=compiled,
                    compiled_loss=compiled and _torchtitan_compiles_loss(row), engine_rule=engine.engine_rule,
                    pp_kept_output_bytes=_torchtitan_kept_output_bytes(row),
+                   op_sac_attention_kept=_torchtitan_keeps_attention(row, architecture),
                    tp_overlap=(True,) if "async tp" in framework or "asynctp" in framework else (False,),
                    hierarchical_a2a=engine.hierarchical_a2a,
                    ep_overlap=engine.ep_overlap)

@@ -22,7 +22,7 @@ from ... import units
 from ...errors import FileFormatError, SpecError, UnknownPresetError, shown
 from ..curves import EfficiencyCurve
 from ..files import MAX_COUNT, parse_toml, read_toml
-from ..hardware import AttentionKernel, ClusterSpec, GPUSpec, LinkTier
+from ..hardware import GPU_ARCHITECTURES, AttentionKernel, ClusterSpec, GPUSpec, LinkTier
 from ..model import ModelSpec, make_model
 from ..mixed import GPUGroup, MixedCluster
 from ..workload import Precision
@@ -56,7 +56,7 @@ _GPU_OPTIONAL = ("hbm_usable_mib", "kernel_launch_overhead_us", "tp_collective_o
                  "fp8_gemm_efficiency_ratio", "fp8_rowwise_gemm_efficiency_ratio", "misaligned_gemm_efficiency_ratio",
                  "compiled_elementwise_ratio", "reserved_gb", "allocator_fragmentation", "overlap_slowdown", "host_adam_params_per_s",
                  "sustained_compute_ratio", "power_limit_watts",
-                 "checked_against", "source", "aliases")
+                 "checked_against", "source", "aliases", "architecture")
 _CLUSTER_REQUIRED = ("name", "gpu", "gpus_per_node", "nvlink", "scaleout")
 _CLUSTER_OPTIONAL = ("num_gpus", "usd_per_gpu_hour", "gpus_per_island", "dcn", "source", "aliases",
                      "host_memory_gb_per_host", "gpus_per_host", "host_memory_gb_per_s_per_host")
@@ -329,7 +329,15 @@ def _gpu_from_table(t: TomlTable) -> GPUSpec:
         host_link_bw_unidir_bytes_per_s=units.gbytes_per_s(t.num("host_link_gb_per_s", within=_GB_PER_S)),
         gemm_efficiency=t.curve("gemm_efficiency", "flops"),
         attention_efficiency=_attention_curves(t),
-        checked_against=t.str_("checked_against"), source=t.str_("source"), **extra)
+        checked_against=t.str_("checked_against"), source=t.str_("source"), architecture=_architecture(t), **extra)
+
+
+def _architecture(t: TomlTable) -> str:
+    """The GPU's architecture family ("" when the file names none), one of GPU_ARCHITECTURES."""
+    name = t.str_("architecture")
+    if name and name not in GPU_ARCHITECTURES:
+        t._bad("architecture", name, f"one of {', '.join(GPU_ARCHITECTURES)}")
+    return name
 
 
 def _tier_from_table(t: TomlTable, name: str) -> LinkTier:
