@@ -82,6 +82,19 @@ def test_profile_round_trips_through_load_cluster(tmp_path):
     assert min(c.nvlink.efficiency.y) == pytest.approx(1.0, abs=1e-3)
 
 
+def test_a_profile_names_the_devices_architecture(tmp_path):
+    """What torch reports of the device (compute capability, ROCm gfx name) becomes the
+    profile's GPUSpec.architecture, which validate's engine policies and fit's pools read; a
+    CPU's profile names none."""
+    from paraplan.specs.hardware import device_architecture
+    assert [device_architecture(c) for c in ((8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0))] == [
+        "Ampere", "Ada", "Hopper", "Blackwell", "Blackwell", ""]
+    assert device_architecture(None, "gfx942:sramecc+:xnack-") == "CDNA3" and device_architecture(None) == ""
+    gpu = load_cluster(str(write_profile(tmp_path, replace(synthetic(), architecture="Hopper")))).gpu
+    assert gpu.architecture == "Hopper"
+    assert load_cluster(str(write_profile(tmp_path, synthetic(), name="cpu"))).gpu.architecture == ""
+
+
 def test_memory_bandwidth_is_the_largest_copy_not_a_cached_one(tmp_path):
     # a small copy that stays in cache runs 3x faster than streaming; the profile must
     # price element-wise kernels at the streaming rate

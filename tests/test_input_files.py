@@ -72,6 +72,16 @@ def test_usable_memory_within_the_datasheet_size(tmp_path):
         load_cluster(_gpu(tmp_path, "hbm_usable_mib = 40000"))
 
 
+def test_a_gpus_architecture_is_one_paraplan_knows(tmp_path):
+    from paraplan.specs.catalog import CATALOG_DIR, load_gpu
+    from paraplan.specs.hardware import GPU_ARCHITECTURES
+    assert load_cluster(_gpu(tmp_path, 'architecture = "Hopper"')).gpu.architecture == "Hopper"
+    with pytest.raises(FileFormatError, match=r"architecture' = 'Hoper' is not allowed; one of Ampere, Ada, Hopper"):
+        load_cluster(_gpu(tmp_path, 'architecture = "Hoper"'))
+    # every preset names its own (validate's engine policies and fit's pools read it)
+    assert all(load_gpu(p.stem).architecture in GPU_ARCHITECTURES for p in (CATALOG_DIR / "gpus").glob("*.toml"))
+
+
 def test_zero_datasheet_memory_is_refused_even_with_usable_memory(tmp_path):
     text = _gpu(tmp_path, "hbm_usable_mib = 24576")
     bad = open(text).read().replace("hbm_gb = 24", "hbm_gb = 0")

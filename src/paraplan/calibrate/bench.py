@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..specs.hardware import device_architecture
 from .measurements import (AttentionSample, CollectiveSample, CopySample, ElementwiseSample, GemmSample,
                            HostLayerSample, LossSample, ScatterSample, SplitBackwardSample,
                            Measurements, OptimizerSample, OverlapSample, TP_LAYER_HEAD_DIM, TPLayerSample,
@@ -530,6 +531,15 @@ def _device_name(device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+def _architecture(device) -> str:
+    """The device's GPUSpec.architecture, from its compute capability or ROCm gfx name."""
+    if device.type != "cuda":
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    return device_architecture(torch.cuda.get_device_capability(device),
+                               getattr(props, "gcnArchName", "") if torch.version.hip else "")
+
+
 def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measurements:
     """Every benchmark on this rank (the process group, if any, is already up)."""
     device = torch.device("cuda", rank) if device_type == "cuda" else torch.device("cpu")
@@ -569,7 +579,8 @@ def measure_rank(device_type: str, rank: int, ranks: int, quick: bool) -> Measur
                         compute_dtype=str(dtype).removeprefix("torch."), memory_bytes=memory, reserved_bytes=reserved,
                         launch_overhead_s=launch, gemm=tuple(gemm), attention=tuple(att), copies=tuple(copies),
                         collectives=tuple(coll), backend=("nccl" if device.type == "cuda" else "gloo") if ranks > 1 else "",
-                        torch_version=torch.__version__, load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
+                        torch_version=torch.__version__, architecture=_architecture(device),
+                        load_average=os.getloadavg()[0], cpu_count=os.cpu_count() or 0,
                         overlap=overlap, host_memory_bytes=_host_memory_bytes(), elementwise=elementwise,
                         optimizer=optimizer, tp_layer=tp_layer, misaligned_gemm=misaligned, loss=loss,
                         host_layer=host_layer, scatter=scatter, split_backward=split,

@@ -228,6 +228,7 @@ class Measurements:
     collectives: tuple[CollectiveSample, ...] = field(default=())
     backend: str = ""              # gloo | nccl
     torch_version: str = ""
+    architecture: str = ""         # GPUSpec.architecture of the device ("" not recorded, or a CPU)
     load_average: float = 0.0      # 1-minute load average when the benchmarks ended (os.getloadavg)
     cpu_count: int = 0
     overlap: OverlapSample | None = None  # compute slowed by a concurrent collective (2+ ranks)

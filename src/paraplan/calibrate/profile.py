@@ -469,6 +469,7 @@ def _profile_lines(m: Measurements, f: _Fitted, name: str, command: str) -> list
            f"{_num(m.host_memory_bytes * m.ranks / max(m.device_count, m.ranks) / units.GIGA)}"]
           if not cpu and m.host_memory_bytes > 0 else []), "",
         "[gpu]", f"name = {_toml_str(m.device_name)}",
+        *([f"architecture = {_toml_str(m.architecture)}"] if m.architecture else []),
         f'source = "paraplan calibrate: {len(m.gemm)} GEMMs, {len(m.attention)} attention calls, '
         f'{len(m.copies)} copies, {len(m.collectives)} collectives"',
         f"# per rank: {'host memory / ranks' if cpu else 'device memory'}; reserved = the runtime before any tensor",

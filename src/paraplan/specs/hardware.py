@@ -228,6 +228,16 @@ class LinkTier:
 GPU_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell", "CDNA3", "TPUv4")
 NVIDIA_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell")
 
+
+def device_architecture(capability: tuple[int, int] | None, rocm_arch: str = "") -> str:
+    """GPUSpec.architecture of a device from what torch reports: an NVIDIA compute capability
+    (8.0 Ampere, 8.9 Ada, 9.0 Hopper, 10.x Blackwell), an AMD gfx name (gfx942: CDNA 3); ""
+    for anything else (a CPU, a consumer part)."""
+    if rocm_arch:
+        return "CDNA3" if rocm_arch.split(":")[0] == "gfx942" else ""
+    return {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper"}.get(
+        capability, "Blackwell" if capability and capability[0] == 10 else "")
+
 MAX_GPUS = 100_000_000  # a hundred times the largest clusters announced; bounds the search
 
 
