@@ -215,9 +215,10 @@ def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
     sp_div = np.where(sp, t, 1.0)
     attn, mlp = op_sac_matmuls(model, t, kept=True)
     w = np.asarray(mlp_weight, dtype=float)
-    # under torch.compile the partitioner saves only what the backward reads: not the MLP's
-    # down-projection output (it feeds the residual add alone) nor its reduce-scatter's
-    down_out = w * mlp[-1][0] if model.num_mlp_matrices % 2 == 1 else 0.0
+    # the down-projection, the layer's last matmul, is among the kept where the layer runs an
+    # odd number of them (4 + 3 with a gated MLP); compiled, it is not kept (see above)
+    down_kept = (4 + model.num_mlp_matrices) % 2 == 1
+    down_out = w * mlp[-1][0] if down_kept else 0.0
     compiled = compiled_blocks(plan)
     outputs = sum(out for out, _ in attn) + w * sum(out for out, _ in mlp) - np.where(compiled, down_out, 0.0)
     a = WEIGHT_BYTES
