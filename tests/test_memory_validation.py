@@ -161,6 +161,24 @@ def test_torchtitan_reruns_cudnn_attention_its_save_list_did_not_name():
     assert keeps(dated(""), "Blackwell")
 
 
+def test_the_plan_string_says_the_attention_is_re_run(capsys):
+    """A plan whose per-op checkpointing re-runs the attention says so (`rerun:attn`), the
+    legend explains it, and `--plan` reads it back (as the engine version's, like `kept`)."""
+    from dataclasses import replace
+
+    from paraplan.plan.axes import Recompute
+    from paraplan.plan.plan import make_plan
+    from paraplan.report.legend import terms_used, unexplained
+    from support import run
+    plan = make_plan(dp=8, micro_batch_size=1, recompute=Recompute.OP_SAC, fused_kernels=False)
+    text = replace(plan, op_sac_attention_kept=False).describe()
+    assert "rerun:attn" in text.split() and "rerun" not in plan.describe()
+    assert not unexplained([text]) and any(t.label == "rerun:attn" for t in terms_used([text]))
+    code, _, err = run(capsys, "estimate", "--model", "llama3-8b", "--gpus", "8", "--seq", "4096", "--batch", "8",
+                       "--engine", "torchtitan", "--plan", text, "--quiet")
+    assert code == 0, err
+
+
 def test_a_compiled_loss_keeps_no_fp32_logits(tmp_path):
     # the 2025 run is predicted within 15% (33% with the eager loss's 12 B per logit); the
     # same row dated December 2024 holds the eager loss: 8 B more per logit, 8192 x 128256 of

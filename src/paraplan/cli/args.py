@@ -265,6 +265,7 @@ _PLAN_TOKENS = (
      lambda m: {"grad_compression": m[1], "powersgd_rank": int(m[2]) if m[2] else None}),
     (r"compiled", lambda m: {}),  # the engine's policy (--engine torchtitan compiles its blocks)
     (r"kept:[0-9.]+B", lambda m: {}),  # the engine version's (torch pipelining's kept head outputs)
+    (r"rerun:attn", lambda m: {}),  # the engine version's (a save list without its attention kernel)
     (r"cf([0-9.eE+-]+)", lambda m: {"capacity_factor": float(m[1])}),
     (r"a2a:2d", lambda m: {"a2a_hierarchical": True}), (r"epov", lambda m: {"ep_overlap": True}),
     (r"attn:([a-z0-9]+)", lambda m: {"attention": m[1]}),

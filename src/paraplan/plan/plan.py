@@ -237,8 +237,6 @@ class Plan:
         if self.sequence_parallel:
             parts.append("SP")
         rc = str(self.recompute)
-        if self.recompute is Recompute.OP_SAC and not self.op_sac_attention_kept:
-            rc += "+attn"  # the attention kernel re-run too
         if self.recompute is Recompute.FIRST_K:
             rc = f"first{self.recompute_num_layers}"
         elif self.recompute is Recompute.SET:
@@ -264,6 +262,8 @@ class Plan:
             parts.append("compiled")
         if self.pp > 1 and self.pp_kept_output_bytes > 0.0:
             parts.append(f"kept:{self.pp_kept_output_bytes:g}B")
+        if self.recompute is Recompute.OP_SAC and not self.op_sac_attention_kept:
+            parts.append("rerun:attn")  # per-op checkpointing re-runs the attention too
         if self.capacity_factor is not None:
             parts.append(f"cf{self.capacity_factor:g}")
         if self.a2a_hierarchical:

@@ -71,6 +71,9 @@ TERMS = (
     _t("kept", "head outputs kept", "torch.distributed.pipelining keeps every micro-batch's head output on the "
        "last stage, N bytes per logit, to the step's end (torchtitan before 0.2.1; validate sets it by the row's date)",
        r"kept:[\d.]+B"),
+    _t("rerun:attn", "attention re-run", "per-op checkpointing re-runs the attention in the backward: the engine's "
+       "save list does not name the kernel it ran (torchtitan 0.1.0-0.2.0 with cuDNN's; validate sets it by the "
+       "row's date and GPU)"),
     _t("cf", "capacity factor", "MoE capacity factor: tokens past it dropped, experts padded to it",
        r"cf[\d.e+-]+"),
     _t("a2a:2d", "deduplicated dispatch", "MoE dispatch once per node and GPU (DeepEP), not once per expert"),
