@@ -449,18 +449,24 @@ def _fitted(m: Measurements, base_cluster: str) -> _Fitted:
     return _Fitted(peak_flops_per_s=peak, gemm_curve=gemm_curve, att_curves=att_curves, largest=largest, memory_bw_bytes_per_s=mem_bw, ew_eff=ew_eff, ew_compiled=ew_compiled, opt_eff=opt_eff, loss_eff=loss_eff, scatter_eff=scatter_eff, host_layer_s=host_layer, host_link_bytes_per_s=host_bw, link=link, base=base, ranks=ranks, cpu=cpu)
 
 
+def _header_lines(m: Measurements, command: str) -> list[str]:
+    """The profile's opening comments: the machine, the command, the load it was measured under."""
+    return [
+        printable(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
+                 f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives"),
+        printable(f"# written by: {command}") if command else "# written by paraplan calibrate",
+        "# Every number below is measured on this machine except where a comment says otherwise.",
+        f"# load average {m.load_average:.1f} on {m.cpu_count} CPUs when measured: other jobs slow a shared machine"
+        if m.cpu_count else "# load average not recorded"]
+
+
 def _profile_lines(m: Measurements, f: _Fitted, name: str, command: str) -> list[str]:
     """The profile's TOML, line by line, each measured number with a comment saying how."""
     (peak, gemm_curve, largest, mem_bw, ew_eff, ew_compiled, opt_eff, loss_eff, scatter_eff, host_layer, host_bw,
      ranks, cpu) = (f.peak_flops_per_s, f.gemm_curve, f.largest, f.memory_bw_bytes_per_s, f.ew_eff, f.ew_compiled, f.opt_eff, f.loss_eff,
                     f.scatter_eff, f.host_layer_s, f.host_link_bytes_per_s, f.ranks, f.cpu)
     lines = [
-        printable(f"# paraplan hardware profile: {m.device_name} ({m.device_type}), {m.ranks} rank(s) x "
-                 f"{m.threads_per_rank} thread(s), torch {m.torch_version}, {m.backend or 'no'} collectives"),
-        printable(f"# written by: {command}") if command else "# written by paraplan calibrate",
-        "# Every number below is measured on this machine except where a comment says otherwise.",
-        f"# load average {m.load_average:.1f} on {m.cpu_count} CPUs when measured: other jobs slow a shared machine"
-        if m.cpu_count else "# load average not recorded",
+        *_header_lines(m, command),
         f"name = {_toml_str(name)}", f"num_gpus = {ranks}", f"gpus_per_node = {ranks}",
         # a GPU machine's DRAM holds offloaded optimizer states; on a CPU it is the device memory
         *([f"# the measured GPUs' share of this machine's DRAM ({m.ranks} of {max(m.device_count, m.ranks)} GPUs; "
