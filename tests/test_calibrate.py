@@ -87,8 +87,8 @@ def test_a_profile_names_the_devices_architecture(tmp_path):
     profile's GPUSpec.architecture, which validate's engine policies and fit's pools read; a
     CPU's profile names none."""
     from paraplan.specs.hardware import device_architecture
-    assert [device_architecture(c) for c in ((8, 0), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0))] == [
-        "Ampere", "Ada", "Hopper", "Blackwell", "Blackwell", ""]
+    assert [device_architecture(c) for c in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (10, 3), (12, 0))] == [
+        "Ampere", "Ampere", "Ada", "Hopper", "Blackwell", "Blackwell", ""]
     assert device_architecture(None, "gfx942:sramecc+:xnack-") == "CDNA3" and device_architecture(None) == ""
     gpu = load_cluster(str(write_profile(tmp_path, replace(synthetic(), architecture="Hopper")))).gpu
     assert gpu.architecture == "Hopper"

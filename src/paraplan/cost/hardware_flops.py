@@ -18,7 +18,7 @@ from .memory import holds, op_sac_matmuls
 
 
 def hardware_flops_per_step(model: ModelSpec, lay: Layout, lf: LayerFlops, seq_len, flash, early_stop,
-                            op_sac_attention_kept=True):
+                            op_sac_attention_kept):
     """FLOPs one GPU runs per step: three passes of its layers and its share of the head and
     MTP modules, plus what recomputation re-runs (`flash`: a fused attention kernel;
     `early_stop`: checkpointing stops before the down-projections; `op_sac_attention_kept`:

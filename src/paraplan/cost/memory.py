@@ -182,6 +182,13 @@ def activation_terms(model: ModelSpec, seq_len, mlp_weight=1.0, precision=None) 
 # outputs it saves are matmuls (every other one, counted in the order a layer runs them), the
 # attention kernel, the TP reduce-scatters and max; everything else is re-run in the backward
 OP_SAC_LSE_BYTES = 4.0  # the attention kernel's saved log-sum-exp, fp32 per head and token
+ATTENTION_MATMULS = 4   # wq, wk, wv, wo: a layer's matmuls before its MLP's
+
+
+def op_sac_keeps_matmul(index: int) -> bool:
+    """Whether the per-op policy keeps a layer's matmul at 0-based `index` in the order the
+    layer runs them: the 1st, 3rd, 5th, ... (its counter restarts in every layer's checkpoint)."""
+    return index % 2 == 0
 
 
 def op_sac_matmuls(model: ModelSpec, t, kept: bool):
@@ -195,8 +202,8 @@ def op_sac_matmuls(model: ModelSpec, t, kept: bool):
     attn = [(model.q_dim / t, h), (model.kv_dim / t, h), ((model.kv_pair_dim - model.kv_dim) / t, h),
             (h, model.v_dim / t)]
     mlp = [(f / t, h)] * (model.num_mlp_matrices - 1) + [(h, f / t)]
-    return ([m for i, m in enumerate(attn) if (i % 2 == 0) is kept],
-            [m for i, m in enumerate(mlp, start=len(attn)) if (i % 2 == 0) is kept])
+    return ([m for i, m in enumerate(attn) if op_sac_keeps_matmul(i) is kept],
+            [m for i, m in enumerate(mlp, start=ATTENTION_MATMULS) if op_sac_keeps_matmul(i) is kept])
 
 
 def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
@@ -215,10 +222,8 @@ def op_sac_bytes_per_token(model: ModelSpec, plan, mlp_weight, residual_bytes):
     sp_div = np.where(sp, t, 1.0)
     attn, mlp = op_sac_matmuls(model, t, kept=True)
     w = np.asarray(mlp_weight, dtype=float)
-    # the down-projection, the layer's last matmul, is among the kept where the layer runs an
-    # odd number of them (4 + 3 with a gated MLP); compiled, it is not kept (see above)
-    down_kept = (4 + model.num_mlp_matrices) % 2 == 1
-    down_out = w * mlp[-1][0] if down_kept else 0.0
+    # the down-projection, the layer's last matmul, where the policy keeps it; compiled, not (above)
+    down_out = w * mlp[-1][0] if op_sac_keeps_matmul(ATTENTION_MATMULS + model.num_mlp_matrices - 1) else 0.0
     compiled = compiled_blocks(plan)
     outputs = sum(out for out, _ in attn) + w * sum(out for out, _ in mlp) - np.where(compiled, down_out, 0.0)
     a = WEIGHT_BYTES

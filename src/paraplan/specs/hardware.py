@@ -231,12 +231,14 @@ NVIDIA_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell")
 
 def device_architecture(capability: tuple[int, int] | None, rocm_arch: str = "") -> str:
     """GPUSpec.architecture of a device from what torch reports: an NVIDIA compute capability
-    (8.0 Ampere, 8.9 Ada, 9.0 Hopper, 10.x Blackwell), an AMD gfx name (gfx942: CDNA 3); ""
-    for anything else (a CPU, a consumer part)."""
+    (8.x Ampere but 8.9 Ada, 9.x Hopper, 10.x Blackwell), an AMD gfx name (gfx942: CDNA 3); ""
+    for anything else (a CPU, consumer Blackwell's 12.x)."""
     if rocm_arch:
         return "CDNA3" if rocm_arch.split(":")[0] == "gfx942" else ""
-    return {(8, 0): "Ampere", (8, 9): "Ada", (9, 0): "Hopper"}.get(
-        capability, "Blackwell" if capability and capability[0] == 10 else "")
+    if capability is None:
+        return ""
+    major, minor = capability
+    return {8: "Ada" if minor == 9 else "Ampere", 9: "Hopper", 10: "Blackwell"}.get(major, "")
 
 MAX_GPUS = 100_000_000  # a hundred times the largest clusters announced; bounds the search
 

@@ -547,8 +547,10 @@ def _cp_exchanges(c: dict, titan: bool) -> tuple[CPCommType, ...]:
     return (CPCommType.ALL_GATHER,) if c["cp"] is not None and c["cp"] > 1 else (CPCommType.P2P, CPCommType.ALL_GATHER)
 
 
-def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool, titan: bool) -> SpaceLimits:
-    """The search space the row's engine and labels allow."""
+def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool, titan: bool,
+                architecture: str) -> SpaceLimits:
+    """The search space the row's engine and labels allow (its engine's policy as that
+    version ran on the row's GPU `architecture`, GPUSpec.architecture)."""
     # no published row recomputes a searched set of ops (Recompute.SET): only where it says so
     recomputes = ((c["recompute"],) if c["recompute"] is not None
                   else tuple(r for r in Recompute if r is not Recompute.SET))
@@ -589,7 +591,9 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          # token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if _token_drop(row, model) else (None,), cp_comm_types=cp_comms,
                          rank_orders=orders, **_moe_dispatch(row), **_gradient_policy(row, legacy))
-    if _is_eager_deepspeed(row) and not titan:
+    if titan:
+        limits = torchtitan_limits(row, limits, architecture)
+    elif _is_eager_deepspeed(row):
         limits = deepspeed_limits(row, limits)
     return limits
 
@@ -621,9 +625,8 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     # network tiers), else the row's GPU picks its vendor's reference cluster
     named = without_note(row.get("cluster") or "")
     cluster_name = hardware or named or gpu_cluster_for(row, path, line)
-    limits = _row_limits(row, model, c, fixed, legacy, titan)
-    if titan:
-        limits = torchtitan_limits(row, limits, load_cluster(cluster_name).gpu.architecture)
+    # the GPU's architecture picks what some engine versions ran (torchtitan's attention kernel)
+    limits = _row_limits(row, model, c, fixed, legacy, titan, load_cluster(cluster_name).gpu.architecture)
     return RowSetup(model=model, cluster_name=cluster_name, num_gpus=c["num_gpus"],
                     workload=wl, fixed=fixed, limits=limits, power_limit_watts=_power_limit_watts(row))
 
