@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from support import assert_user_error, run
@@ -211,6 +212,12 @@ def test_validate_json_contract(capsys, tmp_path):
     assert math.isclose(s["max_abs_pct_error"], max(errs), rel_tol=1e-12)
     (source, by), = s["by_source"].items()
     assert source.startswith("Korthikanti et al. 2022") and by["n"] == 2
+    # both rows ran on A100s, neither model is MoE: one generation group holding both
+    assert [r["gpu"] for r in d["rows"]] == ["a100-sxm-80gb"] * 2 and not any(r["moe"] for r in d["rows"])
+    (gen, g), = s["by_generation"].items()
+    assert gen == "A100" and g["n"] == 2 and math.isclose(g["mean_abs_pct_error"], sum(errs) / 2, rel_tol=1e-12)
+    assert g["max_abs_pct_error"] == g["p90_abs_pct_error"] == max(errs)  # nearest rank: the 2nd of 2
+    assert s["moe"]["n"] == 0 and s["moe"]["mean_abs_pct_error"] is None
 
 
 def test_validate_table(capsys, tmp_path):
@@ -220,6 +227,8 @@ def test_validate_table(capsys, tmp_path):
     assert code == 0
     assert "train-dev-001" in out and "rows 2, predicted 2, skipped 0" in out
     assert "TP8" in out  # --verbose shows the plan chosen for the blank knobs
+    assert re.search(r"^A100 +2 ", out, re.MULTILINE)  # the error by GPU generation
+    assert "MoE (all GPUs)" not in out  # no MoE row, no MoE line
 
 
 @pytest.mark.parametrize("content,column,detail", [

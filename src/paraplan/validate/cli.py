@@ -13,11 +13,7 @@ from ..errors import SpecError
 from ..report.strict_json import json_text
 from ..report.table import grid
 from .fit import KNOBS, cross_validate_sources, fit_gpu, predict_at, prior_knobs, profile_toml, tabulate
-
-# GPU preset -> the generation the accuracy table groups it under
-GENERATIONS = {"a100-sxm-80gb": "A100", "a100-sxm-40gb": "A100", "h100-sxm-80gb": "H100/H200",
-               "h200-sxm-141gb": "H100/H200", "b200": "B200/GB200", "gb200": "B200/GB200",
-               "b300": "B300/GB300", "gb300": "B300/GB300"}
+from .rows import generation
 
 
 def _progress(label: str):
@@ -109,10 +105,10 @@ def cross_validation(files: list[str]) -> dict:
                 "preset_mean_abs_pct_error": _mean_abs([(x["preset"], x["measured"]) for x in chosen]),
                 "in_sample_mean_abs_pct_error": _mean_abs([(x["in_sample"], x["measured"]) for x in chosen]),
                 "cv_mean_abs_pct_error": _mean_abs([(x["out_of_source"], x["measured"]) for x in chosen])}
-    generations = sorted({GENERATIONS.get(r["gpu"], r["gpu"]) for r in rows})
+    generations = sorted({generation(r["gpu"]) for r in rows})
     return {"rows": rows, "skipped": skipped,
             "summary": {"all": group(lambda x: True), "moe": group(lambda x: x["moe"]),
-                        "by_generation": {g: group(lambda x, g=g: GENERATIONS.get(x["gpu"], x["gpu"]) == g)
+                        "by_generation": {g: group(lambda x, g=g: generation(x["gpu"]) == g)
                                           for g in generations},
                         "by_source": {s: group(lambda x, s=s: x["source"] == s) for s in sorted({r["source"] for r in rows})},
                         "knobs_in_sample": {g: next(c["knobs_in_sample"] for r, c in zip(runs, cv) if r.gpu == g)

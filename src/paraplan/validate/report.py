@@ -34,6 +34,8 @@ def render_validation(result: dict, verbose: bool = False) -> str:
                    f"max {s['max_abs_pct_error']:.2f}%")
     else:
         out.append(f"rows {s['n']}, none predicted")
+    if s.get("by_generation"):
+        out += ["", render_groups(s)]
     if "peak_memory" in s:
         out += ["", render_peak_memory(s["peak_memory"])]
     return "\n".join(out)
@@ -41,6 +43,17 @@ def render_validation(result: dict, verbose: bool = False) -> str:
 
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1f}%"
+
+
+def render_groups(s: dict) -> str:
+    """Error by GPU generation (the GPU preset each row was predicted on) and for the MoE rows."""
+    def line(name, g):
+        return [name, str(g["n"]), _pct(g["mean_abs_pct_error"]), _pct(g["p90_abs_pct_error"]),
+                _pct(g["max_abs_pct_error"])]
+    table = [line(g, v) for g, v in s["by_generation"].items()]
+    if s["moe"]["n"]:
+        table.append(line("MoE (all GPUs)", s["moe"]))
+    return grid(["rows", "n", "mean |error|", "p90", "max |error|"], table, align="lrrrr")
 
 
 def render_peak_memory(m: dict) -> str:

@@ -180,27 +180,47 @@ def source_group(source: str) -> str:
     return re.sub(r"(,? ?(table header line|data row|line) \d+)+", "", source).replace(" ()", "").strip()
 
 
+# GPU preset -> the generation validate's summaries (and docs/accuracy.md's tables) group it under;
+# a preset not named here is its own group
+GENERATIONS = {"a100-sxm-80gb": "A100", "a100-sxm-40gb": "A100", "h100-sxm-80gb": "H100/H200",
+               "h200-sxm-141gb": "H100/H200", "b200": "B200/GB200", "gb200": "B200/GB200",
+               "b300": "B300/GB300", "gb300": "B300/GB300", "gh200-96gb": "GH200", "gh200-144gb": "GH200",
+               "l40s": "L40S", "mi300x": "MI300X"}
+
+
+def generation(gpu: str) -> str:
+    """The generation a GPU preset's rows are summarized under (GENERATIONS; else its name)."""
+    return GENERATIONS.get(gpu, gpu)
+
+
+def error_stats(abs_errors: list[float]) -> dict:
+    """n, mean, p90 (the nearest-rank 90th percentile) and max of absolute % errors (None where none)."""
+    errs = sorted(abs_errors)
+    if not errs:
+        return {"n": 0, "mean_abs_pct_error": None, "p90_abs_pct_error": None, "max_abs_pct_error": None}
+    p90 = errs[min(len(errs) - 1, max(0, math.ceil(0.9 * len(errs)) - 1))]
+    return {"n": len(errs), "mean_abs_pct_error": sum(errs) / len(errs), "p90_abs_pct_error": p90,
+            "max_abs_pct_error": errs[-1]}
+
+
 def summarize(rows: list[dict]) -> dict:
+    """Error over every predicted row, by source, and -- where the rows say their GPU preset and
+    whether the model is MoE (training rows) -- by GPU generation and for the MoE rows."""
     done = [r for r in rows if r["skipped"] is None]
-    errs = sorted(abs(r["error_pct"]) for r in done)
     by_source: dict = {}
+    by_generation: dict = {}
     for r in done:
-        key = source_group(r["source"])
-        by_source.setdefault(key, []).append(abs(r["error_pct"]))
-
-    def pct(q):
-        if not errs:
-            return None
-        i = min(len(errs) - 1, max(0, math.ceil(q * len(errs)) - 1))
-        return errs[i]
-
+        by_source.setdefault(source_group(r["source"]), []).append(abs(r["error_pct"]))
+        if r.get("gpu"):
+            by_generation.setdefault(generation(r["gpu"]), []).append(abs(r["error_pct"]))
     out = {
         "n": len(rows), "n_predicted": len(done), "n_skipped": len(rows) - len(done),
-        "mean_abs_pct_error": sum(errs) / len(errs) if errs else None,
-        "p90_abs_pct_error": pct(0.9),
-        "max_abs_pct_error": errs[-1] if errs else None,
+        **{k: v for k, v in error_stats([abs(r["error_pct"]) for r in done]).items() if k != "n"},
         "by_source": {k: {"n": len(v), "mean_abs_pct_error": sum(v) / len(v)} for k, v in by_source.items()},
     }
+    if by_generation:
+        out["by_generation"] = {g: error_stats(v) for g, v in sorted(by_generation.items())}
+        out["moe"] = error_stats([abs(r["error_pct"]) for r in done if r.get("moe")])
     peak = memory_summary(rows, source_group)  # its own section beside the time metrics
     if peak is not None:
         out["peak_memory"] = peak

@@ -828,10 +828,11 @@ def predict_row(row: dict, path: str, line: int, hardware: str | None = None) ->
     if out["skipped"]:
         return out
     setup = row_setup(row, path, line, hardware)
-    if not peak:
-        pred, plan, note = predict_on(row, setup, row_cluster(setup))
-        return with_prediction(out, pred, plan, note)
     cluster = row_cluster(setup)
+    out.update(gpu=cluster.gpu.name, moe=setup.model.is_moe)  # what the summary groups by
+    if not peak:
+        pred, plan, note = predict_on(row, setup, cluster)
+        return with_prediction(out, pred, plan, note)
     est, note = best_estimate(row, setup, cluster)
     details = predicted_peak(row, logged_memory(row, setup, est))
     out = with_prediction(out, details.pop("predicted"), est.plan.describe(), note)
