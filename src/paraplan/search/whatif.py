@@ -140,8 +140,10 @@ def assumptions(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     # optimizer states offloaded to the host cross its link every step
     if any(p.offload_optimizer for p in plans):
         out.append(Assumption.HOST_LINK)
-    # dropless routing over more than one expert-parallel rank (else the load factor is 1 or the capacity)
-    if model.is_moe and any(p.capacity_factor is None and p.ep > 1 for p in plans):
+    # dropless routing over more than one expert-parallel rank (else the load factor is 1 or the
+    # capacity), at a stated imbalance (a router as initialized has its own: cost/moe.py)
+    if (model.is_moe and not workload.moe_routing_at_init
+            and any(p.capacity_factor is None and p.ep > 1 for p in plans)):
         out.append(Assumption.IMBALANCE)
     return tuple(out)
 

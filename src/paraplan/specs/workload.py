@@ -85,6 +85,10 @@ class Workload:
     # assumption (a router trained with a load-balancing loss), not a measurement: set it from
     # your router's statistics; benchmarks that force-balance the routing use 1.0.
     moe_imbalance: float = 1.1
+    # MoE, dropless: the router as initialized (a benchmark from random weights on synthetic
+    # data): each token's experts uniformly at random, the busiest rank's load from their order
+    # statistics (cost/moe.py random_routing_imbalance) instead of moe_imbalance
+    moe_routing_at_init: bool = False
     # Interruptions (hardware faults, hangs) per GPU per day: Llama 3 405B pre-training saw 419
     # unexpected interruptions in a 54-day snapshot on 16,384 H100 (Dubey et al. 2024, Sec.
     # 3.3.4, Table 5): 419 / (54 × 16,384). Set your fleet's rate; 0 disables the estimate.

@@ -295,6 +295,22 @@ def _gradient_policy(row: dict, legacy: bool) -> dict:
     return {"grad_reduce_fp32": legacy or megatron_cli, "grad_buffer_16bit": False}
 
 
+# a row that fine-tunes a trained model: its router is trained, not as initialized
+_FINE_TUNING = re.compile(r"fine-?tun|\bsft\b|\bpeft\b|\blora\b", re.IGNORECASE)
+
+
+def _routing_policy(row: dict) -> dict:
+    """How the row's dropless MoE run routed (Workload fields): "force-balanced token
+    distribution" (Megatron-Bridge's MoE benchmarks) is no imbalance; a run that fine-tunes has a
+    trained router (the workload's stated imbalance); any other published run is a throughput
+    benchmark from random weights on synthetic data, its router as initialized
+    (Workload.moe_routing_at_init)."""
+    text = " ".join(row.get(col) or "" for col in ("model", "source", "notes"))
+    if "force-balanced" in text.lower():
+        return {"moe_imbalance": 1.0}
+    return {} if _FINE_TUNING.search(text) else {"moe_routing_at_init": True}
+
+
 def _token_drop(row: dict, model: ModelSpec) -> bool:
     """Whether the row's MoE run dropped tokens at capacity factor 1.0, padded: its model or
     notes say so (Megatron-Bridge's token-drop recipes), or it ran NeMo 2's performance recipe
@@ -613,12 +629,10 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
             raise SpecError("row", col, "", "a training row needs it (a whole number >= 1)")
     fixed, gbs = _row_fixed(row, c, titan, c["global_batch"])
     seq = c["seq_len"]
-    # "force-balanced token distribution" (Megatron-Bridge MoE benchmarks): no imbalance
-    balanced = "force-balanced" in (row.get("notes") or "").lower()
     if c["precision"] is None:
         raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
     wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"], fp8_recipe=c["fp8_recipe"],
-                  expandable_segments=expandable_segments(row), **({"moe_imbalance": 1.0} if balanced else {}))
+                  expandable_segments=expandable_segments(row), **_routing_policy(row))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
