@@ -78,3 +78,24 @@ def test_an_initialized_router_prices_its_own_imbalance_and_whatif_has_no_stated
 ])
 def test_validate_reads_how_a_row_routed(notes, policy):
     assert _routing_policy({"model": "m", "source": "s", "notes": notes}) == policy
+
+
+def _step_s(capsys, imbalance):
+    from support import run
+    code, out, err = run(capsys, "estimate", "--model", "qwen3-30b-a3b", "--gpus", "16", "--seq", "4096",
+                         "--batch", "64", "--tp", "1", "--pp", "1", "--ep", "16", "--mb", "1", "--json",
+                         "--moe-imbalance", imbalance)
+    assert code == 0, err
+    import json
+    return json.loads(out)["step_time_s"]
+
+
+def test_cli_moe_imbalance_init_sits_between_balance_and_the_default(capsys):
+    assert _step_s(capsys, "1.0") < _step_s(capsys, "init") < _step_s(capsys, "1.1")
+
+
+def test_cli_moe_imbalance_neither_number_nor_init_is_one_line(capsys):
+    from support import assert_user_error, run
+    code, out, err = run(capsys, "estimate", "--model", "qwen3-30b-a3b", "--moe-imbalance", "initial")
+    line = assert_user_error(code, out, err)
+    assert "'initial' is not allowed" in line and "'init'" in line

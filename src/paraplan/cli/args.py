@@ -83,10 +83,11 @@ def add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mtp-layers", type=_int_up_to(MAX_MTP_LAYERS, least=0), default=None,
                    help="multi-token-prediction modules trained after the last layer (default: the model's, "
                         "DeepSeek-V3's 1; 0 trains none)")
-    g.add_argument("--moe-imbalance", type=_number, default=None,
+    g.add_argument("--moe-imbalance", type=_imbalance, default=None,
                    help="MoE, dropless: busiest expert-parallel rank's routed tokens over the mean "
                         "(default 1.1, an assumption; 1.0 = perfectly balanced; at most EP and "
-                        "experts/top-k, where a rank receives every token)")
+                        "experts/top-k, where a rank receives every token); 'init': the router as "
+                        "initialized, as in a benchmark from random weights (uniform random routing)")
     g.add_argument("--interruptions-per-gpu-day", type=_non_negative_float, default=LLAMA3_INTERRUPTIONS_PER_GPU_DAY,
                    help=f"job interruptions per GPU per day (default {LLAMA3_INTERRUPTIONS_PER_GPU_DAY:.2g}: Llama 3's "
                         "419 in 54 days on 16,384 H100; 0: no failures)")
@@ -316,16 +317,33 @@ def finite_flag(flag: str, value: float) -> float:
     return value
 
 
+MOE_IMBALANCE_AT_INIT = "init"  # --moe-imbalance: the router as initialized (Workload.moe_routing_at_init)
+
+
+def _imbalance(text: str) -> float | str:
+    """--moe-imbalance: a number (check_moe_imbalance checks its range) or 'init'."""
+    if text.strip().lower() == MOE_IMBALANCE_AT_INIT:
+        return MOE_IMBALANCE_AT_INIT
+    try:
+        return _number(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed; allowed: a number from 1.0, or "
+                                         f"{MOE_IMBALANCE_AT_INIT!r} (the router as initialized)") from None
+
+
 def check_moe_imbalance(args: argparse.Namespace, model: ModelSpec) -> None:
     """--moe-imbalance is the busiest EP rank's routed tokens over the mean: a rank receives
     each token at most min(k, E/ep) times of the k·T/ep it gets on average, so the factor is
-    at most min(EP, E/k) (cost/moe.py load_factor); EP where it is pinned, else E/k."""
+    at most min(EP, E/k) (cost/moe.py load_factor); EP where it is pinned, else E/k. 'init'
+    (the router as initialized) has its own (cost/moe.py random_routing_imbalance)."""
     lam = args.moe_imbalance
     if lam is None:
         return
     if not model.is_moe:  # as --capacity-factor: a flag that would change nothing is refused
         raise SpecError("workload", "--moe-imbalance", lam,
                         f"applies to mixture-of-experts models only; {model.name} is dense")
+    if lam == MOE_IMBALANCE_AT_INIT:
+        return
     most = model.num_experts / model.top_k
     ep = getattr(args, "ep", None)
     if ep is not None and ep > 1:
@@ -336,6 +354,13 @@ def check_moe_imbalance(args: argparse.Namespace, model: ModelSpec) -> None:
                         f"from 1.0 to {most:g} is allowed: the busiest rank's load over the mean is at most "
                         f"{pinned}experts/top-k = {model.num_experts}/{model.top_k} of {model.name} "
                         "(one rank receiving every token)")
+
+
+def _routing(imbalance: float | str | None) -> dict:
+    """The Workload fields --moe-imbalance sets: none (the default), the router as initialized, or a factor."""
+    if imbalance is None:
+        return {}
+    return {"moe_routing_at_init": True} if imbalance == MOE_IMBALANCE_AT_INIT else {"moe_imbalance": imbalance}
 
 
 def default_batch(seq: int) -> int:
@@ -408,7 +433,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
             raise SpecError("workload", "--batch-tokens", tokens, f"at most {MAX_COUNT} sequences of --seq {args.seq}")
     return Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
                     fp8_recipe=recipe, optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
-                    **({} if args.moe_imbalance is None else {"moe_imbalance": args.moe_imbalance}),
+                    **_routing(args.moe_imbalance),
                     restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
                     storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
                     interruptions_per_gpu_day=args.interruptions_per_gpu_day,
