@@ -356,7 +356,7 @@ def check_moe_imbalance(args: argparse.Namespace, model: ModelSpec) -> None:
                         "(one rank receiving every token)")
 
 
-def _routing(imbalance: float | str | None) -> dict:
+def _routing_fields(imbalance: float | str | None) -> dict:
     """The Workload fields --moe-imbalance sets: none (the default), the router as initialized, or a factor."""
     if imbalance is None:
         return {}
@@ -433,7 +433,7 @@ def workload_from_args(args: argparse.Namespace) -> Workload:
             raise SpecError("workload", "--batch-tokens", tokens, f"at most {MAX_COUNT} sequences of --seq {args.seq}")
     return Workload(global_batch_size=gbs, seq_len=args.seq, precision=parse_precision(args.precision, "--precision"),
                     fp8_recipe=recipe, optimizer=optimizer, token_budget=args.tokens, usd_per_gpu_hour=args.price,
-                    **_routing(args.moe_imbalance),
+                    **_routing_fields(args.moe_imbalance),
                     restart_s=finite_flag("--restart-min", 60.0 * args.restart_min),
                     storage_bytes_per_s=finite_flag("--storage-gb-per-s", _GIGA * args.storage_gb_per_s),
                     interruptions_per_gpu_day=args.interruptions_per_gpu_day,

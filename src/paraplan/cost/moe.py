@@ -5,7 +5,10 @@ experts' ffn size, ep expert parallel, etp expert tensor parallel, T_r = T/t tok
 routes per micro-batch (sequence parallel splits them over TP; Megatron-Core requires SP
 for MoE with TP>1), λ the load factor of the busiest rank: the capacity factor when tokens
 are dropped and padded to capacity (GShard, Lepikhin et al. 2021; Switch, Fedus et al.
-2022), else the workload's max/mean load imbalance (dropless, MegaBlocks, Gale et al. 2023).
+2022), else the workload's max/mean load imbalance (dropless, MegaBlocks, Gale et al. 2023),
+or, for a router as initialized (Workload.moe_routing_at_init), the busiest rank's load under
+uniform random routing (random_routing_imbalance: m = E/ep experts a rank, z_n the expected
+maximum of n standard normals).
 
 Per MoE layer and micro-batch, on the busiest rank:
   router     GEMM T_r×h×E, softmax/top-k over T_r·E fp32 logits;
@@ -44,6 +47,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..num import Num
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
@@ -90,7 +94,7 @@ def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
     return np.minimum(float(model.num_moe_layers), np.ceil(_f(layers_on_stage) / model.moe_layer_interval))
 
 
-def load_factor(workload: Workload, plan, imbalance=None):
+def load_factor(workload: Workload, plan, imbalance: Num | None = None) -> Num:
     """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping). A
     dropless rank that holds every expert (EP = 1) runs exactly its own T_r·k copies: 1. A
     rank receives each token at most min(k, E/ep) times, so the imbalance is at most EP (and
@@ -115,31 +119,36 @@ def expected_max_standard_normal(n: int) -> float:
     return float(np.sum(0.5 * (y[1:] + y[:-1]) * np.diff(x)))  # the trapezoid rule (numpy 1.24 has no trapezoid)
 
 
-def random_routing_imbalance(model: ModelSpec, ep, routed_tokens):
+def random_routing_imbalance(model: ModelSpec, ep: Num, routed_tokens: Num) -> Num:
     """λ of a router as initialized, each token's k experts drawn uniformly at random without
-    replacement (a benchmark from random weights on synthetic data; no load-balancing has had
-    to act): a rank holding m = E/ep experts receives from each of the group's ep·T_r tokens a
+    replacement (i.i.d. synthetic tokens through random weights; no load balancing has had to
+    act). A rank holding m = E/ep experts receives from each of the group's ep·T tokens a
     hypergeometric number of copies, mean k·m/E and variance k·(m/E)(1 − m/E)(E − k)/(E − 1);
-    over the micro-batch its load is about normal with mean T_r·k, and the busiest of the ep
-    ranks sits E[max of ep standard normals] standard deviations above it. `routed_tokens`:
-    T_r, the tokens one rank routes per micro-batch. Vectorized over ep and T_r."""
+    over the micro-batch its load is about normal, mean T·k and standard deviation σ. The ep
+    loads sum to the group's copies, so they are correlated −1/(ep − 1): i.i.d. normals less
+    their mean, whose largest sits z_ep·σ·√(ep/(ep − 1)) above the mean (z_n: Tippett's
+    expected maximum; at ep = 2 exactly σ·√(2/π), a folded normal). `routed_tokens`: T, the
+    tokens an expert-parallel position routes per micro-batch (its ETP group's together: the
+    expert's rows are their union). Vectorized over ep and T."""
     E, k = float(model.num_experts), float(model.top_k)
     ep = np.maximum(_f(ep), 1.0)
-    T_r = np.maximum(_f(routed_tokens), 1.0)
+    T = np.maximum(_f(routed_tokens), 1.0)
     share = 1.0 / ep  # m/E
     per_token_var = k * share * (1.0 - share) * (E - k) / max(E - 1.0, 1.0)
-    sigma = np.sqrt(ep * T_r * per_token_var)
+    sigma = np.sqrt(ep * T * per_token_var)
     degrees, at = np.unique(ep, return_inverse=True)  # a plan batch holds few distinct EP degrees
     z = np.array([expected_max_standard_normal(int(d)) for d in degrees])[at].reshape(np.shape(ep))
-    return 1.0 + z * sigma / (T_r * k)
+    sum_fixed = np.sqrt(ep / np.maximum(ep - 1.0, 1.0))
+    return 1.0 + z * sum_fixed * sigma / (T * k)
 
 
-def routing_imbalance(model: ModelSpec, workload: Workload, plan, tokens, tp):
+def routing_imbalance(model: ModelSpec, workload: Workload, plan, tokens: Num, tp: Num) -> Num:
     """The dropless imbalance before load_factor's caps: the workload's stated one, or, for a
-    router as initialized (Workload.moe_routing_at_init), random_routing_imbalance."""
+    router as initialized (Workload.moe_routing_at_init), random_routing_imbalance over the
+    tokens an ETP group routes (etp ranks of T/t each, whose union the expert computes)."""
     if not workload.moe_routing_at_init:
         return workload.moe_imbalance
-    return random_routing_imbalance(model, plan.ep, _f(tokens) / _f(tp))
+    return random_routing_imbalance(model, plan.ep, _f(plan.etp) * _f(tokens) / _f(tp))
 
 
 def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):

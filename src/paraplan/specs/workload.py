@@ -87,7 +87,7 @@ class Workload:
     moe_imbalance: float = 1.1
     # MoE, dropless: the router as initialized (a benchmark from random weights on synthetic
     # data): each token's experts uniformly at random, the busiest rank's load from their order
-    # statistics (cost/moe.py random_routing_imbalance) instead of moe_imbalance
+    # statistics (cost/moe.py random_routing_imbalance); moe_imbalance is then not read
     moe_routing_at_init: bool = False
     # Interruptions (hardware faults, hangs) per GPU per day: Llama 3 405B pre-training saw 419
     # unexpected interruptions in a 54-day snapshot on 16,384 H100 (Dubey et al. 2024, Sec.
@@ -121,9 +121,13 @@ class Workload:
             raise SpecError("workload", "fp8_recipe", str(self.fp8_recipe),
                             f"a scaling recipe of FP8 training; this workload's precision is {self.precision} "
                             "(--precision fp8, or leave --fp8-recipe at tensorwise)")
-        if not 1.0 <= self.moe_imbalance < math.inf:
+        if isinstance(self.moe_imbalance, bool) or not isinstance(self.moe_imbalance, (int, float)) \
+                or not 1.0 <= self.moe_imbalance < math.inf:
             raise SpecError("workload", "moe_imbalance", self.moe_imbalance,
-                            "must be a finite number >= 1.0 (busiest expert-parallel rank's load over the mean)")
+                            "must be a finite number >= 1.0 (busiest expert-parallel rank's load over the mean; "
+                            "moe_routing_at_init=True for a router as initialized)")
+        if not isinstance(self.moe_routing_at_init, bool):
+            raise SpecError("workload", "moe_routing_at_init", self.moe_routing_at_init, "True or False")
         if not 0 < self.token_budget <= MAX_TOKEN_BUDGET:
             raise SpecError("workload", "token_budget", self.token_budget,
                             f"must be a number > 0 and <= {MAX_TOKEN_BUDGET:g} tokens (--tokens)")

@@ -295,20 +295,26 @@ def _gradient_policy(row: dict, legacy: bool) -> dict:
     return {"grad_reduce_fp32": legacy or megatron_cli, "grad_buffer_16bit": False}
 
 
-# a row that fine-tunes a trained model: its router is trained, not as initialized
-_FINE_TUNING = re.compile(r"fine-?tun|\bsft\b|\bpeft\b|\blora\b", re.IGNORECASE)
+# a row that fine-tunes a trained model (its router is trained), and one that says it ran on
+# synthetic tokens; "q-lora"/"kv-lora" (MLA's ranks) are not LoRA
+_FINE_TUNING = re.compile(r"fine-?tun|\bsft\b|\bpeft\b|(?<![\w-])lora\b", re.IGNORECASE)
+_SYNTHETIC_DATA = re.compile(r"\bmock\b|synthetic", re.IGNORECASE)
 
 
 def _routing_policy(row: dict) -> dict:
     """How the row's dropless MoE run routed (Workload fields): "force-balanced token
     distribution" (Megatron-Bridge's MoE benchmarks) is no imbalance; a run that fine-tunes has a
-    trained router (the workload's stated imbalance); any other published run is a throughput
-    benchmark from random weights on synthetic data, its router as initialized
-    (Workload.moe_routing_at_init)."""
+    trained router (the stated imbalance); a run from random weights on i.i.d. synthetic tokens
+    -- NeMo 2's performance scripts pretrain on MockDataModule (nemo_toolkit 2.3.0
+    llm/gpt/data/mock.py: uniform random token ids), or the notes say mock or synthetic data --
+    has its router as initialized (Workload.moe_routing_at_init); any other keeps the stated one."""
     text = " ".join(row.get(col) or "" for col in ("model", "source", "notes"))
     if "force-balanced" in text.lower():
         return {"moe_imbalance": 1.0}
-    return {} if _FINE_TUNING.search(text) else {"moe_routing_at_init": True}
+    if _FINE_TUNING.search(text):
+        return {}
+    at_init = _nemo2_container(row) is not None or _SYNTHETIC_DATA.search(text) is not None
+    return {"moe_routing_at_init": True} if at_init else {}
 
 
 def _token_drop(row: dict, model: ModelSpec) -> bool:
