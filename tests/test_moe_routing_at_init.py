@@ -20,7 +20,7 @@ from paraplan.search.whatif import Assumption, assumptions
 from paraplan.specs.catalog import load_cluster
 from paraplan.specs.model import ModelSpec
 from paraplan.specs.workload import Precision, Workload
-from paraplan.validate.training import _routing_policy
+from paraplan.validate.recipes import routing_policy
 
 MOE = ModelSpec(name="moe-test", num_layers=8, hidden_size=2048, ffn_hidden_size=6144, num_heads=32,
                 num_kv_heads=4, head_dim=128, vocab_size=32000, num_experts=64, top_k=4,
@@ -99,7 +99,7 @@ def test_an_initialized_router_prices_its_own_imbalance_and_whatif_has_no_stated
     ({"notes": "the_pile shard00, 50 iterations"}, {}), ({}, {}),
 ])
 def test_validate_reads_how_a_row_routed(row, policy):
-    assert _routing_policy({"model": "m", "source": "s", **row}) == policy
+    assert routing_policy({"model": "m", "source": "s", **row}) == policy
 
 
 def _step_s(capsys, imbalance):

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from ..cost.allocator import MemoryStat
 from ..cost.flops import megatron_flops_per_iteration, model_flops_per_token
-from ..cost.low_precision import LOW_PRECISIONS
 from ..cost.stage_memory import LAST_STAGE, plan_memory
 from ..export.deepspeed import SUPPORT as DEEPSPEED
 from ..export.torchtitan import SUPPORT as TORCHTITAN
@@ -29,6 +28,7 @@ from ..specs.workload import Fp8Recipe, Precision, Workload, parse_precision
 from ..units import GIB, TERA
 from .memory import (METRIC as PEAK_METRIC, check_complete, expandable_segments, logs_last_rank, memory_stat,
                      predicted_peak)
+from .recipes import gradient_policy, moe_dispatch, routing_policy, token_drop
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
@@ -81,29 +81,6 @@ def _megatron_default_dropout(row: dict) -> bool:
         return False
     rates = re.findall(r"dropout\s*[=:]?\s*(\d*\.?\d+)", notes)
     return any(float(r) > 0.0 for r in rates) if rates else True
-
-
-# EP overlap where a row names it (Megatron-Core --overlap-moe-expert-parallel-comm,
-# Megatron-Bridge comm_overlap.overlap_moe_expert_parallel_comm / moe_a2a_overlap)
-_EP_OVERLAP = re.compile(r"overlap[-_ ]moe[-_ ]expert[-_ ]parallel[-_ ]comm|moe[-_ ]a2a[-_ ]overlap|\b(ep|a2a|all-to-all)"
-                         r"[- ]overlap", re.IGNORECASE)
-# the dispatcher where a row names it: the alltoall dispatcher's flat all-to-all, or the flex
-# dispatcher's deduplicating one (DeepEP, HybridEP)
-_FLAT_DISPATCH = re.compile(r"\balltoall dispatcher|dispatcher[ :=]*alltoall", re.IGNORECASE)
-_DEDUP_DISPATCH = re.compile(r"\bflex dispatcher|dispatcher[ :=]*flex|deepep|hybridep", re.IGNORECASE)
-
-
-def _moe_dispatch(row: dict) -> dict:
-    """The MoE dispatch a row's run may have used (SpaceLimits fields): the flat or the
-    deduplicating dispatch as its notes name it, else either (searched); EP overlap only where
-    they name it. Megatron-Core's default is off (transformer_config.py,
-    overlap_moe_expert_parallel_comm = False, 0.16.1), as in Megatron-Bridge's recipes
-    (`# cfg.comm_overlap.overlap_moe_expert_parallel_comm = False`, 0.4.0) and in all but a few
-    of its published performance recipes (perf_recipes/, 0.6.0: Qwen3-235B and Qwen3-30B on H100,
-    DeepSeek-V3 MXFP8/NVFP4 on B200, GPT-OSS on GB200); the eager engines have none."""
-    text = (row.get("framework") or "") + " " + (row.get("notes") or "")
-    flat, dedup = bool(_FLAT_DISPATCH.search(text)), bool(_DEDUP_DISPATCH.search(text))
-    return {"hierarchical_a2a": dedup or not flat, "ep_overlap": bool(_EP_OVERLAP.search(text))}
 
 
 def _is_composer(row: dict) -> bool:
@@ -249,82 +226,6 @@ def model_preset(name: str) -> ModelSpec | None:
         except ParaplanError:
             continue
     return None
-
-
-# The MoE models whose NeMo 2 performance recipes drop tokens: MegatronTokenDropCallback
-# (capacity factor 1.0, expert inputs padded to capacity; it asserts the alltoall dispatcher) in
-# the performance mode of NeMo's Mixtral recipes (nemo_toolkit 2.0.0 on, the 24.09 containers)
-# and Llama 4 recipes (2.3.0 on), in scripts/performance/llm/pretrain_deepseek_v3.py
-# (USE_TOKEN_DROP = True, 2.3.0 on) and pretrain_qwen3_*.py (2.4.0 on); NeMo has no Grok-1 recipe
-NEMO_TOKEN_DROP_MODELS = ("mixtral-8x7b", "mixtral-8x22b", "llama4-maverick", "llama4-scout", "deepseek-v3",
-                          "qwen3-235b-a22b", "qwen3-30b-a3b")
-# a NeMo 2 container as rows name it ("NeMo 25.04.01 (dgxc v25.05.04)", "NeMo 25.02 (NeMo 2.0 /
-# Megatron-Core)"); Megatron-Bridge's rows ("... (NeMo 26.02)") run its own recipes
-_NEMO_CONTAINER = re.compile(r"^nemo (\d\d)\.(\d\d)")
-
-
-def _nemo2_container(row: dict) -> tuple[int, int] | None:
-    """(year, month) of the NeMo 2 container a row names (24.09 on, nemo_toolkit 2.0.0 on), else None."""
-    m = _NEMO_CONTAINER.match((row.get("framework") or "").strip().lower())
-    version = (int(m[1]), int(m[2])) if m else None
-    return version if version and version >= (24, 9) else None
-
-
-def _gradient_policy(row: dict, legacy: bool) -> dict:
-    """The gradients' dtype as the row's run kept and reduced them (SpaceLimits fields):
-    - Megatron-LM's command line in BF16 accumulates and reduces in fp32 (validate_args sets
-      accumulate_allreduce_grads_in_fp32 unless --grad-reduce-in-bf16; arguments.py, core_v0.16.1),
-      as 2021–22 Megatron-LM did in FP16;
-    - NeMo 2's performance scripts turn it off for FP8 from nemo_toolkit 2.3.0 (the 25.04
-      containers; scripts/performance/utils.py set_primary_perf_configs) and for every precision
-      from 2.4.0 (25.07; helpers.py set_precision_configs); before, MegatronMixedPrecision's
-      default grad_reduce_in_fp32=True held;
-    - Megatron-Bridge's performance recipes turn it off (perf_recipes/_common.py _perf_precision,
-      0.6.2: "Always sets grad_reduce_in_fp32=False");
-    and Megatron-Core then keeps a 16-bit gradient buffer (Plan.grad_buffer_16bit). Other rows
-    keep the 16-bit reduction and fp32 gradients they were priced with."""
-    framework = (row.get("framework") or "").strip().lower()
-    if "megatron-bridge" in framework:
-        return {"grad_reduce_fp32": False, "grad_buffer_16bit": True}
-    version = _nemo2_container(row)
-    if version:
-        low = published_precision(row.get("precision") or "") in LOW_PRECISIONS
-        off = version >= (25, 7) or (version >= (25, 4) and low)
-        return {"grad_reduce_fp32": not off, "grad_buffer_16bit": off}
-    megatron_cli = framework.startswith("megatron-lm") or framework.startswith("megatron-core r")
-    return {"grad_reduce_fp32": legacy or megatron_cli, "grad_buffer_16bit": False}
-
-
-# a row that fine-tunes a trained model (its router is trained), and one that says it ran on
-# synthetic tokens; "q-lora"/"kv-lora" (MLA's ranks) are not LoRA
-_FINE_TUNING = re.compile(r"fine-?tun|\bsft\b|\bpeft\b|(?<![\w-])lora\b", re.IGNORECASE)
-_SYNTHETIC_DATA = re.compile(r"\bmock\b|synthetic", re.IGNORECASE)
-
-
-def _routing_policy(row: dict) -> dict:
-    """How the row's dropless MoE run routed (Workload fields): "force-balanced token
-    distribution" (Megatron-Bridge's MoE benchmarks) is no imbalance; a run that fine-tunes has a
-    trained router (the stated imbalance); a run from random weights on i.i.d. synthetic tokens
-    -- NeMo 2's performance scripts pretrain on MockDataModule (nemo_toolkit 2.3.0
-    llm/gpt/data/mock.py: uniform random token ids), or the notes say mock or synthetic data --
-    has its router as initialized (Workload.moe_routing_at_init); any other keeps the stated one."""
-    text = " ".join(row.get(col) or "" for col in ("model", "source", "notes"))
-    if "force-balanced" in text.lower():
-        return {"moe_imbalance": 1.0}
-    if _FINE_TUNING.search(text):
-        return {}
-    at_init = _nemo2_container(row) is not None or _SYNTHETIC_DATA.search(text) is not None
-    return {"moe_routing_at_init": True} if at_init else {}
-
-
-def _token_drop(row: dict, model: ModelSpec) -> bool:
-    """Whether the row's MoE run dropped tokens at capacity factor 1.0, padded: its model or
-    notes say so (Megatron-Bridge's token-drop recipes), or it ran NeMo 2's performance recipe
-    of a model that drops tokens (NEMO_TOKEN_DROP_MODELS, from 24.09 on)."""
-    text = (row.get("model", "") + " " + row.get("notes", "")).lower()
-    if "tokendrop" in text or "token-drop" in text or "token drop" in text:
-        return True
-    return _nemo2_container(row) is not None and model.name in NEMO_TOKEN_DROP_MODELS
 
 
 def _enum_cell(row: dict, column: str, enum, blank: str, path: str, line: int):
@@ -600,7 +501,7 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          activation_offload=None,
                          attention=_attention_kernels(row), sequence_parallel=sps,
                          # precision policy as the row's engine ran it: the gradients' dtype
-                         # (_gradient_policy); Composer FSDP "DEFAULT" keeps fp32 parameter shards
+                         # (gradient_policy); Composer FSDP "DEFAULT" keeps fp32 parameter shards
                          # (gathered in fp32, cast by autocast) and reduces in 16 bits
                          fp32_params="mp mode default" in (row.get("zero") or "").lower(),
                          checkpoint_early_stop=_is_composer(row), eager_elementwise=_is_composer(row),
@@ -611,8 +512,8 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          max_micro_batch=max(64, fixed.get("micro_batch_size", 0)),
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # token-drop recipes: capacity factor 1.0, padded
-                         capacity_factors=(1.0,) if _token_drop(row, model) else (None,), cp_comm_types=cp_comms,
-                         rank_orders=orders, **_moe_dispatch(row), **_gradient_policy(row, legacy))
+                         capacity_factors=(1.0,) if token_drop(row, model) else (None,), cp_comm_types=cp_comms,
+                         rank_orders=orders, **moe_dispatch(row), **gradient_policy(row, legacy, c["precision"]))
     if titan:
         limits = torchtitan_limits(row, limits, architecture)
     elif _is_eager_deepspeed(row):
@@ -638,7 +539,7 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     if c["precision"] is None:
         raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
     wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"], fp8_recipe=c["fp8_recipe"],
-                  expandable_segments=expandable_segments(row), **_routing_policy(row))
+                  expandable_segments=expandable_segments(row), **routing_policy(row))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
     # the row's optional cluster column names the system it ran on (a preset or TOML: its
