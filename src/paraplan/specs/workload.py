@@ -83,11 +83,12 @@ class Workload:
     usd_per_gpu_hour: float | None = None  # None: the cluster's price
     # MoE, dropless: routed tokens on the busiest expert-parallel rank over the mean. 1.1 is an
     # assumption (a router trained with a load-balancing loss), not a measurement: set it from
-    # your router's statistics; benchmarks that force-balance the routing use 1.0.
+    # your router's statistics.
     moe_imbalance: float = 1.1
-    # MoE, dropless: the router as initialized (a benchmark from random weights on synthetic
-    # data): each token's experts uniformly at random, the busiest rank's load from their order
-    # statistics (cost/moe.py random_routing_imbalance); moe_imbalance is then not read
+    # MoE, dropless: each token's experts uniformly at random -- a router as initialized (a
+    # benchmark from random weights on synthetic data), or Megatron-Core's force load balancing
+    # (random logits) -- the busiest rank's load from their order statistics (cost/moe.py
+    # random_routing_imbalance); moe_imbalance is then not read
     moe_routing_at_init: bool = False
     # Interruptions (hardware faults, hangs) per GPU per day: Llama 3 405B pre-training saw 419
     # unexpected interruptions in a 54-day snapshot on 16,384 H100 (Dubey et al. 2024, Sec.

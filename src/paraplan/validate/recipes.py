@@ -85,15 +85,18 @@ _SYNTHETIC_DATA = re.compile(r"\bmock\b|synthetic", re.IGNORECASE)
 
 
 def routing_policy(row: dict) -> dict:
-    """How the row's dropless MoE run routed (Workload fields): "force-balanced token
-    distribution" (Megatron-Bridge's MoE benchmarks) is no imbalance; a run that fine-tunes has a
-    trained router (the stated imbalance); a run from random weights on i.i.d. synthetic tokens
-    -- NeMo 2's performance scripts pretrain on MockDataModule (nemo_toolkit 2.3.0
-    llm/gpt/data/mock.py: uniform random token ids), or the notes say mock or synthetic data --
-    has its router as initialized (Workload.moe_routing_at_init); any other keeps the stated one."""
+    """How the row's dropless MoE run routed (Workload fields). Uniform random routing, the
+    router as initialized (Workload.moe_routing_at_init), where the run is known to have it:
+    "force-balanced token distribution" (Megatron-Bridge's MoE benchmarks) is Megatron-Core's
+    moe_router_force_load_balancing, which replaces every token's router logits with standard
+    normal draws (0.16.1 transformer/moe/moe_utils.py RandomSTE: `logits.clone().normal_()`), so
+    each token's top-k is uniformly random; and a run from random weights on i.i.d. synthetic
+    tokens -- NeMo 2's performance scripts pretrain on MockDataModule (nemo_toolkit 2.3.0
+    llm/gpt/data/mock.py: uniform random token ids), or the notes say mock or synthetic data.
+    A run that fine-tunes has a trained router, and any other row keeps the stated imbalance."""
     text = " ".join(row.get(col) or "" for col in ("model", "source", "notes"))
     if "force-balanced" in text.lower():
-        return {"moe_imbalance": 1.0}
+        return {"moe_routing_at_init": True}
     if _FINE_TUNING.search(text):
         return {}
     at_init = nemo2_container(row) is not None or _SYNTHETIC_DATA.search(text) is not None
