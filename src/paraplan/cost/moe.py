@@ -94,16 +94,15 @@ def moe_layers_on_stage(model: ModelSpec, layers_on_stage):
     return np.minimum(float(model.num_moe_layers), np.ceil(_f(layers_on_stage) / model.moe_layer_interval))
 
 
-def load_factor(workload: Workload, plan, imbalance: Num | None = None) -> Num:
-    """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping). A
-    dropless rank that holds every expert (EP = 1) runs exactly its own T_r·k copies: 1. A
-    rank receives each token at most min(k, E/ep) times, so the imbalance is at most EP (and
-    E/k, which the CLI checks): a searched plan of a smaller EP takes min(λ, EP).
-    `imbalance`: the dropless imbalance (routing_imbalance); the workload's stated one if None."""
+def load_factor(plan, imbalance: Num) -> Num:
+    """λ: the busiest rank's routed tokens over the mean (capacity factor if dropping), given
+    the dropless `imbalance` (routing_imbalance). A dropless rank that holds every expert
+    (EP = 1) runs exactly its own T_r·k copies: 1. A rank receives each token at most
+    min(k, E/ep) times, so the imbalance is at most EP (and E/k, which the CLI checks): a
+    searched plan of a smaller EP takes min(λ, EP)."""
     cf = _f(plan.capacity_factor_value)
     ep = _f(plan.ep)
-    lam = workload.moe_imbalance if imbalance is None else _f(imbalance)
-    return np.where(cf > 0.0, cf, np.where(ep > 1, np.minimum(lam, ep), 1.0))
+    return np.where(cf > 0.0, cf, np.where(ep > 1, np.minimum(_f(imbalance), ep), 1.0))
 
 
 @lru_cache(maxsize=None)
@@ -154,7 +153,7 @@ def routing_imbalance(model: ModelSpec, workload: Workload, plan, tokens: Num, t
 def _routing(model: ModelSpec, workload: Workload, plan, tokens, tp):
     """(λ, T_r, copies, rows): the load factor, tokens a rank routes, the token copies it
     sends (mean), and the token rows through its expert shards (busiest rank)."""
-    lam = load_factor(workload, plan, routing_imbalance(model, workload, plan, tokens, tp))
+    lam = load_factor(plan, routing_imbalance(model, workload, plan, tokens, tp))
     T_r = _f(tokens) / _f(tp)
     copies = T_r * model.top_k
     return lam, T_r, copies, lam * _f(plan.etp) * copies

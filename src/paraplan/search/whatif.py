@@ -178,7 +178,7 @@ def nominal(assumption: Assumption, cluster: ClusterSpec, workload: Workload, pl
         case Assumption.HOST_LINK:
             return gpu.host_link_bw_unidir_bytes_per_s, Unit.BYTES_PER_S
         case Assumption.IMBALANCE:  # as the plan's routing reads it: at most its EP (cost/moe.py)
-            return float(load_factor(workload, plan)), Unit.FACTOR
+            return float(load_factor(plan, workload.moe_imbalance)), Unit.FACTOR
     raise AssertionError(assumption)  # pragma: no cover - closed enum
 
 

@@ -225,8 +225,8 @@ class LinkTier:
 
 # GPUSpec.architecture's values: NVIDIA's by compute capability (Ampere 8.0, Ada 8.9, Hopper 9.0,
 # Blackwell 10.x), AMD's CDNA 3 (ROCm), Google's TPU v4
-GPU_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell", "CDNA3", "TPUv4")
 NVIDIA_ARCHITECTURES = ("Ampere", "Ada", "Hopper", "Blackwell")
+GPU_ARCHITECTURES = NVIDIA_ARCHITECTURES + ("CDNA3", "TPUv4")
 
 
 def device_architecture(capability: tuple[int, int] | None, rocm_arch: str = "") -> str:
