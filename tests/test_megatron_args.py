@@ -25,7 +25,7 @@ from paraplan.search.policy import best_exportable
 from paraplan.plan.axes import AttentionKernel, CPCommType, Recompute, RecomputeOps, Schedule, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model
-from paraplan.specs.workload import Precision, Workload
+from paraplan.specs.workload import Fp8Recipe, Precision, Workload
 
 FRONT_END = Path(__file__).resolve().parents[2] / "shared" / "engines" / "megatron-lm_core_v0.16.1"
 
@@ -65,6 +65,13 @@ CASES = {
     "dense-cp2-ulysses": (LLAMA, plan(cp=2, dp=8, cp_comm_type=CPCommType.A2A), WL, 16),
     "dense-fp8": (LLAMA, plan(tp=2, dp=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER),
                   replace(WL, precision=Precision.FP8), 16),
+    # FP8 weights gathered in FP8 (--fp8-param-gather): the distributed optimizer, and with its
+    # CPU offload the delayed recipe (validate_args)
+    "dense-fp8-param-gather": (LLAMA, plan(tp=2, dp=8, sequence_parallel=True, zero=ZeroStage.OPTIMIZER,
+                                           low_precision_params=True), replace(WL, precision=Precision.FP8), 16),
+    "dense-fp8-param-gather-offload": (LLAMA, plan(dp=16, zero=ZeroStage.OPTIMIZER, offload_optimizer=True,
+                                                   low_precision_params=True),
+                                       replace(WL, precision=Precision.FP8, fp8_recipe=Fp8Recipe.DELAYED), 16),
     "dense-fp16": (LLAMA, plan(zero=ZeroStage.OPTIMIZER), replace(WL, precision=Precision.FP16), 16),
     "dense-activation-offload": (LLAMA, plan(zero=ZeroStage.OPTIMIZER, activation_offload_layers=16), WL, 16),
     # a searched set of ops that --recompute-modules expresses: the dense MLP module
@@ -172,6 +179,10 @@ def check_plan(args, cfg, p, model, workload) -> None:
     if args.use_rope_scaling:
         assert args.rope_scaling_factor == model.rope_llama3_scaling_factor
     assert args.mock_data
+    # FP8 weights kept and gathered in FP8 where the plan says so
+    assert args.fp8_param_gather == (p.low_precision_params and workload.precision is Precision.FP8)
+    if workload.precision is Precision.FP8:  # the scaling recipe priced
+        assert args.fp8_recipe == str(workload.fp8_recipe)
     # the dispatch paraplan priced, and the model's group-limited routing
     assert cfg.moe_token_dispatcher_type == (("flex" if p.a2a_hierarchical else "alltoall") if model.is_moe
                                              else cfg.moe_token_dispatcher_type)

@@ -70,9 +70,12 @@ def add_specs(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", default="bf16", help="bf16, fp16, fp8, nvfp4 (Blackwell), tf32 or fp32 (default "
                    "bf16; tf32/fp32: 4-byte activations, weights and gradients)")
     g.add_argument("--fp8-recipe", default="tensorwise",
-                   help="with --precision fp8: tensorwise (a scale per tensor: Transformer Engine, torchao's "
-                        "default) or rowwise (torchao's row-wise scales: each operand quantized along each GEMM's "
-                        "axis, its GEMMs at the GPU's fp8_rowwise_gemm_efficiency_ratio) (default tensorwise)")
+                   help="with --precision fp8: tensorwise (a scale per tensor from its current amax: Transformer "
+                        "Engine's current scaling, torchao's default), delayed (Transformer Engine's amax history, "
+                        "Megatron-LM's default: an amax all-reduce over each stage's ranks after every chunk's "
+                        "forward and backward) or rowwise (torchao's row-wise scales: each operand quantized along "
+                        "each GEMM's axis, its GEMMs at the GPU's fp8_rowwise_gemm_efficiency_ratio) "
+                        "(default tensorwise)")
     g.add_argument("--optimizer", default="adam",
                    help="adam (one fused kernel: Megatron, DeepSpeed, torchtitan) or adam-unfused "
                         "(torch.optim.AdamW's default element-wise passes; paraplan run) (default adam)")
@@ -187,6 +190,9 @@ def _add_grad_compression(g) -> None:
                         "powersgd (PyTorch DDP's PowerSGD hook, ZeRO 0); changes the numerics, never searched")
     g.add_argument("--powersgd-rank", type=_degree, default=None, metavar="R",
                    help="with --grad-compression powersgd: the rank of P and Q (default 1, torch's)")
+    g.add_argument("--low-precision-params", action="store_true",
+                   help="with --precision fp8 or nvfp4: weights kept and all-gathered in the GEMMs' format, no "
+                        "16-bit copy (Megatron-Core --fp8-param-gather, Megatron-Bridge fp4_param)")
 
 
 def add_plan_command(sub, name: str, help_text: str, *, required: bool) -> argparse.ArgumentParser:
@@ -469,7 +475,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     order = RankOrder.parse(args.rank_order, "rank_order") if args.rank_order is not None else RankOrder.TP_CP_DP_PP
     gc, gc_rank = grad_compression_from_args(args)
-    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, rank_order=order, ep=args.ep or 1, etp=args.etp or 1,
+    return make_plan(low_precision_params=low_precision_params_from_args(args),tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, rank_order=order, ep=args.ep or 1, etp=args.etp or 1,
                      grad_compression=gc, powersgd_rank=gc_rank,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
@@ -481,6 +487,16 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
                      attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None
                      else cluster.gpu.attention_kernels[-1])
+
+
+def low_precision_params_from_args(args: argparse.Namespace) -> bool:
+    """--low-precision-params, refused (one line) where the precision has no quantized weights."""
+    from ..cost.low_precision import LOW_PRECISIONS
+    from ..specs.workload import parse_precision
+    if args.low_precision_params and parse_precision(args.precision, "--precision") not in LOW_PRECISIONS:
+        raise SpecError("plan", "--low-precision-params", True,
+                        f"applies with --precision fp8 or nvfp4 (not {args.precision}): only their weights are quantized")
+    return args.low_precision_params
 
 
 def grad_compression_from_args(args: argparse.Namespace):
@@ -531,4 +547,5 @@ def search_pins(args: argparse.Namespace) -> tuple[dict, SpaceLimits]:
                  if args.schedule is not None else tuple(Schedule))
     gc, gc_rank = grad_compression_from_args(args)
     return fixed, SpaceLimits(capacity_factors=(args.capacity_factor,), cp_comm_types=cp_comms, rank_orders=orders,
-                              schedules=schedules, grad_compression=gc, powersgd_rank=gc_rank)
+                              schedules=schedules, grad_compression=gc, powersgd_rank=gc_rank,
+                              low_precision_params=low_precision_params_from_args(args))

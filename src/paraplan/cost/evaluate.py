@@ -114,10 +114,11 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     crit_wait = pipe.critical_host_wait_s
     crit_offload = 0.0 if x.offload is None else _critical_offload_s(lay, x.offload, x.plan, t_max,
                                                                       pipe.stage_microbatch_s)
+    amax = x.stages.amax_reduction_s  # (FP8 delayed scaling's, over the stage's TP×CP×DP ranks: DP communication)
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
                   - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s
                                     + z.grad_compression_s)
-                     + 2.0 * z.first_gather_s) - crit_wait - crit_offload)
+                     + 2.0 * z.first_gather_s) - crit_wait - crit_offload - amax)
     return TimeBreakdown(
         compute_s=m * compute_mb,
         host_wait_s=m * crit_wait,
@@ -126,7 +127,7 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
         cp_comm_s=m * crit_cp,
         ep_comm_s=m * crit_ep,
         pp_comm_s=pipe.exposed_sends_s,
-        dp_comm_s=x.dp.exposed_s + x.dp.microbatch_exposed_s,
+        dp_comm_s=x.dp.exposed_s + x.dp.microbatch_exposed_s + m * amax,
         bubble_s=pipe.bubble_s,
         optimizer_s=optimizer_s,
         offload_s=m * crit_offload,

@@ -19,6 +19,7 @@ from ..plan.axes import V_SCHEDULES, GradCompression, Recompute, RankOrder, Zero
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from . import memory as mem
+from .low_precision import gathered_weight_bytes_per_param, weights_bytes_per_param
 from .moe import moe_layers_on_stage
 
 
@@ -85,6 +86,7 @@ class Layout:
     compiled_loss: Num      # the cross-entropy under torch.compile (an eager engine's; plan.compiled_loss)
     loss_parallel: Num      # ... else eager over a TP-split vocabulary, op by op (plan.loss_parallel, TP > 1)
     gather_bytes_per_param: Num  # bytes per parameter all-gathered
+    linear_weight_bytes_per_param: Num  # bytes a linear layer's weight keeps (weights_bytes_per_param)
     reduce_bytes_per_param: Num  # bytes per gradient reduced
     grad_bytes_per_param: Num    # bytes per gradient kept: fp32, or Megatron-Core's 16-bit buffer (plan.grad_buffer_16bit)
     optimizer_shard: Num    # optimizer-state shard of the dense parameters
@@ -147,6 +149,23 @@ def _stage_params(model: ModelSpec, t, L_first, L_last, only, vshape, ends, dens
     return params_stage_first, params_stage_last
 
 
+def _bytes_per_param(prec: Precision, plan, fp32_params, wide: bool) -> dict:
+    """The Layout's widths of a parameter's weight (kept, gathered) and gradient (kept, reduced)."""
+    # a 16-bit gradient buffer is reduced in its own dtype (Megatron-Core's one flag sets both)
+    grad_buffer_16bit = np.asarray(plan.grad_buffer_16bit, dtype=bool) & ~np.asarray(wide, dtype=bool)
+    grad_reduce_fp32 = (np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide) & ~grad_buffer_16bit
+    kept_16bit = np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
+    return dict(
+        gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES,
+                                        gathered_weight_bytes_per_param(prec, plan.low_precision_params)),
+        # (ZeRO-3's shards are kept as gathered; its gathered layers' quantized copies are not priced)
+        linear_weight_bytes_per_param=np.where(fp32_params | (np.asarray(plan.zero_code) == ZeroStage.PARAMETERS.code),
+                                               kept_16bit, weights_bytes_per_param(prec, plan.low_precision_params,
+                                                                                   plan.fused_kernels)),
+        reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
+        grad_bytes_per_param=np.where(grad_buffer_16bit, mem.WEIGHT_BYTES, mem.GRAD_BYTES))
+
+
 def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     """The Layout of a plan (or a batch of plans) of `model` under `workload`."""
     prec = Precision(workload.precision)
@@ -179,9 +198,6 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
     dp_outer = np.where(dp_outermost, t * c * p, t * c)
     S_e = edp * as_float(plan.dp_shard) / d  # the experts' shard group: EDP within one HSDP replica
     fp32_params = np.asarray(plan.fp32_params, dtype=bool) | wide
-    # a 16-bit gradient buffer is reduced in its own dtype (Megatron-Core's one flag sets both)
-    grad_buffer_16bit = np.asarray(plan.grad_buffer_16bit, dtype=bool) & ~np.asarray(wide, dtype=bool)
-    grad_reduce_fp32 = (np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide) & ~grad_buffer_16bit
     sharded = zc >= ZeroStage.OPTIMIZER.code
     fsdp2 = np.asarray(plan.fsdp2_copies, dtype=bool) & (d * c > 1)
     # weights cast by torch.autocast: fp32 parameters without FSDP (whose policy casts them
@@ -216,9 +232,7 @@ def layout(model: ModelSpec, workload: Workload, plan) -> Layout:
         fsdp2=fsdp2, fsdp2_pp=fsdp2 & (p > 1), autocast_casts=casts,
         compiled_loss=compiled_loss,
         loss_parallel=np.asarray(plan.loss_parallel, dtype=bool) & eager_loss & ~compiled_loss & (t > 1),
-        gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES),
-        reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
-        grad_bytes_per_param=np.where(grad_buffer_16bit, mem.WEIGHT_BYTES, mem.GRAD_BYTES),
+        **_bytes_per_param(prec, plan, fp32_params, wide),
         optimizer_shard=np.where(sharded, S, 1.0), expert_optimizer_shard=np.where(sharded, S_e, 1.0),
         offload_optimizer=np.asarray(plan.offload_optimizer, dtype=bool),
         qgz=np.asarray(plan.grad_compression_code) == GradCompression.INT4.code,

@@ -193,14 +193,16 @@ def _uncast_params(model: ModelSpec, lay: Layout):
     return np.where(cast_cache, table + freed, 0.0), np.where(cast_cache & only, table + freed, 0.0)
 
 
-def _model_states(lay: Layout, params, embedding, experts):
+def _model_states(lay: Layout, params, embedding, experts, layers):
     """(weights, gradients, optimizer, host) bytes of a stage's `params` and `experts`, of which
-    `embedding` parameters autocast keeps no cast of."""
+    `embedding` parameters autocast keeps no cast of; `layers` transformer layers' weights
+    (and the experts) are the linear layers' that a low-precision workload may keep quantized
+    (Layout.linear_weight_bytes_per_param), the rest (embedding, head, MTP blocks) 16-bit."""
     zc, S, S_e = lay.zero_code, lay.zero_shard_group, lay.expert_shard_group
-    # weights are kept in the dtype they are gathered in. fp32 parameter shards (FSDP with
-    # autocast, Composer "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy,
-    # so the optimizer keeps only the two moments: 16 bytes/param, not 18
-    w_bytes = lay.gather_bytes_per_param
+    # weights are kept in 16 bits, or as fp32 parameter shards (FSDP with autocast, Composer
+    # "DEFAULT"; every 32-bit workload): the shard is the fp32 master copy, so the optimizer
+    # keeps only the two moments: 16 bytes/param, not 18
+    w_bytes = np.where(lay.fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
     o_bytes = np.where(lay.fp32_params, mem.OPTIMIZER_BYTES - mem.MASTER_BYTES, mem.OPTIMIZER_BYTES)
     # FSDP2 under torch's pipeline schedules (lay.fsdp2_pp) keeps each backward's gathered
     # parameters and accumulates unsharded gradients in the reduce dtype until the step's
@@ -208,8 +210,9 @@ def _model_states(lay: Layout, params, embedding, experts):
     z3_sharded = lay.zero3 & ~lay.fsdp2_pp
     g_sharded = (zc >= ZeroStage.GRADIENTS.code) & ~lay.fsdp2_pp
     shard, shard_e, offload = lay.optimizer_shard, lay.expert_optimizer_shard, lay.offload_optimizer
-    w = w_bytes * ((params - embedding) / np.where(z3_sharded, S, 1.0)
-                   + experts / np.where(z3_sharded, S_e, 1.0))
+    linear, linear_bytes = layers * lay.layer_params, lay.linear_weight_bytes_per_param
+    w = (w_bytes * (params - linear - embedding) + linear_bytes * linear) / np.where(z3_sharded, S, 1.0) \
+        + linear_bytes * experts / np.where(z3_sharded, S_e, 1.0)
     g = np.where(lay.fsdp2_pp & (zc >= ZeroStage.GRADIENTS.code), lay.reduce_bytes_per_param, lay.grad_bytes_per_param) * (
         params / np.where(g_sharded, S, 1.0) + experts / np.where(g_sharded, S_e, 1.0))
     o = np.where(offload, 0.0, o_bytes * (params / shard + experts / shard_e))
@@ -336,14 +339,15 @@ def _stage_states(model: ModelSpec, workload: Workload, plan, lay: Layout, moe_a
     uncast_first, uncast_last = _uncast_params(model, lay)
     w1, g1, o1, host1 = _model_states(lay, lay.params_first_stage, uncast_first,
                                       np.where(lay.first_holds_ends, lay.head_stage_expert_params,
-                                               lay.expert_params_stage))
+                                               lay.expert_params_stage), lay.first_stage_layers)
     wl, gl, ol, hostl = _model_states(lay, lay.params_last_stage, uncast_last,
-                                      np.where(lay.v_shape, lay.expert_params_stage, lay.head_stage_expert_params))
+                                      np.where(lay.v_shape, lay.expert_params_stage, lay.head_stage_expert_params),
+                                      lay.last_stage_layers)
     # the second stage: all L_s layers and its own micro-batches in flight (as many as the
     # first's under GPipe, breadth-first and ZB-H1, fewer under 1F1B); it outgrows the first
     # when the embedding took one of the first stage's layer slots
     wm, gm, om, hostm = _model_states(lay, lay.stage_layers * lay.dense_layer_params / lay.tp, 0.0,
-                                      lay.expert_params_stage)
+                                      lay.expert_params_stage, lay.stage_layers)
     if np.any(lay.powersgd_rank > 0.0):  # PowerSGD's error feedback: in the gradients line
         g1 = g1 + error_feedback_bytes(model, lay, lay.params_first_stage)
         gl = gl + error_feedback_bytes(model, lay, lay.params_last_stage)

@@ -23,6 +23,7 @@ from .bf16_layers import bf16_layer_extra_s, bf16_layers_on_end_stages
 from .host import eager_host_wait
 from .layer_compute import LayerCompute
 from .layout import Layout
+from .low_precision import amax_reduction_s
 from .moe import MoELayerCosts, dropless
 from .overlap import LayerTimes
 from .recompute import Recomputation
@@ -48,6 +49,7 @@ class Stages:
     last: StageTimes
     host_waits: tuple     # (forward, backward, W pass) wait per micro-batch of each of the three
     layers: tuple         # layers of each of the three
+    amax_reduction_s: Num = 0.0  # FP8 delayed scaling's amax all-reduces per micro-batch, each stage (low_precision.py)
 
     def host_wait_per_layer(self) -> tuple:
         """(forward, backward, W pass) per layer, for the breakdown: the stage that waits most
@@ -147,14 +149,17 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc.gemms_forward_s, z.gathered_cast_s, mc))
     gaps = moe_dispatch_gaps(cluster.gpu, plan, layer, mc)
     waits = [stage_waits(cluster.gpu, plan, lay, layer, rc_stage, wgrad, gaps, *p) for p in parts]
+    # one amax all-reduce at the end of each of the stage's v chunk passes, forward and backward
+    amax_s = lay.vp * amax_reduction_s(cluster, model, workload, plan, lay)
 
     def stage(layers, extra_fwd, extra_bwd, wait):
-        fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s
-        bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s
+        fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s + amax_s
+        bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s + amax_s
         if offload is not None:
             offloaded = offloaded_layers(plan, lay, layers)
             fwd = fwd + offloaded * offload.forward_exposed_s
             bwd = bwd + offloaded * offload.backward_exposed_s
         return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
     first, middle, last = (stage(layers, fwd, bwd, w) for (layers, fwd, bwd), w in zip(parts, waits))
-    return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), layers=tuple(p[0] for p in parts))
+    return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), layers=tuple(p[0] for p in parts),
+                  amax_reduction_s=2.0 * amax_s)

@@ -15,9 +15,11 @@ Mapping (paraplan -> Megatron-LM):
   Korthikanti et al.); `full` -> `full`, `uniform`, 1 layer per checkpoint; `first_k` ->
   `full`, `block`, k / VP layers per model chunk (Megatron counts per virtual stage);
   `modules` -> `selective` with `--recompute-modules layernorm` (+ `moe_act` for MoE,
-  `mla_up_proj` for MLA, `core_attn` only for unfused attention), and under FP8
-  `--fp8-recipe tensorwise` (Megatron-Core refuses moe_act/layernorm recomputation with
-  delayed scaling).
+  `mla_up_proj` for MLA, `core_attn` only for unfused attention); Megatron-Core refuses
+  moe_act/layernorm recomputation under delayed scaling, so a delayed-scaling plan with it is
+  refused in one line.
+- FP8: `--fp8-format hybrid` with `--fp8-recipe tensorwise` (current scaling) or `delayed`,
+  the workload's recipe (Workload.fp8_recipe; delayed scaling's amax all-reduces are priced).
 - Schedules: 1F1B, and interleaved 1F1B via `--num-layers-per-virtual-pipeline-stage`.
 - Multi-token prediction: `--mtp-num-layers D`, the modules on the last stage (an 'm' each in
   a layout string).
@@ -100,6 +102,11 @@ def _grad_compression_refused(plan) -> object:
     return np.asarray(plan.grad_compression_code) != GradCompression.NONE.code
 
 
+def _low_precision_params_refused(plan) -> object:
+    """--fp8-param-gather needs the distributed optimizer (validate_args). Vectorized."""
+    return np.asarray(plan.low_precision_params, dtype=bool) & (np.asarray(plan.zero_code) == ZeroStage.NONE.code)
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
@@ -109,6 +116,7 @@ SUPPORT = EngineSupport(
                        engine_rule=lambda batch, model, workload: (_tp_pp_dp_mapping_refused(batch)
                                                                    | _offload_refused(batch)
                                                                    | _grad_compression_refused(batch)
+                                                                   | _low_precision_params_refused(batch)
                                                                    | np.asarray(batch.adam_accumulation, dtype=bool)
                                                                    | _ep_overlap_mtp_refused(batch, model)
                                                                    | _activation_offload_refused(batch, model))),
@@ -166,9 +174,21 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
                           f"{RankOrder.TP_CP_DP_PP} with CP or EP > 1 (--use-tp-pp-dp-mapping asserts CP·EP ≤ 1)")
     if workload.precision not in (Precision.BF16, Precision.FP16, Precision.FP8):
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16, fp16 or fp8 (--bf16 / --fp16 / --fp8-format)")
-    if workload.fp8_recipe is not Fp8Recipe.TENSORWISE:
+    if workload.fp8_recipe is Fp8Recipe.ROWWISE:
         raise unsupported(ENGINE, "fp8_recipe", str(workload.fp8_recipe),
-                          f"{Fp8Recipe.TENSORWISE} (--fp8-recipe delayed, tensorwise, mxfp8 or blockwise: no row-wise)")
+                          f"{Fp8Recipe.TENSORWISE} or {Fp8Recipe.DELAYED} (--fp8-recipe delayed, tensorwise, mxfp8 or "
+                          "blockwise: no row-wise)")
+    if workload.fp8_delayed and plan.recompute is Recompute.MODULES:
+        raise unsupported(ENGINE, "recompute", str(plan.recompute), "not modules under delayed scaling (Megatron-Core "
+                          "refuses moe_act/layernorm recomputation with --fp8-recipe delayed): --fp8-recipe tensorwise")
+    if bool(_low_precision_params_refused(plan)):
+        raise unsupported(ENGINE, "zero", str(plan.zero), "1 or more with low-precision parameters (validate_args: "
+                          "--fp8-param-gather only with the distributed optimizer or FSDP)")
+    if (plan.low_precision_params and plan.offload_optimizer and workload.precision is Precision.FP8
+            and not workload.fp8_delayed):
+        raise unsupported(ENGINE, "offload_optimizer", True, "no optimizer offload with low-precision parameters under "
+                          f"{workload.fp8_recipe} scaling (validate_args: --fp8-param-gather with "
+                          "--optimizer-cpu-offload needs --fp8-recipe delayed)")
     if plan.attention not in ATTENTION:  # pragma: no cover - closed enum
         raise unsupported(ENGINE, "attention", str(plan.attention), ", ".join(map(str, ATTENTION)))
 
@@ -348,9 +368,9 @@ def arguments(plan: Plan, model: ModelSpec, workload: Workload) -> list[str]:
     else:
         a.append("--bf16")
         if workload.precision is Precision.FP8:
-            a += ["--fp8-format", "hybrid"]
-            if plan.recompute is Recompute.MODULES:
-                a += ["--fp8-recipe", "tensorwise"]
+            a += ["--fp8-format", "hybrid", "--fp8-recipe", str(workload.fp8_recipe)]
+            if plan.low_precision_params:
+                a.append("--fp8-param-gather")  # FP8 weights, gathered in FP8 (Plan.low_precision_params)
     a += ["--attention-backend", ATTENTION[plan.attention]]
     return [str(x) for x in a]
 

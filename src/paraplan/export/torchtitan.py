@@ -214,6 +214,10 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     check_model(SUPPORT, model)
     if workload.precision not in PRECISIONS and workload.precision is not Precision.FP8:
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 converters)")
+    if workload.fp8_delayed:
+        raise unsupported(ENGINE, "fp8_recipe", str(workload.fp8_recipe),
+                          f"{Fp8Recipe.TENSORWISE} or {Fp8Recipe.ROWWISE} (torchao's float8 scales each tensor as it "
+                          "comes: no delayed scaling)")
     if plan.pp > 1 and plan.schedule not in SCHEDULES:
         raise unsupported(ENGINE, "schedule", str(plan.schedule),
                           ", ".join(map(str, SCHEDULES)) + " (torch's ZB-H1-like schedule needs 2+ stages per rank)")

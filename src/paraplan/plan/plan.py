@@ -103,6 +103,11 @@ class Plan:
     # off (NeMo 2's and Megatron-Bridge's performance recipes; Megatron-LM --grad-reduce-in-bf16).
     # Its reduction is then 16-bit too (grad_reduce_fp32 False).
     grad_buffer_16bit: bool = axis(False)
+    # Under FP8 or NVFP4 on Transformer Engine, the linear layers' weights kept in the GEMMs'
+    # format, their 16-bit copy gone, and all-gathered in it (Megatron-Core --fp8-param-gather,
+    # Megatron-Bridge fp4_param; cost/low_precision.py): else 16-bit weights beside the
+    # quantized copies Transformer Engine caches for a step's micro-batches.
+    low_precision_params: bool = axis(False)
     # Activation checkpointing that stops recomputing once the backward has what it needs
     # (PyTorch non-reentrant `torch.utils.checkpoint`, used by FSDP stacks such as
     # llm-foundry and torchtitan) skips each block's last GEMM; Megatron's re-runs it all.

@@ -60,6 +60,7 @@ class PlanBatch:
     grad_reduce_fp32: np.ndarray
     fp32_params: np.ndarray
     grad_buffer_16bit: np.ndarray
+    low_precision_params: np.ndarray
     checkpoint_early_stop: np.ndarray
     tp_async_backward: np.ndarray
     fsdp2_copies: np.ndarray
@@ -178,6 +179,7 @@ class SpaceLimits:
     grad_reduce_fp32: bool = False   # the framework's precision policy (see Plan)
     fp32_params: bool = False
     grad_buffer_16bit: bool = False  # Megatron-Core's 16-bit gradient buffer (see Plan)
+    low_precision_params: bool = False  # FP8 / NVFP4 weights kept and gathered quantized (see Plan)
     checkpoint_early_stop: bool = False
     tp_async_backward: bool = True
     fsdp2_copies: bool = False  # ZeRO >= 1 runs on FSDP2 (torchtitan: ZeRO-0 is DDP, no copies)
@@ -424,6 +426,7 @@ class SpaceBlock:
             attention_code=np.full((1, 1, 1, 1), self.kernel_code, dtype=np.int64),
             grad_reduce_fp32=const(limits.grad_reduce_fp32), fp32_params=const(limits.fp32_params),
             grad_buffer_16bit=const(limits.grad_buffer_16bit),
+            low_precision_params=const(limits.low_precision_params),
             checkpoint_early_stop=const(limits.checkpoint_early_stop),
             tp_async_backward=const(limits.tp_async_backward),
             # (constants where the engine's policy is off: a term reading them stays off the ZeRO axis)

@@ -104,10 +104,12 @@ def engine_space(support: EngineSupport, fixed: dict, limits: SpaceLimits) -> tu
         if not chosen[name]:
             raise unsupported(support.engine, flag, ",".join(map(_shown_choice, asked)),
                               ", ".join(map(_shown_choice, allowed)))
-    # the user's model choices (token dropping, the gradients' wire format) pass through; the engine's masks judge them
+    # the user's model choices (token dropping, the gradients' wire format, quantized weights)
+    # pass through; the engine's masks judge them
     return {**support.pinned, **fixed}, replace(bounds, capacity_factors=limits.capacity_factors,
                                                 grad_compression=limits.grad_compression,
-                                                powersgd_rank=limits.powersgd_rank, **chosen)
+                                                powersgd_rank=limits.powersgd_rank,
+                                                low_precision_params=limits.low_precision_params, **chosen)
 
 
 def _shown_choice(value) -> str:

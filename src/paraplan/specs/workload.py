@@ -30,14 +30,19 @@ class Precision(StrEnum):
 
 
 class Fp8Recipe(StrEnum):
-    """How an FP8 run scales its GEMM inputs. Per-tensor (one scale a tensor: Transformer
-    Engine's current and delayed scaling, torchao's "tensorwise"; MXFP8's 1×32 blocks are priced
-    so too) or torchao's "rowwise" (`Float8LinearConfig.from_recipe_name("rowwise")`: axiswise
-    scales on all three GEMMs' operands, torchao/float8/config.py). A row-wise operand is
-    quantized along the GEMM's reduction axis, so a tensor two GEMMs read along different axes
-    is quantized twice, and its GEMM is a different kernel (cost/low_precision.py)."""
+    """How an FP8 run scales its GEMM inputs. Per-tensor from each tensor's current amax
+    (Transformer Engine's current scaling, torchao's "tensorwise"; MXFP8's 1×32 blocks are
+    priced so too); per-tensor from an amax history (Transformer Engine's delayed scaling,
+    Megatron-LM's and NeMo's default `--fp8-recipe delayed`): the same GEMMs and casts, and at
+    the end of every forward and backward pass of a model chunk an all-reduce of the chunk's
+    amaxes over its pipeline stage's ranks (cost/low_precision.py amax_reduction_s); or
+    torchao's "rowwise" (`Float8LinearConfig.from_recipe_name("rowwise")`: axiswise scales on
+    all three GEMMs' operands, torchao/float8/config.py). A row-wise operand is quantized along
+    the GEMM's reduction axis, so a tensor two GEMMs read along different axes is quantized
+    twice, and its GEMM is a different kernel (cost/low_precision.py)."""
 
     TENSORWISE = "tensorwise"
+    DELAYED = "delayed"
     ROWWISE = "rowwise"
 
 
@@ -161,9 +166,15 @@ class Workload:
         return self.precision is Precision.FP8 and self.fp8_recipe is Fp8Recipe.ROWWISE
 
     @property
+    def fp8_delayed(self) -> bool:
+        """FP8 training with delayed scaling (its amax all-reduces: cost/low_precision.py)."""
+        return self.precision is Precision.FP8 and self.fp8_recipe is Fp8Recipe.DELAYED
+
+    @property
     def precision_label(self) -> str:
-        """The precision as reports print it: "fp8 (rowwise)" under the row-wise recipe."""
-        return f"{self.precision} ({self.fp8_recipe})" if self.fp8_rowwise else str(self.precision)
+        """The precision as reports print it: "fp8 (rowwise)", "fp8 (delayed)" under those recipes."""
+        return (f"{self.precision} ({self.fp8_recipe})" if self.fp8_rowwise or self.fp8_delayed
+                else str(self.precision))
 
 
 # Other spellings in published measurements and the engines' own flags: Megatron-Bridge's FP8

@@ -54,10 +54,11 @@ KNOBS = (
          meaning="share of the microbenchmarked GEMM and attention throughput a training step sustains",
          informed_by=lambda precision, recipe: precision in (Precision.BF16, Precision.FP16, Precision.TF32,
                                                              Precision.FP32)),
-    # NVFP4 GEMMs are priced with the same ratio (cost/roofline.py gemm_time_s): NVFP4 runs inform it too
+    # NVFP4 GEMMs are priced with the same ratio (cost/roofline.py gemm_time_s): NVFP4 runs inform it
+    # too, as do delayed-scaling runs (per-tensor GEMMs)
     Knob(field="fp8_gemm_efficiency_ratio", low=0.5, high=1.0, coarse=(0.5, 0.75, 1.0),
          meaning="an FP8 (and NVFP4) GEMM's efficiency relative to the same BF16 GEMM's",
-         informed_by=lambda precision, recipe: precision in LOW_PRECISIONS and recipe is Fp8Recipe.TENSORWISE),
+         informed_by=lambda precision, recipe: precision in LOW_PRECISIONS and recipe is not Fp8Recipe.ROWWISE),
     # its coarse grid is over the product of the two FP8 ratios, the rate a row-wise run's GEMMs
     # run at (0.25 = both at 0.5); time goes as 1/ratio, steepest at the low end, so finer there
     Knob(field="fp8_rowwise_gemm_efficiency_ratio", low=0.5, high=1.0,

@@ -9,7 +9,7 @@ import re
 
 from ..cost.low_precision import LOW_PRECISIONS
 from ..specs.model import ModelSpec
-from ..specs.workload import Precision
+from ..specs.workload import Fp8Recipe, Precision
 
 # EP overlap where a row names it (Megatron-Core --overlap-moe-expert-parallel-comm,
 # Megatron-Bridge comm_overlap.overlap_moe_expert_parallel_comm / moe_a2a_overlap)
@@ -76,6 +76,56 @@ def gradient_policy(row: dict, legacy: bool, precision: Precision | None) -> dic
         return {"grad_reduce_fp32": not off, "grad_buffer_16bit": off}
     megatron_cli = framework.startswith("megatron-lm") or framework.startswith("megatron-core r")
     return {"grad_reduce_fp32": legacy or megatron_cli, "grad_buffer_16bit": False}
+
+
+_CURRENT_SCALING = re.compile(r"current|\bcs\b|fp8-cs|mxfp8|fp8-mx|\bmx\b", re.IGNORECASE)
+_DELAYED_SCALING = re.compile(r"delayed|\bds\b|fp8-ds", re.IGNORECASE)
+
+
+def fp8_scaling(row: dict, precision: Precision | None, recipe: Fp8Recipe) -> Fp8Recipe:
+    """The scaling recipe of a per-tensor FP8 row as its engine ran it (Workload.fp8_recipe):
+    what its precision label or notes say (current scaling, MXFP8: per-tensor as priced;
+    delayed), else its engine's default: delayed scaling for Megatron-LM's command line
+    (arguments.py --fp8-recipe, default 'delayed', core_v0.16.1) and NeMo's performance runs
+    (nemo_toolkit 2.3.0 scripts/performance/utils.py: `if fp8_recipe is None: fp8_recipe = "ds"`;
+    NeMo 1 had no other), current scaling for Megatron-Bridge's (its FP8 benchmarks are
+    FP8-CS or MXFP8, perf_recipes/_common.py _perf_precision) and any other engine."""
+    if precision is not Precision.FP8 or recipe is not Fp8Recipe.TENSORWISE:
+        return recipe
+    text = " ".join(row.get(col) or "" for col in ("precision", "notes"))
+    if _DELAYED_SCALING.search(text):
+        return Fp8Recipe.DELAYED
+    if _CURRENT_SCALING.search(text):
+        return Fp8Recipe.TENSORWISE
+    framework = (row.get("framework") or "").strip().lower()
+    megatron_cli = framework.startswith("megatron-lm") or framework.startswith("megatron-core r")
+    return Fp8Recipe.DELAYED if framework.startswith("nemo") or megatron_cli else Fp8Recipe.TENSORWISE
+
+
+def parameter_policy(row: dict, precision: Precision | None) -> dict:
+    """Whether the row's FP8 or NVFP4 run kept its weights quantized and gathered them so
+    (SpaceLimits.low_precision_params; Megatron-Core --fp8-param-gather / fp4_param):
+    - Megatron-Bridge's mixed-precision recipes set it for every FP8 recipe but sub-channel
+      scaling and for NVFP4 (training/mixed_precision.py, 0.6.2: bf16_with_fp8_delayed_scaling,
+      _current_scaling and _mxfp8_mixed set fp8_param_gather, bf16_with_nvfp4_mixed
+      fp4_param_gather, each of which sets the parameter flag with it);
+    - NeMo 2's FP8 precision plugins for per-tensor scaling set it and its MXFP8 one does not
+      (nemo_toolkit 2.3.0 llm/recipes/precision/mixed_precision.py: bf16_with_fp8_mixed and
+      bf16_with_fp8_current_scaling_mixed fp8_param_gather=True, bf16_with_mxfp8_mixed False);
+      NeMo 1's performance runs (the 24.03 and 24.07 containers' tables) are taken to have set
+      its `fp8_params` as well: an ASSUMPTION (their configurations are not in the sources),
+      which their 340B and 175B runs fitting without recomputation agree with;
+    - Megatron-LM's command line does not unless asked (--fp8-param-gather), nor do other rows."""
+    if precision not in LOW_PRECISIONS:
+        return {}
+    framework = (row.get("framework") or "").strip().lower()
+    label = (row.get("precision") or "").lower()
+    sub_channel = re.search(r"sub-?channel|blockwise|block[ _-]?scaling|\bsc\b", label) is not None
+    if "megatron-bridge" in framework:
+        return {"low_precision_params": not sub_channel}
+    if framework.startswith("nemo"):
+        return {"low_precision_params": not sub_channel and "mx" not in label}
+    return {}
 
 
 # a row that fine-tunes a trained model (its router is trained), and one that says it ran on

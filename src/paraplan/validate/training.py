@@ -28,7 +28,7 @@ from ..specs.workload import Fp8Recipe, Precision, Workload, parse_precision
 from ..units import GIB, TERA
 from .memory import (METRIC as PEAK_METRIC, check_complete, expandable_segments, logs_last_rank, memory_stat,
                      predicted_peak)
-from .recipes import gradient_policy, moe_dispatch, routing_policy, token_drop
+from .recipes import fp8_scaling, gradient_policy, moe_dispatch, parameter_policy, routing_policy, token_drop
 from .rows import int_cell, read_rows, row_result, validate_rows, with_prediction
 
 REQUIRED_COLUMNS = ("id", "source", "model", "seq_len", "gpu", "num_gpus", "precision", "global_batch",
@@ -513,7 +513,8 @@ def _row_limits(row: dict, model: ModelSpec, c: dict, fixed: dict, legacy: bool,
                          hybrid_shard=not _pytorch_fsdp_whole_group(row),
                          # token-drop recipes: capacity factor 1.0, padded
                          capacity_factors=(1.0,) if token_drop(row, model) else (None,), cp_comm_types=cp_comms,
-                         rank_orders=orders, **moe_dispatch(row), **gradient_policy(row, legacy, c["precision"]))
+                         rank_orders=orders, **moe_dispatch(row), **gradient_policy(row, legacy, c["precision"]),
+                         **parameter_policy(row, c["precision"]))
     if titan:
         limits = torchtitan_limits(row, limits, architecture)
     elif _is_eager_deepspeed(row):
@@ -538,7 +539,8 @@ def row_setup(row: dict, path: str, line: int, hardware: str | None = None) -> R
     seq = c["seq_len"]
     if c["precision"] is None:
         raise SpecError("row", "precision", "", "a training row needs it (bf16, fp16, fp8, ...)")
-    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"], fp8_recipe=c["fp8_recipe"],
+    wl = Workload(global_batch_size=gbs, seq_len=seq, precision=c["precision"],
+                  fp8_recipe=fp8_scaling(row, c["precision"], c["fp8_recipe"]),
                   expandable_segments=expandable_segments(row), **routing_policy(row))
     if c["vp"] is not None and (c["pp"] is None or c["pp"] > 1):
         fixed["vp"] = c["vp"]  # with pp blank the search then tries only pp > 1 (VP>1 needs PP>1)
