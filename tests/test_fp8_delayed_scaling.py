@@ -12,10 +12,12 @@ from support import assert_user_error, run
 
 from paraplan.cost.estimate import estimate
 from paraplan.cost.layout import layout
-from paraplan.cost.low_precision import amax_reduction_s
+from paraplan.cost.amax import amax_reduction_s
 from paraplan.export import torchtitan
 from paraplan.errors import SpecError
-from paraplan.plan.axes import Schedule, ZeroStage
+from paraplan.cost.evaluate import evaluate
+from paraplan.plan.axes import RankOrder, Recompute, Schedule, ZeroStage
+from paraplan.plan.space import PlanBatch
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Fp8Recipe, Precision, Workload
@@ -62,12 +64,27 @@ def test_every_pass_of_every_micro_batch_waits_for_it_and_it_is_reported_as_dp_c
     assert b.time.compute_s == pytest.approx(a.time.compute_s, rel=1e-9)
 
 
-def test_virtual_stages_reduce_once_per_chunk():
-    """Interleaved stages make v passes of L/v layers a micro-batch: v reductions each way, each
-    of fewer amaxes (latency-bound: about the same time each)."""
-    one = make_plan(tp=8, pp=4, dp=16, micro_batch_size=1, zero=ZeroStage.OPTIMIZER, sequence_parallel=True)
-    four = replace(one, vp=4, schedule=Schedule.INTERLEAVED_1F1B)
-    assert 4 * amax_s(four) > 3 * amax_s(one)
+@pytest.mark.parametrize("vp", [1, 4])
+def test_each_chunk_pass_waits_for_one_reduction(vp):
+    """A stage runs v chunk passes of L/v layers a micro-batch, forward and backward: its
+    forward and its backward each grow by v reductions (of fewer amaxes each)."""
+    cluster = load_cluster("dgx-h100", num_gpus=512)
+    plan = make_plan(tp=8, pp=4, dp=16, vp=vp, micro_batch_size=1, zero=ZeroStage.OPTIMIZER, sequence_parallel=True,
+                     schedule=Schedule.INTERLEAVED_1F1B if vp > 1 else Schedule.ONE_F_ONE_B)
+    batch = PlanBatch.from_plans([plan])
+    a, b = evaluate(MODEL, cluster, CURRENT, batch), evaluate(MODEL, cluster, DELAYED, batch)
+    one = amax_s(plan)
+    for stage in ("first", "middle", "last"):
+        fwd = float(getattr(b, stage).forward_s[0] - getattr(a, stage).forward_s[0])
+        bwd = float(getattr(b, stage).backward_s[0] - getattr(a, stage).backward_s[0])
+        assert fwd == pytest.approx(vp * one, rel=1e-9) and bwd == pytest.approx(vp * one, rel=1e-9)
+
+
+def test_data_parallelism_outermost_spreads_the_group_over_more_nodes():
+    """With the pipeline outermost a stage's 128 ranks are 16 whole nodes; with data parallelism
+    outermost they are runs of TP·CP = 4 ranks, 32 ranks apart: 32 nodes, half of each."""
+    plan = make_plan(tp=4, pp=8, dp=32, micro_batch_size=1, zero=ZeroStage.OPTIMIZER, sequence_parallel=True)
+    assert amax_s(replace(plan, rank_order=RankOrder.TP_CP_PP_DP), gpus=1024) > amax_s(plan, gpus=1024)
 
 
 @pytest.mark.parametrize("row, recipe", [
@@ -85,6 +102,20 @@ def test_validate_reads_each_runs_scaling_recipe(row, recipe):
     assert fp8_scaling(row, Precision.FP8, Fp8Recipe.TENSORWISE) is recipe
     assert fp8_scaling(row, Precision.FP8, Fp8Recipe.ROWWISE) is Fp8Recipe.ROWWISE
     assert fp8_scaling(row, Precision.BF16, Fp8Recipe.TENSORWISE) is Fp8Recipe.TENSORWISE
+
+
+def test_megatron_refuses_module_recomputation_under_delayed_scaling_in_one_line():
+    from paraplan.export import megatron
+    plan = megatron.SUPPORT.adapt(make_plan(tp=2, dp=8, ep=8, micro_batch_size=1, zero=ZeroStage.OPTIMIZER,
+                                            sequence_parallel=True, recompute=Recompute.MODULES))
+    mixtral = load_model("mixtral-8x7b")
+    megatron.check(plan, mixtral, CURRENT)  # current scaling runs it
+    with pytest.raises(SpecError, match="delayed"):
+        megatron.check(plan, mixtral, DELAYED)
+    # and its search never ranks the plan
+    refused = megatron.SUPPORT.limits.engine_rule(PlanBatch.from_plans([plan]), mixtral, DELAYED)
+    assert bool(refused[0]) and not bool(megatron.SUPPORT.limits.engine_rule(PlanBatch.from_plans([plan]),
+                                                                             mixtral, CURRENT)[0])
 
 
 def test_torchtitan_refuses_delayed_scaling_in_one_line():

@@ -106,3 +106,49 @@ def test_cli_flag_under_bf16_is_one_line(capsys):
     code, out, err = run(capsys, "estimate", "--model", "llama3-8b", "--precision", "bf16", "--low-precision-params")
     line = assert_user_error(code, out, err)
     assert "--low-precision-params" in line and "fp8 or nvfp4" in line
+
+
+def test_the_last_stage_keeps_its_head_in_16_bits():
+    """With two pipeline stages the last holds 16 layers and the 16-bit head: the FP8 copies add
+    2 B a parameter of its layers only."""
+    from paraplan.cost.stage_memory import LAST_STAGE, plan_memory
+    plan = make_plan(tp=1, pp=2, dp=4, micro_batch_size=1, zero=ZeroStage.OPTIMIZER)
+    cluster = load_cluster("dgx-b200", num_gpus=8)
+    weights = {p: plan_memory(MODEL, cluster, replace(WL, precision=p), plan, stage=LAST_STAGE)[0].weights_bytes
+               for p in (Precision.BF16, Precision.FP8)}
+    layers_params = linear_params() / 2  # 16 of the 32 layers
+    assert weights[Precision.FP8] - weights[Precision.BF16] == pytest.approx(2.0 * layers_params, rel=1e-9)
+
+
+def test_zero3_shards_are_kept_as_they_are_gathered():
+    plan = make_plan(tp=1, dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS)
+    on = replace(plan, low_precision_params=True)
+    assert weights_gib(Precision.FP8, plan) == pytest.approx(weights_gib(Precision.BF16, plan), rel=1e-12)
+    # the layers' shards at 1 B, the embedding and head at 2
+    expected_gib = (1.0 * linear_params() + 2.0 * (MODEL.num_params - linear_params())) / 8 / 2**30
+    assert weights_gib(Precision.FP8, on) == pytest.approx(expected_gib, rel=1e-9)
+
+
+def test_zero0_and_eager_engines_keep_16bit_weights_whatever_the_knob():
+    """Quantized weights need the distributed optimizer's fp32 master (Megatron asserts it);
+    an eager engine (torchao) neither caches copies nor gathers them quantized here."""
+    wl = replace(WL, precision=Precision.FP8)
+    zero0 = replace(ZERO1, zero=ZeroStage.NONE, low_precision_params=True)
+    assert weights_gib(Precision.FP8, zero0) == weights_gib(Precision.FP8, replace(zero0, low_precision_params=False))
+    eager = replace(ZERO1, fused_kernels=False, low_precision_params=True)
+    assert float(layout(MODEL, wl, eager).gather_bytes_per_param) == 2.0
+
+
+def test_megatron_refuses_quantized_weights_without_the_distributed_optimizer_in_one_line():
+    from paraplan.errors import SpecError
+    from paraplan.export import megatron
+    from paraplan.specs.workload import Fp8Recipe
+    wl = replace(WL, precision=Precision.FP8)
+    plan = megatron.SUPPORT.adapt(replace(ZERO1, low_precision_params=True))
+    megatron.check(plan, MODEL, wl)
+    with pytest.raises(SpecError, match="distributed optimizer"):
+        megatron.check(replace(plan, zero=ZeroStage.NONE), MODEL, wl)
+    offload = replace(plan, offload_optimizer=True)
+    with pytest.raises(SpecError, match="--fp8-recipe delayed"):
+        megatron.check(offload, MODEL, wl)
+    megatron.check(offload, MODEL, replace(wl, fp8_recipe=Fp8Recipe.DELAYED))

@@ -475,7 +475,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
     cp_comm = CPCommType.parse(args.cp_comm, "cp_comm_type") if args.cp_comm is not None else CPCommType.P2P
     order = RankOrder.parse(args.rank_order, "rank_order") if args.rank_order is not None else RankOrder.TP_CP_DP_PP
     gc, gc_rank = grad_compression_from_args(args)
-    return make_plan(low_precision_params=low_precision_params_from_args(args),tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, rank_order=order, ep=args.ep or 1, etp=args.etp or 1,
+    return make_plan(tp=tp, pp=pp, dp=dp, cp=cp, cp_comm_type=cp_comm, rank_order=order, ep=args.ep or 1, etp=args.etp or 1,
                      grad_compression=gc, powersgd_rank=gc_rank,
                      capacity_factor=args.capacity_factor, a2a_hierarchical=args.a2a_hierarchical,
                      ep_overlap=args.ep_overlap, vp=vp, micro_batch_size=args.mb or 1, schedule=sched,
@@ -485,6 +485,7 @@ def plan_from_args(args: argparse.Namespace, cluster: ClusterSpec) -> Plan:
                      dp_shard=args.dp_shard or 0, offload_optimizer=args.offload,
                      adam_accumulation=args.adama,
                      dp_overlap=not args.no_dp_overlap, tp_overlap=args.tp_overlap,
+                     low_precision_params=low_precision_params_from_args(args),
                      attention=AttentionKernel.parse(args.attention, "attention") if args.attention is not None
                      else cluster.gpu.attention_kernels[-1])
 

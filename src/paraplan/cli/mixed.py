@@ -23,7 +23,8 @@ _NOT_FOR_MIXED = ("tp", "pp", "cp", "ep", "etp", "vp", "cp_comm", "rank_order", 
                   "grad_compression", "powersgd_rank", "hardware", "engine", "whatif", "plan", "recompute_ops",
                   "dp_shard", "offload", "offload_activations", "adama", "attention",
                   "a2a_hierarchical", "ep_overlap", "no_dp_overlap", "recompute_layers", "fill_bubbles",
-                  "bubble_work_tflop", "bubble_work_gb", "bubble_work_pieces", "max_microbatches")
+                  "bubble_work_tflop", "bubble_work_gb", "bubble_work_pieces", "max_microbatches",
+                  "low_precision_params")
 # what `search` over a mixed cluster chooses itself
 _SEARCHED = ("dp", "mb", "schedule", "recompute", "zero", "sp", "tp_overlap", "stages")
 

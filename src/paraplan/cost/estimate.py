@@ -155,7 +155,12 @@ def checkpoint_bytes_per_gpu(model: ModelSpec, workload: Workload, plan: Plan, m
 
     def written(total, d, e, rep_d, rep_e):  # total bytes split as the parameters are
         return total * (d / rep_d + e / rep_e) / (d + e)
-    return (written(mem.weights_bytes, w_dense, w_exp, w_rep_dense, w_rep_exp)
+    # the weights, not the quantized copies Transformer Engine caches beside 16-bit ones (FP8,
+    # NVFP4; the 16-bit embedding and head scaled alike: a few percent under)
+    linear_bytes = scalar(lay.linear_weight_bytes_per_param)
+    cached = linear_bytes > WEIGHT_BYTES and not scalar(lay.fp32_params)
+    weights = mem.weights_bytes * (WEIGHT_BYTES / linear_bytes if cached else 1.0)
+    return (written(weights, w_dense, w_exp, w_rep_dense, w_rep_exp)
             + written(mem.optimizer_bytes, o_dense, o_exp, o_rep_dense, o_rep_exp))
 
 

@@ -154,14 +154,17 @@ def _bytes_per_param(prec: Precision, plan, fp32_params, wide: bool) -> dict:
     # a 16-bit gradient buffer is reduced in its own dtype (Megatron-Core's one flag sets both)
     grad_buffer_16bit = np.asarray(plan.grad_buffer_16bit, dtype=bool) & ~np.asarray(wide, dtype=bool)
     grad_reduce_fp32 = (np.asarray(plan.grad_reduce_fp32, dtype=bool) | wide) & ~grad_buffer_16bit
-    kept_16bit = np.where(fp32_params, mem.MASTER_BYTES, mem.WEIGHT_BYTES)
+    zc = np.asarray(plan.zero_code)
+    # weights kept quantized need a sharded optimizer for their fp32 master (Megatron-Core:
+    # --fp8-param-gather asserts the distributed optimizer or FSDP): not at ZeRO-0
+    quantized = np.asarray(plan.low_precision_params, dtype=bool) & (zc >= ZeroStage.OPTIMIZER.code)
+    gather = np.where(fp32_params, mem.MASTER_BYTES, gathered_weight_bytes_per_param(prec, quantized, plan.fused_kernels))
     return dict(
-        gather_bytes_per_param=np.where(fp32_params, mem.MASTER_BYTES,
-                                        gathered_weight_bytes_per_param(prec, plan.low_precision_params)),
-        # (ZeRO-3's shards are kept as gathered; its gathered layers' quantized copies are not priced)
-        linear_weight_bytes_per_param=np.where(fp32_params | (np.asarray(plan.zero_code) == ZeroStage.PARAMETERS.code),
-                                               kept_16bit, weights_bytes_per_param(prec, plan.low_precision_params,
-                                                                                   plan.fused_kernels)),
+        gather_bytes_per_param=gather,
+        # ZeRO-3's shards are kept as they are gathered (their gathered layers' quantized copies
+        # are not priced)
+        linear_weight_bytes_per_param=np.where(fp32_params | (zc == ZeroStage.PARAMETERS.code), gather,
+                                               weights_bytes_per_param(prec, quantized, plan.fused_kernels)),
         reduce_bytes_per_param=np.where(grad_reduce_fp32, mem.GRAD_BYTES, mem.WEIGHT_BYTES),
         grad_bytes_per_param=np.where(grad_buffer_16bit, mem.WEIGHT_BYTES, mem.GRAD_BYTES))
 

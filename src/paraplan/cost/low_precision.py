@@ -42,10 +42,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..specs.hardware import ClusterSpec
-from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
-from ..num import as_float
-from .comm import Collective, collective_time_s
 
 LOW_PRECISIONS = (Precision.FP8, Precision.NVFP4)
 
@@ -81,7 +78,12 @@ def quantize_bytes_per_element(precision: Precision) -> float:
     return 0.0
 
 
-def weights_bytes_per_param(precision: Precision, low_precision_params, fused_kernels):
+def _quantized_params(low_precision_params, fused_kernels) -> np.ndarray:
+    """Plans whose weights Transformer Engine keeps quantized (the knob, on a fused engine)."""
+    return np.asarray(low_precision_params, dtype=bool) & np.asarray(fused_kernels, dtype=bool)
+
+
+def weights_bytes_per_param(precision: Precision, low_precision_params, fused_kernels) -> float | np.ndarray:
     """HBM bytes a linear layer's weight keeps per parameter through a step (vectorized over
     the plan knobs):
     - in 16 bits: 2;
@@ -92,53 +94,32 @@ def weights_bytes_per_param(precision: Precision, low_precision_params, fused_ke
       copies for the others (megatron/core/extensions/transformer_engine.py, 0.16.1; TE's
       `get_weight_workspace(cache_name="weight")`); beside the 16-bit weight, unless the weights
       are kept quantized (Plan.low_precision_params: --fp8-param-gather, fp4_param), which
-      leaves the copies alone;
+      leaves the copies alone. (Blackwell runs per-tensor FP8 GEMMs in every layout and may
+      need no column-wise copy: counted as two all the same.)
     - under torchao's FP8 (an eager engine): 2, its casts made at each use, as the GEMMs'
-      inputs are (not priced).
-    A model's embedding and output head stay 16-bit (stage_memory.py), and so do the layers
-    NVFP4 keeps in BF16 (bf16_end_layers), here counted at the quantized rate."""
+      inputs are (not priced); the knob does not apply.
+    A model's embedding, output head and the MTP blocks' dense part stay 16-bit
+    (stage_memory.py); the layers NVFP4 keeps in BF16 (bf16_end_layers) and the MTP blocks'
+    routed experts are counted at the quantized rate."""
     if precision not in LOW_PRECISIONS:
         return SOURCE_BYTES_PER_ELEMENT
     copies = 2.0 * gemm_operand_bytes(precision)
-    kept = np.where(np.asarray(low_precision_params, dtype=bool), copies, SOURCE_BYTES_PER_ELEMENT + copies)
+    kept = np.where(_quantized_params(low_precision_params, fused_kernels), copies, SOURCE_BYTES_PER_ELEMENT + copies)
     return np.where(np.asarray(fused_kernels, dtype=bool), kept, SOURCE_BYTES_PER_ELEMENT)
 
 
-def gathered_weight_bytes_per_param(precision: Precision, low_precision_params):
+def gathered_weight_bytes_per_param(precision: Precision, low_precision_params, fused_kernels) -> float | np.ndarray:
     """Bytes per parameter a data-parallel all-gather of the weights moves (the distributed
-    optimizer's after its step, ZeRO-3's before each use): the row-wise quantized copy where the
-    weights are kept quantized (Megatron-Core --fp8-param-gather, Megatron-Bridge
-    fp4_param_gather; each rank makes its column-wise copy), else 16 bits. The embedding and
-    the head, 16-bit there, are counted at the same rate (under 15% of an 8B model's
-    parameters, a few percent of a 70B's)."""
+    optimizer's after its step, ZeRO-3's before each use): the row-wise quantized copy where
+    Transformer Engine keeps the weights quantized (Megatron-Core --fp8-param-gather,
+    Megatron-Bridge fp4_param_gather; each rank makes its column-wise copy), else 16 bits
+    (torchao's float8 all-gather for FSDP2 is not modelled). The embedding and the head,
+    16-bit there, are counted at the same rate (under 15% of an 8B model's parameters, a few
+    percent of a 70B's)."""
     if precision not in LOW_PRECISIONS:
         return SOURCE_BYTES_PER_ELEMENT
-    return np.where(np.asarray(low_precision_params, dtype=bool), gemm_operand_bytes(precision),
+    return np.where(_quantized_params(low_precision_params, fused_kernels), gemm_operand_bytes(precision),
                     SOURCE_BYTES_PER_ELEMENT)
-
-
-# Bytes a linear layer's GEMMs add to a pass's amax reduction: an fp32 amax for each of the
-# forward's two inputs (activation and weight) or the backward's output gradient, per GEMM
-AMAX_BYTES_PER_GEMM = 2 * 4.0
-
-
-def amax_reduction_s(cluster, model: ModelSpec, workload: Workload, plan, lay):
-    """Delayed scaling's all-reduce at the end of one forward or backward pass of a model chunk
-    (vectorized over a batch's layouts; 0 under any other recipe). Transformer Engine reduces
-    the amaxes of every FP8 tensor the pass quantized when its outermost `fp8_autocast` exits,
-    forward and backward (`FP8GlobalStateManager.reduce_and_update_fp8_tensors`), over
-    Megatron-Core's amax reduction group, the pipeline stage's TP×CP×DP ranks
-    (parallel_state.get_amax_reduction_group(with_context_parallel=True)), on the compute
-    stream: the next pass waits for it. A few bytes a layer: it costs the collective's latency
-    across the group (cost/comm.py), which grows with the ranks it spans."""
-    if not workload.fp8_delayed:
-        return 0.0
-    # a dense layer's four GEMMs (QKV, output, up, down); an MoE layer's two per local expert
-    gemms = lay.dense_layer_share * 4.0 + lay.moe_layer_share * (2.0 + 2.0 * model.num_experts / as_float(plan.ep))
-    layers = lay.stage_layers / lay.vp
-    group = lay.tp * lay.cp * lay.dp
-    return collective_time_s(cluster, Collective.ALL_REDUCE, AMAX_BYTES_PER_GEMM * gemms * layers, group, 1,
-                             block=lay.pp_stride, outer_stride=lay.pp_stride * lay.pp)
 
 
 def attention_precision(precision: Precision) -> Precision:

@@ -19,11 +19,11 @@ from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Workload
 from .activation_offload import ActivationOffload, offloaded_layers
+from .amax import amax_reduction_s
 from .bf16_layers import bf16_layer_extra_s, bf16_layers_on_end_stages
 from .host import eager_host_wait
 from .layer_compute import LayerCompute
 from .layout import Layout
-from .low_precision import amax_reduction_s
 from .moe import MoELayerCosts, dropless
 from .overlap import LayerTimes
 from .recompute import Recomputation
@@ -49,7 +49,7 @@ class Stages:
     last: StageTimes
     host_waits: tuple     # (forward, backward, W pass) wait per micro-batch of each of the three
     layers: tuple         # layers of each of the three
-    amax_reduction_s: Num = 0.0  # FP8 delayed scaling's amax all-reduces per micro-batch, each stage (low_precision.py)
+    amax_reductions_per_microbatch_s: Num = 0.0  # FP8 delayed scaling's 2v amax all-reduces a micro-batch, each stage (amax.py)
 
     def host_wait_per_layer(self) -> tuple:
         """(forward, backward, W pass) per layer, for the breakdown: the stage that waits most
@@ -162,4 +162,4 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
         return StageTimes(forward_s=fwd + wait[0], backward_s=bwd + wait[1], weight_grad_s=layers * wgrad + wait[2])
     first, middle, last = (stage(layers, fwd, bwd, w) for (layers, fwd, bwd), w in zip(parts, waits))
     return Stages(first=first, middle=middle, last=last, host_waits=tuple(waits), layers=tuple(p[0] for p in parts),
-                  amax_reduction_s=2.0 * amax_s)
+                  amax_reductions_per_microbatch_s=2.0 * amax_s)

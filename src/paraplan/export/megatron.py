@@ -102,6 +102,11 @@ def _grad_compression_refused(plan) -> object:
     return np.asarray(plan.grad_compression_code) != GradCompression.NONE.code
 
 
+def _delayed_modules_refused(plan, workload: Workload) -> object:
+    """Megatron-Core refuses moe_act/layernorm recomputation under FP8 delayed scaling. Vectorized."""
+    return workload.fp8_delayed & (np.asarray(plan.recompute_code) == Recompute.MODULES.code)
+
+
 def _low_precision_params_refused(plan) -> object:
     """--fp8-param-gather needs the distributed optimizer (validate_args). Vectorized."""
     return np.asarray(plan.low_precision_params, dtype=bool) & (np.asarray(plan.zero_code) == ZeroStage.NONE.code)
@@ -117,6 +122,7 @@ SUPPORT = EngineSupport(
                                                                    | _offload_refused(batch)
                                                                    | _grad_compression_refused(batch)
                                                                    | _low_precision_params_refused(batch)
+                                                                   | _delayed_modules_refused(batch, workload)
                                                                    | np.asarray(batch.adam_accumulation, dtype=bool)
                                                                    | _ep_overlap_mtp_refused(batch, model)
                                                                    | _activation_offload_refused(batch, model))),
@@ -178,9 +184,10 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
         raise unsupported(ENGINE, "fp8_recipe", str(workload.fp8_recipe),
                           f"{Fp8Recipe.TENSORWISE} or {Fp8Recipe.DELAYED} (--fp8-recipe delayed, tensorwise, mxfp8 or "
                           "blockwise: no row-wise)")
-    if workload.fp8_delayed and plan.recompute is Recompute.MODULES:
-        raise unsupported(ENGINE, "recompute", str(plan.recompute), "not modules under delayed scaling (Megatron-Core "
-                          "refuses moe_act/layernorm recomputation with --fp8-recipe delayed): --fp8-recipe tensorwise")
+    if bool(_delayed_modules_refused(plan, workload)):
+        raise unsupported(ENGINE, "recompute", str(plan.recompute), "none, selective, full or first_k under FP8 "
+                          "delayed scaling (Megatron-Core refuses moe_act/layernorm recomputation with --fp8-recipe "
+                          "delayed; --fp8-recipe tensorwise runs modules)")
     if bool(_low_precision_params_refused(plan)):
         raise unsupported(ENGINE, "zero", str(plan.zero), "1 or more with low-precision parameters (validate_args: "
                           "--fp8-param-gather only with the distributed optimizer or FSDP)")

@@ -107,7 +107,7 @@ class Plan:
     # format, their 16-bit copy gone, and all-gathered in it (Megatron-Core --fp8-param-gather,
     # Megatron-Bridge fp4_param; cost/low_precision.py): else 16-bit weights beside the
     # quantized copies Transformer Engine caches for a step's micro-batches.
-    low_precision_params: bool = axis(False)
+    low_precision_params: bool = axis(False, flag="--low-precision-params")
     # Activation checkpointing that stops recomputing once the backward has what it needs
     # (PyTorch non-reentrant `torch.utils.checkpoint`, used by FSDP stacks such as
     # llm-foundry and torchtitan) skips each block's last GEMM; Megatron's re-runs it all.

@@ -92,11 +92,11 @@ def fp8_scaling(row: dict, precision: Precision | None, recipe: Fp8Recipe) -> Fp
     FP8-CS or MXFP8, perf_recipes/_common.py _perf_precision) and any other engine."""
     if precision is not Precision.FP8 or recipe is not Fp8Recipe.TENSORWISE:
         return recipe
-    text = " ".join(row.get(col) or "" for col in ("precision", "notes"))
-    if _DELAYED_SCALING.search(text):
-        return Fp8Recipe.DELAYED
-    if _CURRENT_SCALING.search(text):
-        return Fp8Recipe.TENSORWISE
+    for text in (row.get("precision") or "", row.get("notes") or ""):  # the label first
+        if _DELAYED_SCALING.search(text):
+            return Fp8Recipe.DELAYED
+        if _CURRENT_SCALING.search(text):
+            return Fp8Recipe.TENSORWISE
     framework = (row.get("framework") or "").strip().lower()
     megatron_cli = framework.startswith("megatron-lm") or framework.startswith("megatron-core r")
     return Fp8Recipe.DELAYED if framework.startswith("nemo") or megatron_cli else Fp8Recipe.TENSORWISE
