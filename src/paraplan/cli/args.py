@@ -496,7 +496,8 @@ def low_precision_params_from_args(args: argparse.Namespace) -> bool:
     from ..specs.workload import parse_precision
     if args.low_precision_params and parse_precision(args.precision, "--precision") not in LOW_PRECISIONS:
         raise SpecError("plan", "--low-precision-params", True,
-                        f"applies with --precision fp8 or nvfp4 (not {args.precision}): only their weights are quantized")
+                        f"applies with --precision fp8 or nvfp4 (not {args.precision}): only their weights are "
+                        "quantized")
     return args.low_precision_params
 
 

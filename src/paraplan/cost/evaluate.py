@@ -114,7 +114,8 @@ def _time_breakdown(model: ModelSpec, x: _Parts, sp_norm_s, optimizer_s) -> Time
     crit_wait = pipe.critical_host_wait_s
     crit_offload = 0.0 if x.offload is None else _critical_offload_s(lay, x.offload, x.plan, t_max,
                                                                       pipe.stage_microbatch_s)
-    amax = x.stages.amax_reductions_per_microbatch_s  # (FP8 delayed scaling's, over the stage's TP×CP×DP ranks: DP communication)
+    # FP8 delayed scaling's amax all-reduces over the stage's TP×CP×DP ranks: DP communication
+    amax = x.stages.amax_reductions_per_microbatch_s
     compute_mb = (t_max - (crit_tp + crit_cp + crit_ep) - rc_crit * rc.compute_s
                   - (crit_layers * (x.layer.zero_forward_exposed_s + x.layer.zero_backward_exposed_s
                                     + z.grad_compression_s)

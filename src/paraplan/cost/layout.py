@@ -158,7 +158,8 @@ def _bytes_per_param(prec: Precision, plan, fp32_params, wide: bool) -> dict:
     # weights kept quantized need a sharded optimizer for their fp32 master (Megatron-Core:
     # --fp8-param-gather asserts the distributed optimizer or FSDP): not at ZeRO-0
     quantized = np.asarray(plan.low_precision_params, dtype=bool) & (zc >= ZeroStage.OPTIMIZER.code)
-    gather = np.where(fp32_params, mem.MASTER_BYTES, gathered_weight_bytes_per_param(prec, quantized, plan.fused_kernels))
+    gather = np.where(fp32_params, mem.MASTER_BYTES,
+                      gathered_weight_bytes_per_param(prec, quantized, plan.fused_kernels))
     return dict(
         gather_bytes_per_param=gather,
         # ZeRO-3's shards are kept as they are gathered (their gathered layers' quantized copies

@@ -49,7 +49,8 @@ class Stages:
     last: StageTimes
     host_waits: tuple     # (forward, backward, W pass) wait per micro-batch of each of the three
     layers: tuple         # layers of each of the three
-    amax_reductions_per_microbatch_s: Num = 0.0  # FP8 delayed scaling's 2v amax all-reduces a micro-batch, each stage (amax.py)
+    # FP8 delayed scaling's 2v amax all-reduces a micro-batch, on every stage (amax.py)
+    amax_reductions_per_microbatch_s: Num = 0.0
 
     def host_wait_per_layer(self) -> tuple:
         """(forward, backward, W pass) per layer, for the breakdown: the stage that waits most
@@ -154,7 +155,8 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
 
     def stage(layers, extra_fwd, extra_bwd, wait):
         fwd = layers * layer.forward_s + extra_fwd + z.first_gather_s + amax_s
-        bwd = layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s + amax_s
+        bwd = (layers * layer.backward_s + extra_bwd + _recompute_share(lay, layers) * rc_stage + z.first_gather_s
+               + amax_s)
         if offload is not None:
             offloaded = offloaded_layers(plan, lay, layers)
             fwd = fwd + offloaded * offload.forward_exposed_s

@@ -78,6 +78,7 @@ def gradient_policy(row: dict, legacy: bool, precision: Precision | None) -> dic
     return {"grad_reduce_fp32": legacy or megatron_cli, "grad_buffer_16bit": False}
 
 
+_MXFP8 = re.compile(r"mxfp8|fp8-mx|\bmx\b", re.IGNORECASE)
 _CURRENT_SCALING = re.compile(r"current|\bcs\b|fp8-cs|mxfp8|fp8-mx|\bmx\b", re.IGNORECASE)
 _DELAYED_SCALING = re.compile(r"delayed|\bds\b|fp8-ds", re.IGNORECASE)
 
@@ -124,7 +125,7 @@ def parameter_policy(row: dict, precision: Precision | None) -> dict:
     if "megatron-bridge" in framework:
         return {"low_precision_params": not sub_channel}
     if framework.startswith("nemo"):
-        return {"low_precision_params": not sub_channel and "mx" not in label}
+        return {"low_precision_params": not sub_channel and not _MXFP8.search(label)}
     return {}
 
 
