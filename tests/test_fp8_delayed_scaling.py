@@ -118,10 +118,13 @@ def test_megatron_refuses_module_recomputation_under_delayed_scaling_in_one_line
                                                                              mixtral, CURRENT)[0])
 
 
-def test_torchtitan_refuses_delayed_scaling_in_one_line():
-    plan = make_plan(tp=1, dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS)
+def test_torchtitan_refuses_delayed_scaling_and_quantized_weights_in_one_line():
+    plan = torchtitan.SUPPORT.adapt(make_plan(tp=1, dp=8, micro_batch_size=1, zero=ZeroStage.PARAMETERS))
+    torchtitan.check(plan, load_model("llama3-8b"), CURRENT)
     with pytest.raises(SpecError, match="no delayed scaling"):
-        torchtitan.check(torchtitan.SUPPORT.adapt(plan), load_model("llama3-8b"), DELAYED)
+        torchtitan.check(plan, load_model("llama3-8b"), DELAYED)
+    with pytest.raises(SpecError, match="low_precision_params"):
+        torchtitan.check(replace(plan, low_precision_params=True), load_model("llama3-8b"), CURRENT)
 
 
 def test_cli_prints_the_recipe_and_refuses_it_without_fp8(capsys):

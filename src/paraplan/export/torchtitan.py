@@ -214,6 +214,9 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     check_model(SUPPORT, model)
     if workload.precision not in PRECISIONS and workload.precision is not Precision.FP8:
         raise unsupported(ENGINE, "precision", str(workload.precision), "bf16 or fp8 (float8 converters)")
+    if plan.low_precision_params:
+        raise unsupported(ENGINE, "low_precision_params", True, "off (torchao's float8 keeps 16-bit weights and casts "
+                          "them at each use; its float8 all-gather for FSDP2 is not modelled)")
     if workload.fp8_delayed:
         raise unsupported(ENGINE, "fp8_recipe", str(workload.fp8_recipe),
                           f"{Fp8Recipe.TENSORWISE} or {Fp8Recipe.ROWWISE} (torchao's float8 scales each tensor as it "
