@@ -14,7 +14,7 @@ from support import assert_user_error, run
 
 from paraplan.cost.estimate import estimate
 from paraplan.cost.layout import layout
-from paraplan.plan.axes import ZeroStage
+from paraplan.plan.axes import Recompute, ZeroStage
 from paraplan.plan.plan import make_plan
 from paraplan.specs.catalog import load_cluster, load_model
 from paraplan.specs.workload import Precision, Workload
@@ -152,3 +152,19 @@ def test_megatron_refuses_quantized_weights_without_the_distributed_optimizer_in
     with pytest.raises(SpecError, match="--fp8-recipe delayed"):
         megatron.check(offload, MODEL, wl)
     megatron.check(offload, MODEL, replace(wl, fp8_recipe=Fp8Recipe.DELAYED))
+
+
+def test_memory_advice_offers_quantized_weights_where_they_apply():
+    """`estimate`'s what-frees-memory advice lists --low-precision-params for an FP8 plan with a
+    sharded optimizer on Transformer Engine, freeing the 16-bit copy of every layer's weights."""
+    from paraplan.search.advice import fitting_changes
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    fp8 = Workload(global_batch_size=8, seq_len=8192, precision=Precision.FP8)
+    plan = make_plan(tp=1, dp=8, micro_batch_size=1, zero=ZeroStage.OPTIMIZER, recompute=Recompute.FULL)
+    before = estimate(MODEL, cluster, fp8, plan).memory.weights_bytes
+    offered = {c.flags: c for c in fitting_changes(MODEL, cluster, fp8, plan)}
+    assert "--low-precision-params" in offered
+    freed = before - offered["--low-precision-params"].estimate.memory.weights_bytes
+    assert freed == pytest.approx(2.0 * linear_params(), rel=1e-9)
+    for wl, p in ((replace(fp8, precision=Precision.BF16), plan), (fp8, replace(plan, zero=ZeroStage.NONE))):
+        assert "--low-precision-params" not in {c.flags for c in fitting_changes(MODEL, cluster, wl, p)}

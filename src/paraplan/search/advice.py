@@ -19,6 +19,7 @@ import numpy as np
 
 from ..cost.estimate import Estimate, estimate
 from ..cost.evaluate import evaluate
+from ..cost.low_precision import LOW_PRECISIONS
 from ..errors import ParaplanError
 from ..plan.axes import Recompute, RecomputeOps, ZeroStage
 from ..plan.plan import Plan
@@ -38,11 +39,15 @@ class FitChange:
     estimate: Estimate
 
 
-def _changes(model: ModelSpec, cluster: ClusterSpec, plan: Plan) -> list[tuple[str, Plan]]:
+def _changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan: Plan) -> list[tuple[str, Plan]]:
     """(flags, plan) for each lever that lowers memory, changed alone from `plan` (activation
     offload of every layer recomputation leaves, where the search would try it: a host link
-    of NVLink-C2C class)."""
+    of NVLink-C2C class; FP8 or NVFP4 weights kept quantized, on Transformer Engine with a
+    sharded optimizer)."""
     out = []
+    if (workload.precision in LOW_PRECISIONS and plan.fused_kernels and not plan.low_precision_params
+            and plan.zero is not ZeroStage.NONE):
+        out.append(("--low-precision-params", replace(plan, low_precision_params=True)))
     if plan.recompute is not Recompute.FULL:
         out.append(("--recompute full", replace(plan, recompute=Recompute.FULL, recompute_num_layers=0,
                                                 recompute_ops=RecomputeOps())))
@@ -75,7 +80,7 @@ def _valid_changes(model: ModelSpec, cluster: ClusterSpec, workload: Workload, p
     """The single changes of `plan` (`_changes`) the plan rules allow and `check` (an engine's
     rules, raising for a plan the engine cannot run) accepts."""
     out = []
-    for flags, p in _changes(model, cluster, plan):
+    for flags, p in _changes(model, cluster, workload, plan):
         if check_plan(p, model, cluster, workload) is not None:
             continue
         try:
