@@ -151,7 +151,14 @@ def test_megatron_refuses_quantized_weights_without_the_distributed_optimizer_in
     offload = replace(plan, offload_optimizer=True)
     with pytest.raises(SpecError, match="--fp8-recipe delayed"):
         megatron.check(offload, MODEL, wl)
-    megatron.check(offload, MODEL, replace(wl, fp8_recipe=Fp8Recipe.DELAYED))
+    delayed = replace(wl, fp8_recipe=Fp8Recipe.DELAYED)
+    megatron.check(offload, MODEL, delayed)
+    # and its search never ranks the plans its check refuses
+    from paraplan.plan.space import PlanBatch
+    batch = PlanBatch.from_plans([plan, replace(plan, zero=ZeroStage.NONE), offload])
+    rule = megatron.SUPPORT.limits.engine_rule
+    assert list(map(bool, rule(batch, MODEL, wl))) == [False, True, True]
+    assert list(map(bool, rule(batch, MODEL, delayed))) == [False, True, False]
 
 
 def test_memory_advice_offers_quantized_weights_where_they_apply():

@@ -19,11 +19,14 @@ from ..specs.workload import Workload
 from .comm import Collective, collective_time_s
 from .layout import Layout
 
-# Bytes a linear layer's GEMMs add to a pass's amax reduction: an fp32 amax for each of the
-# forward's two inputs (activation and weight) or the backward's output gradient, per GEMM
+# Bytes a GEMM adds to a pass's amax reduction: an fp32 amax for each of the forward's two
+# inputs (activation and weight); the backward's output gradient takes no more
 AMAX_BYTES_PER_GEMM = 2 * 4.0
 DENSE_LAYER_GEMMS = 4.0  # QKV, output projection, up (with the gate), down
-MOE_LAYER_GEMMS_BESIDES_EXPERTS = 2.0  # (a shared expert's, or the router's: a bound, latency-bound anyway)
+# an MoE layer: its attention's two (QKV, output projection) and each local expert's two (fc1,
+# fc2); a shared expert's and the router's are left out (the all-reduce is latency-bound: a
+# few more bytes do not change its time)
+MOE_LAYER_GEMMS_BESIDES_EXPERTS = 2.0
 GEMMS_PER_EXPERT = 2.0
 
 

@@ -112,6 +112,13 @@ def _low_precision_params_refused(plan) -> object:
     return np.asarray(plan.low_precision_params, dtype=bool) & (np.asarray(plan.zero_code) == ZeroStage.NONE.code)
 
 
+def _low_precision_offload_refused(plan, workload: Workload) -> object:
+    """--fp8-param-gather with --optimizer-cpu-offload needs --fp8-recipe delayed (validate_args). Vectorized."""
+    fp8_not_delayed = workload.precision is Precision.FP8 and not workload.fp8_delayed
+    return (np.asarray(plan.low_precision_params, dtype=bool) & np.asarray(plan.offload_optimizer, dtype=bool)
+            & fp8_not_delayed)
+
+
 SUPPORT = EngineSupport(
     engine=ENGINE,
     # uneven splits too: the export writes the chunks the cost model lays out (pipeline_args)
@@ -123,6 +130,7 @@ SUPPORT = EngineSupport(
                                                                    | _grad_compression_refused(batch)
                                                                    | _low_precision_params_refused(batch)
                                                                    | _delayed_modules_refused(batch, workload)
+                                                                   | _low_precision_offload_refused(batch, workload)
                                                                    | np.asarray(batch.adam_accumulation, dtype=bool)
                                                                    | _ep_overlap_mtp_refused(batch, model)
                                                                    | _activation_offload_refused(batch, model))),
@@ -191,8 +199,7 @@ def check(plan: Plan, model: ModelSpec, workload: Workload) -> None:
     if bool(_low_precision_params_refused(plan)):
         raise unsupported(ENGINE, "zero", str(plan.zero), "1 or more with low-precision parameters (validate_args: "
                           "--fp8-param-gather only with the distributed optimizer or FSDP)")
-    if (plan.low_precision_params and plan.offload_optimizer and workload.precision is Precision.FP8
-            and not workload.fp8_delayed):
+    if bool(_low_precision_offload_refused(plan, workload)):
         raise unsupported(ENGINE, "offload_optimizer", True, "no optimizer offload with low-precision parameters under "
                           f"{workload.fp8_recipe} scaling (validate_args: --fp8-param-gather with "
                           "--optimizer-cpu-offload needs --fp8-recipe delayed)")

@@ -79,7 +79,7 @@ def gradient_policy(row: dict, legacy: bool, precision: Precision | None) -> dic
 
 
 _MXFP8 = re.compile(r"mxfp8|fp8-mx|\bmx\b", re.IGNORECASE)
-_CURRENT_SCALING = re.compile(r"current|\bcs\b|fp8-cs|mxfp8|fp8-mx|\bmx\b", re.IGNORECASE)
+_CURRENT_SCALING = re.compile(r"current|\bcs\b|fp8-cs|" + _MXFP8.pattern, re.IGNORECASE)
 _DELAYED_SCALING = re.compile(r"delayed|\bds\b|fp8-ds", re.IGNORECASE)
 
 
