@@ -129,35 +129,71 @@ def test_async_tp_on_separate_projections_leaves_the_backward_input_gradient_sca
     assert fused < 2.0 * rs  # the same collectives, hidden behind the GEMMs but one chunk each
 
 
+def _llama3_8b_at_tp8(fused: bool):
+    """(model, cluster, workload, plan flags): Llama 3 8B at TP 8 with SP, one sequence of 8,192."""
+    cluster = load_cluster("dgx-h100", num_gpus=8)
+    flags = dict(tp=8, micro_batch_size=1, sequence_parallel=True, fused_kernels=fused)
+    return load_model("llama3-8b"), cluster, Workload(global_batch_size=8, seq_len=8192), flags
+
+
+def _gemm_in_chunks(gpu, T, chunks, n, k):
+    """A [T, k] × [k, n] BF16 GEMM run as `chunks` GEMMs of T/chunks rows."""
+    return chunks * float(gemm_time_s(gpu, T / chunks, n, k, Precision.BF16))
+
+
 def test_micro_pipeline_tp_runs_each_tp_bound_gemm_as_t_chunks():
     """torch's micro-pipeline TP runs a fused all-gather-matmul once per rank's shard and a
     fused matmul-reduce-scatter once per destination's rows: the forward's four GEMMs as t
     GEMMs of T/t rows; in the backward only out's and down's data gradients (consumers of the
-    gathered output gradient), the weight gradients whole. Fused (Transformer Engine) overlap
-    and TP without overlap keep whole GEMMs."""
-    model, t, T = load_model("llama3-8b"), 8, 8192
-    cluster = load_cluster("dgx-h100", num_gpus=8)
-    gpu, bf16, h, f = cluster.gpu, Precision.BF16, model.hidden_size, model.ffn_hidden_size
-    wl = Workload(global_batch_size=8, seq_len=T)
-    kw = dict(tp=t, micro_batch_size=1, sequence_parallel=True, fused_kernels=False)
+    gathered output gradient), the weight gradients whole. TP without overlap keeps whole GEMMs
+    (Transformer Engine's overlap: the test below)."""
+    model, cluster, wl, kw = _llama3_8b_at_tp8(fused=False)
+    gpu, h, f, t, T = cluster.gpu, model.hidden_size, model.ffn_hidden_size, kw["tp"], wl.seq_len
 
-    def gemm(rows, n, k):
-        return (T / rows) * float(gemm_time_s(gpu, rows, n, k, bf16))
-
-    def out_down(rows):
-        return gemm(rows, h, model.q_dim / t) + gemm(rows, h, f / t)
+    def out_down(chunks):
+        return _gemm_in_chunks(gpu, T, chunks, h, model.q_dim / t) + _gemm_in_chunks(gpu, T, chunks, h, f / t)
 
     whole = estimate(model, cluster, wl, make_plan(**kw)).layer_detail
     async_tp = estimate(model, cluster, wl, make_plan(**kw, tp_overlap=True)).layer_detail
-    assert float(whole["fwd"]["out-proj GEMM"]) == pytest.approx(gemm(T, h, model.q_dim / t))
-    assert float(async_tp["fwd"]["out-proj GEMM"]) == pytest.approx(gemm(T / t, h, model.q_dim / t))
-    assert float(async_tp["fwd"]["MLP down GEMM"]) == pytest.approx(gemm(T / t, h, f / t))
+    assert float(whole["fwd"]["out-proj GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, 1, h, model.q_dim / t))
+    assert float(async_tp["fwd"]["out-proj GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, t, h, model.q_dim / t))
+    assert float(async_tp["fwd"]["MLP down GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, t, h, f / t))
     bwd = GEMMS_BWD
     assert float(async_tp["wgrad"][bwd]) == pytest.approx(float(whole["wgrad"][bwd]))
-    assert float(async_tp["bwd"][bwd]) == pytest.approx(float(whole["bwd"][bwd]) + out_down(T / t) - out_down(T))
-    fused = dict(kw, fused_kernels=True)
-    assert float(estimate(model, cluster, wl, make_plan(**fused, tp_overlap=True)).layer_detail["fwd"]["out-proj GEMM"]) \
-        == pytest.approx(gemm(T, h, model.q_dim / t))
+    assert float(async_tp["bwd"][bwd]) == pytest.approx(float(whole["bwd"][bwd]) + out_down(t) - out_down(1))
+
+
+def test_userbuffers_overlap_splits_gemms_by_transformer_engines_default_methods():
+    """Transformer Engine's userbuffers (Megatron's --tp-comm-overlap) by its default methods
+    (TE 2.9 module/base.py initialize_ub): QKV and fc1 forward by ring exchange, t GEMMs of T/t
+    rows; out and fc2 forward pipelined in 4 splits; in the backward out's and fc2's data
+    gradients by ring exchange (t chunks), QKV's and fc1's data gradients and every weight
+    gradient whole ("bulk", "external")."""
+    from paraplan.cost.layer_compute import UB_PIPELINE_SPLITS
+    from paraplan.cost.roofline import up_projection_time_s
+    model, cluster, wl, kw = _llama3_8b_at_tp8(fused=True)
+    gpu, h, f, t, T = cluster.gpu, model.hidden_size, model.ffn_hidden_size, kw["tp"], wl.seq_len
+
+    def up(chunks):
+        return chunks * float(up_projection_time_s(gpu, T / chunks, f / t, h, Precision.BF16,
+                                                   model.num_mlp_matrices - 1, True))
+
+    def out_down(chunks):
+        return _gemm_in_chunks(gpu, T, chunks, h, model.q_dim / t) + _gemm_in_chunks(gpu, T, chunks, h, f / t)
+
+    whole = estimate(model, cluster, wl, make_plan(**kw)).layer_detail
+    ub = estimate(model, cluster, wl, make_plan(**kw, tp_overlap=True)).layer_detail
+    qkv_width = model.qkv_params_per_layer / h / t
+    assert float(whole["fwd"]["QKV GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, 1, qkv_width, h))
+    assert float(ub["fwd"]["QKV GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, t, qkv_width, h))
+    assert float(ub["fwd"]["MLP up GEMM"]) == pytest.approx(up(t))
+    assert float(ub["fwd"]["out-proj GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, UB_PIPELINE_SPLITS, h, model.q_dim / t))
+    assert float(ub["fwd"]["MLP down GEMM"]) == pytest.approx(_gemm_in_chunks(gpu, T, UB_PIPELINE_SPLITS, h, f / t))
+    # smaller GEMMs run at a lower efficiency: each chunked GEMM takes longer than the whole one
+    assert float(ub["fwd"]["QKV GEMM"]) > float(whole["fwd"]["QKV GEMM"])
+    bwd = GEMMS_BWD
+    assert float(ub["wgrad"][bwd]) == pytest.approx(float(whole["wgrad"][bwd]))
+    assert float(ub["bwd"][bwd]) == pytest.approx(float(whole["bwd"][bwd]) + out_down(t) - out_down(1))
 
 
 def test_an_eager_engines_element_wise_kernels_stream_at_the_measured_eager_share():

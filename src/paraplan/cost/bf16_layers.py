@@ -11,7 +11,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from . import memory as mem
-from .layer_compute import layer_gemms_s
+from .layer_compute import layer_gemms_s, tp_overlap_chunks
 from .layout import Layout
 from .low_precision import bf16_end_layers
 from .moe import moe_activation_bytes, moe_layer_costs
@@ -46,8 +46,9 @@ def bf16_layer_extra_s(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     an MoE layer's experts) at the BF16 rate, its inputs not quantized; recomputed at that rate
     under full recomputation. `gemms_fwd`, `cast`, `mc`: the low-precision layer's."""
     gpu, bf16 = cluster.gpu, Precision.BF16
-    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, lay.tokens_per_microbatch, lay.tp, bf16,
-                                               np.asarray(plan.fused_kernels, dtype=bool))
+    fused = np.asarray(plan.fused_kernels, dtype=bool)
+    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, lay.tokens_per_microbatch, lay.tp, bf16, fused,
+                                               tp_overlap_chunks(model, plan, lay, fused)[0])
     gemms = g_qkv + g_out + lay.dense_layer_share * (g_up + g_down) - gemms_fwd
     fwd, bwd = gemms - cast, 2.0 * (gemms - cast)
     if mc:

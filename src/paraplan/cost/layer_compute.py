@@ -59,27 +59,27 @@ def autocast_grad_s(gpu, params, tensors, m, cast=True):
     return (memory_bound_time_s(gpu, 6.0 * params, tensors) if cast else 0.0) + add
 
 
-def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused, chunks=1.0):
+def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused, chunks=(1.0, 1.0, 1.0, 1.0)):
     """(QKV, MLP up, out-projection, MLP down) GEMM times of one layer's forward (vectorized).
 
     QKV as one GEMM of the projections' total width (MLA: its low-rank chain, same FLOPs),
     and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
     separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
     torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size. `chunks`
-    (vectorized): each GEMM run as that many GEMMs of T/chunks rows (micro-pipeline TP)."""
+    (QKV, up, out, down; vectorized): each GEMM run as that many GEMMs of T/chunks rows
+    (TP overlap: tp_overlap_chunks)."""
     h, f, qd, kvd = model.hidden_size, model.ffn_hidden_size, model.q_dim, model.kv_dim
-    n = np.asarray(chunks, dtype=float)
-    rows = T / n
+    n_qkv, n_up, n_out, n_down = (np.asarray(c, dtype=float) for c in chunks)
 
-    def gemm(cols, depth):
-        return n * gemm_time_s(gpu, rows, cols, depth, prec)
+    def gemm(n, cols, depth):
+        return n * gemm_time_s(gpu, T / n, cols, depth, prec)
 
-    g_qkv = gemm(model.qkv_params_per_layer / h / t, h)
-    g_up = n * up_projection_time_s(gpu, rows, f / t, h, prec, model.num_mlp_matrices - 1, fused)
+    g_qkv = gemm(n_qkv, model.qkv_params_per_layer / h / t, h)
+    g_up = n_up * up_projection_time_s(gpu, T / n_up, f / t, h, prec, model.num_mlp_matrices - 1, fused)
     if not np.all(fused) and not model.is_mla:  # (MLA's low-rank chain either way)
-        g_qkv = np.where(fused, g_qkv, gemm(qd / t, h) + 2.0 * gemm(kvd / t, h))
-    g_out = gemm(h, qd / t)
-    g_down = gemm(h, f / t)
+        g_qkv = np.where(fused, g_qkv, gemm(n_qkv, qd / t, h) + 2.0 * gemm(n_qkv, kvd / t, h))
+    g_out = gemm(n_out, h, qd / t)
+    g_down = gemm(n_down, h, f / t)
     return g_qkv, g_up, g_out, g_down
 
 
@@ -91,18 +91,44 @@ def single_matmul_input_grads(model: ModelSpec) -> tuple[float, float]:
     return (1.0 if model.is_mla else 0.0), (1.0 if model.num_mlp_matrices <= 2 else 0.0)
 
 
-def micro_pipeline_chunks(plan, lay: Layout, fused):
-    """GEMM chunks per TP-bound matmul: t under torch's micro-pipeline TP (an eager block with
-    TP overlap and SP: torchtitan's async TP), else 1. Its fused all-gather-matmul runs the
-    matmul once per rank's shard of the gathered input as that shard arrives, and its fused
+# Transformer Engine's userbuffers split a GEMM+reduce-scatter ("pipeline" method) in this many
+# chunks by default (transformer_engine/pytorch/module/base.py initialize_ub, 2.9:
+# get_default_config "num_splits": tp_size for "ring_exchange", else 4; NeMo's tuned
+# userbuffers configs keep 4 where they pipeline, nemo 2.3.0 tp_overlap_configs/userbuffers.py)
+UB_PIPELINE_SPLITS = 4.0
+
+
+def tp_overlap_chunks(model: ModelSpec, plan, lay: Layout, fused):
+    """(forward, data-gradient) chunk counts of the (QKV, up, out, down) GEMMs: how many GEMMs
+    of T/chunks rows each runs as, where TP overlap splits it over the steps of its
+    collective (1 elsewhere; vectorized).
+
+    Torch's micro-pipeline TP (an eager block with TP overlap and SP: torchtitan's async TP)
+    runs each of the four forward matmuls once per rank's shard, t GEMMs of T/t rows: its fused
+    all-gather-matmul as each shard of the gathered input arrives, its fused
     matmul-reduce-scatter once per destination rank's rows (torch
     `_inductor/fx_passes/micro_pipeline_tp.py`, `distributed/_symmetric_memory`
-    `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`): t GEMMs of T/t rows each,
-    at the efficiency of their own size. Transformer Engine's userbuffers overlap (fused
-    engines) is not priced so."""
-    micro = (np.asarray(plan.tp_overlap, dtype=bool) & ~np.asarray(fused, dtype=bool)
-             & np.asarray(lay.sequence_parallel, dtype=bool) & (lay.tp > 1))
-    return np.where(micro, lay.tp, 1.0)
+    `fused_all_gather_matmul`, `fused_matmul_reduce_scatter`). Backward, the out and down data
+    gradients consume the gathered output gradient (t chunks) and the QKV and up ones feed a
+    fused reduce-scatter where a single matmul makes the block's input gradient
+    (single_matmul_input_grads).
+
+    Transformer Engine's userbuffers (a fused engine with TP overlap: Megatron-Core's
+    --tp-comm-overlap) by its default methods (TE 2.9 module/base.py initialize_ub): QKV and
+    fc1 forward and the out and fc2 data gradients by "ring_exchange", t GEMMs of T/t rows;
+    out and fc2 forward by "pipeline", UB_PIPELINE_SPLITS GEMMs; the QKV and fc1 data and
+    weight gradients by "bulk", whole GEMMs beside the collective. The SMs its collectives
+    take from the GEMMs are the GPU's overlap_slowdown, as for every overlapped collective."""
+    t = np.asarray(lay.tp, dtype=float)
+    on = (np.asarray(plan.tp_overlap, dtype=bool) & np.asarray(lay.sequence_parallel, dtype=bool) & (t > 1))
+    fused = np.asarray(fused, dtype=bool)
+    micro, ub = on & ~fused, on & fused
+    ring = np.where(on, t, 1.0)
+    reduce_scattered = np.where(micro, t, np.where(ub, UB_PIPELINE_SPLITS, 1.0))
+    qkv_single, up_single = single_matmul_input_grads(model)
+    forward = (ring, ring, reduce_scattered, reduce_scattered)
+    data_grad = (np.where(micro & (qkv_single > 0), t, 1.0), np.where(micro & (up_single > 0), t, 1.0), ring, ring)
+    return forward, data_grad
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,22 +241,21 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
 def _gemm_passes(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
     """(QKV, up, out, down forward GEMMs; their forward, backward and weight-gradient totals).
 
-    The forward's four GEMMs consume an all-gather (QKV, up) or feed a reduce-scatter (out,
-    down): chunked under micro-pipeline TP. In the backward the data gradients of out and
-    down consume one (the gathered output gradient), and those of QKV and up feed a fused
-    reduce-scatter where a single matmul makes the block's input gradient
-    (single_matmul_input_grads); the weight gradients none."""
+    Each GEMM at the chunks TP overlap splits it into (tp_overlap_chunks): the forward's four,
+    and the data gradients (each a forward GEMM's FLOPs) as chunked there; the weight gradients
+    whole."""
     T, t, prec, w_dense = lay.tokens_per_microbatch, lay.tp, lay.precision, lay.dense_layer_share
-    chunks = micro_pipeline_chunks(plan, lay, fused)
-    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
+    forward_chunks, data_grad_chunks = tp_overlap_chunks(model, plan, lay, fused)
+    whole = layer_gemms_s(gpu, model, T, t, prec, fused)
+
+    def chunked(chunks):
+        split = any(np.any(np.asarray(c) > 1.0) for c in chunks)
+        return layer_gemms_s(gpu, model, T, t, prec, fused, chunks) if split else whole
+    (g_qkv, g_up, g_out, g_down), (p_qkv, p_up, p_out, p_down) = chunked(forward_chunks), whole
+    d_qkv, d_up, d_out, d_down = chunked(data_grad_chunks)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
-    gemms_wgrad, gemms_bwd = gemms_fwd, 2.0 * gemms_fwd
-    if np.any(chunks > 1.0):
-        p_qkv, p_up, p_out, p_down = layer_gemms_s(gpu, model, T, t, prec, fused)
-        gemms_wgrad = p_qkv + p_out + w_dense * (p_up + p_down)
-        qkv_fused_rs, up_fused_rs = single_matmul_input_grads(model)
-        gemms_bwd = (2.0 * gemms_wgrad + (g_out - p_out) + w_dense * (g_down - p_down)
-                     + qkv_fused_rs * (g_qkv - p_qkv) + w_dense * up_fused_rs * (g_up - p_up))
+    gemms_wgrad = p_qkv + p_out + w_dense * (p_up + p_down)
+    gemms_bwd = gemms_wgrad + d_qkv + d_out + w_dense * (d_up + d_down)
     return g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad
 
 

@@ -28,6 +28,7 @@ from .step import AttentionWindow, IterationModel, ServeMemory, serve_memory
 SLO_PERCENTILE = 90     # TTFT target is checked at this percentile; TPOT at the mean
 PROBE_REQUESTS = 200    # requests per probe simulation in the rate bisection
 BISECTION_STEPS = 7
+EXTRA_REPLICAS = 3       # replicas added beyond the bisected rate's count while the traffic misses its targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +165,21 @@ def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_r
     return lo
 
 
+def _replicas_meeting(step, traffic: Traffic, limits: EngineLimits, capacity: int, replicas: int):
+    """(replicas, their simulation at the traffic's rate): from `replicas` (the rate over one
+    replica's SLO rate), one more at a time, up to EXTRA_REPLICAS more, until the whole traffic
+    (its requests split over the replicas) meets the targets. The SLO rate is bisected on
+    PROBE_REQUESTS requests; a replica run near it for the traffic's longer queue can miss, and
+    the deployment named must be the one its own simulation shows within the targets."""
+    for extra in range(EXTRA_REPLICAS + 1):
+        n = replicas + extra
+        at_rate = simulate(step, replace(traffic, rate_rps=traffic.rate_rps / n,
+                                         num_requests=max(1, traffic.num_requests // n)), limits, capacity)
+        if _meets(at_rate, traffic):
+            break
+    return n, at_rate
+
+
 def request_kv_tokens(model: ModelSpec, traffic: Traffic, limits: EngineLimits) -> float:
     """KV tokens one request keeps at its longest (full-layer equivalents)."""
     return AttentionWindow.of(model, limits.sliding_window_kv).held(traffic.context_tokens)
@@ -197,10 +213,8 @@ def estimate_plan(model: ModelSpec, cluster: ClusterSpec, plan: ServePlan, traff
     replicas = None
     at_rate = None
     if traffic.rate_rps is not None and rate > 0:
-        replicas = math.ceil(traffic.rate_rps / rate)
-        at_rate = simulate(step, replace(traffic, rate_rps=traffic.rate_rps / replicas,
-                                         num_requests=max(1, traffic.num_requests // replicas)),
-                           limits, mem.kv_capacity_tokens)
+        replicas, at_rate = _replicas_meeting(step, traffic, limits, mem.kv_capacity_tokens,
+                                              math.ceil(traffic.rate_rps / rate))
     usd = cluster.usd_per_gpu_hour * plan.gpus_per_replica / SECONDS_PER_HOUR
     tokens_per_s = (rate if rate > 0 else full.requests_per_s) * traffic.output_tokens
     return ServeEstimate(plan=plan, memory=mem, ttft_floor_s=float(alone.ttft_s[0]),
