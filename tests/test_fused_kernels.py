@@ -163,6 +163,24 @@ def test_micro_pipeline_tp_runs_each_tp_bound_gemm_as_t_chunks():
     assert float(async_tp["bwd"][bwd]) == pytest.approx(float(whole["bwd"][bwd]) + out_down(t) - out_down(1))
 
 
+def test_micro_pipeline_tp_sums_its_reduce_scatters_partials_in_a_kernel_of_its_own():
+    """torch's fused matmul-reduce-scatter stacks the t partial products and sums them in one
+    reduction kernel (read [T, h], write [T/t, h]): forward, out's and down's; backward none
+    for Llama (its QKV and up input gradients are sums of separate matmuls, not fused)."""
+    from paraplan.cost.roofline import memory_bound_time_s
+    model, cluster, wl, kw = _llama3_8b_at_tp8(fused=False)
+    t, T, h = kw["tp"], wl.seq_len, model.hidden_size
+
+    def elementwise(**extra):
+        detail = estimate(model, cluster, wl, make_plan(**kw, **extra)).layer_detail
+        return float(detail["fwd"]["element-wise"]), float(detail["bwd"]["element-wise"])
+
+    (fwd, bwd), (fwd_async, bwd_async) = elementwise(), elementwise(tp_overlap=True)
+    one = float(memory_bound_time_s(cluster.gpu, 2.0 * T * h * (1.0 + 1.0 / t), 1))
+    assert fwd_async - fwd == pytest.approx(2.0 * one)
+    assert bwd_async == pytest.approx(bwd)
+
+
 def test_userbuffers_overlap_splits_gemms_by_transformer_engines_default_methods():
     """Transformer Engine's userbuffers (Megatron's --tp-comm-overlap) by its default methods
     (TE 2.9 module/base.py initialize_ub): QKV and fc1 forward by ring exchange, t GEMMs of T/t

@@ -131,6 +131,24 @@ def tp_overlap_chunks(model: ModelSpec, plan, lay: Layout, fused):
     return forward, data_grad
 
 
+def _micro_pipeline_reductions_s(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
+    """(forward, backward) time of torch's micro-pipeline TP summing its reduce-scatters'
+    partial products. Its fused matmul-reduce-scatter writes each destination's partial
+    product of the t row blocks into one stacked buffer, exchanges them by peer copies, and
+    sums the t partials in one reduction kernel (torch `distributed/_symmetric_memory`
+    `_fused_matmul_reduce_scatter_impl`: `reduce_fn(stacked_partials ...)`): it reads [T, h]
+    and writes [T/t, h] at the activation width, where NCCL's reduce-scatter reduced inside
+    its own kernel. Forward: out and down (a dense MLP by its share); backward: the QKV and
+    up input gradients where one matmul makes them (single_matmul_input_grads)."""
+    forward_chunks, data_grad_chunks = tp_overlap_chunks(model, plan, lay, fused)
+    micro = ~np.asarray(fused, dtype=bool) & (np.asarray(forward_chunks[2]) > 1.0)
+    t, T = lay.tp, lay.tokens_per_microbatch
+    one = np.where(micro, memory_bound_time_s(gpu, lay.act_bytes_per_element * T * model.hidden_size * (1.0 + 1.0 / t),
+                                              1), 0.0)
+    qkv_fused_rs, up_fused_rs = (np.asarray(c) > 1.0 for c in data_grad_chunks[:2])
+    return (1.0 + lay.dense_layer_share) * one, (qkv_fused_rs + lay.dense_layer_share * up_fused_rs) * one
+
+
 @dataclass(frozen=True, kw_only=True)
 class LayerCompute:
     """One (average) layer's compute per micro-batch, seconds; MoE layers' share included."""
@@ -210,8 +228,9 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
     eager_ew = ~fused | np.asarray(plan.eager_elementwise, dtype=bool)
     ew_eff = np.where(eager_ew, gpu.eager_elementwise_bw_efficiency, gpu.elementwise_bw_efficiency)
-    ew_fwd = ew_scale * memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, ew_eff) + cast
-    ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + cast_bwd
+    reduce_fwd, reduce_bwd = _micro_pipeline_reductions_s(gpu, model, plan, lay, fused)
+    ew_fwd = ew_scale * memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, ew_eff) + cast + reduce_fwd
+    ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + cast_bwd + reduce_bwd
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
     # their gradients cast back and accumulated in fp32 (on the H100 the profiler showed these
     # casts and adds at about a seventh of a Llama 3 8B-shaped step: calibration/h100_2026-11-22)
