@@ -131,7 +131,7 @@ def tp_overlap_chunks(model: ModelSpec, plan, lay: Layout, fused):
     return forward, data_grad
 
 
-def _micro_pipeline_reductions_s(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
+def _micro_pipeline_reductions_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, fused, chunks):
     """(forward, backward) time of torch's micro-pipeline TP summing its reduce-scatters'
     partial products. Its fused matmul-reduce-scatter writes each destination's partial
     product of the t row blocks into one stacked buffer, exchanges them by peer copies, and
@@ -139,8 +139,9 @@ def _micro_pipeline_reductions_s(gpu: GPUSpec, model: ModelSpec, plan, lay: Layo
     `_fused_matmul_reduce_scatter_impl`: `reduce_fn(stacked_partials ...)`): it reads [T, h]
     and writes [T/t, h] at the activation width, where NCCL's reduce-scatter reduced inside
     its own kernel. Forward: out and down (a dense MLP by its share); backward: the QKV and
-    up input gradients where one matmul makes them (single_matmul_input_grads)."""
-    forward_chunks, data_grad_chunks = tp_overlap_chunks(model, plan, lay, fused)
+    up input gradients where one matmul makes them (single_matmul_input_grads). `chunks`:
+    tp_overlap_chunks'."""
+    forward_chunks, data_grad_chunks = chunks
     micro = ~np.asarray(fused, dtype=bool) & (np.asarray(forward_chunks[2]) > 1.0)
     t, T = lay.tp, lay.tokens_per_microbatch
     one = np.where(micro, memory_bound_time_s(gpu, lay.act_bytes_per_element * T * model.hidden_size * (1.0 + 1.0 / t),
@@ -216,7 +217,8 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     # a layer's weight matrices as the eager engines keep them: wq, wk, wv, wo and the MLP's
     # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
     layer_matrices = 4.0 + model.num_mlp_matrices
-    g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad = _gemm_passes(gpu, model, plan, lay, fused)
+    chunks = tp_overlap_chunks(model, plan, lay, fused)
+    g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad = _gemm_passes(gpu, model, lay, fused, chunks)
     attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
     cast, cast_bwd = _quantize_casts_s(gpu, model, workload, lay)
@@ -228,7 +230,7 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     ew_scale = np.where(mem.compiled_blocks(plan), gpu.compiled_elementwise_ratio, 1.0)
     eager_ew = ~fused | np.asarray(plan.eager_elementwise, dtype=bool)
     ew_eff = np.where(eager_ew, gpu.eager_elementwise_bw_efficiency, gpu.elementwise_bw_efficiency)
-    reduce_fwd, reduce_bwd = _micro_pipeline_reductions_s(gpu, model, plan, lay, fused)
+    reduce_fwd, reduce_bwd = _micro_pipeline_reductions_s(gpu, model, lay, fused, chunks)
     ew_fwd = ew_scale * memory_bound_time_s(gpu, ew_bytes, EW_FWD_KERNELS, ew_eff) + cast + reduce_fwd
     ew_bwd = ew_scale * memory_bound_time_s(gpu, 2.0 * ew_bytes, EW_BWD_KERNELS, ew_eff) + cast_bwd + reduce_bwd
     # torch.autocast with fp32 parameters (plan.autocast): the weights cast every micro-batch,
@@ -257,19 +259,29 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
         casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused)
 
 
-def _gemm_passes(gpu: GPUSpec, model: ModelSpec, plan, lay: Layout, fused):
+def _gemm_passes(gpu: GPUSpec, model: ModelSpec, lay: Layout, fused, chunks):
     """(QKV, up, out, down forward GEMMs; their forward, backward and weight-gradient totals).
 
     Each GEMM at the chunks TP overlap splits it into (tp_overlap_chunks): the forward's four,
     and the data gradients (each a forward GEMM's FLOPs) as chunked there; the weight gradients
-    whole."""
+    whole. `chunks`: tp_overlap_chunks'."""
     T, t, prec, w_dense = lay.tokens_per_microbatch, lay.tp, lay.precision, lay.dense_layer_share
-    forward_chunks, data_grad_chunks = tp_overlap_chunks(model, plan, lay, fused)
+    forward_chunks, data_grad_chunks = chunks
     whole = layer_gemms_s(gpu, model, T, t, prec, fused)
 
     def chunked(chunks):
-        split = any(np.any(np.asarray(c) > 1.0) for c in chunks)
-        return layer_gemms_s(gpu, model, T, t, prec, fused, chunks) if split else whole
+        """The four GEMMs at `chunks`, priced only for the plans that split one (the rest: whole)."""
+        split = np.logical_or.reduce([np.asarray(c) > 1.0 for c in chunks])
+        if not np.any(split):
+            return whole
+        if np.all(split):
+            return layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
+        T_, t_, fused_, *chunks_ = np.broadcast_arrays(T, t, fused, *chunks, split)[:-1]
+        part = layer_gemms_s(gpu, model, T_[split], t_[split], prec, fused_[split], [c[split] for c in chunks_])
+        out = [np.array(np.broadcast_to(w, split.shape), dtype=float) for w in whole]
+        for o, p in zip(out, part):
+            o[split] = p
+        return tuple(out)
     (g_qkv, g_up, g_out, g_down), (p_qkv, p_up, p_out, p_down) = chunked(forward_chunks), whole
     d_qkv, d_up, d_out, d_down = chunked(data_grad_chunks)
     gemms_fwd = g_qkv + g_out + w_dense * (g_up + g_down)
