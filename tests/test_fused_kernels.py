@@ -179,6 +179,13 @@ def test_micro_pipeline_tp_sums_its_reduce_scatters_partials_in_a_kernel_of_its_
     one = float(memory_bound_time_s(cluster.gpu, 2.0 * T * h * (1.0 + 1.0 / t), 1))
     assert fwd_async - fwd == pytest.approx(2.0 * one)
     assert bwd_async == pytest.approx(bwd)
+    # a non-gated MLP's input gradient is one matmul's: its reduce-scatter is fused, and summed
+    mpt = load_model("mpt-7b")
+    assert mpt.num_mlp_matrices == 2 and not mpt.is_mla
+    detail = {ov: estimate(mpt, cluster, wl, make_plan(**kw, tp_overlap=ov)).layer_detail for ov in (False, True)}
+    one = float(memory_bound_time_s(cluster.gpu, 2.0 * T * mpt.hidden_size * (1.0 + 1.0 / t), 1))
+    assert float(detail[True]["bwd"]["element-wise"]) - float(detail[False]["bwd"]["element-wise"]) \
+        == pytest.approx(one)
 
 
 def test_userbuffers_overlap_splits_gemms_by_transformer_engines_default_methods():

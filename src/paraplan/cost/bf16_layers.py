@@ -11,7 +11,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from . import memory as mem
-from .layer_compute import layer_gemms_s, tp_overlap_chunks
+from .layer_compute import LayerCompute, layer_gemm_passes, tp_overlap_chunks
 from .layout import Layout
 from .low_precision import bf16_end_layers
 from .moe import moe_activation_bytes, moe_layer_costs
@@ -40,17 +40,17 @@ def bf16_layer_extra_bytes(model: ModelSpec, workload: Workload, plan, lay: Layo
 
 
 def bf16_layer_extra_s(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan, lay: Layout,
-                       gemms_fwd, cast, mc):
+                       lc: LayerCompute, cast, mc):
     """(forward, backward) time one layer kept in BF16 takes beyond a layer of the workload's
     low precision (NVFP4's first and last layers, low_precision.bf16_end_layers): its GEMMs (and
-    an MoE layer's experts) at the BF16 rate, its inputs not quantized; recomputed at that rate
-    under full recomputation. `gemms_fwd`, `cast`, `mc`: the low-precision layer's."""
+    an MoE layer's experts) at the BF16 rate, in the same TP-overlap chunks, its inputs not
+    quantized; recomputed at that rate under full recomputation. `lc`, `cast`, `mc`: the
+    low-precision layer's."""
     gpu, bf16 = cluster.gpu, Precision.BF16
     fused = np.asarray(plan.fused_kernels, dtype=bool)
-    g_qkv, g_up, g_out, g_down = layer_gemms_s(gpu, model, lay.tokens_per_microbatch, lay.tp, bf16, fused,
-                                               tp_overlap_chunks(model, plan, lay, fused)[0])
-    gemms = g_qkv + g_out + lay.dense_layer_share * (g_up + g_down) - gemms_fwd
-    fwd, bwd = gemms - cast, 2.0 * (gemms - cast)
+    passes = layer_gemm_passes(gpu, model, lay, fused, tp_overlap_chunks(model, plan, lay, fused), bf16)
+    fwd = passes[4] - lc.gemms_forward_s - cast
+    bwd = passes[5] - lc.gemms_backward_s - 2.0 * cast
     if mc:
         mc16 = moe_layer_costs(model, cluster, workload, plan, lay.tokens_per_microbatch, lay.tp, bf16)
         fwd = fwd + lay.moe_layer_share * (mc16.fwd_compute_s - mc.fwd_compute_s)

@@ -9,6 +9,7 @@ Legend (floats, or numpy arrays over a batch of plans):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,8 +67,9 @@ def layer_gemms_s(gpu: GPUSpec, model: ModelSpec, T, t, prec: Precision, fused, 
     and a gated MLP's gate and up as one GEMM of 2f (Megatron-Core's fused linear layers);
     separate wq, wk, wv and w1, w3 where the engine keeps them apart (plan.fused_kernels:
     torchtitan's Llama, paraplan run), each GEMM at the efficiency of its own size. `chunks`
-    (QKV, up, out, down; vectorized): each GEMM run as that many GEMMs of T/chunks rows
-    (TP overlap: tp_overlap_chunks)."""
+    (QKV, up, out, down; vectorized): each GEMM run as that many GEMMs of T/chunks rows, or of
+    as many column blocks (the same FLOPs, which the efficiency curve is keyed on; TP overlap:
+    tp_overlap_chunks)."""
     h, f, qd, kvd = model.hidden_size, model.ffn_hidden_size, model.q_dim, model.kv_dim
     n_qkv, n_up, n_out, n_down = (np.asarray(c, dtype=float) for c in chunks)
 
@@ -116,7 +118,8 @@ def tp_overlap_chunks(model: ModelSpec, plan, lay: Layout, fused):
     Transformer Engine's userbuffers (a fused engine with TP overlap: Megatron-Core's
     --tp-comm-overlap) by its default methods (TE 2.9 module/base.py initialize_ub): QKV and
     fc1 forward and the out and fc2 data gradients by "ring_exchange", t GEMMs of T/t rows;
-    out and fc2 forward by "pipeline", UB_PIPELINE_SPLITS GEMMs; the QKV and fc1 data and
+    out and fc2 forward by "pipeline", UB_PIPELINE_SPLITS GEMMs, each of a block of the output
+    columns reduce-scattered as it completes (priced as T/4 rows: the same FLOPs); the QKV and fc1 data and
     weight gradients by "bulk", whole GEMMs beside the collective. The SMs its collectives
     take from the GEMMs are the GPU's overlap_slowdown, as for every overlapped collective."""
     t = np.asarray(lay.tp, dtype=float)
@@ -218,7 +221,7 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
     # (the tensors their per-tensor kernels -- casts, gradient adds -- run over)
     layer_matrices = 4.0 + model.num_mlp_matrices
     chunks = tp_overlap_chunks(model, plan, lay, fused)
-    g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad = _gemm_passes(gpu, model, lay, fused, chunks)
+    g_qkv, g_up, g_out, g_down, gemms_fwd, gemms_bwd, gemms_wgrad = layer_gemm_passes(gpu, model, lay, fused, chunks)
     attn_fwd, attn_bwd, flash = _attention_s(gpu, model, lay, plan, lf, workload.seq_len)
     ew_bytes = T * elementwise_bytes_per_token(model, act_bytes=ab, sp_div=sp_div, t=t, w_dense=w_dense)
     cast, cast_bwd = _quantize_casts_s(gpu, model, workload, lay)
@@ -259,28 +262,29 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
         casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused)
 
 
-def _gemm_passes(gpu: GPUSpec, model: ModelSpec, lay: Layout, fused, chunks):
+def layer_gemm_passes(gpu: GPUSpec, model: ModelSpec, lay: Layout, fused, chunks, prec: Precision | None = None):
     """(QKV, up, out, down forward GEMMs; their forward, backward and weight-gradient totals).
 
     Each GEMM at the chunks TP overlap splits it into (tp_overlap_chunks): the forward's four,
     and the data gradients (each a forward GEMM's FLOPs) as chunked there; the weight gradients
-    whole. `chunks`: tp_overlap_chunks'."""
-    T, t, prec, w_dense = lay.tokens_per_microbatch, lay.tp, lay.precision, lay.dense_layer_share
+    whole. `chunks`: tp_overlap_chunks'; `prec`: the GEMMs' precision (the layout's by default)."""
+    T, t, w_dense = lay.tokens_per_microbatch, lay.tp, lay.dense_layer_share
+    prec = lay.precision if prec is None else prec
     forward_chunks, data_grad_chunks = chunks
     whole = layer_gemms_s(gpu, model, T, t, prec, fused)
 
     def chunked(chunks):
         """The four GEMMs at `chunks`, priced only for the plans that split one (the rest: whole)."""
-        split = np.logical_or.reduce([np.asarray(c) > 1.0 for c in chunks])
+        split = functools.reduce(np.logical_or, [np.asarray(c) > 1.0 for c in chunks])
         if not np.any(split):
             return whole
         if np.all(split):
             return layer_gemms_s(gpu, model, T, t, prec, fused, chunks)
-        T_, t_, fused_, *chunks_ = np.broadcast_arrays(T, t, fused, *chunks, split)[:-1]
-        part = layer_gemms_s(gpu, model, T_[split], t_[split], prec, fused_[split], [c[split] for c in chunks_])
-        out = [np.array(np.broadcast_to(w, split.shape), dtype=float) for w in whole]
+        T_, t_, fused_, split_, *chunks_ = np.broadcast_arrays(T, t, fused, split, *chunks)
+        part = layer_gemms_s(gpu, model, T_[split_], t_[split_], prec, fused_[split_], [c[split_] for c in chunks_])
+        out = [np.array(np.broadcast_to(w, split_.shape), dtype=float) for w in whole]
         for o, p in zip(out, part):
-            o[split] = p
+            o[split_] = p
         return tuple(out)
     (g_qkv, g_up, g_out, g_down), (p_qkv, p_up, p_out, p_down) = chunked(forward_chunks), whole
     d_qkv, d_up, d_out, d_down = chunked(data_grad_chunks)

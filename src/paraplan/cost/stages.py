@@ -147,7 +147,7 @@ def stage_times(model: ModelSpec, cluster: ClusterSpec, workload: Workload, plan
     layers' activations: activation_offload.py)."""
     rc_stage, wgrad = rc.total_s, lc.weight_grad_s
     # (NVFP4's BF16 layers are priced against the layer's GEMMs and the gathered weights' cast)
-    parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc.gemms_forward_s, z.gathered_cast_s, mc))
+    parts = _stage_parts(model, cluster, workload, plan, lay, ends, (lc, z.gathered_cast_s, mc))
     gaps = moe_dispatch_gaps(cluster.gpu, plan, layer, mc)
     waits = [stage_waits(cluster.gpu, plan, lay, layer, rc_stage, wgrad, gaps, *p) for p in parts]
     # one amax all-reduce at the end of each of the stage's v chunk passes, forward and backward

@@ -253,6 +253,7 @@ def _print_best(best, traffic, cluster, width: int) -> None:
     """The best deployment's latencies and goodput at the offered rate (none at maximum load)."""
     from ..report.table import grid
     from ..report.width import wrap
+    from .planner import EXTRA_REPLICAS, meets_targets
     if best.at_rate is not None:
         r = best.at_rate
         gpus = f"{best.gpus_needed} GPU" + ("s" if best.gpus_needed != 1 else "")
@@ -270,6 +271,9 @@ def _print_best(best, traffic, cluster, width: int) -> None:
                    f"{reps * r.goodput_rps(traffic.ttft_target_s, traffic.tpot_target_s):.2f} "
                    f"req/s of {reps * r.requests_per_s:.2f} req/s completed (requests / first arrival to last "
                    f"completion; offered {traffic.rate_rps:g} req/s)", width, indent=2))
+        if not meets_targets(r, traffic):
+            print(wrap(f"misses the targets even at {reps} replicas (the SLO rate's count and {EXTRA_REPLICAS} more): "
+                       f"a faster deployment (--tp, --pp, weight dtype) or looser targets would help", width, indent=2))
         if best.gpus_needed and best.gpus_needed > cluster.num_gpus:
             print(f"needs {best.gpus_needed} GPUs, more than the {cluster.num_gpus} given")
 

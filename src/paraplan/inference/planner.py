@@ -141,7 +141,8 @@ def candidate_plans(model: ModelSpec, cluster: ClusterSpec, max_gpus: int) -> li
     return out
 
 
-def _meets(res: ServingResult, traffic: Traffic) -> bool:
+def meets_targets(res: ServingResult, traffic: Traffic) -> bool:
+    """Whether a simulation's requests meet the traffic's targets (p90 TTFT, mean TPOT)."""
     if traffic.ttft_target_s is not None and res.percentile("ttft_s", SLO_PERCENTILE) > traffic.ttft_target_s:
         return False
     if traffic.tpot_target_s is not None and res.has_tpot and res.tpot_s.mean() > traffic.tpot_target_s:
@@ -153,12 +154,12 @@ def _slo_rate(step, traffic: Traffic, limits: EngineLimits, capacity: int, max_r
     """Highest Poisson rate one replica serves within the targets (bisection, geometric)."""
     probe = replace(traffic, num_requests=PROBE_REQUESTS, concurrency=None)
     lo, hi = 0.0, max_rps * 1.2
-    if not _meets(simulate(step, replace(probe, rate_rps=max_rps * 0.02), limits, capacity), traffic):
+    if not meets_targets(simulate(step, replace(probe, rate_rps=max_rps * 0.02), limits, capacity), traffic):
         return 0.0
     lo = max_rps * 0.02
     for _ in range(BISECTION_STEPS):
         mid = math.sqrt(lo * hi)
-        if _meets(simulate(step, replace(probe, rate_rps=mid), limits, capacity), traffic):
+        if meets_targets(simulate(step, replace(probe, rate_rps=mid), limits, capacity), traffic):
             lo = mid
         else:
             hi = mid
@@ -175,7 +176,7 @@ def _replicas_meeting(step, traffic: Traffic, limits: EngineLimits, capacity: in
         n = replicas + extra
         at_rate = simulate(step, replace(traffic, rate_rps=traffic.rate_rps / n,
                                          num_requests=max(1, traffic.num_requests // n)), limits, capacity)
-        if _meets(at_rate, traffic):
+        if meets_targets(at_rate, traffic):
             break
     return n, at_rate
 
