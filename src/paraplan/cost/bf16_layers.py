@@ -11,7 +11,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.workload import Precision, Workload
 from . import memory as mem
-from .layer_compute import LayerCompute, layer_gemm_passes, tp_overlap_chunks
+from .layer_compute import LayerCompute, layer_gemm_passes
 from .layout import Layout
 from .low_precision import bf16_end_layers
 from .moe import moe_activation_bytes, moe_layer_costs
@@ -47,10 +47,9 @@ def bf16_layer_extra_s(model: ModelSpec, cluster: ClusterSpec, workload: Workloa
     quantized; recomputed at that rate under full recomputation. `lc`, `cast`, `mc`: the
     low-precision layer's."""
     gpu, bf16 = cluster.gpu, Precision.BF16
-    fused = np.asarray(plan.fused_kernels, dtype=bool)
-    passes = layer_gemm_passes(gpu, model, lay, fused, tp_overlap_chunks(model, plan, lay, fused), bf16)
-    fwd = passes[4] - lc.gemms_forward_s - cast
-    bwd = passes[5] - lc.gemms_backward_s - 2.0 * cast
+    *_, gemms_fwd16, gemms_bwd16, _ = layer_gemm_passes(gpu, model, lay, lc.fused, lc.tp_chunks, bf16)
+    fwd = gemms_fwd16 - lc.gemms_forward_s - cast
+    bwd = gemms_bwd16 - lc.gemms_backward_s - 2.0 * cast
     if mc:
         mc16 = moe_layer_costs(model, cluster, workload, plan, lay.tokens_per_microbatch, lay.tp, bf16)
         fwd = fwd + lay.moe_layer_share * (mc16.fwd_compute_s - mc.fwd_compute_s)

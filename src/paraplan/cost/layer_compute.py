@@ -181,6 +181,7 @@ class LayerCompute:
     layer_matrices: float   # a layer's weight matrices as the eager engines keep them
     flash: Num              # a fused attention kernel
     fused: Num              # fused QKV and gate/up GEMMs (plan.fused_kernels)
+    tp_chunks: tuple        # (forward, data-gradient) chunks of the (QKV, up, out, down) GEMMs (tp_overlap_chunks)
 
 
 def _attention_s(gpu: GPUSpec, model: ModelSpec, lay: Layout, plan, lf: LayerFlops, s):
@@ -259,7 +260,8 @@ def layer_compute(gpu: GPUSpec, model: ModelSpec, workload: Workload, plan, lay:
         # the weight-gradient GEMMs = one forward's worth, and what lies on the weights' side of
         # them (autocast's gradient casts and fp32 accumulation: a split backward's W pass runs them)
         weight_grad_s=gemms_wgrad + moe_wgrad + grad_casts,
-        casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused)
+        casts_per_microbatch=casts_per_mb, layer_matrices=layer_matrices, flash=flash, fused=fused,
+        tp_chunks=chunks)
 
 
 def layer_gemm_passes(gpu: GPUSpec, model: ModelSpec, lay: Layout, fused, chunks, prec: Precision | None = None):

@@ -17,7 +17,7 @@ from ..num import Num
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from .comm import Collective, collective_time_s
-from .layer_compute import UB_PIPELINE_SPLITS, LayerCompute, single_matmul_input_grads
+from .layer_compute import LayerCompute, single_matmul_input_grads
 from .layout import Layout
 from .moe import MoELayerCosts
 
@@ -135,8 +135,8 @@ def _paired_overlap_exposed(t, lc: LayerCompute, mlp_blocks, comm, unfused):
     Engine's userbuffers split each such GEMM over the ring's steps (Wang et al., ASPLOS 2023,
     "Overlap communication with dependent computation"), as torch's micro-pipeline TP does; the
     chunk the collective cannot start before (an all-gather's first, a reduce-scatter's last)
-    is never hidden: one of t, or under Transformer Engine (lc.fused) one of the reduce-scatter's
-    UB_PIPELINE_SPLITS pipelined chunks (layer_compute.tp_overlap_chunks). Backward, each
+    is never hidden: one of the chunks its GEMM runs in (lc.tp_chunks: t, or under Transformer
+    Engine 4 for a pipelined reduce-scatter; layer_compute.tp_overlap_chunks). Backward, each
     block's gather (of the output gradient) behind the row-parallel GEMM's data-gradient pass
     that consumes it, its reduce-scatter (of the input gradient) behind the column-parallel
     one's that feeds it -- Transformer Engine's "bulk" overlap runs it whole beside that GEMM,
@@ -146,18 +146,20 @@ def _paired_overlap_exposed(t, lc: LayerCompute, mlp_blocks, comm, unfused):
     ag, rs, ag_attn, rs_attn = comm
     unfused_attn, unfused_mlp = unfused
     userbuffers = np.asarray(lc.fused, dtype=bool)
-    rs_chunks = np.where(userbuffers, UB_PIPELINE_SPLITS, t)
+    # the chunks the collectives' GEMMs run in: forward QKV (gather) and out (scatter), and the
+    # out data gradient (the backward's gather); up and down chunk as QKV and out do
+    (ag_chunks, _, rs_chunks, _), (_, _, bwd_ag_chunks, _) = lc.tp_chunks
 
-    def exposed(c, g, chunks=t):
+    def exposed(c, g, chunks):
         return np.maximum(c - g, c / chunks)
 
     def rs_bwd(c, g_col, u):
-        return u * c + (1.0 - u) * np.where(userbuffers, np.maximum(c - g_col, 0.0), exposed(c, g_col))
+        return u * c + (1.0 - u) * np.where(userbuffers, np.maximum(c - g_col, 0.0), exposed(c, g_col, t))
 
-    fwd = exposed(ag_attn, lc.qkv_gemm_s) + exposed(rs, lc.out_gemm_s, rs_chunks) + sum(
-        wt * (exposed(ag, up) + exposed(rs, down, rs_chunks)) for wt, up, down in mlp_blocks)
-    bwd = exposed(ag, lc.out_gemm_s) + rs_bwd(rs_attn, lc.qkv_gemm_s, unfused_attn) + sum(
-        wt * (exposed(ag, down) + rs_bwd(rs, up, unfused_mlp)) for wt, up, down in mlp_blocks)
+    fwd = exposed(ag_attn, lc.qkv_gemm_s, ag_chunks) + exposed(rs, lc.out_gemm_s, rs_chunks) + sum(
+        wt * (exposed(ag, up, ag_chunks) + exposed(rs, down, rs_chunks)) for wt, up, down in mlp_blocks)
+    bwd = exposed(ag, lc.out_gemm_s, bwd_ag_chunks) + rs_bwd(rs_attn, lc.qkv_gemm_s, unfused_attn) + sum(
+        wt * (exposed(ag, down, bwd_ag_chunks) + rs_bwd(rs, up, unfused_mlp)) for wt, up, down in mlp_blocks)
     return fwd, bwd
 
 

@@ -35,7 +35,7 @@ class Fp8Recipe(StrEnum):
     priced so too); per-tensor from an amax history (Transformer Engine's delayed scaling,
     Megatron-LM's and NeMo's default `--fp8-recipe delayed`): the same GEMMs and casts, and at
     the end of every forward and backward pass of a model chunk an all-reduce of the chunk's
-    amaxes over its pipeline stage's ranks (cost/low_precision.py amax_reduction_s); or
+    amaxes over its pipeline stage's ranks (cost/amax.py amax_reduction_s); or
     torchao's "rowwise" (`Float8LinearConfig.from_recipe_name("rowwise")`: axiswise scales on
     all three GEMMs' operands, torchao/float8/config.py). A row-wise operand is quantized along
     the GEMM's reduction axis, so a tensor two GEMMs read along different axes is quantized
@@ -167,7 +167,7 @@ class Workload:
 
     @property
     def fp8_delayed(self) -> bool:
-        """FP8 training with delayed scaling (its amax all-reduces: cost/low_precision.py)."""
+        """FP8 training with delayed scaling (its amax all-reduces: cost/amax.py)."""
         return self.precision is Precision.FP8 and self.fp8_recipe is Fp8Recipe.DELAYED
 
     @property
